@@ -1,0 +1,157 @@
+//! The cluster configuration: `/etc/dtf/dtf.toml`, layered with figment
+//! (built-in defaults → file → `DTF_…` environment → command line), plus
+//! `TF_CONFIG`. Validation, and what may change on reload.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where the daemons look when no `--config` is given.
+pub const DEFAULT_PATH: &str = "/etc/dtf/dtf.toml";
+
+/// A task's role in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Parameter server: holds a shard of the variables.
+    Ps,
+    /// Worker: computes gradients; worker 0 is the chief.
+    Worker,
+}
+
+/// One task of the cluster, e.g. `worker:1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    /// ps or worker.
+    pub role: Role,
+    /// Index into the role's address list.
+    pub index: usize,
+}
+
+/// Training mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Each push applied at once.
+    Async,
+    /// SyncReplicasOptimizer: gradients averaged per step.
+    Sync,
+}
+
+/// How variables are assigned to ps tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// `replica_device_setter`'s default: creation order, round-robin.
+    RoundRobin,
+    /// Largest variable first onto the ps with the fewest bytes.
+    Greedy,
+}
+
+/// The whole file. Every section has defaults; unknown keys are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub train: TrainConfig,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub checkpoint: CheckpointConfig,
+    pub security: SecurityConfig,
+    pub metrics: MetricsConfig,
+    pub log: LogConfig,
+}
+
+/// `[cluster]`: who is where. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// host:port of each ps task.
+    pub ps: Vec<String>,
+    /// host:port of each worker task; worker 0 is the chief.
+    pub worker: Vec<String>,
+    /// Variable placement strategy.
+    pub placement: Placement,
+    /// ps tasks exit 0 once the chief marks the run complete.
+    pub ps_exit_when_complete: bool,
+}
+
+/// `[train]`: hyperparameters and the run's length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub mode: Mode,
+    pub batch_size: usize,
+    pub learning_rate: f32,
+    pub learning_rate_decay: f32,
+    pub regularization_rate: f32,
+    pub moving_average_decay: f32,
+    /// Training stops once `global_step` reaches this (reloadable).
+    pub last_step: u64,
+    /// Sync: gradients averaged per update; default the number of workers.
+    pub replicas_to_aggregate: Option<usize>,
+    /// Sync: workers taking part (extras are backups); default `replicas_to_aggregate`.
+    pub total_num_replicas: Option<usize>,
+    /// Seeds init and each worker's shuffling.
+    pub seed: u64,
+    /// Progress line every this many local steps.
+    pub log_step_count_steps: u64,
+    /// Summaries every this many global steps.
+    pub save_summaries_steps: u64,
+}
+
+/// `[model]`: the MLP's shape. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Widths, input first, classes last.
+    pub layers: Vec<usize>,
+}
+
+/// `[data]`: where the IDX files are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    pub dir: PathBuf,
+}
+
+/// `[checkpoint]`: the chief's checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    pub dir: PathBuf,
+    /// Seconds between saves (reloadable).
+    pub save_secs: u64,
+    /// Newest checkpoints kept (reloadable).
+    pub max_to_keep: usize,
+}
+
+/// `[security]`: authentication (and optional TLS).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// File holding the cluster's shared bearer token.
+    pub token_file: PathBuf,
+}
+
+/// `[metrics]`: Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// host:port to serve /metrics on; empty: off.
+    pub listen: String,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `debug`, `dtf=debug,info`.
+    pub level: String,
+}
+
+/// A configuration problem: exits 78 (EX_CONFIG).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Invalid(String),
+}
