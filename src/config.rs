@@ -155,3 +155,145 @@ pub enum ConfigError {
     #[error("{0}")]
     Invalid(String),
 }
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            cluster: ClusterConfig::default(),
+            train: TrainConfig::default(),
+            model: ModelConfig::default(),
+            data: DataConfig::default(),
+            checkpoint: CheckpointConfig::default(),
+            security: SecurityConfig::default(),
+            metrics: MetricsConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            ps: vec!["127.0.0.1:2222".into()],
+            worker: vec!["127.0.0.1:2223".into()],
+            placement: Placement::RoundRobin,
+            ps_exit_when_complete: true,
+        }
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Async,
+            batch_size: 100,
+            learning_rate: 0.01,
+            learning_rate_decay: 0.99,
+            regularization_rate: 0.0001,
+            moving_average_decay: 0.99,
+            last_step: 20000,
+            replicas_to_aggregate: None,
+            total_num_replicas: None,
+            seed: 0,
+            log_step_count_steps: 100,
+            save_summaries_steps: 100,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self { layers: vec![784, 500, 10] }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self { dir: "/usr/share/datasets/fashion-mnist".into() }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self { dir: "/var/lib/dtf/checkpoints".into(), save_secs: 60, max_to_keep: 5 }
+    }
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        Self { token_file: "/etc/dtf/token".into() }
+    }
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { listen: String::new() }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: "info".into() }
+    }
+}
+
+impl Config {
+    /// Defaults → `path` → `DTF_<SECTION>__<KEY>` environment → `TF_CONFIG`'s
+    /// cluster, then [`Config::validate`].
+    ///
+    /// Errors: [`ConfigError`] naming the key, the file and what was expected.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        todo!()
+    }
+
+    /// Parses a TOML document over the defaults (no environment), then validates.
+    /// `origin` names the source in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        todo!()
+    }
+
+    /// Checks values and cross-key rules (ranges, duplicate addresses, sync replica counts).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        todo!()
+    }
+
+    /// Errors unless `task` indexes an address of its role.
+    pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
+        todo!()
+    }
+
+    /// `host:port` of a task.
+    pub fn address(&self, task: TaskId) -> Option<&str> {
+        match task.role {
+            Role::Ps => self.cluster.ps.get(task.index),
+            Role::Worker => self.cluster.worker.get(task.index),
+        }
+        .map(String::as_str)
+    }
+
+    /// Sync: gradients per update (default: the number of workers).
+    pub fn replicas_to_aggregate(&self) -> usize {
+        self.train.replicas_to_aggregate.unwrap_or(self.cluster.worker.len())
+    }
+
+    /// Sync: workers taking part (default: `replicas_to_aggregate`).
+    pub fn total_num_replicas(&self) -> usize {
+        self.train.total_num_replicas.unwrap_or_else(|| self.replicas_to_aggregate())
+    }
+
+    /// Reads the bearer token, refusing a file others may read.
+    pub fn read_token(&self) -> Result<String, ConfigError> {
+        todo!()
+    }
+
+    /// Validates `new` as a reload of `self`: an error names the first key that
+    /// cannot change live (cluster, model, mode, ...); otherwise returns `new`.
+    pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
+        todo!()
+    }
+}
+
+/// The task named by `TF_CONFIG` (`{"task": {"type": "worker", "index": 1}}`), if set.
+pub fn task_from_env() -> Result<Option<TaskId>, ConfigError> {
+    todo!()
+}
