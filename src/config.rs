@@ -291,9 +291,25 @@ impl Config {
     pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
         todo!()
     }
+
+    /// The config as TOML.
+    pub fn to_toml(&self) -> String {
+        todo!()
+    }
+
+    /// Dotted keys whose values differ.
+    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+        todo!()
+    }
 }
 
 /// The task named by `TF_CONFIG` (`{"task": {"type": "worker", "index": 1}}`), if set.
 pub fn task_from_env() -> Result<Option<TaskId>, ConfigError> {
     todo!()
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        todo!()
+    }
 }

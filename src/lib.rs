@@ -7,11 +7,26 @@
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`data`] — IDX (MNIST-format) files and mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows, atomic save, restore.
+//! - [`placement`] — which ps task holds which variable.
+//! - [`ps`] — the parameter-server task: its shard and the gRPC service.
+//! - [`worker`] — the worker task: the training loop; worker 0 is the chief.
+//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle.
+//! - [`auth`] — the cluster token on every RPC.
+//! - [`local`] — `dtf local`: a whole cluster of processes on this machine.
+//! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
 //! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; [`rpc`] converts it to domain types.
+pub mod auth;
 pub mod checkpoint;
 pub mod config;
+pub mod daemon;
 pub mod data;
+pub mod eval;
+pub mod local;
 pub mod model;
+pub mod placement;
+pub mod ps;
+pub mod rpc;
+pub mod worker;
 
 /// Generated from `proto/dtf/v1/ps.proto`; only [`rpc`] should need it.
 pub mod pb {

@@ -1,1 +1,160 @@
-fn main() {}
+//! `dtf`: the operator's tool — run a local cluster, evaluate and inspect
+//! checkpoints, ask a running cluster, check a config.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use dtf::config::{self, Config, Mode};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "Distributed training with parameter servers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train on a whole cluster of local processes (127.0.0.1), then print the test accuracy.
+    Local {
+        /// Number of ps tasks.
+        #[arg(long, default_value_t = 1)]
+        ps: usize,
+        /// Number of worker tasks (worker 0 is the chief).
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Train until this global step (train.last_step).
+        #[arg(long, default_value_t = 20000)]
+        steps: u64,
+        /// async or sync.
+        #[arg(long, value_enum, default_value = "async")]
+        mode: ModeArg,
+        /// Directory of the IDX files (default: data.dir, /usr/share/datasets/fashion-mnist).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Keep checkpoints here (default: a fresh directory, printed at the end).
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
+        /// Seconds between checkpoints (checkpoint.save_secs).
+        #[arg(long)]
+        save_secs: Option<u64>,
+        /// Hyperparameters from this config file (cluster and paths are replaced).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print one JSON object as the last line of stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Test accuracy of a checkpoint (a file, or a directory: its newest), raw and EMA.
+    Eval {
+        /// A model.ckpt-N.safetensors file or a checkpoint directory.
+        path: PathBuf,
+        /// Directory of the IDX files.
+        #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
+        data: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a checkpoint holds: tensors, shapes, dtypes, metadata.
+    Inspect {
+        /// A model.ckpt-N.safetensors file or a checkpoint directory.
+        path: PathBuf,
+    },
+    /// Validate a configuration file; exit 78 if invalid.
+    CheckConfig {
+        /// The file.
+        #[arg(long, short = 'c', default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ModeArg {
+    Async,
+    Sync,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Local { ps, workers, steps, mode, data, checkpoint_dir, save_secs, config, json } => {
+            let _log = dtf::daemon::init_logging("warn");
+            let base = match config {
+                Some(p) => Config::load(&p)?,
+                None => Config::default(),
+            };
+            let exe = std::env::current_exe().context("locating the dtf binary")?;
+            let bin_dir = exe.parent().context("the dtf binary has no directory")?.to_path_buf();
+            let mode = match mode {
+                ModeArg::Async => Mode::Async,
+                ModeArg::Sync => Mode::Sync,
+            };
+            let opts = dtf::local::Options {
+                ps,
+                workers,
+                steps,
+                mode,
+                data,
+                checkpoint_dir,
+                save_secs,
+                bin_dir,
+                progress: std::io::stderr().is_terminal(),
+                base,
+            };
+            let run_dir = tempfile::Builder::new().prefix("dtf-local-").tempdir().context("creating a run directory")?.keep();
+            eprintln!("dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}", run_dir.display());
+            let rt = tokio::runtime::Runtime::new()?;
+            let report = rt.block_on(dtf::local::run(&opts, &run_dir))?;
+            println!(
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
+                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.steps_per_sec, report.seconds
+            );
+            println!("checkpoints: {}", report.checkpoint_dir.display());
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { path, data, json } => {
+            let ev = dtf::eval::evaluate(&path, &data)?;
+            if json {
+                println!("{}", serde_json::to_string(&ev)?);
+            } else {
+                println!("checkpoint    {}", ev.checkpoint.display());
+                println!("global_step   {}", ev.global_step);
+                println!("accuracy      {:.4}", ev.accuracy);
+                println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+                println!("examples      {}", ev.examples);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect { path } => {
+            let file = dtf::checkpoint::resolve(&path)?;
+            print!("{}", dtf::checkpoint::inspect(&file)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckConfig { config } => match Config::load(&config) {
+            Ok(_) => {
+                println!("{}: valid", config.display());
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
+            }
+        },
+    }
+}

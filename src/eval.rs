@@ -1,0 +1,89 @@
+//! Accuracy of a checkpoint on the test set, raw and EMA (`dtf eval`).
+
+use crate::checkpoint;
+use crate::data::{Dataset, Split};
+use crate::model::Mlp;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Errors evaluating a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    #[error("{0}")]
+    Model(String),
+}
+
+/// What `dtf eval --json` prints.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Evaluation {
+    /// The checkpoint file evaluated.
+    pub checkpoint: PathBuf,
+    /// Its step.
+    pub global_step: u64,
+    /// Test accuracy of the raw variables.
+    pub accuracy: f32,
+    /// Test accuracy of the EMA shadows.
+    pub ema_accuracy: f32,
+    /// Test examples.
+    pub examples: usize,
+}
+
+/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
+/// the test split of `data_dir`. The model's shape is read from the checkpoint.
+///
+/// Errors: [`EvalError`] for a missing or damaged checkpoint or data set.
+pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
+    let file = checkpoint::resolve(path)?;
+    let ckpt = checkpoint::load(&file, None)?;
+    let layers = layers_of(&ckpt)?;
+    let mlp = Mlp::new(&layers).map_err(|e| EvalError::Model(e.to_string()))?;
+    let expected = mlp.variables();
+    let names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
+    if names != expected.iter().map(|v| v.name.as_str()).collect::<Vec<_>>() {
+        return Err(EvalError::Model(format!("{}: variables {names:?} are not an MLP's", file.display())));
+    }
+    let test = Dataset::load(data_dir, Split::Test)?;
+    if test.features() != layers[0] {
+        return Err(EvalError::Model(format!(
+            "{}: the model takes {} inputs, the images in {} have {} pixels",
+            file.display(),
+            layers[0],
+            data_dir.display(),
+            test.features()
+        )));
+    }
+    let (x, y) = test.all();
+    let values: Vec<_> = ckpt.variables.into_iter().map(|(_, a)| a).collect();
+    let shadows: Vec<_> = ckpt.shadows.into_iter().map(|(_, a)| a).collect();
+    Ok(Evaluation {
+        checkpoint: file,
+        global_step: ckpt.global_step,
+        accuracy: mlp.accuracy(&values, x.view(), &y),
+        ema_accuracy: mlp.accuracy(&shadows, x.view(), &y),
+        examples: test.len(),
+    })
+}
+
+/// The layer widths implied by `layerN/weights` shapes.
+fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
+    let mut layers = Vec::new();
+    for (name, a) in &ckpt.variables {
+        if name.ends_with("/weights") {
+            if a.ndim() != 2 {
+                return Err(EvalError::Model(format!("{name} has shape {:?}, expected a matrix", a.shape())));
+            }
+            if layers.is_empty() {
+                layers.push(a.shape()[0]);
+            }
+            layers.push(a.shape()[1]);
+        }
+    }
+    if layers.len() < 2 {
+        return Err(EvalError::Model("the checkpoint holds no layer weights".into()));
+    }
+    Ok(layers)
+}

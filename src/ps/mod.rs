@@ -1,0 +1,300 @@
+//! The parameter-server task: serves its shard over gRPC.
+//!
+//! [`serve`] is the entry point (an already-bound listener and a shutdown
+//! token, so tests bind port 0). [`shard`] holds the update rules.
+
+pub mod shard;
+
+use crate::auth::CheckToken;
+use crate::config::{Config, Mode, Role, TaskId};
+use crate::model::Mlp;
+use crate::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
+use crate::pb;
+use crate::{placement, rpc};
+use shard::{Pushed, Rule, Shard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+/// How long a sync push or a `min_step` pull waits for the step to advance
+/// before answering anyway; the caller then asks again. Bounded so no RPC
+/// hangs on a dead peer.
+const STEP_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a ps lingers after the run is complete, so that workers still
+/// waiting on it hear so rather than finding it gone.
+const COMPLETE_LINGER: Duration = Duration::from_secs(2);
+
+/// Errors that stop a ps task.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// What the service shares between requests.
+struct Inner {
+    /// This task's index.
+    task: usize,
+    /// Random per process start: lets the chief see a restart.
+    incarnation: u64,
+    /// The shard, behind one lock: a push is atomic for the shard.
+    shard: Mutex<Shard>,
+    /// The shard's step, for waiters.
+    step_tx: watch::Sender<u64>,
+    /// Set when the chief declares the run complete.
+    complete: CancellationToken,
+    /// Throughput estimate: (window start, examples since then, last rate).
+    rate: Mutex<(Instant, u64, f64)>,
+}
+
+/// The gRPC service of one ps task.
+#[derive(Clone)]
+pub struct PsService {
+    inner: Arc<Inner>,
+}
+
+impl PsService {
+    /// Builds the shard of ps task `task` as `config` places the model.
+    ///
+    /// Errors: [`PsError::Model`] for a bad `model.layers`.
+    pub fn new(config: &Config, task: usize) -> Result<Self, PsError> {
+        let mlp = Mlp::new(&config.model.layers)?;
+        let specs = placement::shard(&mlp.variables(), config.cluster.ps.len(), config.cluster.placement, task);
+        let rule = match config.train.mode {
+            Mode::Async => Rule::Async,
+            Mode::Sync => Rule::Sync { replicas: config.replicas_to_aggregate(), total: config.total_num_replicas() },
+        };
+        let shard = Shard::new(task, specs, rule, config.train.moving_average_decay);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                task,
+                incarnation: rand::random::<u64>() >> 1,
+                shard: Mutex::new(shard),
+                step_tx: watch::channel(0).0,
+                complete: CancellationToken::new(),
+                rate: Mutex::new((Instant::now(), 0, 0.0)),
+            }),
+        })
+    }
+
+    /// The token cancelled when the run is complete.
+    pub fn completed(&self) -> CancellationToken {
+        self.inner.complete.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shard> {
+        // A panic while holding the lock would be a bug in Shard; the state it
+        // left is still the best there is, so keep serving it.
+        self.inner.shard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Encodes the current values (and shadows) under the lock: a consistent snapshot.
+    fn snapshot(&self, shard: &Shard, names: &[String], with_shadows: bool) -> Result<(Vec<pb::Tensor>, Vec<pb::Tensor>), Status> {
+        let values = shard.values()?;
+        let pick = |i: usize| names.is_empty() || names.contains(&shard.specs()[i].name);
+        for n in names {
+            if !shard.specs().iter().any(|s| &s.name == n) {
+                return Err(shard::ShardError::UnknownVariable {
+                    ps: self.inner.task,
+                    name: n.clone(),
+                    held: shard.specs().iter().map(|s| s.name.clone()).collect(),
+                }
+                .into());
+            }
+        }
+        let vars = (0..values.len()).filter(|&i| pick(i)).map(|i| rpc::encode(&shard.specs()[i].name, &values[i])).collect();
+        let shadows = if with_shadows {
+            let sh = shard.shadows()?;
+            (0..sh.len()).filter(|&i| pick(i)).map(|i| rpc::encode(&shard.specs()[i].name, &sh[i])).collect()
+        } else {
+            Vec::new()
+        };
+        Ok((vars, shadows))
+    }
+
+    /// Waits (at most [`STEP_WAIT`]) until the step is at least `min_step` or the run is complete.
+    async fn wait_for_step(&self, min_step: u64) {
+        let mut rx = self.inner.step_tx.subscribe();
+        let done = self.inner.complete.clone();
+        let _ = tokio::time::timeout(STEP_WAIT, async {
+            tokio::select! {
+                _ = rx.wait_for(|&s| s >= min_step) => {}
+                _ = done.cancelled() => {}
+            }
+        })
+        .await;
+    }
+
+    fn count_examples(&self, examples: u64) {
+        let mut r = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner());
+        r.1 += examples;
+        let elapsed = r.0.elapsed().as_secs_f64();
+        if elapsed >= 2.0 {
+            r.2 = r.1 as f64 / elapsed;
+            *r = (Instant::now(), 0, r.2);
+        }
+    }
+}
+
+fn named(tensors: &[pb::Tensor]) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, Status> {
+    tensors.iter().map(|t| Ok((t.name.clone(), rpc::decode(t)?))).collect()
+}
+
+#[tonic::async_trait]
+impl ParameterServer for PsService {
+    async fn state(&self, _: Request<pb::StateRequest>) -> Result<Response<pb::StateResponse>, Status> {
+        let s = self.lock();
+        let c = s.counters();
+        let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
+        Ok(Response::new(pb::StateResponse {
+            task: self.inner.task as u32,
+            incarnation: self.inner.incarnation,
+            initialized: s.is_initialized(),
+            global_step: s.step(),
+            complete: s.is_complete(),
+            variables: s.specs().iter().map(|v| v.name.clone()).collect(),
+            updates_applied: c.updates_applied,
+            gradients_aggregated: c.gradients_aggregated,
+            stale_gradients: c.stale_gradients,
+            pushes_applied: c.pushes_applied,
+            last_loss: s.last_loss(),
+            examples_per_sec: rate,
+        }))
+    }
+
+    async fn initialize(&self, req: Request<pb::InitializeRequest>) -> Result<Response<pb::InitializeResponse>, Status> {
+        let req = req.into_inner();
+        let values = named(&req.variables)?;
+        let shadows = named(&req.shadows)?;
+        let mut s = self.lock();
+        let values = s.arrange(values)?;
+        let shadows = if shadows.is_empty() { None } else { Some(s.arrange(shadows)?) };
+        let applied = s.initialize(values, shadows, req.global_step, req.force);
+        if applied {
+            info!(ps = self.inner.task, step = req.global_step, "Shard initialized.");
+            self.inner.step_tx.send_replace(req.global_step);
+        }
+        Ok(Response::new(pb::InitializeResponse { applied, incarnation: self.inner.incarnation }))
+    }
+
+    async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<pb::PullResponse>, Status> {
+        let req = req.into_inner();
+        if req.min_step > 0 {
+            self.wait_for_step(req.min_step).await;
+        }
+        let s = self.lock();
+        let (variables, shadows) = self.snapshot(&s, &req.names, req.with_shadows)?;
+        Ok(Response::new(pb::PullResponse {
+            variables,
+            shadows,
+            global_step: s.step(),
+            incarnation: self.inner.incarnation,
+            complete: s.is_complete(),
+        }))
+    }
+
+    async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+        let req = req.into_inner();
+        if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
+            return Err(Status::failed_precondition(format!(
+                "ps:{} restarted since the parameters were pulled (incarnation {} ≠ {}): pull again",
+                self.inner.task, req.incarnation, self.inner.incarnation
+            )));
+        }
+        let grads = named(&req.gradients)?;
+        let outcome = {
+            let mut s = self.lock();
+            if s.is_complete() {
+                None
+            } else {
+                let grads = s.arrange(grads)?;
+                let outcome = s.push(grads, req.learning_rate, req.step, req.worker, req.loss)?;
+                self.inner.step_tx.send_replace(s.step());
+                Some(outcome)
+            }
+        };
+        if outcome.is_some() {
+            self.count_examples(1);
+        }
+        if outcome == Some(Pushed::Pending) && req.pull {
+            self.wait_for_step(req.step + 1).await;
+        }
+        let s = self.lock();
+        let variables = if req.pull { self.snapshot(&s, &[], false)?.0 } else { Vec::new() };
+        Ok(Response::new(pb::PushResponse {
+            variables,
+            global_step: s.step(),
+            incarnation: self.inner.incarnation,
+            complete: s.is_complete(),
+            stale: outcome == Some(Pushed::Stale),
+        }))
+    }
+
+    async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::CompleteResponse>, Status> {
+        let step = req.into_inner().global_step;
+        self.lock().set_complete();
+        if !self.inner.complete.is_cancelled() {
+            info!(ps = self.inner.task, step, "Run complete.");
+        }
+        self.inner.complete.cancel();
+        Ok(Response::new(pb::CompleteResponse {}))
+    }
+}
+
+/// Largest message a task may need to send or receive for this model: every
+/// variable of the model and its shadow, plus room for framing. Derived, so a
+/// big model never fails on gRPC's 4 MiB default.
+pub fn message_limit(config: &Config) -> usize {
+    let floats: usize = config.model.layers.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
+    2 * 4 * floats + (1 << 20)
+}
+
+/// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
+/// `cluster.ps_exit_when_complete`, shortly after the run is complete.
+///
+/// Errors: [`PsError`] when the model is invalid or the server fails.
+pub async fn serve(config: &Config, task: usize, token: &str, listener: TcpListener, shutdown: CancellationToken) -> Result<(), PsError> {
+    let service = PsService::new(config, task)?;
+    let limit = message_limit(config);
+    let id = TaskId { role: Role::Ps, index: task };
+    {
+        let s = service.lock();
+        let names: Vec<&str> = s.specs().iter().map(|v| v.name.as_str()).collect();
+        info!(task = %format!("{:?}:{}", id.role, id.index).to_lowercase(), variables = ?names, "Serving shard.");
+    }
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<ParameterServerServer<PsService>>().await;
+    let svc = ParameterServerServer::new(service.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit);
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, CheckToken::new(token));
+
+    let stop = shutdown.child_token();
+    let linger = {
+        let (complete, stop, exit) = (service.completed(), stop.clone(), config.cluster.ps_exit_when_complete);
+        tokio::spawn(async move {
+            complete.cancelled().await;
+            if exit {
+                tokio::time::sleep(COMPLETE_LINGER).await;
+                info!(ps = task, "Run complete; exiting.");
+                stop.cancel();
+            }
+        })
+    };
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+        .await;
+    linger.abort();
+    if let Err(e) = &result {
+        warn!(ps = task, error = %e, "Server stopped with an error.");
+    }
+    Ok(result?)
+}

@@ -1,0 +1,358 @@
+//! One ps task's shard: its variables, their EMA shadows, the step counter,
+//! and the rules for applying pushes (async) or aggregating them (sync).
+//! Pure state, no I/O: the service in [`super`] wraps it in a mutex, which is
+//! what makes every push atomic for the shard.
+
+use crate::model::{self, VarSpec};
+use ndarray::{ArrayD, IxDyn, Zip};
+use std::collections::BTreeSet;
+
+/// Why a request was refused. Nothing changed.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ShardError {
+    #[error("ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet")]
+    NotInitialized { ps: usize },
+    #[error("ps:{ps} does not hold variable {name:?} (it holds {held:?})")]
+    UnknownVariable { ps: usize, name: String, held: Vec<String> },
+    #[error("variable {name}: shape {got:?}, expected {expected:?}")]
+    Shape { name: String, expected: Vec<usize>, got: Vec<usize> },
+    #[error("variable {name} given twice")]
+    Duplicate { name: String },
+    #[error("variable {name} missing: every variable of ps:{ps} is required")]
+    Missing { ps: usize, name: String },
+    #[error("{name} has a non-finite value (NaN or infinity) at flat index {index}")]
+    NonFinite { name: String, index: usize },
+    #[error("learning rate {0} is not a finite non-negative number")]
+    LearningRate(f32),
+    #[error("worker {worker} already pushed a gradient for step {step}")]
+    DuplicatePush { worker: u32, step: u64 },
+    #[error("gradient for step {step}, but ps:{ps} is at step {current}: pull again")]
+    FutureStep { ps: usize, step: u64, current: u64 },
+    #[error("worker {worker} is not one of the {total} replicas (train.total_num_replicas)")]
+    UnknownWorker { worker: u32, total: usize },
+}
+
+impl From<ShardError> for tonic::Status {
+    fn from(e: ShardError) -> Self {
+        use ShardError::*;
+        let msg = e.to_string();
+        match e {
+            NotInitialized { .. } | FutureStep { .. } => tonic::Status::failed_precondition(msg),
+            UnknownVariable { .. } => tonic::Status::not_found(msg),
+            DuplicatePush { .. } => tonic::Status::already_exists(msg),
+            Shape { .. } | Duplicate { .. } | Missing { .. } | NonFinite { .. } | LearningRate(_) | UnknownWorker { .. } => {
+                tonic::Status::invalid_argument(msg)
+            }
+        }
+    }
+}
+
+/// How pushes become updates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// Every push is applied at once; the step advances per push.
+    Async,
+    /// SyncReplicasOptimizer: average `replicas` fresh gradients per step.
+    Sync {
+        /// Gradients averaged into one update.
+        replicas: usize,
+        /// Workers allowed to push (indices `0..total`).
+        total: usize,
+    },
+}
+
+/// What became of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Applied (async) or completed the step's aggregate (sync).
+    Applied,
+    /// Sync: counted towards the step; waiting for more replicas.
+    Pending,
+    /// Sync: computed on an older step; dropped.
+    Stale,
+}
+
+/// Counters a test or an operator can read through `State`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Async pushes applied.
+    pub pushes_applied: u64,
+    /// Sync updates applied.
+    pub updates_applied: u64,
+    /// Gradients that went into sync updates.
+    pub gradients_aggregated: u64,
+    /// Sync gradients dropped as stale.
+    pub stale_gradients: u64,
+}
+
+/// The sync accumulator for the current step.
+#[derive(Debug)]
+struct Pending {
+    /// Workers whose gradient is in `sum`.
+    workers: BTreeSet<u32>,
+    /// Sum of their gradients, per variable.
+    sum: Vec<ArrayD<f32>>,
+}
+
+/// A shard's state.
+#[derive(Debug)]
+pub struct Shard {
+    /// This ps task's index.
+    ps: usize,
+    /// The variables held here, in model order.
+    specs: Vec<VarSpec>,
+    /// Current values; `None` until initialized.
+    values: Option<Vec<ArrayD<f32>>>,
+    /// EMA shadows, same order.
+    shadows: Vec<ArrayD<f32>>,
+    /// Updates applied (on ps 0: `global_step`).
+    step: u64,
+    /// The chief declared the run complete.
+    complete: bool,
+    /// Async or sync.
+    rule: Rule,
+    /// `moving_average_decay`.
+    ema: f32,
+    /// Sync accumulator.
+    pending: Pending,
+    /// For `State`.
+    counters: Counters,
+    /// Loss of the latest push.
+    last_loss: f32,
+}
+
+impl Shard {
+    pub fn new(ps: usize, specs: Vec<VarSpec>, rule: Rule, moving_average_decay: f32) -> Self {
+        let sum = specs.iter().map(|s| ArrayD::zeros(IxDyn(&s.shape))).collect();
+        Self {
+            ps,
+            specs,
+            values: None,
+            shadows: Vec::new(),
+            step: 0,
+            complete: false,
+            rule,
+            ema: moving_average_decay,
+            pending: Pending { workers: BTreeSet::new(), sum },
+            counters: Counters::default(),
+            last_loss: f32::NAN,
+        }
+    }
+
+    pub fn specs(&self) -> &[VarSpec] {
+        &self.specs
+    }
+    pub fn is_initialized(&self) -> bool {
+        self.values.is_some()
+    }
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+    pub fn last_loss(&self) -> f32 {
+        self.last_loss
+    }
+    pub fn set_complete(&mut self) {
+        self.complete = true;
+    }
+
+    /// Current values, or [`ShardError::NotInitialized`].
+    pub fn values(&self) -> Result<&[ArrayD<f32>], ShardError> {
+        self.values.as_deref().ok_or(ShardError::NotInitialized { ps: self.ps })
+    }
+
+    /// EMA shadows, or [`ShardError::NotInitialized`].
+    pub fn shadows(&self) -> Result<&[ArrayD<f32>], ShardError> {
+        self.values()?;
+        Ok(&self.shadows)
+    }
+
+    /// Puts `named` tensors into model order, checking that each variable of
+    /// the shard appears exactly once with its shape and finite values.
+    pub fn arrange(&self, named: Vec<(String, ArrayD<f32>)>) -> Result<Vec<ArrayD<f32>>, ShardError> {
+        let mut out: Vec<Option<ArrayD<f32>>> = vec![None; self.specs.len()];
+        for (name, a) in named {
+            let Some(i) = self.specs.iter().position(|s| s.name == name) else {
+                return Err(ShardError::UnknownVariable {
+                    ps: self.ps,
+                    name,
+                    held: self.specs.iter().map(|s| s.name.clone()).collect(),
+                });
+            };
+            if a.shape() != self.specs[i].shape.as_slice() {
+                return Err(ShardError::Shape { name, expected: self.specs[i].shape.clone(), got: a.shape().to_vec() });
+            }
+            if let Some(index) = a.iter().position(|v| !v.is_finite()) {
+                return Err(ShardError::NonFinite { name, index });
+            }
+            if out[i].is_some() {
+                return Err(ShardError::Duplicate { name });
+            }
+            out[i] = Some(a);
+        }
+        out.into_iter()
+            .zip(&self.specs)
+            .map(|(a, s)| a.ok_or_else(|| ShardError::Missing { ps: self.ps, name: s.name.clone() }))
+            .collect()
+    }
+
+    /// Sets every variable (and shadow; `None`: shadows start at the values)
+    /// and the step. Returns false, changing nothing, when already initialized
+    /// and not `force`d.
+    pub fn initialize(
+        &mut self,
+        values: Vec<ArrayD<f32>>,
+        shadows: Option<Vec<ArrayD<f32>>>,
+        step: u64,
+        force: bool,
+    ) -> bool {
+        if self.values.is_some() && !force {
+            return false;
+        }
+        self.shadows = shadows.unwrap_or_else(|| values.clone());
+        self.values = Some(values);
+        self.step = step;
+        self.clear_pending();
+        true
+    }
+
+    /// Applies (async) or aggregates (sync) a gradient computed at `step` by `worker`.
+    /// `grads` must come from [`Shard::arrange`].
+    pub fn push(&mut self, grads: Vec<ArrayD<f32>>, lr: f32, step: u64, worker: u32, loss: f32) -> Result<Pushed, ShardError> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(ShardError::LearningRate(lr));
+        }
+        self.values()?;
+        if loss.is_finite() {
+            self.last_loss = loss;
+        }
+        match self.rule {
+            Rule::Async => {
+                self.apply(&grads, lr, step, 1.0);
+                self.counters.pushes_applied += 1;
+                Ok(Pushed::Applied)
+            }
+            Rule::Sync { replicas, total } => {
+                if worker as usize >= total {
+                    return Err(ShardError::UnknownWorker { worker, total });
+                }
+                if step < self.step {
+                    self.counters.stale_gradients += 1;
+                    return Ok(Pushed::Stale);
+                }
+                if step > self.step {
+                    return Err(ShardError::FutureStep { ps: self.ps, step, current: self.step });
+                }
+                if self.pending.workers.contains(&worker) {
+                    return Err(ShardError::DuplicatePush { worker, step });
+                }
+                self.pending.workers.insert(worker);
+                for (s, g) in self.pending.sum.iter_mut().zip(&grads) {
+                    *s += g;
+                }
+                if self.pending.workers.len() < replicas {
+                    return Ok(Pushed::Pending);
+                }
+                let sum = std::mem::take(&mut self.pending.sum);
+                self.apply(&sum, lr, step, 1.0 / replicas as f32);
+                self.pending.sum = sum;
+                self.counters.updates_applied += 1;
+                self.counters.gradients_aggregated += replicas as u64;
+                self.clear_pending();
+                Ok(Pushed::Applied)
+            }
+        }
+    }
+
+    /// `w -= lr · scale · g`, then the EMA step, then `step += 1`.
+    fn apply(&mut self, grads: &[ArrayD<f32>], lr: f32, step: u64, scale: f32) {
+        let decay = model::ema_decay(self.ema, step);
+        let values = self.values.as_mut().expect("checked by caller");
+        let k = lr * scale;
+        for ((w, g), shadow) in values.iter_mut().zip(grads).zip(self.shadows.iter_mut()) {
+            Zip::from(&mut *w).and(g).and(shadow).for_each(|w, &g, s| {
+                *w -= k * g;
+                *s -= (1.0 - decay) * (*s - *w);
+            });
+        }
+        self.step += 1;
+    }
+
+    fn clear_pending(&mut self) {
+        self.pending.workers.clear();
+        for s in &mut self.pending.sum {
+            s.fill(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(rule: Rule) -> Shard {
+        let specs = vec![VarSpec { name: "w".into(), shape: vec![2] }];
+        let mut s = Shard::new(0, specs, rule, 0.99);
+        assert!(s.initialize(vec![ArrayD::zeros(IxDyn(&[2]))], None, 0, false));
+        s
+    }
+
+    fn g(a: f32, b: f32) -> Vec<ArrayD<f32>> {
+        vec![ArrayD::from_shape_vec(IxDyn(&[2]), vec![a, b]).unwrap()]
+    }
+
+    #[test]
+    fn async_applies_each_push() {
+        let mut s = shard(Rule::Async);
+        assert_eq!(s.push(g(1., 2.), 0.5, 0, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-0.5, -1.0]);
+        assert_eq!(s.step(), 1);
+        // EMA at step 0: decay min(0.99, 1/10) = 0.1, shadow = 0.1·0 + 0.9·w.
+        let sh = s.shadows().unwrap()[0].as_slice().unwrap().to_vec();
+        assert!((sh[0] - (-0.45)).abs() < 1e-6, "{sh:?}");
+    }
+
+    #[test]
+    fn sync_averages_drops_stale_and_refuses_duplicates() {
+        let mut s = shard(Rule::Sync { replicas: 2, total: 3 });
+        assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
+        assert_eq!(s.push(g(9., 9.), 1.0, 0, 0, 1.0), Err(ShardError::DuplicatePush { worker: 0, step: 0 }));
+        assert_eq!(s.step(), 0);
+        assert_eq!(s.push(g(3., 5.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
+        assert_eq!(s.step(), 1);
+        // The backup replica's gradient for step 0 arrives late.
+        assert_eq!(s.push(g(100., 100.), 1.0, 0, 2, 1.0), Ok(Pushed::Stale));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
+        assert_eq!(s.push(g(1., 1.), 1.0, 5, 2, 1.0), Err(ShardError::FutureStep { ps: 0, step: 5, current: 1 }));
+        assert_eq!(s.push(g(1., 1.), 1.0, 1, 3, 1.0), Err(ShardError::UnknownWorker { worker: 3, total: 3 }));
+        let c = s.counters();
+        assert_eq!((c.updates_applied, c.gradients_aggregated, c.stale_gradients), (1, 2, 1));
+    }
+
+    #[test]
+    fn arrange_checks_names_shapes_and_values() {
+        let s = shard(Rule::Async);
+        let t = |n: &str, v: Vec<f32>| (n.to_string(), ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap());
+        assert!(matches!(s.arrange(vec![t("x", vec![1., 2.])]), Err(ShardError::UnknownVariable { .. })));
+        assert!(matches!(s.arrange(vec![t("w", vec![1.])]), Err(ShardError::Shape { .. })));
+        assert!(matches!(s.arrange(vec![t("w", vec![1., f32::NAN])]), Err(ShardError::NonFinite { index: 1, .. })));
+        assert!(matches!(s.arrange(vec![]), Err(ShardError::Missing { .. })));
+        assert!(matches!(s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]), Err(ShardError::Duplicate { .. })));
+        assert!(s.arrange(vec![t("w", vec![1., 2.])]).is_ok());
+    }
+
+    #[test]
+    fn initialize_does_not_clobber_unless_forced() {
+        let mut s = shard(Rule::Async);
+        assert!(!s.initialize(g(5., 5.), None, 9, false));
+        assert_eq!(s.step(), 0);
+        assert!(s.initialize(g(5., 5.), None, 9, true));
+        assert_eq!(s.step(), 9);
+    }
+}

@@ -1,0 +1,264 @@
+//! The worker's view of the ps tasks: one gRPC client per ps, the placement,
+//! and whole-model pull/push that talk to every shard in parallel.
+
+use crate::auth::AddToken;
+use crate::config::Config;
+use crate::model::VarSpec;
+use crate::pb::parameter_server_client::ParameterServerClient;
+use crate::{pb, placement, rpc};
+use futures::future::try_join_all;
+use ndarray::ArrayD;
+use std::time::Duration;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+type Client = ParameterServerClient<InterceptedService<Channel, AddToken>>;
+
+/// A failed call to one ps task.
+#[derive(Debug, thiserror::Error)]
+#[error("ps:{ps}: {status}")]
+pub struct PsCallError {
+    /// Which ps task.
+    pub ps: usize,
+    /// What it (or the transport) said.
+    pub status: Status,
+}
+
+impl PsCallError {
+    /// The ps is down or unreachable: wait and try again.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self.status.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted)
+    }
+    /// The ps lost or changed its state (restart, restore): pull again (the chief re-seeds).
+    pub fn needs_pull(&self) -> bool {
+        self.status.code() == Code::FailedPrecondition
+    }
+}
+
+/// What a pull or push learned besides the values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Each shard's step; `steps[0]` is the global step.
+    pub steps: Vec<u64>,
+    /// Any shard says the run is complete.
+    pub complete: bool,
+    /// Sync: shards that dropped the push as stale.
+    pub stale: usize,
+}
+
+impl Progress {
+    pub fn global_step(&self) -> u64 {
+        self.steps[0]
+    }
+}
+
+/// Connections to every ps task, and where each variable lives.
+#[derive(Clone)]
+pub struct Cluster {
+    /// One client per ps task.
+    clients: Vec<Client>,
+    /// The model's variables in order.
+    specs: Vec<VarSpec>,
+    /// Variable indices held by each ps.
+    by_ps: Vec<Vec<usize>>,
+    /// Incarnation each shard had at the last pull (0: unknown).
+    incarnations: Vec<u64>,
+}
+
+fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
+    move |status| PsCallError { ps, status }
+}
+
+impl Cluster {
+    /// Lazily connected clients (a ps that is not up yet is retried per call).
+    ///
+    /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
+    pub fn new(config: &Config, specs: Vec<VarSpec>, token: &str) -> Result<Self, String> {
+        let limit = crate::ps::message_limit(config);
+        let auth = AddToken::new(token)?;
+        let clients = config
+            .cluster
+            .ps
+            .iter()
+            .map(|addr| {
+                let ep = Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| format!("cluster.ps address {addr:?}: {e}"))?
+                    .connect_timeout(Duration::from_secs(2))
+                    .tcp_nodelay(true)
+                    .http2_adaptive_window(true);
+                Ok(ParameterServerClient::with_interceptor(ep.connect_lazy(), auth.clone())
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
+        let mut by_ps = vec![Vec::new(); clients.len()];
+        for (i, &p) in owner.iter().enumerate() {
+            by_ps[p].push(i);
+        }
+        let incarnations = vec![0; clients.len()];
+        Ok(Self { clients, specs, by_ps, incarnations })
+    }
+
+    pub fn num_ps(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn specs(&self) -> &[VarSpec] {
+        &self.specs
+    }
+
+    /// Variable indices held by ps `ps`.
+    pub fn shard(&self, ps: usize) -> &[usize] {
+        &self.by_ps[ps]
+    }
+
+    /// Every ps task's state, or the error of the first that did not answer.
+    pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
+        try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
+            let mut c = c.clone();
+            async move { c.state(pb::StateRequest {}).await.map(|r| r.into_inner()).map_err(call(ps)) }
+        }))
+        .await
+    }
+
+    fn index(&self, ps: usize, name: &str) -> Result<usize, PsCallError> {
+        self.by_ps[ps]
+            .iter()
+            .copied()
+            .find(|&i| self.specs[i].name == name)
+            .ok_or_else(|| PsCallError { ps, status: Status::internal(format!("ps:{ps} sent variable {name:?} it does not hold")) })
+    }
+
+    fn store(&self, ps: usize, tensors: &[pb::Tensor], out: &mut [ArrayD<f32>]) -> Result<(), PsCallError> {
+        for t in tensors {
+            let i = self.index(ps, &t.name)?;
+            rpc::decode_into(t, &mut out[i]).map_err(|e| PsCallError { ps, status: e.into() })?;
+        }
+        Ok(())
+    }
+
+    /// Pulls every variable into `params` (model order). With `min_steps`, each
+    /// shard first waits (bounded) until its step reaches the given value.
+    pub async fn pull(&mut self, params: &mut [ArrayD<f32>], min_steps: Option<&[u64]>) -> Result<Progress, PsCallError> {
+        let replies = try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
+            let mut c = c.clone();
+            let min_step = min_steps.map_or(0, |m| m[ps]);
+            async move {
+                c.pull(pb::PullRequest { names: vec![], with_shadows: false, min_step })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        let mut progress = Progress { steps: Vec::with_capacity(replies.len()), complete: false, stale: 0 };
+        for (ps, r) in replies.into_iter().enumerate() {
+            self.store(ps, &r.variables, params)?;
+            self.incarnations[ps] = r.incarnation;
+            progress.steps.push(r.global_step);
+            progress.complete |= r.complete;
+        }
+        Ok(progress)
+    }
+
+    /// Pushes `grads` (model order) to every shard, each tagged with the step
+    /// its parameters were read at, and stores the values each shard returns
+    /// (fused push-and-pull: one round trip per step).
+    pub async fn push_pull(
+        &mut self,
+        grads: &[ArrayD<f32>],
+        params: &mut [ArrayD<f32>],
+        learning_rate: f32,
+        steps: &[u64],
+        worker: u32,
+        loss: f32,
+    ) -> Result<Progress, PsCallError> {
+        let requests: Vec<pb::PushRequest> = (0..self.clients.len())
+            .map(|ps| pb::PushRequest {
+                gradients: self.by_ps[ps].iter().map(|&i| rpc::encode(&self.specs[i].name, &grads[i])).collect(),
+                learning_rate,
+                step: steps[ps],
+                worker,
+                pull: true,
+                incarnation: self.incarnations[ps],
+                loss,
+            })
+            .collect();
+        let replies = try_join_all(self.clients.iter().zip(requests).enumerate().map(|(ps, (c, req))| {
+            let mut c = c.clone();
+            async move { c.push(req).await.map(|r| r.into_inner()).map_err(call(ps)) }
+        }))
+        .await?;
+        let mut progress = Progress { steps: Vec::with_capacity(replies.len()), complete: false, stale: 0 };
+        for (ps, r) in replies.into_iter().enumerate() {
+            self.store(ps, &r.variables, params)?;
+            progress.steps.push(r.global_step);
+            progress.complete |= r.complete;
+            progress.stale += usize::from(r.stale);
+        }
+        Ok(progress)
+    }
+
+    /// Initializes the shards of the ps tasks in `only` from `values` (model
+    /// order) and optional `shadows`, at `step`. Returns the shards that took it.
+    pub async fn initialize(
+        &self,
+        only: &[usize],
+        values: &[ArrayD<f32>],
+        shadows: Option<&[ArrayD<f32>]>,
+        step: u64,
+        force: bool,
+    ) -> Result<Vec<usize>, PsCallError> {
+        let replies = try_join_all(only.iter().map(|&ps| {
+            let mut c = self.clients[ps].clone();
+            let enc = |src: &[ArrayD<f32>]| self.by_ps[ps].iter().map(|&i| rpc::encode(&self.specs[i].name, &src[i])).collect();
+            let req = pb::InitializeRequest {
+                variables: enc(values),
+                shadows: shadows.map(enc).unwrap_or_default(),
+                global_step: step,
+                force,
+            };
+            async move { c.initialize(req).await.map(|r| (ps, r.into_inner().applied)).map_err(call(ps)) }
+        }))
+        .await?;
+        Ok(replies.into_iter().filter(|(_, applied)| *applied).map(|(ps, _)| ps).collect())
+    }
+
+    /// Every variable and its EMA shadow (model order) and the global step: a
+    /// consistent snapshot per shard, for checkpoints and evaluation.
+    pub async fn snapshot(&self) -> Result<(u64, Vec<ArrayD<f32>>, Vec<ArrayD<f32>>), PsCallError> {
+        let replies = try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
+            let mut c = c.clone();
+            async move {
+                c.pull(pb::PullRequest { names: vec![], with_shadows: true, min_step: 0 })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        let mut values: Vec<ArrayD<f32>> = self.specs.iter().map(|s| ArrayD::zeros(s.shape.as_slice())).collect();
+        let mut shadows = values.clone();
+        let mut step = 0;
+        for (ps, r) in replies.into_iter().enumerate() {
+            self.store(ps, &r.variables, &mut values)?;
+            self.store(ps, &r.shadows, &mut shadows)?;
+            if ps == 0 {
+                step = r.global_step;
+            }
+        }
+        Ok((step, values, shadows))
+    }
+
+    /// Tells every ps the run is complete (best effort per task).
+    pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
+        try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
+            let mut c = c.clone();
+            async move { c.complete(pb::CompleteRequest { global_step: step }).await.map(|_| ()).map_err(call(ps)) }
+        }))
+        .await
+        .map(|_| ())
+    }
+}
