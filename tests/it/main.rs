@@ -1,0 +1,3 @@
+//! dtf's integration tests: real processes on 127.0.0.1, one test binary.
+
+mod util;

@@ -1,0 +1,1 @@
+//! Shared helpers: temp dirs, tiny data sets, configs, running the binaries.
