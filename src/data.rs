@@ -441,7 +441,7 @@ pub fn write_idx_images(
     cols: usize,
 ) -> std::io::Result<()> {
     let per = rows * cols;
-    if per == 0 || images.len() % per != 0 {
+    if per == 0 || !images.len().is_multiple_of(per) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
