@@ -123,22 +123,32 @@ impl Mlp {
         &self,
         params: &'a [ArrayD<f32>],
     ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
-        let specs = self.variables();
+        // Checked without building `variables()`: this runs every step.
         assert_eq!(
             params.len(),
-            specs.len(),
+            2 * (self.layers.len() - 1),
             "expected {} parameter arrays for layers {:?}, got {}",
-            specs.len(),
+            2 * (self.layers.len() - 1),
             self.layers,
             params.len()
         );
-        for (p, spec) in params.iter().zip(&specs) {
+        for (l, (pair, w)) in params
+            .chunks_exact(2)
+            .zip(self.layers.windows(2))
+            .enumerate()
+        {
             assert_eq!(
-                p.shape(),
-                &spec.shape[..],
-                "{}: expected shape {:?}",
-                spec.name,
-                spec.shape
+                pair[0].shape(),
+                w,
+                "layer{}/weights: expected shape {w:?}",
+                l + 1
+            );
+            assert_eq!(
+                pair[1].shape(),
+                &w[1..],
+                "layer{}/biases: expected shape {:?}",
+                l + 1,
+                &w[1..]
             );
         }
         params
@@ -539,6 +549,15 @@ mod tests {
                 assert_eq!(checked, 4, "seed {seed}: too many ReLU kinks to check");
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "layer2/weights: expected shape [4, 3]")]
+    fn mismatched_params_name_the_variable() {
+        let mlp = Mlp::new(&[5, 4, 3]).unwrap();
+        let mut params = mlp.init(0);
+        params[2] = ArrayD::zeros(vec![3, 4]);
+        mlp.loss_and_grads(&params, Array2::zeros((1, 5)).view(), &[0], 0.0);
     }
 
     #[test]
