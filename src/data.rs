@@ -1,7 +1,27 @@
 //! MNIST-format (IDX) data sets: reading `.gz` or raw files, batching.
+//!
+//! An IDX file is a big-endian header — a magic number whose third byte is
+//! the element type (0x08, unsigned byte) and whose fourth is the number of
+//! dimensions, then one u32 per dimension — followed by the elements. Images
+//! are `idx3` (n, rows, cols), labels `idx1` (n). Files may be gzipped; that
+//! is detected from the gzip magic bytes, not from the name, so a renamed
+//! file still loads.
 
+use flate2::Compression;
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
 use ndarray::Array2;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+/// Magic number of an idx3 unsigned-byte file (images).
+const IMAGES_MAGIC: u32 = 0x0000_0803;
+/// Magic number of an idx1 unsigned-byte file (labels).
+const LABELS_MAGIC: u32 = 0x0000_0801;
+/// The first two bytes of every gzip stream (RFC 1952).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// Which half of the data set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,13 +32,47 @@ pub enum Split {
     Test,
 }
 
+impl Split {
+    /// File names (without `.gz`) of the images and the labels.
+    pub fn file_names(self) -> (&'static str, &'static str) {
+        match self {
+            Split::Train => ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+            Split::Test => ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+        }
+    }
+}
+
 /// Errors reading a data set; each names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
+    /// The file could not be opened or read (or its gzip stream is corrupt).
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file being read.
+        path: PathBuf,
+        /// What the OS or the gzip decoder reported.
+        source: std::io::Error,
+    },
+    /// The file's contents are not what an IDX file of its kind must hold.
     #[error("{path}: {what}")]
-    Format { path: PathBuf, what: String },
+    Format {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong, with the expected and the found values.
+        what: String,
+    },
+    /// Neither `<name>.gz` nor `<name>` exists in the data directory.
+    #[error(
+        "{path}: no such file (nor {alt}); install the data set with \
+         `apt install dataset-fashion-mnist` (Debian package dataset-fashion-mnist) \
+         or set data.dir to a directory holding MNIST-format IDX files"
+    )]
+    Missing {
+        /// The gzipped name, tried first.
+        path: PathBuf,
+        /// The raw name, tried second.
+        alt: PathBuf,
+    },
 }
 
 /// Images kept as bytes (converted to f32 per batch) and their labels.
@@ -30,48 +84,277 @@ pub struct Dataset {
     labels: Vec<u8>,
     /// Pixels per image (rows · cols).
     features: usize,
+    /// Where the labels came from, for error messages (empty for `from_parts`).
+    labels_path: PathBuf,
 }
 
 impl Dataset {
-    /// Loads `split` from `dir`, taking `<name>.gz` or `<name>`, whichever exists.
+    /// Loads `split` from `dir`, taking `<name>.gz` or `<name>`, whichever
+    /// exists (`.gz` when both do).
+    ///
+    /// Errors: [`DataError::Missing`] when a file is in neither form, and those
+    /// of [`Dataset::from_files`].
     pub fn load(dir: &Path, split: Split) -> Result<Self, DataError> {
-        todo!()
+        let (images, labels) = split.file_names();
+        let images = find_file(dir, images)?;
+        let labels = find_file(dir, labels)?;
+        Self::from_files(&images, &labels)
     }
 
     /// From an idx3 image file and an idx1 label file (gzip or raw, by magic).
+    ///
+    /// Errors: [`DataError::Io`] when a file cannot be read;
+    /// [`DataError::Format`] for a wrong magic number, a truncated file,
+    /// trailing bytes, an empty data set, or image and label counts that
+    /// disagree.
     pub fn from_files(images: &Path, labels: &Path) -> Result<Self, DataError> {
-        todo!()
+        let (dims, pixels) = read_idx(images, IMAGES_MAGIC)?;
+        let (label_dims, label_bytes) = read_idx(labels, LABELS_MAGIC)?;
+        let (n_images, features) = (dims[0], dims[1] * dims[2]);
+        let n_labels = label_dims[0];
+        if n_images != n_labels {
+            return Err(DataError::Format {
+                path: labels.to_path_buf(),
+                what: format!(
+                    "holds {n_labels} labels but {} holds {n_images} images; \
+                     the counts must agree",
+                    images.display()
+                ),
+            });
+        }
+        if n_images == 0 {
+            return Err(format_error(images, "holds no images"));
+        }
+        if features == 0 {
+            return Err(format_error(
+                images,
+                format!(
+                    "images are {} × {}: expected a positive size",
+                    dims[1], dims[2]
+                ),
+            ));
+        }
+        Ok(Dataset {
+            images: pixels,
+            labels: label_bytes,
+            features,
+            labels_path: labels.to_path_buf(),
+        })
     }
 
     /// From raw parts (tests, synthetic data). `images.len()` must be `labels.len() · features`.
+    ///
+    /// # Panics
+    ///
+    /// When the lengths disagree: parts are built by code, not read from input.
     pub fn from_parts(images: Vec<u8>, labels: Vec<u8>, features: usize) -> Self {
-        todo!()
+        assert_eq!(
+            images.len(),
+            labels.len() * features,
+            "from_parts: {} pixels for {} labels × {features} features",
+            images.len(),
+            labels.len()
+        );
+        Dataset {
+            images,
+            labels,
+            features,
+            labels_path: PathBuf::new(),
+        }
     }
 
+    /// Number of examples.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// True when there are no examples.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
 
+    /// Pixels per example (784 for MNIST).
     pub fn features(&self) -> usize {
         self.features
     }
 
+    /// The labels, one class index per example.
+    pub fn labels(&self) -> &[u8] {
+        &self.labels
+    }
+
+    /// Checks that every label is a class index below `classes` (the model's
+    /// output width), so the math never sees an out-of-range label.
+    ///
+    /// Errors: [`DataError::Format`] naming the first bad label and its index.
+    pub fn check_labels(&self, classes: usize) -> Result<(), DataError> {
+        match self
+            .labels
+            .iter()
+            .enumerate()
+            .find(|&(_, &l)| usize::from(l) >= classes)
+        {
+            None => Ok(()),
+            Some((i, &l)) => Err(format_error(
+                &self.labels_path,
+                format!("label {i} is {l}: expected a class index below {classes}"),
+            )),
+        }
+    }
+
     /// Fills `x` (indices.len() × features, pixel/255) and `y` for the given rows.
+    ///
+    /// `x` and `y` are the caller's buffers, reused across calls: `x` is only
+    /// reallocated when its shape is not already `indices.len() × features`.
+    ///
+    /// # Panics
+    ///
+    /// When an index is `>= len()` (indices come from [`Batches`]).
     pub fn batch(&self, indices: &[usize], x: &mut Array2<f32>, y: &mut Vec<u8>) {
-        todo!()
+        let f = self.features;
+        if x.dim() != (indices.len(), f) {
+            *x = Array2::zeros((indices.len(), f));
+        }
+        for (mut row, &i) in x.rows_mut().into_iter().zip(indices) {
+            let pixels = &self.images[i * f..(i + 1) * f];
+            row.iter_mut()
+                .zip(pixels)
+                .for_each(|(o, &p)| *o = f32::from(p) / 255.0);
+        }
+        y.clear();
+        y.extend(indices.iter().map(|&i| self.labels[i]));
     }
 
     /// Every example, as (x, labels): for evaluation.
     pub fn all(&self) -> (Array2<f32>, Vec<u8>) {
-        todo!()
+        let x = Array2::from_shape_vec(
+            (self.len(), self.features),
+            self.images.iter().map(|&p| f32::from(p) / 255.0).collect(),
+        )
+        .expect("images.len() == len · features by construction");
+        (x, self.labels.clone())
     }
 }
 
+/// `<dir>/<name>.gz` if it exists, else `<dir>/<name>`.
+fn find_file(dir: &Path, name: &str) -> Result<PathBuf, DataError> {
+    let gz = dir.join(format!("{name}.gz"));
+    let raw = dir.join(name);
+    for path in [&gz, &raw] {
+        match std::fs::metadata(path) {
+            Ok(_) => return Ok(path.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(DataError::Io {
+                    path: path.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(DataError::Missing { path: gz, alt: raw })
+}
+
+fn format_error(path: &Path, what: impl Into<String>) -> DataError {
+    DataError::Format {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+/// Reads a whole IDX file (decompressing it if it starts with the gzip magic)
+/// and checks it against `magic`; returns the dimensions and the elements.
+fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError> {
+    let io = |source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+        let mut out = Vec::with_capacity(bytes.len() * 4);
+        MultiGzDecoder::new(&bytes[..])
+            .read_to_end(&mut out)
+            .map_err(|e| {
+                io(std::io::Error::new(
+                    e.kind(),
+                    format!("corrupt gzip data: {e}"),
+                ))
+            })?;
+        out
+    } else {
+        bytes
+    };
+    parse_idx(&bytes, magic).map_err(|what| format_error(path, what))
+}
+
+/// Validates an IDX buffer; the error says exactly what is wrong.
+fn parse_idx(bytes: &[u8], magic: u32) -> Result<(Vec<usize>, Vec<u8>), String> {
+    let kind = |m: u32| match m {
+        IMAGES_MAGIC => "idx3 unsigned-byte images",
+        LABELS_MAGIC => "idx1 unsigned-byte labels",
+        _ => "unknown",
+    };
+    let ndims = (magic & 0xff) as usize;
+    let header = 4 + 4 * ndims;
+    if bytes.is_empty() {
+        return Err(format!(
+            "empty file: expected an IDX file ({}, magic {magic:#010x})",
+            kind(magic)
+        ));
+    }
+    if bytes.len() < 4 {
+        return Err(format!(
+            "truncated header: expected at least {header} bytes, found {}",
+            bytes.len()
+        ));
+    }
+    let u32_at =
+        |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    let found = u32_at(0);
+    if found != magic {
+        return Err(format!(
+            "wrong magic number: expected {magic:#010x} ({}), found {found:#010x} ({}); \
+             is this the right file?",
+            kind(magic),
+            kind(found)
+        ));
+    }
+    if bytes.len() < header {
+        return Err(format!(
+            "truncated header: expected {header} bytes, found {}",
+            bytes.len()
+        ));
+    }
+    let dims: Vec<usize> = (0..ndims).map(|d| u32_at(4 + 4 * d) as usize).collect();
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("dimensions {dims:?} are too large"))?;
+    let data = &bytes[header..];
+    let what = if ndims == 1 { "labels" } else { "pixels" };
+    if data.len() < expected {
+        return Err(format!(
+            "truncated: expected {expected} bytes of {what} (dimensions {dims:?}), found {}",
+            data.len()
+        ));
+    }
+    if data.len() > expected {
+        return Err(format!(
+            "{} unexpected bytes after the {expected} bytes of {what} (dimensions {dims:?})",
+            data.len() - expected
+        ));
+    }
+    Ok((dims, data.to_vec()))
+}
+
 /// An endless stream of shuffled mini-batch indices: a new permutation each epoch.
+///
+/// When fewer than `batch_size` indices remain in an epoch they are dropped
+/// and a fresh permutation starts, so every batch is full and every index
+/// appears at most once per epoch (what `tf.data`'s
+/// `shuffle().batch(drop_remainder=True)` does). With 60000 examples and
+/// batches of 100 nothing is ever dropped.
+#[derive(Debug)]
 pub struct Batches {
     /// Current permutation of 0..len.
     order: Vec<usize>,
@@ -84,22 +367,349 @@ pub struct Batches {
 }
 
 impl Batches {
+    /// Batches of `batch_size` indices into `0..len`, shuffled from `seed`.
+    ///
+    /// # Panics
+    ///
+    /// When `batch_size` is 0 or larger than `len` (the config is validated
+    /// against the data set before this is built).
     pub fn new(len: usize, batch_size: usize, seed: u64) -> Self {
-        todo!()
+        assert!(
+            batch_size > 0 && batch_size <= len,
+            "batch size {batch_size} must be in 1..={len} (the number of examples)"
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..len).collect();
+        order.shuffle(&mut rng);
+        Batches {
+            order,
+            pos: 0,
+            batch_size,
+            rng,
+        }
     }
 
     /// The next `batch_size` indices (wrapping into a fresh permutation).
     pub fn next_indices(&mut self) -> &[usize] {
-        todo!()
+        if self.pos + self.batch_size > self.order.len() {
+            // Shuffling the previous permutation gives a uniform one again.
+            self.order.shuffle(&mut self.rng);
+            self.pos = 0;
+        }
+        let start = self.pos;
+        self.pos += self.batch_size;
+        &self.order[start..self.pos]
     }
 }
 
+/// Writes `header` then `body` to `path`, gzipped when it ends in `.gz`.
+fn write_idx(path: &Path, header: &[u32], body: &[u8]) -> std::io::Result<()> {
+    let mut bytes = Vec::with_capacity(4 * header.len() + body.len());
+    for h in header {
+        bytes.extend_from_slice(&h.to_be_bytes());
+    }
+    bytes.extend_from_slice(body);
+    let file = std::fs::File::create(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut gz = GzEncoder::new(file, Compression::default());
+        gz.write_all(&bytes)?;
+        gz.finish()?.sync_all()
+    } else {
+        let mut file = file;
+        file.write_all(&bytes)?;
+        file.sync_all()
+    }
+}
+
+fn dim(n: usize) -> std::io::Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("dimension {n} does not fit an IDX header (u32)"),
+        )
+    })
+}
+
 /// Writes an idx3 image file (raw, or gzip when `path` ends in `.gz`): for tests and tools.
-pub fn write_idx_images(path: &Path, images: &[u8], rows: usize, cols: usize) -> std::io::Result<()> {
-    todo!()
+///
+/// Errors: `InvalidInput` when `images.len()` is not a multiple of
+/// `rows · cols` (or a dimension exceeds u32), and any I/O error.
+pub fn write_idx_images(
+    path: &Path,
+    images: &[u8],
+    rows: usize,
+    cols: usize,
+) -> std::io::Result<()> {
+    let per = rows * cols;
+    if per == 0 || !images.len().is_multiple_of(per) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} pixels are not a whole number of {rows} × {cols} images",
+                images.len()
+            ),
+        ));
+    }
+    let header = [
+        IMAGES_MAGIC,
+        dim(images.len() / per)?,
+        dim(rows)?,
+        dim(cols)?,
+    ];
+    write_idx(path, &header, images)
 }
 
 /// Writes an idx1 label file (raw, or gzip when `path` ends in `.gz`).
+///
+/// Errors: any I/O error.
 pub fn write_idx_labels(path: &Path, labels: &[u8]) -> std::io::Result<()> {
-    todo!()
+    write_idx(path, &[LABELS_MAGIC, dim(labels.len())?], labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// `n` 2×3 images whose pixels encode their index, labels `i % 10`.
+    fn sample(n: usize) -> (Vec<u8>, Vec<u8>) {
+        let images = (0..n * 6).map(|p| (p % 256) as u8).collect();
+        let labels = (0..n).map(|i| (i % 10) as u8).collect();
+        (images, labels)
+    }
+
+    fn write_split(dir: &Path, split: Split, suffix: &str, n: usize) -> (Vec<u8>, Vec<u8>) {
+        let (images, labels) = sample(n);
+        let (i, l) = split.file_names();
+        write_idx_images(&dir.join(format!("{i}{suffix}")), &images, 2, 3).unwrap();
+        write_idx_labels(&dir.join(format!("{l}{suffix}")), &labels).unwrap();
+        (images, labels)
+    }
+
+    fn format_message(result: Result<Dataset, DataError>) -> String {
+        match result {
+            Err(e @ DataError::Format { .. }) => e.to_string(),
+            other => panic!("expected a format error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trip_raw_and_gz() {
+        for suffix in ["", ".gz"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (images, labels) = write_split(dir.path(), Split::Train, suffix, 7);
+            let ds = Dataset::load(dir.path(), Split::Train).unwrap();
+            assert_eq!(ds.len(), 7);
+            assert_eq!(ds.features(), 6);
+            assert_eq!(ds.images, images);
+            assert_eq!(ds.labels(), &labels[..]);
+        }
+        // The gzip file really is compressed (detected by magic, not name).
+        let dir = tempfile::tempdir().unwrap();
+        write_split(dir.path(), Split::Test, ".gz", 3);
+        let bytes = std::fs::read(dir.path().join("t10k-images-idx3-ubyte.gz")).unwrap();
+        assert_eq!(bytes[..2], GZIP_MAGIC);
+    }
+
+    #[test]
+    fn gzip_is_detected_by_magic_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(4);
+        let gz_images = dir.path().join("images.gz");
+        let gz_labels = dir.path().join("labels.gz");
+        write_idx_images(&gz_images, &images, 2, 3).unwrap();
+        write_idx_labels(&gz_labels, &labels).unwrap();
+        let (plain_images, plain_labels) = (dir.path().join("i"), dir.path().join("l"));
+        std::fs::rename(&gz_images, &plain_images).unwrap();
+        std::fs::rename(&gz_labels, &plain_labels).unwrap();
+        let ds = Dataset::from_files(&plain_images, &plain_labels).unwrap();
+        assert_eq!(ds.images, images);
+    }
+
+    #[test]
+    fn gz_is_preferred_when_both_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        write_split(dir.path(), Split::Train, "", 3);
+        write_split(dir.path(), Split::Train, ".gz", 5);
+        assert_eq!(Dataset::load(dir.path(), Split::Train).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn wrong_magic_names_expected_and_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(3);
+        let i = dir.path().join("i");
+        let l = dir.path().join("l");
+        write_idx_images(&i, &images, 2, 3).unwrap();
+        write_idx_labels(&l, &labels).unwrap();
+        // Swapped: labels where images are expected.
+        let msg = format_message(Dataset::from_files(&l, &i));
+        assert!(msg.contains(&l.display().to_string()), "{msg}");
+        assert!(msg.contains("expected 0x00000803"), "{msg}");
+        assert!(msg.contains("found 0x00000801"), "{msg}");
+    }
+
+    #[test]
+    fn truncated_file_says_how_many_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(3);
+        let i = dir.path().join("i");
+        let l = dir.path().join("l");
+        write_idx_images(&i, &images, 2, 3).unwrap();
+        write_idx_labels(&l, &labels).unwrap();
+        let bytes = std::fs::read(&i).unwrap();
+        std::fs::write(&i, &bytes[..bytes.len() - 5]).unwrap();
+        let msg = format_message(Dataset::from_files(&i, &l));
+        assert!(msg.contains(&i.display().to_string()), "{msg}");
+        assert!(msg.contains("expected 18 bytes of pixels"), "{msg}");
+        assert!(msg.contains("found 13"), "{msg}");
+
+        std::fs::write(&i, &bytes[..10]).unwrap();
+        let msg = format_message(Dataset::from_files(&i, &l));
+        assert!(
+            msg.contains("truncated header: expected 16 bytes, found 10"),
+            "{msg}"
+        );
+
+        std::fs::write(&i, b"").unwrap();
+        let msg = format_message(Dataset::from_files(&i, &l));
+        assert!(msg.contains("empty file"), "{msg}");
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(3);
+        let i = dir.path().join("i");
+        let l = dir.path().join("l");
+        write_idx_images(&i, &images, 2, 3).unwrap();
+        let mut bytes = std::fs::read(&i).unwrap();
+        bytes.extend_from_slice(&[0, 0]);
+        std::fs::write(&i, bytes).unwrap();
+        write_idx_labels(&l, &labels).unwrap();
+        let msg = format_message(Dataset::from_files(&i, &l));
+        assert!(msg.contains("2 unexpected bytes"), "{msg}");
+    }
+
+    #[test]
+    fn corrupt_gzip_is_an_io_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(3);
+        let i = dir.path().join("i.gz");
+        let l = dir.path().join("l");
+        write_idx_images(&i, &images, 2, 3).unwrap();
+        write_idx_labels(&l, &labels).unwrap();
+        let bytes = std::fs::read(&i).unwrap();
+        std::fs::write(&i, &bytes[..bytes.len() / 2]).unwrap();
+        let err = Dataset::from_files(&i, &l).unwrap_err();
+        assert!(matches!(err, DataError::Io { .. }), "{err:?}");
+        assert!(err.to_string().contains(&i.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn count_mismatch_names_both_files_and_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (images, labels) = sample(4);
+        let i = dir.path().join("imgs");
+        let l = dir.path().join("lbls");
+        write_idx_images(&i, &images, 2, 3).unwrap();
+        write_idx_labels(&l, &labels[..3]).unwrap();
+        let msg = format_message(Dataset::from_files(&i, &l));
+        assert!(msg.contains(&i.display().to_string()), "{msg}");
+        assert!(msg.contains(&l.display().to_string()), "{msg}");
+        assert!(msg.contains("3 labels"), "{msg}");
+        assert!(msg.contains("4 images"), "{msg}");
+    }
+
+    #[test]
+    fn missing_file_names_path_and_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Dataset::load(dir.path(), Split::Test).unwrap_err();
+        let msg = err.to_string();
+        let tried = dir.path().join("t10k-images-idx3-ubyte.gz");
+        assert!(msg.contains(&tried.display().to_string()), "{msg}");
+        assert!(msg.contains("apt install dataset-fashion-mnist"), "{msg}");
+        // Images present, labels missing: the labels are named.
+        write_split(dir.path(), Split::Test, "", 2);
+        std::fs::remove_file(dir.path().join("t10k-labels-idx1-ubyte")).unwrap();
+        let msg = Dataset::load(dir.path(), Split::Test)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("t10k-labels-idx1-ubyte"), "{msg}");
+    }
+
+    #[test]
+    fn check_labels_rejects_out_of_range() {
+        let ds = Dataset::from_parts(vec![0; 6], vec![1, 9, 3], 2);
+        assert!(ds.check_labels(10).is_ok());
+        let msg = ds.check_labels(5).unwrap_err().to_string();
+        assert!(msg.contains("label 1 is 9"), "{msg}");
+    }
+
+    #[test]
+    fn batch_scales_pixels_and_reuses_buffer() {
+        let ds = Dataset::from_parts(vec![0, 255, 51, 102, 10, 20], vec![4, 7, 1], 2);
+        let mut x = Array2::zeros((0, 0));
+        let mut y = vec![99];
+        ds.batch(&[1, 0], &mut x, &mut y);
+        assert_eq!(x, ndarray::array![[0.2, 0.4], [0.0, 1.0]]);
+        assert_eq!(y, [7, 4]);
+        let ptr = x.as_ptr();
+        ds.batch(&[2, 2], &mut x, &mut y);
+        assert_eq!(x.as_ptr(), ptr, "same-shape batch must reuse the buffer");
+        assert_eq!(x.row(0).to_vec(), [10.0 / 255.0, 20.0 / 255.0]);
+        assert_eq!(y, [1, 1]);
+        let (all_x, all_y) = ds.all();
+        assert_eq!(all_x.dim(), (3, 2));
+        assert_eq!(all_x[[0, 1]], 1.0);
+        assert_eq!(all_y, [4, 7, 1]);
+    }
+
+    #[test]
+    fn batches_cover_every_index_once_per_epoch() {
+        let (len, bs) = (100, 10);
+        let mut b = Batches::new(len, bs, 3);
+        let mut epochs = Vec::new();
+        for _ in 0..3 {
+            let mut seen = Vec::new();
+            for _ in 0..len / bs {
+                let idx = b.next_indices();
+                assert_eq!(idx.len(), bs);
+                seen.extend_from_slice(idx);
+            }
+            let set: HashSet<usize> = seen.iter().copied().collect();
+            assert_eq!(set.len(), len);
+            assert!(set.iter().all(|&i| i < len));
+            epochs.push(seen);
+        }
+        assert_ne!(epochs[0], epochs[1], "each epoch is a new permutation");
+        assert_ne!(epochs[0], (0..len).collect::<Vec<_>>(), "shuffled");
+    }
+
+    #[test]
+    fn batches_drop_the_remainder() {
+        // 10 examples, batches of 4: two batches per epoch, 2 indices dropped.
+        let mut b = Batches::new(10, 4, 0);
+        for _ in 0..5 {
+            let mut seen = HashSet::new();
+            for _ in 0..2 {
+                for &i in b.next_indices() {
+                    assert!(seen.insert(i), "index {i} twice in one epoch");
+                }
+            }
+            assert_eq!(seen.len(), 8);
+        }
+    }
+
+    #[test]
+    fn batches_are_deterministic_per_seed() {
+        let take = |seed| {
+            let mut b = Batches::new(50, 7, seed);
+            (0..20)
+                .flat_map(|_| b.next_indices().to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(take(1), take(1));
+        assert_ne!(take(1), take(2));
+    }
 }
