@@ -2,7 +2,13 @@
 //! (built-in defaults → file → `DTF_…` environment → command line), plus
 //! `TF_CONFIG`. Validation, and what may change on reload.
 
+use figment::error::{Actual, Kind};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// Where the daemons look when no `--config` is given.
@@ -51,14 +57,26 @@ pub enum Placement {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// `[cluster]`: task addresses and placement.
     pub cluster: ClusterConfig,
+    /// `[train]`: hyperparameters, mode, run length.
     pub train: TrainConfig,
+    /// `[model]`: the MLP's layer widths.
     pub model: ModelConfig,
+    /// `[data]`: the dataset directory.
     pub data: DataConfig,
+    /// `[checkpoint]`: where and how often the chief saves.
     pub checkpoint: CheckpointConfig,
+    /// `[security]`: the shared token.
     pub security: SecurityConfig,
+    /// `[metrics]`: the Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// `[log]`: the log filter.
     pub log: LogConfig,
+    /// Where each value came from, for error messages; not a setting (not
+    /// read from or written to TOML, ignored by `==`).
+    #[serde(skip)]
+    pub sources: Sources,
 }
 
 /// `[cluster]`: who is where. Not reloadable.
@@ -79,23 +97,31 @@ pub struct ClusterConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
+    /// `async` (each push applied at once) or `sync` (averaged per step).
     pub mode: Mode,
+    /// Examples per mini-batch, per worker step.
     pub batch_size: usize,
+    /// Base learning rate (reloadable).
     pub learning_rate: f32,
+    /// Decay per epoch (`decay_steps = train_examples / batch_size`) (reloadable).
     pub learning_rate_decay: f32,
+    /// L2 weight on the weight matrices (`Σ‖W‖²/2`).
     pub regularization_rate: f32,
+    /// Upper bound of the EMA decay of the shadow variables.
     pub moving_average_decay: f32,
     /// Training stops once `global_step` reaches this (reloadable).
     pub last_step: u64,
     /// Sync: gradients averaged per update; default the number of workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas_to_aggregate: Option<usize>,
     /// Sync: workers taking part (extras are backups); default `replicas_to_aggregate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub total_num_replicas: Option<usize>,
     /// Seeds init and each worker's shuffling.
     pub seed: u64,
-    /// Progress line every this many local steps.
+    /// Progress line every this many local steps (reloadable).
     pub log_step_count_steps: u64,
-    /// Summaries every this many global steps.
+    /// Summaries every this many global steps (reloadable).
     pub save_summaries_steps: u64,
 }
 
@@ -111,6 +137,7 @@ pub struct ModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
+    /// Directory of `train-images-idx3-ubyte[.gz]` and the other IDX files.
     pub dir: PathBuf,
 }
 
@@ -118,6 +145,7 @@ pub struct DataConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
+    /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint` index.
     pub dir: PathBuf,
     /// Seconds between saves (reloadable).
     pub save_secs: u64,
@@ -145,15 +173,144 @@ pub struct MetricsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// A tracing filter: `info`, `debug`, `dtf=debug,info`.
+    /// A tracing filter: `info`, `debug`, `dtf=debug,info` (reloadable).
     pub level: String,
 }
 
 /// A configuration problem: exits 78 (EX_CONFIG).
+///
+/// Every variant says where the problem is (file, environment variable or
+/// `TF_CONFIG`), which key, and what would be right, e.g.
+/// `/etc/dtf/dtf.toml: train.batch_size: invalid value 0: expected a positive integer`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// A key is unknown, has the wrong type, or its value is out of range.
+    #[error("{origin}: {key}: {problem}")]
+    Key {
+        /// Where the value came from: a file, `environment variable DTF_…`, `TF_CONFIG`.
+        origin: String,
+        /// The dotted key, e.g. `train.batch_size` or `model.layers[1]`.
+        key: String,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+    /// The configuration file could not be read (missing, permissions).
+    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A document is not valid TOML (or `TF_CONFIG` not valid JSON).
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// The file, or `TF_CONFIG`.
+        origin: String,
+        /// The parser's message, with line and column where known.
+        message: String,
+    },
+    /// A task index outside the cluster.
+    #[error("task {task}: the cluster has {count} {} tasks ({key} in {origin})", task.role)]
+    Task {
+        /// The task asked for.
+        task: TaskId,
+        /// How many tasks of its role the cluster has.
+        count: usize,
+        /// `cluster.ps` or `cluster.worker`.
+        key: String,
+        /// Where that list came from.
+        origin: String,
+    },
+    /// A reload changes keys that cannot change while running.
+    #[error(
+        "{} cannot change while running (restart the cluster to change {})",
+        keys.join(", "),
+        if keys.len() == 1 { "it" } else { "them" }
+    )]
+    NotReloadable {
+        /// The dotted keys that differ, e.g. `cluster.ps`.
+        keys: Vec<String>,
+    },
+    /// The token file is unusable (missing, readable by others, empty).
+    #[error("{} (security.token_file): {problem}", path.display())]
+    Token {
+        /// The token file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// Anything else, already phrased with its context.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Where each value of a [`Config`] came from, so that errors found after
+/// loading (validation, [`Config::check_task`]) can name the file or the
+/// environment variable.
+///
+/// Provenance is not part of a configuration's value: two `Sources` always
+/// compare equal, so `Config`'s `==` compares settings only.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Origin of keys not in `keys` (the file; empty: `configuration`).
+    fallback: String,
+    /// Dotted key (`train.batch_size`) → origin (`/etc/dtf/dtf.toml`, …).
+    keys: BTreeMap<String, String>,
+}
+
+impl PartialEq for Sources {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Sources {
+    /// Where `key` (dotted, e.g. `cluster.worker`) came from.
+    pub fn origin(&self, key: &str) -> &str {
+        match self.keys.get(key) {
+            Some(origin) => origin,
+            None if self.fallback.is_empty() => "configuration",
+            None => &self.fallback,
+        }
+    }
+}
+
+/// The keys [`Config::reload`] applies to a running task; every other key
+/// needs a restart of the cluster.
+pub const RELOADABLE: &[&str] = &[
+    "log.level",
+    "checkpoint.save_secs",
+    "checkpoint.max_to_keep",
+    "train.last_step",
+    "train.learning_rate",
+    "train.learning_rate_decay",
+    "train.log_step_count_steps",
+    "train.save_summaries_steps",
+    "metrics.listen",
+];
+
+/// The environment variable holding the Kubeflow/TensorFlow cluster and task.
+pub const TF_CONFIG: &str = "TF_CONFIG";
+
+/// Prefix of the environment variables that override the file:
+/// `DTF_<SECTION>__<KEY>`, e.g. `DTF_TRAIN__LAST_STEP=100`.
+pub const ENV_PREFIX: &str = "DTF_";
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Ps => "ps",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+impl fmt::Display for TaskId {
+    /// `ps:0`, `worker:1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.role, self.index)
+    }
 }
 
 impl Default for Config {
@@ -167,6 +324,7 @@ impl Default for Config {
             security: SecurityConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            sources: Sources::default(),
         }
     }
 }
@@ -203,37 +361,51 @@ impl Default for TrainConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { layers: vec![784, 500, 10] }
+        Self {
+            layers: vec![784, 500, 10],
+        }
     }
 }
 
 impl Default for DataConfig {
     fn default() -> Self {
-        Self { dir: "/usr/share/datasets/fashion-mnist".into() }
+        Self {
+            dir: "/usr/share/datasets/fashion-mnist".into(),
+        }
     }
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self { dir: "/var/lib/dtf/checkpoints".into(), save_secs: 60, max_to_keep: 5 }
+        Self {
+            dir: "/var/lib/dtf/checkpoints".into(),
+            save_secs: 60,
+            max_to_keep: 5,
+        }
     }
 }
 
 impl Default for SecurityConfig {
     fn default() -> Self {
-        Self { token_file: "/etc/dtf/token".into() }
+        Self {
+            token_file: "/etc/dtf/token".into(),
+        }
     }
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        Self { listen: String::new() }
+        Self {
+            listen: String::new(),
+        }
     }
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { level: "info".into() }
+        Self {
+            level: "info".into(),
+        }
     }
 }
 
@@ -241,25 +413,269 @@ impl Config {
     /// Defaults → `path` → `DTF_<SECTION>__<KEY>` environment → `TF_CONFIG`'s
     /// cluster, then [`Config::validate`].
     ///
-    /// Errors: [`ConfigError`] naming the key, the file and what was expected.
+    /// Only variables of the form `DTF_<SECTION>__<KEY>` are configuration;
+    /// other `DTF_…` variables (say `DTF_CONFIG` for the command line) are
+    /// left to their users. Values are parsed (`100` is an integer,
+    /// `[1, 2]` an array).
+    ///
+    /// Errors: [`ConfigError`] naming the key, the file (or environment
+    /// variable, or `TF_CONFIG`) and what was expected; [`ConfigError::Read`]
+    /// if the file cannot be read, [`ConfigError::Syntax`] if it is not TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        todo!()
+        // Read the file ourselves rather than with `Toml::file`: that one
+        // treats a missing file as empty and searches parent directories for
+        // a relative path, neither of which a daemon should do.
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let origin = path.display().to_string();
+        let tf_cluster = match std::env::var(TF_CONFIG) {
+            Ok(json) => parse_tf_config(&json)?.cluster,
+            Err(_) => None,
+        };
+        let figment = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&text))
+            .merge(
+                Env::prefixed(ENV_PREFIX)
+                    .filter(|key| key.as_str().contains("__"))
+                    .split("__"),
+            )
+            .merge(TfConfigCluster(tf_cluster));
+        extract(&figment, &origin)
     }
 
     /// Parses a TOML document over the defaults (no environment), then validates.
     /// `origin` names the source in errors.
+    ///
+    /// Errors: as [`Config::load`].
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        todo!()
+        let figment =
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text));
+        extract(&figment, origin)
+    }
+
+    /// The configuration as a TOML document that [`Config::from_toml_str`]
+    /// reads back to an equal `Config`; unset options are omitted.
+    pub fn to_toml(&self) -> String {
+        // Every section is a table of scalars and arrays of scalars, which
+        // TOML can always represent.
+        toml::to_string(self).expect("a Config is always representable as TOML")
     }
 
     /// Checks values and cross-key rules (ranges, duplicate addresses, sync replica counts).
+    ///
+    /// Errors: [`ConfigError::Key`] for the first bad key, naming where it came from.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        todo!()
+        let bad = |key: &str, problem: String| {
+            Err(ConfigError::Key {
+                origin: self.sources.origin(key).to_owned(),
+                key: key.to_owned(),
+                problem,
+            })
+        };
+        let t = &self.train;
+
+        // [cluster]
+        for key in ["cluster.ps", "cluster.worker"] {
+            let list = if key == "cluster.ps" {
+                &self.cluster.ps
+            } else {
+                &self.cluster.worker
+            };
+            if list.is_empty() {
+                return bad(
+                    key,
+                    "is empty: expected at least one host:port address".into(),
+                );
+            }
+            for (i, address) in list.iter().enumerate() {
+                if let Err(why) = check_address(address) {
+                    return bad(
+                        &format!("{key}[{i}]"),
+                        format!("invalid address {address:?}: {why}"),
+                    );
+                }
+            }
+        }
+        let all = self.cluster.ps.iter().map(|a| ("cluster.ps", a));
+        let all: Vec<_> = all
+            .chain(self.cluster.worker.iter().map(|a| ("cluster.worker", a)))
+            .collect();
+        for (j, (key, address)) in all.iter().enumerate() {
+            if let Some((first_key, _)) = all[..j].iter().find(|(_, a)| a == address) {
+                let i = if *key == "cluster.ps" {
+                    j
+                } else {
+                    j - self.cluster.ps.len()
+                };
+                let first = all[..j].iter().position(|(_, a)| a == address).unwrap_or(0);
+                let first = if *first_key == "cluster.ps" {
+                    first
+                } else {
+                    first - self.cluster.ps.len()
+                };
+                return bad(
+                    &format!("{key}[{i}]"),
+                    format!(
+                        "duplicate address {address:?} (also {first_key}[{first}]): \
+                         expected every task to have its own host:port"
+                    ),
+                );
+            }
+        }
+
+        // [train]
+        if t.batch_size < 1 {
+            return bad(
+                "train.batch_size",
+                invalid(t.batch_size, "a positive integer"),
+            );
+        }
+        if !(t.learning_rate.is_finite() && t.learning_rate > 0.0) {
+            return bad(
+                "train.learning_rate",
+                invalid(t.learning_rate, "a finite number > 0"),
+            );
+        }
+        if !(t.learning_rate_decay > 0.0 && t.learning_rate_decay <= 1.0) {
+            return bad(
+                "train.learning_rate_decay",
+                invalid(t.learning_rate_decay, "a number in (0, 1]"),
+            );
+        }
+        if !(t.regularization_rate.is_finite() && t.regularization_rate >= 0.0) {
+            return bad(
+                "train.regularization_rate",
+                invalid(t.regularization_rate, "a finite number >= 0"),
+            );
+        }
+        if !(t.moving_average_decay >= 0.0 && t.moving_average_decay < 1.0) {
+            return bad(
+                "train.moving_average_decay",
+                invalid(t.moving_average_decay, "a number in [0, 1)"),
+            );
+        }
+        if t.last_step < 1 {
+            return bad(
+                "train.last_step",
+                invalid(t.last_step, "a positive integer"),
+            );
+        }
+        let workers = self.cluster.worker.len();
+        let replicas = self.replicas_to_aggregate();
+        if !(1..=workers).contains(&replicas) {
+            return bad(
+                "train.replicas_to_aggregate",
+                invalid(replicas, &format!("1 to {workers} (the number of workers)")),
+            );
+        }
+        let total = self.total_num_replicas();
+        if !(replicas..=workers).contains(&total) {
+            return bad(
+                "train.total_num_replicas",
+                invalid(
+                    total,
+                    &format!(
+                        "{replicas} (train.replicas_to_aggregate) to {workers} (the number of workers)"
+                    ),
+                ),
+            );
+        }
+        if t.log_step_count_steps < 1 {
+            return bad(
+                "train.log_step_count_steps",
+                invalid(t.log_step_count_steps, "a positive integer"),
+            );
+        }
+        if t.save_summaries_steps < 1 {
+            return bad(
+                "train.save_summaries_steps",
+                invalid(t.save_summaries_steps, "a positive integer"),
+            );
+        }
+
+        // [model]
+        let layers = &self.model.layers;
+        if layers.len() < 2 {
+            return bad(
+                "model.layers",
+                format!(
+                    "invalid value {layers:?}: expected at least 2 widths (input first, classes last), \
+                     e.g. [784, 500, 10]"
+                ),
+            );
+        }
+        if let Some(i) = layers.iter().position(|&w| w == 0) {
+            return bad(
+                &format!("model.layers[{i}]"),
+                invalid(0, "a positive width"),
+            );
+        }
+
+        // Paths: an empty one would silently mean the working directory.
+        for (key, path) in [
+            ("data.dir", &self.data.dir),
+            ("checkpoint.dir", &self.checkpoint.dir),
+            ("security.token_file", &self.security.token_file),
+        ] {
+            if path.as_os_str().is_empty() {
+                return bad(key, "is empty: expected a path".into());
+            }
+        }
+
+        // [checkpoint]
+        if self.checkpoint.save_secs < 1 {
+            return bad(
+                "checkpoint.save_secs",
+                invalid(self.checkpoint.save_secs, "a positive number of seconds"),
+            );
+        }
+        if self.checkpoint.max_to_keep < 1 {
+            return bad(
+                "checkpoint.max_to_keep",
+                invalid(self.checkpoint.max_to_keep, "a positive integer"),
+            );
+        }
+
+        // [metrics]
+        let listen = &self.metrics.listen;
+        if !listen.is_empty() {
+            if let Err(why) = check_address(listen) {
+                return bad(
+                    "metrics.listen",
+                    format!("invalid address {listen:?}: {why} (or \"\" for off)"),
+                );
+            }
+        }
+
+        // [log]
+        if let Err(why) = check_log_filter(&self.log.level) {
+            return bad(
+                "log.level",
+                format!("invalid value {:?}: {why}", self.log.level),
+            );
+        }
+        Ok(())
     }
 
     /// Errors unless `task` indexes an address of its role.
+    ///
+    /// Errors: [`ConfigError::Task`], naming the list and where it came from.
     pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
-        todo!()
+        let (key, count) = match task.role {
+            Role::Ps => ("cluster.ps", self.cluster.ps.len()),
+            Role::Worker => ("cluster.worker", self.cluster.worker.len()),
+        };
+        if task.index < count {
+            return Ok(());
+        }
+        Err(ConfigError::Task {
+            task,
+            count,
+            key: key.to_owned(),
+            origin: self.sources.origin(key).to_owned(),
+        })
     }
 
     /// `host:port` of a task.
@@ -273,27 +689,486 @@ impl Config {
 
     /// Sync: gradients per update (default: the number of workers).
     pub fn replicas_to_aggregate(&self) -> usize {
-        self.train.replicas_to_aggregate.unwrap_or(self.cluster.worker.len())
+        self.train
+            .replicas_to_aggregate
+            .unwrap_or(self.cluster.worker.len())
     }
 
     /// Sync: workers taking part (default: `replicas_to_aggregate`).
     pub fn total_num_replicas(&self) -> usize {
-        self.train.total_num_replicas.unwrap_or_else(|| self.replicas_to_aggregate())
+        self.train
+            .total_num_replicas
+            .unwrap_or_else(|| self.replicas_to_aggregate())
     }
 
     /// Reads the bearer token, refusing a file others may read.
+    ///
+    /// Returns the file's content without surrounding whitespace.
+    /// Errors: [`ConfigError::Token`] if the file cannot be read, grants any
+    /// permission to others (mode & 0o007), or holds only whitespace.
     pub fn read_token(&self) -> Result<String, ConfigError> {
-        todo!()
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+
+        let path = &self.security.token_file;
+        let fail = |problem: String| ConfigError::Token {
+            path: path.clone(),
+            problem,
+        };
+        let mut file = std::fs::File::open(path)
+            .map_err(|e| fail(format!("cannot open the token file: {e}")))?;
+        // Check the mode of the file we opened, not of the path: no race
+        // with a rename between the check and the read.
+        let mode = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat the token file: {e}")))?
+            .permissions()
+            .mode();
+        if mode & 0o007 != 0 {
+            return Err(fail(format!(
+                "the token file has mode {:04o}, which lets other users use the cluster's token: \
+                 run `chmod 640 {}` (readable by its owner and group only)",
+                mode & 0o7777,
+                path.display()
+            )));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|e| fail(format!("cannot read the token file: {e}")))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(fail(
+                "the token file is empty: expected the cluster's shared token".into(),
+            ));
+        }
+        Ok(token.to_owned())
     }
 
     /// Validates `new` as a reload of `self`: an error names the first key that
     /// cannot change live (cluster, model, mode, ...); otherwise returns `new`.
+    ///
+    /// `new` must already be validated ([`Config::load`] does). The keys that
+    /// may differ are [`RELOADABLE`].
+    /// Errors: [`ConfigError::NotReloadable`] naming every such key.
     pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
-        todo!()
+        let keys: Vec<String> = self
+            .changed_keys(&new)
+            .into_iter()
+            .filter(|key| !RELOADABLE.contains(&key.as_str()))
+            .collect();
+        if keys.is_empty() {
+            Ok(new)
+        } else {
+            Err(ConfigError::NotReloadable { keys })
+        }
+    }
+
+    /// The dotted keys (`section.key`) whose values differ between `self`
+    /// and `other`, sorted.
+    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+        let (a, b) = (leaves(self), leaves(other));
+        let mut keys: Vec<String> = a
+            .iter()
+            .filter(|(key, value)| b.get(*key) != Some(value))
+            .map(|(key, _)| key.clone())
+            .chain(b.keys().filter(|key| !a.contains_key(*key)).cloned())
+            .collect();
+        keys.sort();
+        keys
     }
 }
 
 /// The task named by `TF_CONFIG` (`{"task": {"type": "worker", "index": 1}}`), if set.
+///
+/// With a `chief` list in the cluster, the chief is worker 0 and `worker` i
+/// is worker i + (number of chiefs), matching how [`Config::load`] builds
+/// `cluster.worker`. Task types are `chief`, `worker` and `ps`.
+/// Errors: [`ConfigError::Syntax`] for malformed JSON, [`ConfigError::Key`]
+/// for an unknown task type.
 pub fn task_from_env() -> Result<Option<TaskId>, ConfigError> {
-    todo!()
+    match std::env::var(TF_CONFIG) {
+        Ok(json) => task_from_tf_config(&json),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(ConfigError::Syntax {
+            origin: TF_CONFIG.into(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// [`task_from_env`] on a given `TF_CONFIG` value.
+///
+/// Errors: as [`task_from_env`].
+pub fn task_from_tf_config(json: &str) -> Result<Option<TaskId>, ConfigError> {
+    let tf = parse_tf_config(json)?;
+    let Some(task) = tf.task else { return Ok(None) };
+    let chiefs = tf.cluster.as_ref().map_or(0, |c| c.chief.len());
+    let bad_index = |count: usize, list: &str| ConfigError::Key {
+        origin: TF_CONFIG.into(),
+        key: "task.index".into(),
+        problem: format!(
+            "invalid value {}: the cluster has {count} {list} tasks",
+            task.index
+        ),
+    };
+    let id = match task.kind.as_str() {
+        "chief" => {
+            if tf.cluster.is_some() && task.index >= chiefs {
+                return Err(bad_index(chiefs, "chief"));
+            }
+            TaskId {
+                role: Role::Worker,
+                index: task.index,
+            }
+        }
+        "worker" => TaskId {
+            role: Role::Worker,
+            index: chiefs + task.index,
+        },
+        "ps" => TaskId {
+            role: Role::Ps,
+            index: task.index,
+        },
+        other => {
+            return Err(ConfigError::Key {
+                origin: TF_CONFIG.into(),
+                key: "task.type".into(),
+                problem: format!(
+                    "invalid value {other:?}: expected \"chief\", \"worker\" or \"ps\""
+                ),
+            });
+        }
+    };
+    Ok(Some(id))
+}
+
+/// `TF_CONFIG` as Kubeflow and TensorFlow write it; other fields
+/// (`environment`, `rpc_layer`, an `evaluator` list) are ignored.
+#[derive(Debug, Deserialize)]
+struct TfConfig {
+    #[serde(default)]
+    cluster: Option<TfCluster>,
+    #[serde(default)]
+    task: Option<TfTask>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TfCluster {
+    #[serde(default)]
+    ps: Vec<String>,
+    #[serde(default)]
+    worker: Vec<String>,
+    #[serde(default)]
+    chief: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TfTask {
+    #[serde(rename = "type")]
+    kind: String,
+    index: usize,
+}
+
+fn parse_tf_config(json: &str) -> Result<TfConfig, ConfigError> {
+    serde_json::from_str(json).map_err(|e| ConfigError::Syntax {
+        origin: TF_CONFIG.into(),
+        message: format!(
+            "{e}: expected JSON like {{\"cluster\": {{\"ps\": [\"host:port\"], \"worker\": [\"host:port\"]}}, \
+             \"task\": {{\"type\": \"worker\", \"index\": 0}}}}"
+        ),
+    })
+}
+
+/// The figment layer for `TF_CONFIG`'s cluster: `cluster.ps` and
+/// `cluster.worker` (chief ++ worker), each only if `TF_CONFIG` has it.
+struct TfConfigCluster(Option<TfCluster>);
+
+impl Provider for TfConfigCluster {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(TF_CONFIG)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut cluster = Dict::new();
+        if let Some(tf) = &self.0 {
+            if !tf.ps.is_empty() {
+                cluster.insert("ps".into(), Value::serialize(&tf.ps)?);
+            }
+            let workers: Vec<&String> = tf.chief.iter().chain(&tf.worker).collect();
+            if !workers.is_empty() {
+                cluster.insert("worker".into(), Value::serialize(&workers)?);
+            }
+        }
+        let mut dict = Dict::new();
+        if !cluster.is_empty() {
+            dict.insert("cluster".into(), cluster.into());
+        }
+        Ok(Profile::Default.collect(dict))
+    }
+}
+
+/// Extracts, records where each value came from, validates.
+fn extract(figment: &Figment, file: &str) -> Result<Config, ConfigError> {
+    let mut config: Config = figment
+        .extract()
+        .map_err(|e| figment_error(e, figment, file))?;
+    let keys = leaves(&config)
+        .into_keys()
+        .map(|key| {
+            let origin = describe_origin(figment.find_metadata(&key), &key, file);
+            (key, origin)
+        })
+        .collect();
+    config.sources = Sources {
+        fallback: file.to_owned(),
+        keys,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Every `section.key` of a config with its value.
+fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
+    let mut out = BTreeMap::new();
+    // A Config is plain data: serializing it to JSON cannot fail, and an
+    // error would only leave the map empty.
+    if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(config) {
+        for (section, table) in sections {
+            match table {
+                serde_json::Value::Object(fields) => out.extend(
+                    fields
+                        .into_iter()
+                        .map(|(field, value)| (format!("{section}.{field}"), value)),
+                ),
+                other => {
+                    out.insert(section, other);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Names the provider that supplied `key` as an operator would look for it.
+fn describe_origin(metadata: Option<&Metadata>, key: &str, file: &str) -> String {
+    match metadata {
+        Some(md) if md.name.starts_with("TOML") => file.to_owned(),
+        Some(md) if md.name == TF_CONFIG => TF_CONFIG.to_owned(),
+        Some(md) if md.name.contains("environment variable") => {
+            format!("environment variable {}", env_var_name(key))
+        }
+        Some(_) => format!("built-in default (not set in {file})"),
+        None => file.to_owned(),
+    }
+}
+
+/// The `DTF_…` variable that set `key` (`train.last_step` →
+/// `DTF_TRAIN__LAST_STEP`), spelled as it is in the environment.
+fn env_var_name(key: &str) -> String {
+    let key = key.split('[').next().unwrap_or(key);
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .find(|name| {
+            name.get(..ENV_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+                && name[ENV_PREFIX.len()..]
+                    .replace("__", ".")
+                    .to_ascii_lowercase()
+                    .starts_with(key)
+        })
+        .unwrap_or_else(|| {
+            format!(
+                "{ENV_PREFIX}{}",
+                key.to_ascii_uppercase().replace('.', "__")
+            )
+        })
+}
+
+/// Turns figment's error into one naming the key, where it came from, and
+/// what was expected.
+fn figment_error(error: figment::Error, figment: &Figment, file: &str) -> ConfigError {
+    // figment may chain several errors; the first is enough to act on.
+    let error = error
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| figment::Error::from("invalid configuration"));
+    let mut path = error.path.clone();
+    if let Kind::UnknownField(field, _) = &error.kind {
+        path.push(field.clone());
+    }
+    if path.is_empty() {
+        // Not about a key: a TOML syntax error, reported with line and column.
+        let origin = describe_origin(error.metadata.as_ref(), "", file);
+        return ConfigError::Syntax {
+            origin,
+            message: error.kind.to_string(),
+        };
+    }
+    // `model.layers.1` reads better as `model.layers[1]`.
+    let mut key = String::new();
+    for (i, part) in path.iter().enumerate() {
+        if i >= 2 && part.parse::<usize>().is_ok() {
+            key.push_str(&format!("[{part}]"));
+        } else {
+            if i > 0 {
+                key.push('.');
+            }
+            key.push_str(part);
+        }
+    }
+    let lookup = path.iter().take(2).cloned().collect::<Vec<_>>().join(".");
+    let metadata = figment.find_metadata(&lookup).or(error.metadata.as_ref());
+    let origin = describe_origin(metadata, &lookup, file);
+    let problem = describe_kind(&error.kind, path.len() == 1);
+    ConfigError::Key {
+        origin,
+        key,
+        problem,
+    }
+}
+
+fn describe_kind(kind: &Kind, top_level: bool) -> String {
+    match kind {
+        Kind::UnknownField(field, valid) => {
+            let what = if top_level { "section" } else { "key" };
+            let mut problem = format!("unknown {what}");
+            if let Some(close) = closest(field, valid) {
+                problem.push_str(&format!(" (did you mean `{close}`?)"));
+            }
+            problem.push_str(&format!("; expected one of: {}", valid.join(", ")));
+            problem
+        }
+        Kind::InvalidType(actual, expected) => {
+            format!(
+                "expected {}, found {}",
+                describe_expected(expected),
+                describe_actual(actual)
+            )
+        }
+        Kind::InvalidValue(actual, expected) => {
+            format!(
+                "invalid value {}: expected {}",
+                describe_actual(actual),
+                describe_expected(expected)
+            )
+        }
+        Kind::InvalidLength(len, expected) => format!("invalid length {len}: expected {expected}"),
+        Kind::UnknownVariant(found, valid) => {
+            let valid: Vec<String> = valid.iter().map(|v| format!("{v:?}")).collect();
+            format!(
+                "invalid value {found:?}: expected one of {}",
+                valid.join(", ")
+            )
+        }
+        Kind::MissingField(field) => format!("missing key `{field}`"),
+        Kind::DuplicateField(field) => format!("key `{field}` given twice"),
+        Kind::ISizeOutOfRange(v) => format!("invalid value {v}: out of range"),
+        Kind::USizeOutOfRange(v) => format!("invalid value {v}: out of range"),
+        other => other.to_string(),
+    }
+}
+
+/// serde's names for what it expected, in an operator's words.
+fn describe_expected(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a non-negative integer".into(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "an integer".into(),
+        "f32" | "f64" => "a number".into(),
+        "a sequence" => "an array".into(),
+        "variant identifier" => "a string".into(),
+        e if e.starts_with("struct ") || e == "a map" => "a table".into(),
+        e => e.into(),
+    }
+}
+
+fn describe_actual(actual: &Actual) -> String {
+    match actual {
+        Actual::Bool(v) => format!("a boolean ({v})"),
+        Actual::Unsigned(v) => format!("an integer ({v})"),
+        Actual::Signed(v) => format!("an integer ({v})"),
+        Actual::Float(v) => format!("a float ({v})"),
+        Actual::Char(v) => format!("a string ({v:?})"),
+        Actual::Str(v) => format!("a string ({v:?})"),
+        Actual::Seq => "an array".into(),
+        Actual::Map => "a table".into(),
+        Actual::Unit | Actual::Option => "nothing".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The valid name closest to a misspelt one, if any is close.
+fn closest<'a>(found: &str, valid: &[&'a str]) -> Option<&'a str> {
+    valid
+        .iter()
+        .map(|v| (edit_distance(found, v), *v))
+        .filter(|(d, v)| *d <= 2.max(v.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn invalid(value: impl fmt::Display, expected: &str) -> String {
+    format!("invalid value {value}: expected {expected}")
+}
+
+/// `host:port` with a non-empty host (a name, an IPv4 address or a
+/// bracketed IPv6 address) and a port in 1–65535.
+fn check_address(address: &str) -> Result<(), String> {
+    const EXPECTED: &str = "expected host:port with a port in 1-65535, e.g. 10.0.0.1:2222";
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err(format!("no port: {EXPECTED}"));
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p >= 1 => {}
+        _ => return Err(format!("bad port {port:?}: {EXPECTED}")),
+    }
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    };
+    if !host_ok {
+        return Err(format!(
+            "bad host {host:?}: {EXPECTED} (IPv6 in brackets: [::1]:2222)"
+        ));
+    }
+    Ok(())
+}
+
+/// A tracing filter. `EnvFilter` takes any bare word as a target name, so
+/// a misspelt level (`degub`) would quietly turn logging off; bare words
+/// must be levels.
+fn check_log_filter(filter: &str) -> Result<(), String> {
+    const EXPECTED: &str = "expected a level (off, error, warn, info, debug, trace) or directives like \"dtf=debug,info\"";
+    if filter.trim().is_empty() {
+        return Err(EXPECTED.into());
+    }
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let is_level = ["off", "error", "warn", "info", "debug", "trace"]
+            .iter()
+            .any(|l| l.eq_ignore_ascii_case(directive));
+        if !directive.contains(['=', '[', ':']) && !is_level {
+            return Err(format!("{directive:?} is not a level: {EXPECTED}"));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(drop)
+        .map_err(|e| format!("{e}: {EXPECTED}"))
 }
