@@ -266,8 +266,9 @@ impl PartialEq for Sources {
 }
 
 impl Sources {
-    /// Where `key` (dotted, e.g. `cluster.worker`) came from.
+    /// Where `key` (dotted, e.g. `cluster.worker` or `cluster.worker[1]`) came from.
     pub fn origin(&self, key: &str) -> &str {
+        let key = key.split('[').next().unwrap_or(key);
         match self.keys.get(key) {
             Some(origin) => origin,
             None if self.fallback.is_empty() => "configuration",
@@ -993,8 +994,11 @@ fn figment_error(error: figment::Error, figment: &Figment, file: &str) -> Config
         .next()
         .unwrap_or_else(|| figment::Error::from("invalid configuration"));
     let mut path = error.path.clone();
+    // figment usually has the unknown field in the path already.
     if let Kind::UnknownField(field, _) = &error.kind {
-        path.push(field.clone());
+        if path.last() != Some(field) {
+            path.push(field.clone());
+        }
     }
     if path.is_empty() {
         // Not about a key: a TOML syntax error, reported with line and column.
@@ -1171,4 +1175,534 @@ fn check_log_filter(filter: &str) -> Result<(), String> {
     tracing_subscriber::EnvFilter::try_new(filter)
         .map(drop)
         .map_err(|e| format!("{e}: {EXPECTED}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::{Mutex, MutexGuard};
+
+    /// Serializes the tests that read or write the process environment
+    /// (`Config::load` reads `DTF_…` and `TF_CONFIG`).
+    fn env_lock() -> MutexGuard<'static, ()> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn set_env(key: &str, value: &str) {
+        // SAFETY: only tests holding `env_lock` touch the environment, and no
+        // other thread of this test binary calls into C code that reads it.
+        unsafe { std::env::set_var(key, value) }
+    }
+
+    fn remove_env(key: &str) {
+        // SAFETY: as in `set_env`.
+        unsafe { std::env::remove_var(key) }
+    }
+
+    /// A config file in a fresh temp dir; keep the dir alive while using it.
+    fn write_config(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dtf.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    /// The error for `text`, asserting it names `key` and the origin.
+    fn error_for(text: &str, key: &str) -> String {
+        let err = Config::from_toml_str(text, "/etc/dtf/test.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{err:?} does not name {key}");
+        assert!(
+            err.contains("/etc/dtf/test.toml"),
+            "{err:?} does not name the file"
+        );
+        err
+    }
+
+    const TWO_WORKERS: &str = "[cluster]\nps = [\"h:1\"]\nworker = [\"h:2\", \"h:3\"]\n";
+
+    #[test]
+    fn shipped_config_is_the_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/etc/dtf/dtf.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        assert_eq!(
+            Config::from_toml_str(&text, path).unwrap(),
+            Config::default()
+        );
+        // Every key is documented, the optional ones commented out.
+        for key in leaves(&Config::default()).keys() {
+            let field = key.split('.').nth(1).unwrap();
+            assert!(
+                text.contains(&format!("\n{field} = ")),
+                "{key} missing from {path}"
+            );
+        }
+        for key in ["replicas_to_aggregate", "total_num_replicas"] {
+            assert!(
+                text.contains(&format!("\n# {key} = ")),
+                "{key} should be shown commented out"
+            );
+        }
+    }
+
+    #[test]
+    fn error_display_format() {
+        let err =
+            Config::from_toml_str("[train]\nbatch_size = 0\n", "/etc/dtf/dtf.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/etc/dtf/dtf.toml: train.batch_size: invalid value 0: expected a positive integer"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_hints() {
+        let err = error_for("[trian]\nlast_step = 5\n", "trian");
+        assert!(err.contains("unknown section"), "{err}");
+        assert!(err.contains("did you mean `train`"), "{err}");
+        let err = error_for("[train]\nbatch_sise = 5\n", "train.batch_sise");
+        assert!(err.contains("unknown key"), "{err}");
+        assert!(err.contains("did you mean `batch_size`"), "{err}");
+        assert!(err.contains("last_step"), "valid keys listed: {err}");
+        error_for("stray = 1\n", "stray");
+        // `sources` is bookkeeping, not a key.
+        error_for("sources = 1\n", "sources");
+    }
+
+    #[test]
+    fn wrong_types_are_errors() {
+        let err = error_for("[train]\nbatch_size = \"big\"\n", "train.batch_size");
+        assert!(
+            err.contains("expected a non-negative integer, found a string"),
+            "{err}"
+        );
+        let err = error_for("[train]\nlearning_rate = \"x\"\n", "train.learning_rate");
+        assert!(err.contains("expected a number"), "{err}");
+        let err = error_for("[train]\nmode = \"fast\"\n", "train.mode");
+        assert!(err.contains("\"async\", \"sync\""), "{err}");
+        let err = error_for("[model]\nlayers = [784, \"x\", 10]\n", "model.layers[1]");
+        assert!(err.contains("found a string"), "{err}");
+        let err = error_for("[train]\nlast_step = -1\n", "train.last_step");
+        assert!(err.contains("expected a non-negative integer"), "{err}");
+        error_for("cluster = 3\n", "cluster");
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() {
+        let err = Config::from_toml_str("[train\n", "/x/dtf.toml").unwrap_err();
+        assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
+        assert!(err.to_string().starts_with("/x/dtf.toml: "), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_errors() {
+        let cases: &[(&str, &str)] = &[
+            ("[train]\nbatch_size = 0", "train.batch_size"),
+            ("[train]\nlearning_rate = 0.0", "train.learning_rate"),
+            ("[train]\nlearning_rate = -0.1", "train.learning_rate"),
+            ("[train]\nlearning_rate = inf", "train.learning_rate"),
+            ("[train]\nlearning_rate = nan", "train.learning_rate"),
+            (
+                "[train]\nlearning_rate_decay = 0.0",
+                "train.learning_rate_decay",
+            ),
+            (
+                "[train]\nlearning_rate_decay = 1.5",
+                "train.learning_rate_decay",
+            ),
+            (
+                "[train]\nregularization_rate = -1e-4",
+                "train.regularization_rate",
+            ),
+            (
+                "[train]\nmoving_average_decay = 1.0",
+                "train.moving_average_decay",
+            ),
+            (
+                "[train]\nmoving_average_decay = -0.5",
+                "train.moving_average_decay",
+            ),
+            ("[train]\nlast_step = 0", "train.last_step"),
+            (
+                "[train]\nlog_step_count_steps = 0",
+                "train.log_step_count_steps",
+            ),
+            (
+                "[train]\nsave_summaries_steps = 0",
+                "train.save_summaries_steps",
+            ),
+            ("[model]\nlayers = [784]", "model.layers"),
+            ("[model]\nlayers = [784, 0, 10]", "model.layers[1]"),
+            ("[cluster]\nps = []", "cluster.ps"),
+            ("[cluster]\nworker = []", "cluster.worker"),
+            ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
+            ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+            ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
+            ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
+            ("[log]\nlevel = \"degub\"", "log.level"),
+            ("[log]\nlevel = \"dtf=loud\"", "log.level"),
+            ("[log]\nlevel = \"\"", "log.level"),
+        ];
+        for (text, key) in cases {
+            let err = error_for(text, key);
+            assert!(err.contains("expected"), "{err}");
+        }
+    }
+
+    #[test]
+    fn sync_replica_counts_are_checked() {
+        let ok = format!(
+            "{TWO_WORKERS}[train]\nmode = \"sync\"\nreplicas_to_aggregate = 1\ntotal_num_replicas = 2\n"
+        );
+        let config = Config::from_toml_str(&ok, "f").unwrap();
+        assert_eq!(
+            (config.replicas_to_aggregate(), config.total_num_replicas()),
+            (1, 2)
+        );
+        let err = error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 3\n"),
+            "train.replicas_to_aggregate",
+        );
+        assert!(err.contains("1 to 2"), "{err}");
+        error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 0\n"),
+            "train.replicas_to_aggregate",
+        );
+        error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 2\ntotal_num_replicas = 1\n"),
+            "train.total_num_replicas",
+        );
+        error_for(
+            &format!("{TWO_WORKERS}[train]\ntotal_num_replicas = 3\n"),
+            "train.total_num_replicas",
+        );
+    }
+
+    #[test]
+    fn addresses_are_checked() {
+        let err = error_for(
+            "[cluster]\nps = [\"a:1\"]\nworker = [\"b:2\", \"a:1\"]\n",
+            "cluster.worker[1]",
+        );
+        assert!(
+            err.contains("duplicate address \"a:1\" (also cluster.ps[0])"),
+            "{err}"
+        );
+        error_for(
+            "[cluster]\nworker = [\"b:2\", \"b:2\"]\n",
+            "cluster.worker[1]",
+        );
+        for bad in [
+            "host",
+            "host:0",
+            "host:65536",
+            ":80",
+            "ho st:1",
+            "::1:80",
+            "[nope]:80",
+            "h:x",
+        ] {
+            error_for(&format!("[cluster]\nps = [\"{bad}\"]\n"), "cluster.ps[0]");
+        }
+        for good in [
+            "10.0.0.1:2222",
+            "ps-0.dtf.svc.cluster.local:2222",
+            "[::1]:2222",
+            "h:65535",
+        ] {
+            Config::from_toml_str(&format!("[cluster]\nps = [\"{good}\"]\n"), "f").unwrap();
+        }
+    }
+
+    #[test]
+    fn task_outside_cluster() {
+        let config = Config::from_toml_str(TWO_WORKERS, "/etc/dtf/dtf.toml").unwrap();
+        config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 1,
+            })
+            .unwrap();
+        config
+            .check_task(TaskId {
+                role: Role::Ps,
+                index: 0,
+            })
+            .unwrap();
+        let err = config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 3,
+            })
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "task worker:3: the cluster has 2 worker tasks (cluster.worker in /etc/dtf/dtf.toml)"
+        );
+        let err = config
+            .check_task(TaskId {
+                role: Role::Ps,
+                index: 1,
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("cluster.ps in /etc/dtf/dtf.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn to_toml_round_trips_and_omits_none() {
+        let mut config = Config::from_toml_str(TWO_WORKERS, "f").unwrap();
+        let text = config.to_toml();
+        assert!(!text.contains("replicas_to_aggregate"), "{text}");
+        assert_eq!(Config::from_toml_str(&text, "f").unwrap(), config);
+        config.train.replicas_to_aggregate = Some(2);
+        config.train.mode = Mode::Sync;
+        config.cluster.placement = Placement::Greedy;
+        assert_eq!(
+            Config::from_toml_str(&config.to_toml(), "f").unwrap(),
+            config
+        );
+    }
+
+    #[test]
+    fn load_layers_file_env_and_tf_config() {
+        let _env = env_lock();
+        let (_dir, path) = write_config("[train]\nlast_step = 50\nbatch_size = 32\n");
+        let file = path.display().to_string();
+
+        // A missing file is an error naming it.
+        let missing = _dir.path().join("absent.toml");
+        let err = Config::load(&missing).unwrap_err().to_string();
+        assert!(err.contains("absent.toml"), "{err}");
+
+        let config = Config::load(&path).unwrap();
+        assert_eq!((config.train.last_step, config.train.batch_size), (50, 32));
+        assert_eq!(config.sources.origin("train.last_step"), file);
+
+        // The environment overrides the file; other DTF_ variables are not config.
+        set_env("DTF_TRAIN__LAST_STEP", "100");
+        set_env("DTF_LOG__LEVEL", "debug");
+        set_env("DTF_CONFIG", "/somewhere/else.toml");
+        set_env("DTF_CLUSTER__WORKER", "[\"h:2\", \"h:3\"]");
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.train.last_step, 100);
+        assert_eq!(config.train.batch_size, 32);
+        assert_eq!(config.log.level, "debug");
+        assert_eq!(config.cluster.worker, ["h:2", "h:3"]);
+        assert_eq!(
+            config.sources.origin("train.last_step"),
+            "environment variable DTF_TRAIN__LAST_STEP"
+        );
+
+        // Errors in the environment name the variable, not the file.
+        set_env("DTF_TRAIN__LAST_STEP", "0");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with("environment variable DTF_TRAIN__LAST_STEP: train.last_step:"),
+            "{err}"
+        );
+        set_env("DTF_TRAIN__LAST_STEP", "many");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("DTF_TRAIN__LAST_STEP"), "{err}");
+        assert!(err.contains("found a string"), "{err}");
+        remove_env("DTF_TRAIN__LAST_STEP");
+        set_env("DTF_TRAIN__BATCH_SISE", "1");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "environment variable DTF_TRAIN__BATCH_SISE: train.batch_sise: unknown key"
+            ),
+            "{err}"
+        );
+        remove_env("DTF_TRAIN__BATCH_SISE");
+        remove_env("DTF_LOG__LEVEL");
+        remove_env("DTF_CONFIG");
+        remove_env("DTF_CLUSTER__WORKER");
+
+        // TF_CONFIG without a chief: lists taken as they are.
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"ps": ["p:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 1}}"#,
+        );
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.cluster.ps, ["p:1"]);
+        assert_eq!(config.cluster.worker, ["w:1", "w:2"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 1
+            })
+        );
+        let err = config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 2,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(cluster.worker in TF_CONFIG)"), "{err}");
+
+        // With a chief: it becomes worker 0, the workers shift by one.
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"]},
+                "task": {"type": "worker", "index": 1}, "environment": "cloud"}"#,
+        );
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.cluster.worker, ["c:1", "w:1", "w:2"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 2
+            })
+        );
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"chief": ["c:1"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 0}}"#,
+        );
+        assert_eq!(Config::load(&path).unwrap().cluster.worker, ["c:1"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 0
+            })
+        );
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"ps": ["p:1"], "worker": ["p:1"]}}"#,
+        );
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with("TF_CONFIG: cluster.worker[0]: duplicate address"),
+            "{err}"
+        );
+
+        // Malformed TF_CONFIG is an error naming it, for the cluster and the task.
+        set_env("TF_CONFIG", "{\"cluster\": ");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        let err = task_from_env().unwrap_err().to_string();
+        assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        set_env(
+            "TF_CONFIG",
+            r#"{"task": {"type": "evaluator", "index": 0}}"#,
+        );
+        let err = task_from_env().unwrap_err().to_string();
+        assert!(
+            err.contains("task.type") && err.contains("evaluator"),
+            "{err}"
+        );
+
+        remove_env("TF_CONFIG");
+        assert_eq!(task_from_env().unwrap(), None);
+        assert_eq!(
+            Config::load(&path).unwrap().cluster,
+            ClusterConfig::default()
+        );
+    }
+
+    fn token_config(dir: &Path, content: &str, mode: u32) -> Config {
+        let path = dir.join("token");
+        std::fs::write(&path, content).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut config = Config::default();
+        config.security.token_file = path;
+        config
+    }
+
+    #[test]
+    fn token_file_permissions_and_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = token_config(dir.path(), "s3cret\n", 0o640);
+        assert_eq!(config.read_token().unwrap(), "s3cret");
+
+        let config = token_config(dir.path(), "s3cret\n", 0o644);
+        let err = config.read_token().unwrap_err().to_string();
+        assert!(err.contains("chmod 640") && err.contains("token"), "{err}");
+
+        let config = token_config(dir.path(), " \n", 0o600);
+        let err = config.read_token().unwrap_err().to_string();
+        assert!(err.contains("empty"), "{err}");
+
+        let mut config = Config::default();
+        config.security.token_file = dir.path().join("absent");
+        let err = config.read_token().unwrap_err().to_string();
+        assert!(err.contains("absent"), "{err}");
+    }
+
+    #[test]
+    fn reload_accepts_live_keys_only() {
+        let old = Config::default();
+        let mut new = old.clone();
+        new.train.last_step = 30000;
+        new.log.level = "debug".into();
+        new.checkpoint.save_secs = 10;
+        assert_eq!(
+            old.changed_keys(&new),
+            ["checkpoint.save_secs", "log.level", "train.last_step"]
+        );
+        assert_eq!(old.reload(new.clone()).unwrap(), new);
+
+        let rejected = |change: fn(&mut Config), key: &str| {
+            let mut new = old.clone();
+            change(&mut new);
+            let err = old.reload(new).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("{key} cannot change while running (restart the cluster to change it)")
+            );
+        };
+        rejected(|c| c.cluster.ps.push("h:9".into()), "cluster.ps");
+        rejected(|c| c.model.layers = vec![784, 10], "model.layers");
+        rejected(|c| c.train.mode = Mode::Sync, "train.mode");
+        rejected(
+            |c| c.train.replicas_to_aggregate = Some(1),
+            "train.replicas_to_aggregate",
+        );
+
+        let mut new = old.clone();
+        new.train.batch_size = 7;
+        new.train.seed = 1;
+        let err = old.reload(new).unwrap_err().to_string();
+        assert!(
+            err.starts_with("train.batch_size, train.seed cannot change"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reloadable_keys_are_real_keys() {
+        let keys = leaves(&Config::default());
+        for key in RELOADABLE {
+            assert!(keys.contains_key(*key), "{key} is not a config key");
+        }
+    }
+
+    #[test]
+    fn task_display() {
+        assert_eq!(
+            TaskId {
+                role: Role::Ps,
+                index: 0
+            }
+            .to_string(),
+            "ps:0"
+        );
+        assert_eq!(
+            TaskId {
+                role: Role::Worker,
+                index: 1
+            }
+            .to_string(),
+            "worker:1"
+        );
+    }
 }
