@@ -54,7 +54,7 @@ pub enum Placement {
 }
 
 /// The whole file. Every section has defaults; unknown keys are errors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `[cluster]`: task addresses and placement.
@@ -162,7 +162,7 @@ pub struct SecurityConfig {
 }
 
 /// `[metrics]`: Prometheus endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// host:port to serve /metrics on; empty: off.
@@ -314,22 +314,6 @@ impl fmt::Display for TaskId {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            cluster: ClusterConfig::default(),
-            train: TrainConfig::default(),
-            model: ModelConfig::default(),
-            data: DataConfig::default(),
-            checkpoint: CheckpointConfig::default(),
-            security: SecurityConfig::default(),
-            metrics: MetricsConfig::default(),
-            log: LogConfig::default(),
-            sources: Sources::default(),
-        }
-    }
-}
-
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
@@ -390,14 +374,6 @@ impl Default for SecurityConfig {
     fn default() -> Self {
         Self {
             token_file: "/etc/dtf/token".into(),
-        }
-    }
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        Self {
-            listen: String::new(),
         }
     }
 }
@@ -641,13 +617,13 @@ impl Config {
 
         // [metrics]
         let listen = &self.metrics.listen;
-        if !listen.is_empty() {
-            if let Err(why) = check_address(listen) {
-                return bad(
-                    "metrics.listen",
-                    format!("invalid address {listen:?}: {why} (or \"\" for off)"),
-                );
-            }
+        if !listen.is_empty()
+            && let Err(why) = check_address(listen)
+        {
+            return bad(
+                "metrics.listen",
+                format!("invalid address {listen:?}: {why} (or \"\" for off)"),
+            );
         }
 
         // [log]
@@ -995,10 +971,10 @@ fn figment_error(error: figment::Error, figment: &Figment, file: &str) -> Config
         .unwrap_or_else(|| figment::Error::from("invalid configuration"));
     let mut path = error.path.clone();
     // figment usually has the unknown field in the path already.
-    if let Kind::UnknownField(field, _) = &error.kind {
-        if path.last() != Some(field) {
-            path.push(field.clone());
-        }
+    if let Kind::UnknownField(field, _) = &error.kind
+        && path.last() != Some(field)
+    {
+        path.push(field.clone());
     }
     if path.is_empty() {
         // Not about a key: a TOML syntax error, reported with line and column.
