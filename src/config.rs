@@ -475,23 +475,23 @@ impl Config {
                 }
             }
         }
-        let all = self.cluster.ps.iter().map(|a| ("cluster.ps", a));
-        let all: Vec<_> = all
-            .chain(self.cluster.worker.iter().map(|a| ("cluster.worker", a)))
-            .collect();
-        for (j, (key, address)) in all.iter().enumerate() {
-            if let Some((first_key, _)) = all[..j].iter().find(|(_, a)| a == address) {
-                let i = if *key == "cluster.ps" {
-                    j
-                } else {
-                    j - self.cluster.ps.len()
-                };
-                let first = all[..j].iter().position(|(_, a)| a == address).unwrap_or(0);
-                let first = if *first_key == "cluster.ps" {
-                    first
-                } else {
-                    first - self.cluster.ps.len()
-                };
+        // Every task needs its own address; `seen` maps each to its first entry.
+        let entries = (self
+            .cluster
+            .ps
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ("cluster.ps", i, a)))
+        .chain(
+            self.cluster
+                .worker
+                .iter()
+                .enumerate()
+                .map(|(i, a)| ("cluster.worker", i, a)),
+        );
+        let mut seen = BTreeMap::new();
+        for (key, i, address) in entries {
+            if let Some((first_key, first)) = seen.insert(address, (key, i)) {
                 return bad(
                     &format!("{key}[{i}]"),
                     format!(
