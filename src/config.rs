@@ -981,7 +981,7 @@ fn figment_error(error: figment::Error, figment: &Figment, file: &str) -> Config
         let origin = describe_origin(error.metadata.as_ref(), "", file);
         return ConfigError::Syntax {
             origin,
-            message: error.kind.to_string(),
+            message: error.kind.to_string().trim_end().to_owned(),
         };
     }
     // `model.layers.1` reads better as `model.layers[1]`.
@@ -1028,7 +1028,7 @@ fn describe_kind(kind: &Kind, top_level: bool) -> String {
         Kind::InvalidValue(actual, expected) => {
             format!(
                 "invalid value {}: expected {}",
-                describe_actual(actual),
+                raw_value(actual),
                 describe_expected(expected)
             )
         }
@@ -1058,6 +1058,18 @@ fn describe_expected(expected: &str) -> String {
         "variant identifier" => "a string".into(),
         e if e.starts_with("struct ") || e == "a map" => "a table".into(),
         e => e.into(),
+    }
+}
+
+/// A value as written in the file: `-3`, `"x"`.
+fn raw_value(actual: &Actual) -> String {
+    match actual {
+        Actual::Unsigned(v) => v.to_string(),
+        Actual::Signed(v) => v.to_string(),
+        Actual::Float(v) => v.to_string(),
+        Actual::Bool(v) => v.to_string(),
+        Actual::Str(v) => format!("{v:?}"),
+        other => describe_actual(other),
     }
 }
 
@@ -1262,7 +1274,10 @@ mod tests {
         let err = error_for("[model]\nlayers = [784, \"x\", 10]\n", "model.layers[1]");
         assert!(err.contains("found a string"), "{err}");
         let err = error_for("[train]\nlast_step = -1\n", "train.last_step");
-        assert!(err.contains("expected a non-negative integer"), "{err}");
+        assert!(
+            err.ends_with("invalid value -1: expected a non-negative integer"),
+            "{err}"
+        );
         error_for("cluster = 3\n", "cluster");
     }
 
