@@ -753,16 +753,6 @@ impl Config {
         keys.sort();
         keys
     }
-
-    /// The config as TOML.
-    pub fn to_toml(&self) -> String {
-        todo!()
-    }
-
-    /// Dotted keys whose values differ.
-    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
-        todo!()
-    }
 }
 
 /// The task named by `TF_CONFIG` (`{"task": {"type": "worker", "index": 1}}`), if set.
@@ -1705,11 +1695,5 @@ mod tests {
             .to_string(),
             "worker:1"
         );
-    }
-}
-
-impl std::fmt::Display for TaskId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        todo!()
     }
 }

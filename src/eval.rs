@@ -47,6 +47,7 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
         return Err(EvalError::Model(format!("{}: variables {names:?} are not an MLP's", file.display())));
     }
     let test = Dataset::load(data_dir, Split::Test)?;
+    test.check_labels(mlp.classes())?;
     if test.features() != layers[0] {
         return Err(EvalError::Model(format!(
             "{}: the model takes {} inputs, the images in {} have {} pixels",

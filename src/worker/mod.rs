@@ -150,6 +150,15 @@ pub async fn run(
             cfg.model.layers[0]
         )));
     }
+    train.check_labels(mlp.classes())?;
+    if cfg.train.batch_size > train.len() {
+        return Err(WorkerError::Setup(format!(
+            "train.batch_size = {} but {} holds only {} training examples",
+            cfg.train.batch_size,
+            cfg.data.dir.display(),
+            train.len()
+        )));
+    }
     let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
     let mut w = Worker { task, config, mlp, cluster, train, decay_steps, shutdown };
     w.train(reporter).await
@@ -362,6 +371,7 @@ impl Worker {
         save_checkpoint(&cfg, &self.mlp, step, values.clone(), shadows.clone()).await;
         if let Outcome::Finished { .. } = outcome {
             let test = Dataset::load(&cfg.data.dir, Split::Test)?;
+            test.check_labels(self.mlp.classes())?;
             let (x, y) = test.all();
             let acc = self.mlp.accuracy(&values, x.view(), &y);
             let ema = self.mlp.accuracy(&shadows, x.view(), &y);
