@@ -535,6 +535,11 @@ fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
 fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
     check_saveable(ckpt)?;
+    encode(ckpt)
+}
+
+/// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
+fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
     let step = ckpt.global_step.to_string();
     let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
 
@@ -581,8 +586,8 @@ fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
         ("kind".to_string(), "ema".to_string()),
     ]);
 
-    let encode = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
-                  meta: &mut HashMap<String, String>|
+    let encode_file = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+                       meta: &mut HashMap<String, String>|
      -> Result<Vec<u8>, String> {
         let mut views = Vec::with_capacity(tensors.len());
         for (name, dtype, shape, bytes) in tensors {
@@ -594,8 +599,8 @@ fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
         safetensors::serialize(views, Some(meta.clone())).map_err(|e| e.to_string())
     };
     Ok((
-        encode(&model, &mut model_meta)?,
-        encode(&ema, &mut ema_meta)?,
+        encode_file(&model, &mut model_meta)?,
+        encode_file(&ema, &mut ema_meta)?,
     ))
 }
 
@@ -1148,6 +1153,672 @@ impl fmt::Display for Inspection {
         match &self.problem {
             None => writeln!(f, "verification: ok"),
             Some(p) => writeln!(f, "verification: FAILED: {p}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Instant;
+
+    /// The variables of an MLP with these widths, built by hand (model.rs's
+    /// own `variables()` is not under test here).
+    fn specs(layers: &[usize]) -> Vec<VarSpec> {
+        let mut out = Vec::new();
+        for (i, w) in layers.windows(2).enumerate() {
+            out.push(VarSpec {
+                name: format!("layer{}/weights", i + 1),
+                shape: vec![w[0], w[1]],
+            });
+            out.push(VarSpec {
+                name: format!("layer{}/biases", i + 1),
+                shape: vec![w[1]],
+            });
+        }
+        out
+    }
+
+    const SMALL: [usize; 3] = [4, 3, 2];
+
+    /// A checkpoint whose every value depends on the step, the variable and
+    /// the position, so a mix-up of any of them shows.
+    fn sample(step: u64, layers: &[usize]) -> Checkpoint {
+        let make = |k: usize, s: &VarSpec, offset: f32| {
+            let n: usize = s.shape.iter().product();
+            let v = (0..n)
+                .map(|i| step as f32 + k as f32 * 0.25 + i as f32 * 1e-3 + offset)
+                .collect();
+            ArrayD::from_shape_vec(IxDyn(&s.shape), v).unwrap()
+        };
+        let specs = specs(layers);
+        Checkpoint {
+            global_step: step,
+            variables: specs
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.name.clone(), make(k, s, 0.0)))
+                .collect(),
+            shadows: specs
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.name.clone(), make(k, s, -0.5)))
+                .collect(),
+        }
+    }
+
+    fn small_specs() -> Vec<VarSpec> {
+        specs(&SMALL)
+    }
+
+    fn saver(dir: &Path, keep: usize) -> Saver {
+        Saver::new(dir, keep).unwrap()
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn round_trip_preserves_values_step_and_shadows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = sample(1200, &SMALL);
+        let path = saver(tmp.path(), 5).save(&ckpt).unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-1200.safetensors"));
+        assert!(tmp.path().join("model.ckpt-1200.ema.safetensors").is_file());
+
+        let loaded = load(&path, Some(&small_specs())).unwrap();
+        assert_eq!(loaded, ckpt);
+        // Without a model to compare to, the file's own order is kept.
+        assert_eq!(load(&path, None).unwrap(), ckpt);
+        // The on-disk names are TensorFlow's.
+        let ema = fs::read(tmp.path().join("model.ckpt-1200.ema.safetensors")).unwrap();
+        let ema = SafeTensors::deserialize(&ema).unwrap();
+        let mut names = ema.names();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "layer1/biases/ExponentialMovingAverage",
+                "layer1/weights/ExponentialMovingAverage",
+                "layer2/biases/ExponentialMovingAverage",
+                "layer2/weights/ExponentialMovingAverage"
+            ]
+        );
+        let model = fs::read(&path).unwrap();
+        let model = SafeTensors::deserialize(&model).unwrap();
+        let step = model.tensor(GLOBAL_STEP).unwrap();
+        assert_eq!(step.dtype(), Dtype::I64);
+        assert!(step.shape().is_empty());
+        assert_eq!(step.data(), 1200i64.to_le_bytes());
+    }
+
+    #[test]
+    fn save_creates_dir_with_mode_0750() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        saver(&dir, 5);
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        // umask may only take bits away.
+        assert_eq!(mode & !0o750, 0, "mode {mode:o}");
+    }
+
+    #[test]
+    fn index_names_newest_and_all_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(1000, &SMALL)).unwrap();
+        s.save(&sample(1200, &SMALL)).unwrap();
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert_eq!(
+            index,
+            "model_checkpoint_path: \"model.ckpt-1200.safetensors\"\n\
+             all_model_checkpoint_paths: \"model.ckpt-1000.safetensors\"\n\
+             all_model_checkpoint_paths: \"model.ckpt-1200.safetensors\"\n"
+        );
+        assert_eq!(
+            resolve(tmp.path()).unwrap(),
+            tmp.path().join("model.ckpt-1200.safetensors")
+        );
+    }
+
+    #[test]
+    fn retention_keeps_newest_two_of_four() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 2);
+        for step in [10, 20, 30, 40] {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        assert_eq!(
+            names_in(tmp.path()),
+            [
+                "checkpoint",
+                "model.ckpt-30.ema.safetensors",
+                "model.ckpt-30.safetensors",
+                "model.ckpt-40.ema.safetensors",
+                "model.ckpt-40.safetensors"
+            ]
+        );
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert!(!index.contains("ckpt-20"), "{index}");
+        assert!(index.contains("all_model_checkpoint_paths: \"model.ckpt-30.safetensors\""));
+    }
+
+    #[test]
+    fn retention_always_keeps_the_checkpoint_just_written() {
+        // A newer (say damaged) checkpoint is kept for the operator, and the
+        // one just written, older by step, must survive it.
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = saver(tmp.path(), 5);
+        s.save(&sample(1000, &SMALL)).unwrap();
+        s.set_max_to_keep(1);
+        s.save(&sample(800, &SMALL)).unwrap();
+        assert!(tmp.path().join("model.ckpt-800.safetensors").is_file());
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert!(index.starts_with("model_checkpoint_path: \"model.ckpt-800.safetensors\""));
+        assert_eq!(
+            names_in(tmp.path()),
+            [
+                "checkpoint",
+                "model.ckpt-800.ema.safetensors",
+                "model.ckpt-800.safetensors"
+            ]
+        );
+    }
+
+    #[test]
+    fn max_to_keep_zero_keeps_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 0);
+        for step in 1..=7 {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        assert_eq!(
+            scan_steps(tmp.path()).unwrap().model,
+            (1..=7).collect::<Vec<_>>()
+        );
+    }
+
+    /// Ways to damage the step-200 checkpoint of a directory that also holds a
+    /// good step-100 one.
+    #[derive(Debug, Clone, Copy)]
+    enum Damage {
+        Truncated,
+        GarbageHeader,
+        WrongShape,
+        MissingEma,
+        NonFinite,
+        BitFlipInData,
+        EmaOfOtherStep,
+    }
+
+    fn damage(dir: &Path, how: Damage) {
+        let model = dir.join("model.ckpt-200.safetensors");
+        let ema = dir.join("model.ckpt-200.ema.safetensors");
+        match how {
+            Damage::Truncated => {
+                let bytes = fs::read(&model).unwrap();
+                fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+            }
+            Damage::GarbageHeader => {
+                let mut bytes = fs::read(&model).unwrap();
+                bytes[8..40].fill(b'#');
+                fs::write(&model, bytes).unwrap();
+            }
+            Damage::WrongShape => {
+                let (m, e) = encode(&sample(200, &[4, 5, 2])).unwrap();
+                fs::write(&model, m).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+            Damage::MissingEma => fs::remove_file(&ema).unwrap(),
+            Damage::NonFinite => {
+                let mut c = sample(200, &SMALL);
+                c.variables[1].1[[2]] = f32::NAN;
+                let (m, e) = encode(&c).unwrap();
+                fs::write(&model, m).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+            Damage::BitFlipInData => {
+                let mut bytes = fs::read(&ema).unwrap();
+                let at = bytes.len() - 3;
+                bytes[at] ^= 0x10;
+                fs::write(&ema, bytes).unwrap();
+            }
+            Damage::EmaOfOtherStep => {
+                let (_, e) = encode(&sample(100, &SMALL)).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn restore_skips_damaged_newest_and_leaves_it_in_place() {
+        for how in [
+            Damage::Truncated,
+            Damage::GarbageHeader,
+            Damage::WrongShape,
+            Damage::MissingEma,
+            Damage::NonFinite,
+            Damage::BitFlipInData,
+            Damage::EmaOfOtherStep,
+        ] {
+            let tmp = tempfile::tempdir().unwrap();
+            let s = saver(tmp.path(), 5);
+            s.save(&sample(100, &SMALL)).unwrap();
+            s.save(&sample(200, &SMALL)).unwrap();
+            damage(tmp.path(), how);
+            let before = names_in(tmp.path());
+
+            let newest = tmp.path().join("model.ckpt-200.safetensors");
+            assert!(
+                load(&newest, Some(&small_specs())).is_err(),
+                "{how:?} loads"
+            );
+            let (path, ckpt) = restore_latest(tmp.path(), &small_specs())
+                .unwrap()
+                .unwrap_or_else(|| panic!("{how:?}: nothing restored"));
+            assert_eq!(
+                path,
+                tmp.path().join("model.ckpt-100.safetensors"),
+                "{how:?}"
+            );
+            assert_eq!(ckpt, sample(100, &SMALL), "{how:?}");
+            assert_eq!(names_in(tmp.path()), before, "{how:?}: files changed");
+        }
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong_and_where() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(200, &SMALL)).unwrap();
+        let path = tmp.path().join("model.ckpt-200.safetensors");
+        let wrong = specs(&[4, 7, 2]);
+        let msg = load(&path, Some(&wrong)).unwrap_err().to_string();
+        assert!(msg.contains("model.ckpt-200.safetensors"), "{msg}");
+        assert!(
+            msg.contains("layer1/weights") && msg.contains("[4, 3]") && msg.contains("[4, 7]"),
+            "{msg}"
+        );
+
+        damage(tmp.path(), Damage::MissingEma);
+        let msg = load(&path, Some(&small_specs())).unwrap_err().to_string();
+        assert!(msg.contains("model.ckpt-200.ema.safetensors"), "{msg}");
+    }
+
+    #[test]
+    fn load_checks_the_step_in_the_file_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        for ext in [MODEL_EXT, EMA_EXT] {
+            fs::rename(
+                tmp.path().join(format!("model.ckpt-100{ext}")),
+                tmp.path().join(format!("model.ckpt-300{ext}")),
+            )
+            .unwrap();
+        }
+        let err = load(&tmp.path().join("model.ckpt-300.safetensors"), None).unwrap_err();
+        assert!(err.to_string().contains("name says 300"), "{err}");
+        assert!(matches!(
+            load(&tmp.path().join("model.ckpt-300.ema.safetensors"), None),
+            Err(CheckpointError::Invalid { .. })
+        ));
+        assert!(matches!(
+            load(&tmp.path().join("weights.bin"), None),
+            Err(CheckpointError::BadFileName { .. })
+        ));
+    }
+
+    #[test]
+    fn load_rejects_variables_the_model_does_not_have() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = saver(tmp.path(), 5)
+            .save(&sample(100, &[4, 3, 3, 2]))
+            .unwrap();
+        let err = load(&path, Some(&small_specs())).unwrap_err().to_string();
+        assert!(err.contains("layer3/weights"), "{err}");
+    }
+
+    #[test]
+    fn restore_finds_newest_file_when_index_points_at_missing_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(100, &SMALL)).unwrap();
+        s.save(&sample(200, &SMALL)).unwrap();
+        fs::write(
+            tmp.path().join(INDEX_FILE),
+            "model_checkpoint_path: \"model.ckpt-900.safetensors\"\n",
+        )
+        .unwrap();
+        let (path, ckpt) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-200.safetensors"));
+        assert_eq!(ckpt.global_step, 200);
+        assert_eq!(resolve(tmp.path()).unwrap(), path);
+    }
+
+    #[test]
+    fn restore_ignores_a_stale_index_naming_an_older_checkpoint() {
+        // A crash after the model file's rename and before the index's.
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(100, &SMALL)).unwrap();
+        let index = fs::read(tmp.path().join(INDEX_FILE)).unwrap();
+        s.save(&sample(200, &SMALL)).unwrap();
+        fs::write(tmp.path().join(INDEX_FILE), index).unwrap();
+        let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-200.safetensors"));
+        // resolve trusts an index whose file exists: that is what an operator's
+        // `dtf eval DIR` sees, documented as "the index's newest".
+        assert_eq!(
+            resolve(tmp.path()).unwrap(),
+            tmp.path().join("model.ckpt-100.safetensors")
+        );
+    }
+
+    #[test]
+    fn resolve_without_index_takes_highest_step_and_files_resolve_to_themselves() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        for step in [9, 10, 100] {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        fs::remove_file(tmp.path().join(INDEX_FILE)).unwrap();
+        let newest = tmp.path().join("model.ckpt-100.safetensors");
+        assert_eq!(resolve(tmp.path()).unwrap(), newest);
+        assert_eq!(resolve(&newest).unwrap(), newest);
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            resolve(empty.path()),
+            Err(CheckpointError::NotFound { .. })
+        ));
+        assert!(matches!(
+            resolve(&empty.path().join("nope")),
+            Err(CheckpointError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn restore_on_missing_or_empty_dir_is_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(
+            restore_latest(&tmp.path().join("missing"), &small_specs())
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            restore_latest(tmp.path(), &small_specs())
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn restore_ignores_temp_files_and_odd_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        for name in [
+            ".model.ckpt-300.safetensors.tmp-12345",
+            ".model.ckpt-300.ema.safetensors.tmp-12345",
+            "model.ckpt-0400.safetensors",
+            "model.ckpt-+500.safetensors",
+            "model.ckpt-600.safetensors.bak",
+        ] {
+            fs::write(tmp.path().join(name), b"partial").unwrap();
+        }
+        let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-100.safetensors"));
+    }
+
+    #[test]
+    fn restore_errors_when_every_checkpoint_is_damaged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(200, &SMALL)).unwrap();
+        damage(tmp.path(), Damage::Truncated);
+        match restore_latest(tmp.path(), &small_specs()) {
+            Err(CheckpointError::NoneValid {
+                count: 1, newest, ..
+            }) => {
+                assert!(matches!(*newest, CheckpointError::Safetensors { .. }))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(tmp.path().join("model.ckpt-200.safetensors").exists());
+    }
+
+    fn fail_model_write(path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        if name.starts_with(".model.ckpt-") && !name.contains(".ema.") {
+            file.write_all(&bytes[..bytes.len() / 2])?;
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        file.write_all(bytes)
+    }
+
+    fn fail_index_write(path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+        if path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(".checkpoint")
+        {
+            return Err(io::Error::from_raw_os_error(libc::EACCES));
+        }
+        file.write_all(bytes)
+    }
+
+    #[test]
+    fn failed_write_changes_nothing_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = saver(tmp.path(), 1);
+        good.save(&sample(100, &SMALL)).unwrap();
+        let index = fs::read(tmp.path().join(INDEX_FILE)).unwrap();
+        let before = names_in(tmp.path());
+
+        let failing = Saver {
+            write: fail_model_write,
+            ..good.clone()
+        };
+        let err = failing.save(&sample(200, &SMALL)).unwrap_err();
+        match &err {
+            CheckpointError::Io { path, source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+                assert!(
+                    path.to_str()
+                        .unwrap()
+                        .contains("model.ckpt-200.safetensors"),
+                    "{err}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(names_in(tmp.path()), before);
+        assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
+        let (path, ckpt) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(
+            (path.file_name().unwrap().to_str().unwrap(), ckpt),
+            ("model.ckpt-100.safetensors", sample(100, &SMALL))
+        );
+    }
+
+    #[test]
+    fn failed_index_write_keeps_old_index_and_prunes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = saver(tmp.path(), 1);
+        good.save(&sample(100, &SMALL)).unwrap();
+        let index = fs::read(tmp.path().join(INDEX_FILE)).unwrap();
+        let failing = Saver {
+            write: fail_index_write,
+            ..good.clone()
+        };
+        let err = failing.save(&sample(200, &SMALL)).unwrap_err();
+        assert!(err.to_string().contains(".checkpoint.tmp-"), "{err}");
+        assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
+        // Nothing pruned before the index is written: both steps are there.
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [100, 200]);
+        assert!(!names_in(tmp.path()).iter().any(|n| n.contains(".tmp-")));
+        // The next good save tidies up.
+        good.save(&sample(300, &SMALL)).unwrap();
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [300]);
+    }
+
+    #[test]
+    fn next_save_removes_temp_files_of_dead_processes_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dead = tmp.path().join(".model.ckpt-5.safetensors.tmp-4000000000");
+        let live = tmp.path().join(format!(".checkpoint.tmp-{}", 1));
+        let unrelated = tmp.path().join(".hidden.tmp-4000000000");
+        for p in [&dead, &live, &unrelated] {
+            fs::write(p, b"x").unwrap();
+        }
+        saver(tmp.path(), 5).save(&sample(7, &SMALL)).unwrap();
+        assert!(!dead.exists());
+        assert!(live.exists(), "pid 1 is alive: its temp file may be in use");
+        assert!(unrelated.exists());
+    }
+
+    #[test]
+    fn save_refuses_what_would_not_load() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        let mut nan = sample(1, &SMALL);
+        nan.shadows[0].1[[0, 0]] = f32::INFINITY;
+        let mut unshadowed = sample(1, &SMALL);
+        unshadowed.shadows.pop();
+        let mut reserved = sample(1, &SMALL);
+        reserved.variables[0].0 = GLOBAL_STEP.into();
+        let mut huge = sample(1, &SMALL);
+        huge.global_step = u64::MAX;
+        for bad in [nan, unshadowed, reserved, huge] {
+            assert!(
+                matches!(s.save(&bad), Err(CheckpointError::Invalid { .. })),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(names_in(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn inspect_lists_both_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        let ins = inspect(tmp.path()).unwrap();
+        assert_eq!(ins.problem, None);
+        assert_eq!(ins.model.metadata["global_step"], "200");
+        assert_eq!(ins.model.metadata["kind"], "variables");
+        let step = ins
+            .model
+            .tensors
+            .iter()
+            .find(|t| t.name == GLOBAL_STEP)
+            .unwrap();
+        assert_eq!(
+            (step.dtype.as_str(), step.shape.as_slice()),
+            ("I64", &[][..])
+        );
+        let ema = ins.ema.as_ref().unwrap();
+        assert_eq!(ema.tensors.len(), 4);
+        assert_eq!(ema.metadata["kind"], "ema");
+        let text = ins.to_string();
+        assert!(
+            text.contains("layer1/weights/ExponentialMovingAverage  F32    [4, 3]"),
+            "{text}"
+        );
+        assert!(text.contains("verification: ok"), "{text}");
+
+        damage(tmp.path(), Damage::MissingEma);
+        let ins = inspect(tmp.path()).unwrap();
+        assert!(ins.ema.is_err());
+        assert!(ins.to_string().contains("verification: FAILED"));
+    }
+
+    #[test]
+    fn full_size_save_and_load_is_quick() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layers = [784, 500, 10];
+        let ckpt = sample(20000, &layers);
+        let s = saver(tmp.path(), 5);
+        let t = Instant::now();
+        let path = s.save(&ckpt).unwrap();
+        let saved = t.elapsed();
+        let t = Instant::now();
+        let (_, loaded) = restore_latest(tmp.path(), &specs(&layers))
+            .unwrap()
+            .unwrap();
+        let restored = t.elapsed();
+        assert_eq!(loaded, ckpt);
+        eprintln!(
+            "784-500-10: save {saved:?}, restore {restored:?}, {} bytes",
+            fs::metadata(path).unwrap().len()
+        );
+    }
+
+    fn valid_pair() -> (Vec<u8>, Vec<u8>) {
+        to_bytes(&sample(77, &SMALL)).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(model in proptest::collection::vec(any::<u8>(), 0..512),
+                                       ema in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let (good_model, good_ema) = valid_pair();
+            prop_assert!(from_bytes(&model, &ema, None).is_err());
+            prop_assert!(from_bytes(&model, &good_ema, Some(&small_specs())).is_err());
+            prop_assert!(from_bytes(&good_model, &ema, Some(&small_specs())).is_err());
+        }
+
+        #[test]
+        fn mutated_checkpoints_are_rejected_or_unchanged(
+            in_ema in any::<bool>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+        ) {
+            let (mut model, mut ema) = valid_pair();
+            let target = if in_ema { &mut ema } else { &mut model };
+            for (at, byte) in &flips {
+                let i = at.index(target.len());
+                target[i] = *byte;
+            }
+            if let Some(cut) = cut {
+                let len = cut.index(target.len());
+                target.truncate(len);
+            }
+            for expected in [None, Some(small_specs())] {
+                match from_bytes(&model, &ema, expected.as_deref()) {
+                    // Some header bytes are slack (padding spaces may become
+                    // other whitespace): then the content must be the original.
+                    Ok(c) => prop_assert_eq!(c, sample(77, &SMALL)),
+                    Err(_) => {}
+                }
+            }
+        }
+
+        #[test]
+        fn header_json_with_arbitrary_values_never_panics(
+            dtype in prop::sample::select(vec!["F32", "I64", "F16", "BOOL", "U8", "F4"]),
+            shape in proptest::collection::vec(0usize..6, 0..4),
+            step in prop::sample::select(vec!["77", "-1", "", "007", "99999999999999999999"]),
+        ) {
+            // A well-formed safetensors file whose content is wrong in various ways.
+            let n: usize = shape.iter().product();
+            let header = format!(
+                r#"{{"__metadata__":{{"format":"dtf-1","kind":"variables","global_step":"{step}","variables":"[\"layer1/weights\"]"}},"layer1/weights":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[0,{n}]}}}}"#
+            );
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend(header.as_bytes());
+            bytes.extend(std::iter::repeat_n(0u8, n));
+            let (_, ema) = valid_pair();
+            prop_assert!(from_bytes(&bytes, &ema, None).is_err());
         }
     }
 }
