@@ -260,7 +260,7 @@ impl Saver {
                 }
             }
         }
-        tracing::info!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
+        tracing::debug!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
         Ok(model_path)
     }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every test layer of dtf on a Debian 12 machine, as root: installs what
+# it needs, then formatting and lints, unit and integration tests (nextest),
+# the package checks, and the system test under a real systemd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Installing test dependencies"
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+    ca-certificates dataset-fashion-mnist python3 python3-pip python3-numpy >/dev/null
+python3 -c 'import safetensors' 2>/dev/null \
+    || python3 -m pip install -q safetensors 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages safetensors
+command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
+cargo nextest --version >/dev/null 2>&1 || cargo install --locked -q cargo-nextest
+
+step "Formatting and lints"
+cargo fmt --check
+cargo clippy --all-targets --locked -q -- -D warnings
+
+step "Unit and integration tests"
+cargo nextest run --locked --no-fail-fast
+
+if [ -x scripts/check-package.sh ]; then
+    step "Package checks"
+    scripts/check-package.sh
+fi
+if [ -x tests/system/run.sh ]; then
+    step "System test (systemd-nspawn)"
+    tests/system/run.sh
+fi
