@@ -46,6 +46,9 @@ pub enum WorkerError {
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("no progress for {secs} s: {why}")]
     Stalled { secs: u64, why: String },
+    /// Stopped (SIGTERM) while waiting for the ps tasks.
+    #[error("stopped while waiting for the ps tasks")]
+    Interrupted,
 }
 
 /// How a worker's run ended.
@@ -90,13 +93,28 @@ impl Backoff {
     fn new() -> Self {
         Self { delay: BACKOFF_MIN, since: Instant::now(), logged: None }
     }
-    async fn wait(&mut self, why: &str) {
-        if self.logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
-            warn!(waited_secs = self.since.elapsed().as_secs(), reason = why, "Waiting for the ps tasks.");
+
+    /// True when the reason is due to be logged (again).
+    fn should_log(&mut self) -> bool {
+        let due = self.logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY);
+        if due {
             self.logged = Some(Instant::now());
         }
-        tokio::time::sleep(self.delay).await;
+        due
+    }
+
+    /// Sleeps the next back-off delay. Errors: [`WorkerError::Interrupted`]
+    /// as soon as `shutdown` is cancelled, so a stop never waits on a dead ps.
+    async fn wait(&mut self, why: &str, shutdown: &CancellationToken) -> Result<(), WorkerError> {
+        if self.should_log() {
+            warn!(waited_secs = self.since.elapsed().as_secs(), reason = why, "Waiting for the ps tasks.");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(self.delay) => {}
+            _ = shutdown.cancelled() => return Err(WorkerError::Interrupted),
+        }
         self.delay = (self.delay * 2).min(BACKOFF_MAX);
+        Ok(())
     }
 }
 
@@ -161,7 +179,13 @@ pub async fn run(
     }
     let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
     let mut w = Worker { task, config, mlp, cluster, train, decay_steps, shutdown };
-    w.train(reporter).await
+    match w.train(reporter).await {
+        Err(WorkerError::Interrupted) => {
+            info!(worker = task, "Stopped while waiting for the ps tasks.");
+            Ok(Outcome::Stopped { global_step: 0 })
+        }
+        other => other,
+    }
 }
 
 /// The newest valid checkpoint's step when it is at or past `last_step`: the
@@ -189,12 +213,12 @@ impl Worker {
         let mut backoff = Backoff::new();
         loop {
             if self.shutdown.is_cancelled() {
-                return Ok(false);
+                return Err(WorkerError::Interrupted);
             }
             let states = match self.cluster.states().await {
                 Ok(s) => s,
                 Err(e) if e.is_unavailable() => {
-                    backoff.wait(&e.to_string()).await;
+                    backoff.wait(&e.to_string(), &self.shutdown).await?;
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -207,11 +231,13 @@ impl Worker {
                 return Ok(false);
             }
             if !self.is_chief() {
-                if backoff.logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
+                if backoff.should_log() {
                     info!(uninitialized_ps = ?missing, "Waiting for the chief to initialize the model.");
-                    backoff.logged = Some(Instant::now());
                 }
-                tokio::time::sleep(INIT_POLL).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(INIT_POLL) => {}
+                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
+                }
                 continue;
             }
             self.seed(&missing, missing.len() == states.len()).await?;
@@ -341,7 +367,7 @@ impl Worker {
         loop {
             match self.cluster.pull(params, min_steps).await {
                 Ok(p) => return Ok(p),
-                Err(e) if e.is_unavailable() => backoff.wait(&e.to_string()).await,
+                Err(e) if e.is_unavailable() => backoff.wait(&e.to_string(), &self.shutdown).await?,
                 Err(e) if e.needs_pull() => {
                     if self.ensure_initialized().await? {
                         let cfg = self.cfg();
@@ -350,10 +376,6 @@ impl Worker {
                 }
                 Err(e) => return Err(e.into()),
             }
-            if self.shutdown.is_cancelled() {
-                // Still give the caller a consistent view; it checks shutdown next.
-                continue;
-            }
         }
     }
 
@@ -361,10 +383,14 @@ impl Worker {
     /// `last_step`) telling the ps tasks the run is complete.
     async fn finish(&mut self, outcome: &Outcome, loss: f32) -> Result<(), WorkerError> {
         let cfg = self.cfg();
+        // At the end of a run keep trying until a stop signal: the ps tasks
+        // must hear of it. On a stop, one attempt is all it gets.
+        let stopping = matches!(outcome, Outcome::Stopped { .. });
+        let mut backoff = Backoff::new();
         let (step, values, shadows) = loop {
             match self.cluster.snapshot().await {
                 Ok(s) => break s,
-                Err(e) if e.is_unavailable() || e.needs_pull() => Backoff::new().wait(&e.to_string()).await,
+                Err(e) if !stopping && (e.is_unavailable() || e.needs_pull()) => backoff.wait(&e.to_string(), &self.shutdown).await?,
                 Err(e) => return Err(e.into()),
             }
         };
