@@ -1,5 +1,6 @@
 //! dtf's integration tests: real processes on 127.0.0.1, one test binary.
 
 mod cluster;
+mod faults;
 mod requests;
 mod util;
