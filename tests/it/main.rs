@@ -2,5 +2,6 @@
 
 mod cluster;
 mod faults;
+mod local;
 mod requests;
 mod util;
