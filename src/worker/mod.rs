@@ -317,7 +317,9 @@ impl Worker {
                     debug!(error = %e, "Push failed; pulling again.");
                     self.pull(&mut params, None).await?
                 }
-                Err(e) if e.status.code() == tonic::Code::AlreadyExists => self.pull(&mut params, None).await?,
+                // Sync: this worker's gradient for the step is already in (it
+                // pushed before a restart); wait for the step like any other.
+                Err(e) if sync && e.status.code() == tonic::Code::AlreadyExists => Progress { steps: tags.clone(), complete: false, stale: 0 },
                 Err(e) => return Err(e.into()),
             };
             local_steps += 1;
