@@ -65,9 +65,18 @@ lintian --fail-on error,warning --display-info --display-experimental --info "$d
 step "mandoc -Tlint -W warning man/*"
 mandoc -Tlint -W warning man/* || fail "mandoc"
 
+# A root for systemd-analyze: the package unpacked over this host's units
+# (sysinit.target & co.) and the /bin/kill that ExecReload= runs, with
+# Debian 12's merged /usr. verify then checks the packaged binaries and man
+# pages, not whatever is installed here.
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 dpkg-deb -x "$deb" "$root"
+cp -rn /usr/lib/systemd/system/. "$root/usr/lib/systemd/system/"
+ln -s usr/bin "$root/bin"
+ln -s usr/lib "$root/lib"
+ln -s usr/sbin "$root/sbin"
+cp "$(readlink -f /bin/kill)" "$root/usr/bin/kill"
 
 step "systemd-analyze verify (in the unpacked package)"
 for unit in $UNITS; do
