@@ -34,6 +34,7 @@ done
 if [ -n "$need_apt" ]; then
 	step "apt-get install$need_apt"
 	apt-get update -q
+	# shellcheck disable=SC2086 # a list of package names
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need_apt
 fi
 if ! cargo deb --version >/dev/null 2>&1; then
