@@ -1,7 +1,9 @@
 //! dtf's integration tests: real processes on 127.0.0.1, one test binary.
 
 mod cluster;
+mod docs;
 mod faults;
 mod local;
+mod package;
 mod requests;
 mod util;
