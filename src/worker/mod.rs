@@ -240,13 +240,23 @@ impl Worker {
                 }
                 continue;
             }
-            self.seed(&missing, missing.len() == states.len()).await?;
+            if self.cfg().train.mode == Mode::Sync {
+                // Sync shards count steps in lockstep: a shard restored to an
+                // older step alone would never agree with the others again, so
+                // the whole model goes back to the checkpoint (as TensorFlow's
+                // session recovery does).
+                let all: Vec<usize> = (0..states.len()).collect();
+                self.seed(&all, true, true).await?;
+            } else {
+                self.seed(&missing, missing.len() == states.len(), false).await?;
+            }
         }
     }
 
     /// The chief fills the shards of `missing` ps tasks from the newest valid
     /// checkpoint, or with fresh values when there is none.
-    async fn seed(&mut self, missing: &[usize], all: bool) -> Result<(), WorkerError> {
+    /// With `force`, shards that are still live are overwritten too.
+    async fn seed(&mut self, missing: &[usize], all: bool, force: bool) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let specs = self.mlp.variables();
         let dir = cfg.checkpoint.dir.clone();
@@ -261,7 +271,7 @@ impl Worker {
             }
             None => (self.mlp.init(cfg.train.seed), None, 0, None),
         };
-        let took = self.cluster.initialize(missing, &values, shadows.as_deref(), step, false).await?;
+        let took = self.cluster.initialize(missing, &values, shadows.as_deref(), step, force).await?;
         match &from {
             Some(path) => info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint."),
             None => info!(ps = ?took, seed = cfg.train.seed, "Initialized the model with fresh values."),
@@ -325,7 +335,10 @@ impl Worker {
             local_steps += 1;
             if sync {
                 // Wait until every shard has moved past the step we pushed for.
-                while !progress.complete && progress.steps.iter().zip(&tags).any(|(now, tag)| now <= tag) {
+                // A shard still at the tagged step has our gradient pending; one
+                // behind it was restored from a checkpoint: compute afresh.
+                let mut waiting = Backoff::new();
+                while !progress.complete && progress.steps.iter().zip(&tags).any(|(now, tag)| now == tag) {
                     if last_progress.elapsed() > SYNC_STALL_LIMIT {
                         return Err(WorkerError::Stalled {
                             secs: SYNC_STALL_LIMIT.as_secs(),
@@ -333,8 +346,13 @@ impl Worker {
                         });
                     }
                     let want: Vec<u64> = tags.iter().map(|t| t + 1).collect();
-                    if last_progress.elapsed() >= WAIT_LOG_EVERY && local_steps % 10 == 0 {
-                        info!(step = tags[0], "Waiting for the other replicas' gradients.");
+                    if last_progress.elapsed() >= WAIT_LOG_EVERY && waiting.should_log() {
+                        info!(
+                            step = tags[0],
+                            waited_secs = last_progress.elapsed().as_secs(),
+                            replicas_to_aggregate = cfg.replicas_to_aggregate(),
+                            "Waiting for the other replicas' gradients."
+                        );
                     }
                     progress = self.pull(&mut params, Some(&want)).await?;
                 }

@@ -6,4 +6,5 @@ mod faults;
 mod local;
 mod package;
 mod requests;
+mod sync;
 mod util;

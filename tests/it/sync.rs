@@ -1,0 +1,90 @@
+//! Synchronous training (SyncReplicasOptimizer semantics) without its hangs.
+
+use crate::util::*;
+use dtf::config::Mode;
+use dtf::pb;
+use std::time::{Duration, Instant};
+
+const RUN: Duration = Duration::from_secs(180);
+
+async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
+    ps.state(pb::StateRequest {}).await.ok().map(|r| r.into_inner())
+}
+
+/// Waits until ps `i` reports an initialized step of at least `step`.
+async fn reach(c: &Cluster, i: usize, step: u64) -> pb::StateResponse {
+    let ps = c.client(i, Some(TOKEN)).await;
+    eventually(RUN, &format!("ps:{i} to reach step {step}"), || {
+        let mut ps = ps.clone();
+        async move { state(&mut ps).await.filter(|s| s.initialized && s.global_step >= step) }
+    })
+    .await
+}
+
+/// Waits for the run to complete, then for every process to exit 0 within a
+/// few seconds of it.
+async fn finish(c: &mut Cluster) -> Vec<pb::StateResponse> {
+    let mut states = Vec::new();
+    for i in 0..c.cfg.cluster.ps.len() {
+        let ps = c.client(i, Some(TOKEN)).await;
+        states.push(
+            eventually(RUN, "the run to complete", || {
+                let mut ps = ps.clone();
+                async move { state(&mut ps).await.filter(|s| s.complete) }
+            })
+            .await,
+        );
+    }
+    let done = Instant::now();
+    tokio::task::block_in_place(|| c.wait_all_success(Duration::from_secs(15)));
+    assert!(done.elapsed() < Duration::from_secs(15), "tasks took {:?} to exit after completion", done.elapsed());
+    states
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates() {
+    let mut c = Cluster::new(2, 3, 120, Mode::Sync);
+    c.start_all();
+    for s in finish(&mut c).await {
+        assert_eq!(s.global_step, 120, "ps:{}", s.task);
+        assert_eq!(s.updates_applied, 120, "ps:{}", s.task);
+        assert_eq!(s.gradients_aggregated, 3 * 120, "ps:{}: every update averages 3 gradients", s.task);
+    }
+    let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
+    assert_eq!(ev.global_step, 120);
+    assert!(ev.ema_accuracy > 0.9, "EMA accuracy {}", ev.ema_accuracy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
+    let mut c = Cluster::new(1, 3, 200, Mode::Sync);
+    c.cfg.train.replicas_to_aggregate = Some(2);
+    c.cfg.train.total_num_replicas = Some(3);
+    c.write_config();
+    c.start_all();
+    reach(&c, 0, 30).await;
+    c.kill("worker:2");
+    c.procs.retain(|(n, _)| n != "worker:2");
+    let s = finish(&mut c).await.remove(0);
+    assert_eq!(s.global_step, 200);
+    assert_eq!(s.gradients_aggregated, 2 * s.updates_applied, "every update averages exactly 2 gradients");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
+    let mut c = Cluster::new(1, 2, 300, Mode::Sync);
+    c.start_all();
+    reach(&c, 0, 60).await;
+    c.kill("worker:0");
+    // Without the chief the other worker cannot complete a step (no backups):
+    // it must wait, not fail, and say why in its log.
+    c.start("worker", 0);
+    reach(&c, 0, 120).await;
+    c.kill("ps:0");
+    c.start("ps", 0);
+    let s = finish(&mut c).await.remove(0);
+    assert_eq!(s.global_step, 300);
+    assert_eq!(s.gradients_aggregated, 2 * s.updates_applied);
+    let chief = c.log("worker:0");
+    assert!(chief.contains("Restored the model"), "the chief re-seeds the restarted ps:\n{chief}");
+}
