@@ -12,10 +12,16 @@ const LAST: u64 = 3000;
 
 /// The reference model and hyperparameters on Fashion-MNIST, checkpointing every second.
 fn reference_cluster() -> Cluster {
-    assert!(PathBuf::from(FASHION).is_dir(), "{FASHION} is missing: apt-get install dataset-fashion-mnist");
+    assert!(
+        PathBuf::from(FASHION).is_dir(),
+        "{FASHION} is missing: apt-get install dataset-fashion-mnist"
+    );
     let mut c = Cluster::new(1, 2, LAST, Mode::Async);
     let defaults = dtf::config::Config::default();
-    c.cfg.train = dtf::config::TrainConfig { last_step: LAST, ..defaults.train };
+    c.cfg.train = dtf::config::TrainConfig {
+        last_step: LAST,
+        ..defaults.train
+    };
     c.cfg.model = defaults.model;
     c.cfg.data.dir = FASHION.into();
     c.cfg.checkpoint.save_secs = 1;
@@ -30,8 +36,12 @@ async fn global_step(ps: &mut PsClient) -> Option<pb::StateResponse> {
 
 /// The step of the newest checkpoint on disk that verifies.
 fn newest_checkpoint(c: &Cluster) -> u64 {
-    let specs = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap().variables();
-    dtf::checkpoint::restore_latest(&c.cfg.checkpoint.dir, &specs).unwrap().map_or(0, |(_, ck)| ck.global_step)
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    dtf::checkpoint::restore_latest(&c.cfg.checkpoint.dir, &specs)
+        .unwrap()
+        .map_or(0, |(_, ck)| ck.global_step)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -40,7 +50,8 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
     let mut reference = reference_cluster();
     reference.start_all();
     tokio::task::block_in_place(|| reference.wait_all_success(Duration::from_secs(300)));
-    let expected = dtf::eval::evaluate(&reference.cfg.checkpoint.dir, &reference.cfg.data.dir).unwrap();
+    let expected =
+        dtf::eval::evaluate(&reference.cfg.checkpoint.dir, &reference.cfg.data.dir).unwrap();
 
     let mut c = reference_cluster();
     c.start_all();
@@ -54,7 +65,11 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
         let target = step + rng.random_range(40..200);
         let s = eventually(Duration::from_secs(120), "training to progress", || {
             let mut ps = ps.clone();
-            async move { global_step(&mut ps).await.filter(|s| s.global_step >= target) }
+            async move {
+                global_step(&mut ps)
+                    .await
+                    .filter(|s| s.global_step >= target)
+            }
         })
         .await;
         if s.global_step > LAST - 300 {
@@ -68,10 +83,14 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
         kills += 1;
         // Whatever was killed, training resumes no earlier than the newest
         // checkpoint written before the kill (a ps is re-seeded from it).
-        let resumed = eventually(Duration::from_secs(60), "the cluster to serve again", || {
-            let mut ps = ps.clone();
-            async move { global_step(&mut ps).await }
-        })
+        let resumed = eventually(
+            Duration::from_secs(60),
+            "the cluster to serve again",
+            || {
+                let mut ps = ps.clone();
+                async move { global_step(&mut ps).await }
+            },
+        )
         .await;
         assert!(
             resumed.global_step >= saved,
@@ -79,7 +98,10 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
             resumed.global_step
         );
         if victim == "ps:0" {
-            assert_ne!(resumed.incarnation, s.incarnation, "the restarted ps has a new incarnation");
+            assert_ne!(
+                resumed.incarnation, s.incarnation,
+                "the restarted ps has a new incarnation"
+            );
         }
         step = resumed.global_step;
         ps = c.client(0, Some(TOKEN)).await;
@@ -87,7 +109,11 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
     assert!(kills >= 10, "only {kills} kills before the end of the run");
     tokio::task::block_in_place(|| c.wait_all_success(Duration::from_secs(300)));
     let got = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
-    assert!((LAST..LAST + 2).contains(&got.global_step), "final step {}", got.global_step);
+    assert!(
+        (LAST..LAST + 2).contains(&got.global_step),
+        "final step {}",
+        got.global_step
+    );
     assert!(
         (got.ema_accuracy - expected.ema_accuracy).abs() <= 0.015,
         "EMA accuracy {} after {kills} kills vs {} uninterrupted",

@@ -11,7 +11,12 @@ fn dtf(args: &[&str]) -> std::process::Output {
 fn last_json(out: &std::process::Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line {line:?} is not JSON ({e}); stderr:\n{}", String::from_utf8_lossy(&out.stderr)))
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "last line {line:?} is not JSON ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 #[test]
@@ -20,35 +25,83 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     let c = Cluster::new(1, 2, 100, Mode::Async);
     let ckpt = c.dir.path().join("kept");
     let (config, ckpt_s) = (c.config_path.to_str().unwrap(), ckpt.to_str().unwrap());
-    let run = |steps: &str| dtf(&["local", "--config", config, "--ps", "1", "--workers", "2", "--steps", steps, "--checkpoint-dir", ckpt_s, "--json"]);
+    let run = |steps: &str| {
+        dtf(&[
+            "local",
+            "--config",
+            config,
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--steps",
+            steps,
+            "--checkpoint-dir",
+            ckpt_s,
+            "--json",
+        ])
+    };
 
     let out = run("100");
-    assert!(out.status.success(), "dtf local failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dtf local failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let first = last_json(&out);
-    for key in ["global_step", "test_accuracy", "ema_test_accuracy", "steps_per_sec"] {
+    for key in [
+        "global_step",
+        "test_accuracy",
+        "ema_test_accuracy",
+        "steps_per_sec",
+    ] {
         assert!(first.get(key).is_some(), "{key} missing from {first}");
     }
-    assert!((100..=101).contains(&first["global_step"].as_u64().unwrap()), "{first}");
+    assert!(
+        (100..=101).contains(&first["global_step"].as_u64().unwrap()),
+        "{first}"
+    );
 
     // A second run on the same directory continues where the first stopped.
     let out = run("200");
-    assert!(out.status.success(), "second dtf local failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "second dtf local failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let second = last_json(&out);
-    assert!((200..=201).contains(&second["global_step"].as_u64().unwrap()), "{second}");
+    assert!(
+        (200..=201).contains(&second["global_step"].as_u64().unwrap()),
+        "{second}"
+    );
     let run_dir = second["run_dir"].as_str().unwrap();
     let chief = std::fs::read_to_string(format!("{run_dir}/logs/worker-0.log")).unwrap();
-    assert!(chief.contains("Restored the model"), "the chief should restore; its log:\n{chief}");
+    assert!(
+        chief.contains("Restored the model"),
+        "the chief should restore; its log:\n{chief}"
+    );
 
     // dtf eval agrees with an independent safetensors + numpy implementation.
     let data = c.cfg.data.dir.to_str().unwrap();
     let out = dtf(&["eval", ckpt_s, "--data", data, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ours = last_json(&out);
     assert_eq!(ours["global_step"], second["global_step"]);
     let file = ours["checkpoint"].as_str().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/checkpoint_numpy.py");
-    let out = Command::new("python3").args([script, file, data]).output().unwrap();
-    assert!(out.status.success(), "numpy reader failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .args([script, file, data])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "numpy reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let theirs = last_json(&out);
     assert_eq!(theirs["global_step"], ours["global_step"]);
     for key in ["accuracy", "ema_accuracy"] {
@@ -60,8 +113,17 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     let out = dtf(&["inspect", ckpt_s]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in ["layer1/weights", "layer2/biases", "ExponentialMovingAverage", "global_step", "dtf-1"] {
-        assert!(text.contains(needle), "inspect output lacks {needle}:\n{text}");
+    for needle in [
+        "layer1/weights",
+        "layer2/biases",
+        "ExponentialMovingAverage",
+        "global_step",
+        "dtf-1",
+    ] {
+        assert!(
+            text.contains(needle),
+            "inspect output lacks {needle}:\n{text}"
+        );
     }
 }
 
@@ -70,8 +132,17 @@ fn local_run_with_a_failing_task_stops_and_names_it() {
     let mut c = Cluster::new(1, 2, 100, Mode::Async);
     c.cfg.data.dir = c.dir.path().join("no-such-data");
     c.write_config();
-    let out = dtf(&["local", "--config", c.config_path.to_str().unwrap(), "--steps", "50"]);
+    let out = dtf(&[
+        "local",
+        "--config",
+        c.config_path.to_str().unwrap(),
+        "--steps",
+        "50",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("worker:") && err.contains("no-such-data"), "stderr should name the task and the cause:\n{err}");
+    assert!(
+        err.contains("worker:") && err.contains("no-such-data"),
+        "stderr should name the task and the cause:\n{err}"
+    );
 }

@@ -14,7 +14,12 @@ async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) 
     c.start("ps", 0);
     let mut ps = c.client(0, Some(TOKEN)).await;
     let mlp = Mlp::new(&c.cfg.model.layers).unwrap();
-    let values: Vec<(String, ArrayD<f32>)> = mlp.variables().into_iter().map(|v| v.name).zip(mlp.init(1)).collect();
+    let values: Vec<(String, ArrayD<f32>)> = mlp
+        .variables()
+        .into_iter()
+        .map(|v| v.name)
+        .zip(mlp.init(1))
+        .collect();
     // Before initialization, reads are refused.
     let err = ps.pull(pb::PullRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -29,15 +34,33 @@ async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) 
 }
 
 fn grads(values: &[(String, ArrayD<f32>)]) -> Vec<pb::Tensor> {
-    values.iter().map(|(n, a)| rpc::encode(n, &ArrayD::from_elem(a.shape(), 0.5f32))).collect()
+    values
+        .iter()
+        .map(|(n, a)| rpc::encode(n, &ArrayD::from_elem(a.shape(), 0.5f32)))
+        .collect()
 }
 
 fn push(gradients: Vec<pb::Tensor>) -> pb::PushRequest {
-    pb::PushRequest { gradients, learning_rate: 0.1, step: 7, worker: 0, pull: true, incarnation: 0, loss: 1.0 }
+    pb::PushRequest {
+        gradients,
+        learning_rate: 0.1,
+        step: 7,
+        worker: 0,
+        pull: true,
+        incarnation: 0,
+        loss: 1.0,
+    }
 }
 
 async fn snapshot(ps: &mut PsClient) -> (u64, Vec<pb::Tensor>) {
-    let r = ps.pull(pb::PullRequest { with_shadows: true, ..Default::default() }).await.unwrap().into_inner();
+    let r = ps
+        .pull(pb::PullRequest {
+            with_shadows: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     (r.global_step, [r.variables, r.shadows].concat())
 }
 
@@ -64,26 +87,89 @@ async fn malformed_pushes_are_rejected_and_change_nothing() {
     let mut twice = grads(&values);
     twice.push(twice[0].clone());
     let cases: Vec<(&str, pb::PushRequest, Code, &str)> = vec![
-        ("unknown variable", push(unknown), Code::NotFound, "layer9/weights"),
-        ("wrong shape", push(shape), Code::InvalidArgument, "layer1/biases"),
-        ("wrong dtype", push(dtype), Code::InvalidArgument, "DATA_TYPE_F32"),
+        (
+            "unknown variable",
+            push(unknown),
+            Code::NotFound,
+            "layer9/weights",
+        ),
+        (
+            "wrong shape",
+            push(shape),
+            Code::InvalidArgument,
+            "layer1/biases",
+        ),
+        (
+            "wrong dtype",
+            push(dtype),
+            Code::InvalidArgument,
+            "DATA_TYPE_F32",
+        ),
         ("wrong length", push(short), Code::InvalidArgument, "bytes"),
-        ("non-finite gradient", push(nan), Code::InvalidArgument, "non-finite"),
-        ("missing variable", push(missing), Code::InvalidArgument, "layer2/biases"),
-        ("variable twice", push(twice), Code::InvalidArgument, "twice"),
-        ("negative learning rate", pb::PushRequest { learning_rate: -1.0, ..push(grads(&values)) }, Code::InvalidArgument, "learning rate"),
-        ("stale incarnation", pb::PushRequest { incarnation: 12345, ..push(grads(&values)) }, Code::FailedPrecondition, "restarted"),
+        (
+            "non-finite gradient",
+            push(nan),
+            Code::InvalidArgument,
+            "non-finite",
+        ),
+        (
+            "missing variable",
+            push(missing),
+            Code::InvalidArgument,
+            "layer2/biases",
+        ),
+        (
+            "variable twice",
+            push(twice),
+            Code::InvalidArgument,
+            "twice",
+        ),
+        (
+            "negative learning rate",
+            pb::PushRequest {
+                learning_rate: -1.0,
+                ..push(grads(&values))
+            },
+            Code::InvalidArgument,
+            "learning rate",
+        ),
+        (
+            "stale incarnation",
+            pb::PushRequest {
+                incarnation: 12345,
+                ..push(grads(&values))
+            },
+            Code::FailedPrecondition,
+            "restarted",
+        ),
     ];
     for (what, req, code, needle) in cases {
         let err = ps.push(req).await.expect_err(what);
         assert_eq!(err.code(), code, "{what}: {err:?}");
-        assert!(err.message().contains(needle), "{what}: {:?} should mention {needle:?}", err.message());
-        assert!(snapshot(&mut ps).await == before, "{what} changed the shard");
+        assert!(
+            err.message().contains(needle),
+            "{what}: {:?} should mention {needle:?}",
+            err.message()
+        );
+        assert!(
+            snapshot(&mut ps).await == before,
+            "{what} changed the shard"
+        );
     }
     // A bad Initialize of a live shard changes nothing either, even forced.
-    let mut bad = values.iter().map(|(n, a)| rpc::encode(n, a)).collect::<Vec<_>>();
+    let mut bad = values
+        .iter()
+        .map(|(n, a)| rpc::encode(n, a))
+        .collect::<Vec<_>>();
     bad[0].shape = vec![1, 1];
-    let err = ps.initialize(pb::InitializeRequest { variables: bad, force: true, ..Default::default() }).await.unwrap_err();
+    let err = ps
+        .initialize(pb::InitializeRequest {
+            variables: bad,
+            force: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(snapshot(&mut ps).await == before);
 
@@ -95,23 +181,66 @@ async fn malformed_pushes_are_rejected_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sync_rejects_duplicate_and_future_pushes_and_drops_stale_ones() {
     let (_c, mut ps, values) = live_ps(Mode::Sync).await;
-    let first = ps.push(pb::PushRequest { pull: false, ..push(grads(&values)) }).await.unwrap().into_inner();
+    let first = ps
+        .push(pb::PushRequest {
+            pull: false,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(first.global_step, 7, "one of two replicas: no update yet");
     let before = snapshot(&mut ps).await;
-    let dup = ps.push(pb::PushRequest { pull: false, ..push(grads(&values)) }).await.unwrap_err();
+    let dup = ps
+        .push(pb::PushRequest {
+            pull: false,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap_err();
     assert_eq!(dup.code(), Code::AlreadyExists, "{dup:?}");
-    let future = ps.push(pb::PushRequest { step: 9, worker: 1, ..push(grads(&values)) }).await.unwrap_err();
+    let future = ps
+        .push(pb::PushRequest {
+            step: 9,
+            worker: 1,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap_err();
     assert_eq!(future.code(), Code::FailedPrecondition, "{future:?}");
-    let stranger = ps.push(pb::PushRequest { worker: 5, ..push(grads(&values)) }).await.unwrap_err();
+    let stranger = ps
+        .push(pb::PushRequest {
+            worker: 5,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap_err();
     assert_eq!(stranger.code(), Code::InvalidArgument, "{stranger:?}");
     assert!(snapshot(&mut ps).await == before);
     // The second replica completes the step.
-    let done = ps.push(pb::PushRequest { worker: 1, ..push(grads(&values)) }).await.unwrap().into_inner();
+    let done = ps
+        .push(pb::PushRequest {
+            worker: 1,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(done.global_step, 8);
     // A gradient computed at step 7 is now stale: dropped and counted.
-    let stale = ps.push(pb::PushRequest { worker: 0, ..push(grads(&values)) }).await.unwrap().into_inner();
+    let stale = ps
+        .push(pb::PushRequest {
+            worker: 0,
+            ..push(grads(&values))
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(stale.stale);
     assert_eq!(stale.global_step, 8);
     let s = ps.state(pb::StateRequest {}).await.unwrap().into_inner();
-    assert_eq!((s.updates_applied, s.gradients_aggregated, s.stale_gradients), (1, 2, 1));
+    assert_eq!(
+        (s.updates_applied, s.gradients_aggregated, s.stale_gradients),
+        (1, 2, 1)
+    );
 }

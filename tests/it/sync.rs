@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 const RUN: Duration = Duration::from_secs(180);
 
 async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
-    ps.state(pb::StateRequest {}).await.ok().map(|r| r.into_inner())
+    ps.state(pb::StateRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
 }
 
 /// Waits until ps `i` reports an initialized step of at least `step`.
@@ -16,7 +19,11 @@ async fn reach(c: &Cluster, i: usize, step: u64) -> pb::StateResponse {
     let ps = c.client(i, Some(TOKEN)).await;
     eventually(RUN, &format!("ps:{i} to reach step {step}"), || {
         let mut ps = ps.clone();
-        async move { state(&mut ps).await.filter(|s| s.initialized && s.global_step >= step) }
+        async move {
+            state(&mut ps)
+                .await
+                .filter(|s| s.initialized && s.global_step >= step)
+        }
     })
     .await
 }
@@ -37,7 +44,11 @@ async fn finish(c: &mut Cluster) -> Vec<pb::StateResponse> {
     }
     let done = Instant::now();
     tokio::task::block_in_place(|| c.wait_all_success(Duration::from_secs(15)));
-    assert!(done.elapsed() < Duration::from_secs(15), "tasks took {:?} to exit after completion", done.elapsed());
+    assert!(
+        done.elapsed() < Duration::from_secs(15),
+        "tasks took {:?} to exit after completion",
+        done.elapsed()
+    );
     states
 }
 
@@ -48,7 +59,12 @@ async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates() {
     for s in finish(&mut c).await {
         assert_eq!(s.global_step, 120, "ps:{}", s.task);
         assert_eq!(s.updates_applied, 120, "ps:{}", s.task);
-        assert_eq!(s.gradients_aggregated, 3 * 120, "ps:{}: every update averages 3 gradients", s.task);
+        assert_eq!(
+            s.gradients_aggregated,
+            3 * 120,
+            "ps:{}: every update averages 3 gradients",
+            s.task
+        );
     }
     let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
     assert_eq!(ev.global_step, 120);
@@ -67,7 +83,11 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
     c.procs.retain(|(n, _)| n != "worker:2");
     let s = finish(&mut c).await.remove(0);
     assert_eq!(s.global_step, 200);
-    assert_eq!(s.gradients_aggregated, 2 * s.updates_applied, "every update averages exactly 2 gradients");
+    assert_eq!(
+        s.gradients_aggregated,
+        2 * s.updates_applied,
+        "every update averages exactly 2 gradients"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -86,5 +106,8 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
     assert_eq!(s.global_step, 300);
     assert_eq!(s.gradients_aggregated, 2 * s.updates_applied);
     let chief = c.log("worker:0");
-    assert!(chief.contains("Restored the model"), "the chief re-seeds the restarted ps:\n{chief}");
+    assert!(
+        chief.contains("Restored the model"),
+        "the chief re-seeds the restarted ps:\n{chief}"
+    );
 }
