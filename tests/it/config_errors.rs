@@ -278,7 +278,7 @@ async fn tf_config_selects_the_task_and_the_cluster() {
     assert_config_error(
         "TF_CONFIG worker index past the list",
         &ran,
-        &["TF_CONFIG", "task.index"],
+        &["TF_CONFIG", "worker:2", "cluster.worker"],
     );
     // --task wins over TF_CONFIG's task.
     let ran = worker_check(
