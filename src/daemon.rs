@@ -8,6 +8,7 @@ use crate::worker::{self, Outcome, Reporter};
 use sd_notify::NotifyState;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +58,38 @@ pub fn notify(states: &[NotifyState]) {
     }
 }
 
+/// A task's conversation with systemd: remembers whether `READY=1` and
+/// `STOPPING=1` were sent, so that a reload before readiness does not claim
+/// readiness, `STOPPING=1` goes once, and a stop before readiness knows
+/// there is nothing to drain.
+#[derive(Debug, Default)]
+pub struct Notifier {
+    /// `READY=1` was sent: the task is doing its job.
+    ready: AtomicBool,
+    /// `STOPPING=1` was sent.
+    stopping: AtomicBool,
+}
+
+impl Notifier {
+    /// `READY=1`, with a `STATUS=` line in the same datagram.
+    pub fn ready(&self, status: &str) {
+        self.ready.store(true, Ordering::SeqCst);
+        notify(&[NotifyState::Ready, NotifyState::Status(status)]);
+    }
+
+    /// Whether `READY=1` was sent.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// `STOPPING=1`, once.
+    pub fn stopping(&self) {
+        if !self.stopping.swap(true, Ordering::SeqCst) {
+            notify(&[NotifyState::Stopping]);
+        }
+    }
+}
+
 /// The handle that changes the log level on reload.
 pub type LogHandle = reload::Handle<EnvFilter, tracing_subscriber::Registry>;
 
@@ -94,7 +127,7 @@ pub fn load(path: &Path, task: Option<usize>, role: Role) -> Result<(Config, Tas
         (None, Some(t)) if t.role == role => t.index,
         (None, Some(t)) => {
             return Err(ConfigError::Invalid(format!(
-                "TF_CONFIG names a {:?} task, but this is the {role:?} daemon",
+                "TF_CONFIG names a {} task, but this is the dtf-{role} daemon (pass --task N)",
                 t.role
             )));
         }
@@ -109,17 +142,20 @@ pub fn load(path: &Path, task: Option<usize>, role: Role) -> Result<(Config, Tas
     Ok((cfg, id))
 }
 
+/// The sources of [`Control`]: signal handlers and the config file watcher.
+struct Controls {
+    /// What the signals and the watcher ask for.
+    rx: mpsc::UnboundedReceiver<Control>,
+    /// Kept alive so the file keeps being watched; `None` if watching failed.
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
 /// Feeds [`Control`] from SIGTERM, SIGINT, SIGHUP and changes to `path`.
-/// The watcher is returned so it lives as long as the caller wants it.
-fn control_sources(
-    path: &Path,
-) -> Result<
-    (
-        mpsc::UnboundedReceiver<Control>,
-        Option<notify::RecommendedWatcher>,
-    ),
-    DaemonError,
-> {
+///
+/// Called before the task says `READY=1`: until the handlers are installed a
+/// SIGHUP would kill the process (its default action), and systemd may send
+/// one as soon as the unit is up.
+fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::unbounded_channel();
     let sig =
@@ -142,7 +178,10 @@ fn control_sources(
             }
         }
     });
-    Ok((rx, watch_file(path, tx)))
+    Ok(Controls {
+        rx,
+        _watcher: watch_file(path, tx),
+    })
 }
 
 /// Watches the config file's directory (editors replace files rather than
@@ -186,7 +225,8 @@ fn watch_file(
 
 /// Sends `WATCHDOG=1` at half the interval systemd asked for, while the runtime lives.
 fn start_watchdog() {
-    if let Some(period) = sd_notify::watchdog_enabled() {
+    // WATCHDOG_USEC=0 would make a zero-period interval, which panics.
+    if let Some(period) = sd_notify::watchdog_enabled().filter(|p| !p.is_zero()) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period / 2);
             loop {
@@ -199,7 +239,9 @@ fn start_watchdog() {
 
 /// Re-reads the file, validates it as a reload of the running config, and
 /// applies it. An invalid file changes nothing and sends no RELOADING.
-fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle) {
+/// Before the task is ready, the reload is applied silently: a `READY=1`
+/// after it would tell systemd the task is up when it is not.
+fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, notifier: &Notifier) {
     let old = current.borrow().clone();
     let new = match Config::load(path).and_then(|new| old.reload(new)) {
         Ok(new) => new,
@@ -208,11 +250,14 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle) {
             return;
         }
     };
-    let mut states = vec![NotifyState::Reloading];
-    if let Ok(usec) = NotifyState::monotonic_usec_now() {
-        states.push(usec);
+    let announce = notifier.is_ready();
+    if announce {
+        let mut states = vec![NotifyState::Reloading];
+        if let Ok(usec) = NotifyState::monotonic_usec_now() {
+            states.push(usec);
+        }
+        notify(&states);
     }
-    notify(&states);
     if new.log.level != old.log.level
         && let Ok(f) = EnvFilter::try_new(&new.log.level)
     {
@@ -221,36 +266,53 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle) {
     let changed = old.changed_keys(&new);
     current.send_replace(Arc::new(new));
     info!(changed = ?changed, "Configuration reloaded.");
-    notify(&[NotifyState::Ready]);
+    if announce {
+        notify(&[NotifyState::Ready]);
+    }
 }
 
 /// Runs the control loop until `work` finishes: reloads on [`Control::Reload`],
 /// cancels `shutdown` on the first [`Control::Shutdown`], exits at once on the second.
+///
+/// Returns `None` when a stop came before the task was ready: it had not
+/// started its job, so there is nothing to drain, and `work` is dropped
+/// rather than waited for (a worker still waiting for its ps tasks would
+/// otherwise wait out the drain limit).
 async fn supervise<T>(
-    path: PathBuf,
+    controls: Controls,
+    path: &Path,
     config: watch::Sender<Arc<Config>>,
     log: LogHandle,
+    notifier: &Notifier,
     shutdown: CancellationToken,
     work: impl std::future::Future<Output = T>,
-) -> Result<T, DaemonError> {
-    let (mut control, _watcher) = control_sources(&path)?;
+) -> Option<T> {
+    let Controls {
+        rx: mut control,
+        _watcher,
+    } = controls;
     start_watchdog();
     tokio::pin!(work);
     let mut stopping = false;
+    let mut open = true;
     loop {
         tokio::select! {
-            out = &mut work => return Ok(out),
-            c = control.recv() => match c {
-                Some(Control::Reload) => reload(&path, &config, &log),
+            out = &mut work => return Some(out),
+            c = control.recv(), if open => match c {
+                Some(Control::Reload) => reload(path, &config, &log, notifier),
                 Some(Control::Shutdown) if stopping => {
                     warn!("Second stop signal: exiting now.");
                     std::process::exit(i32::from(EX_FAILURE));
                 }
                 Some(Control::Shutdown) => {
                     stopping = true;
-                    info!("Stopping gracefully (send the signal again to exit at once).");
-                    notify(&[NotifyState::Stopping]);
+                    notifier.stopping();
                     shutdown.cancel();
+                    if !notifier.is_ready() {
+                        info!("Stopped before the task was ready; nothing to drain.");
+                        return None;
+                    }
+                    info!("Stopping gracefully (send the signal again to exit at once).");
                     let deadline = tokio::time::sleep(DRAIN_LIMIT);
                     tokio::spawn(async move {
                         deadline.await;
@@ -258,10 +320,24 @@ async fn supervise<T>(
                         std::process::exit(i32::from(EX_FAILURE));
                     });
                 }
-                None => {}
+                // Every sender is gone (cannot happen while the signal task
+                // lives); stop polling rather than spin.
+                None => open = false,
             },
         }
     }
+}
+
+/// Tells systemd that the task started on a complete run: `READY=1` first
+/// (a `Type=notify` service that exits before it counts as a failed start),
+/// then `STOPPING=1`.
+fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
+    if !notifier.is_ready() {
+        notifier.ready(&format!(
+            "{task}: the run is complete (global step {step}); exiting"
+        ));
+    }
+    notifier.stopping();
 }
 
 /// `dtf-ps`: serves ps task `task` until the run is complete or it is stopped.
@@ -274,12 +350,15 @@ pub async fn run_ps(
     log: LogHandle,
 ) -> Result<(), DaemonError> {
     let token = cfg.read_token()?;
+    let notifier = Notifier::default();
+    let controls = control_sources(&path)?;
     let addr = cfg.address(task).unwrap_or_default().to_string();
     if let Some(step) = worker::completed_run(&cfg) {
         info!(
             global_step = step,
             "The run is already complete (final checkpoint present); exiting."
         );
+        announce_complete(&notifier, task, step);
         return Ok(());
     }
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
@@ -290,21 +369,23 @@ pub async fn run_ps(
     })?;
     let shutdown = CancellationToken::new();
     let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
-    notify(&[
-        NotifyState::Ready,
-        NotifyState::Status(&format!("ps:{} serving on {addr}", task.index)),
-    ]);
+    notifier.ready(&format!("ps:{} serving on {addr}", task.index));
     info!(task = task.index, %addr, "Parameter server ready.");
     let served = supervise(
-        path,
+        controls,
+        &path,
         tx,
         log,
+        &notifier,
         shutdown.clone(),
         crate::ps::serve(&cfg, task.index, &token, listener, shutdown.clone()),
     )
-    .await?;
-    notify(&[NotifyState::Stopping]);
-    served.map_err(|e| DaemonError::Runtime(e.to_string()))
+    .await;
+    notifier.stopping();
+    match served {
+        Some(result) => result.map_err(|e| DaemonError::Runtime(e.to_string())),
+        None => Ok(()),
+    }
 }
 
 /// `dtf-worker`: trains as worker `task` until `last_step` or stopped.
@@ -317,20 +398,32 @@ pub async fn run_worker(
     log: LogHandle,
 ) -> Result<Outcome, DaemonError> {
     let token = cfg.read_token()?;
+    let notifier = Notifier::default();
+    let controls = control_sources(&path)?;
+    // Any worker that can see the final checkpoint (the chief; others on
+    // its host) knows the run is over without asking ps tasks that have
+    // exited since.
+    if let Some(step) = worker::completed_run(&cfg) {
+        info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
+        announce_complete(&notifier, task, step);
+        return Ok(Outcome::AlreadyComplete { global_step: step });
+    }
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
-    let work = worker::run(rx, task.index, &token, shutdown.clone(), &Systemd);
-    let out = supervise(path, tx, log, shutdown, work).await?;
-    notify(&[NotifyState::Stopping]);
+    let work = worker::run(rx, task.index, &token, shutdown.clone(), &notifier);
+    let out = supervise(controls, &path, tx, log, &notifier, shutdown, work).await;
+    let out = out.unwrap_or(Ok(Outcome::Stopped { global_step: 0 }));
+    if let Ok(Outcome::AlreadyComplete { global_step }) = out {
+        announce_complete(&notifier, task, global_step);
+    }
+    notifier.stopping();
     out.map_err(|e| DaemonError::Runtime(e.to_string()))
 }
 
-/// Reports a worker's progress to systemd.
-struct Systemd;
-
-impl Reporter for Systemd {
+/// A worker's progress, reported to systemd.
+impl Reporter for Notifier {
     fn ready(&self) {
-        notify(&[NotifyState::Ready]);
+        Notifier::ready(self, "connected; training");
     }
     fn status(&self, line: &str) {
         notify(&[NotifyState::Status(line)]);
@@ -371,7 +464,16 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         }
     };
     if let Some(DaemonCommand::CheckConfig) = args.command {
-        println!("{}: valid for {task}", args.config.display());
+        // The effective values that most often come from elsewhere than the
+        // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
+        println!(
+            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {:?}, train.last_step = {})",
+            args.config.display(),
+            cfg.cluster.ps.len(),
+            cfg.cluster.worker.len(),
+            cfg.train.mode,
+            cfg.train.last_step
+        );
         return std::process::ExitCode::SUCCESS;
     }
     let log = init_logging(&cfg.log.level);

@@ -1,6 +1,9 @@
 //! dtf's integration tests: real processes on 127.0.0.1, one test binary.
 
+mod auth;
 mod cluster;
+mod config_errors;
+mod daemon;
 mod docs;
 mod faults;
 mod local;

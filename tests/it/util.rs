@@ -278,3 +278,248 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+// ---- Added for the daemon, config-error and auth tests. ----
+
+/// Environment variables a test binary must not inherit from the test runner.
+const INHERITED_CONTROL_VARS: &[&str] = &[
+    "NOTIFY_SOCKET",
+    "TF_CONFIG",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "DTF_CONFIG",
+];
+
+impl Cluster {
+    /// As [`Cluster::start`], with extra environment variables (e.g.
+    /// `NOTIFY_SOCKET`, `WATCHDOG_USEC`, `DTF_TRAIN__LAST_STEP`).
+    pub fn start_with_env(
+        &mut self,
+        role: &str,
+        index: usize,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> &mut Child {
+        let name = format!("{role}:{index}");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(&name))
+            .unwrap();
+        let mut cmd = Command::new(bin(&format!("dtf-{role}")));
+        cmd.arg("--config")
+            .arg(&self.config_path)
+            .arg("--task")
+            .arg(index.to_string());
+        for var in INHERITED_CONTROL_VARS {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.retain(|(n, _)| n != &name);
+        self.procs.push((name, child));
+        &mut self.procs.last_mut().unwrap().1
+    }
+
+    /// Waits until `name`'s log contains `needle` at least `count` times
+    /// (failing the test with the log past `deadline`).
+    pub fn wait_log(&self, name: &str, needle: &str, count: usize, deadline: Duration) -> String {
+        let end = Instant::now() + deadline;
+        loop {
+            let log = self.log(name);
+            if log.matches(needle).count() >= count {
+                return log;
+            }
+            assert!(
+                Instant::now() < end,
+                "{name}'s log has not said {needle:?} {count} time(s) after {deadline:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Writes the config like an editor does: a temp file, then a rename over the old one.
+    pub fn write_config_by_rename(&mut self) {
+        let tmp = self.config_path.with_extension("toml.new");
+        std::fs::write(&tmp, self.cfg.to_toml()).unwrap();
+        std::fs::rename(&tmp, &self.config_path).unwrap();
+    }
+}
+
+/// A stand-in for systemd's notification socket: a unix datagram socket in
+/// the test's directory, passed to a daemon as `NOTIFY_SOCKET`.
+pub struct NotifySocket {
+    /// The bound socket.
+    sock: std::os::unix::net::UnixDatagram,
+    /// Its path, the value of `NOTIFY_SOCKET`.
+    pub path: PathBuf,
+}
+
+impl NotifySocket {
+    pub fn bind(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        Self { sock, path }
+    }
+
+    /// The next datagram, or None if none arrives within `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<String> {
+        self.sock
+            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        match self.sock.recv(&mut buf) {
+            Ok(n) => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(e) => panic!("notify socket: {e}"),
+        }
+    }
+
+    /// The next datagram that is not a watchdog ping, failing the test past `deadline`.
+    pub fn next(&self, deadline: Duration, what: &str) -> String {
+        let end = Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.recv(left) {
+                Some(m) if m.lines().all(|l| l == "WATCHDOG=1") => continue,
+                Some(m) => return m,
+                None => panic!("no notification after {deadline:?} waiting for {what}"),
+            }
+        }
+    }
+
+    /// Every datagram already queued (none are waited for).
+    pub fn drain(&self) -> Vec<String> {
+        self.sock.set_nonblocking(true).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = self.sock.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        self.sock.set_nonblocking(false).unwrap();
+        out
+    }
+}
+
+/// The lines of a notification, as `KEY=value` strings.
+pub fn lines(msg: &str) -> Vec<&str> {
+    msg.lines().collect()
+}
+
+/// What a finished command printed, and how it exited.
+pub struct Ran {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs one of the binaries to completion with `args` and `env` (control
+/// variables not inherited), failing the test if it takes longer than `deadline`.
+pub fn run(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)], deadline: Duration) -> Ran {
+    use std::io::Read;
+    let mut cmd = Command::new(bin(name));
+    cmd.args(args);
+    for var in INHERITED_CONTROL_VARS {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name} {args:?} still running after {deadline:?}; stderr:\n{}",
+                err.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ran {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// Writes a final-looking checkpoint at `step` for `cfg`'s model into its checkpoint dir.
+pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
+    let mlp = dtf::model::Mlp::new(&cfg.model.layers).unwrap();
+    let names: Vec<String> = mlp.variables().iter().map(|v| v.name.clone()).collect();
+    let values = mlp.init(cfg.train.seed);
+    let ckpt = dtf::checkpoint::Checkpoint {
+        global_step: step,
+        variables: names.iter().cloned().zip(values.iter().cloned()).collect(),
+        shadows: names.into_iter().zip(values).collect(),
+    };
+    dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)
+        .unwrap()
+        .save(&ckpt)
+        .unwrap()
+}
+
+/// Steps of the `model.ckpt-<step>.safetensors` files in `dir`.
+pub fn checkpoint_steps(dir: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("model.ckpt-")?
+                    .strip_suffix(".safetensors")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    steps.sort();
+    steps
+}
+
+/// CLOCK_MONOTONIC now, in µs (what `MONOTONIC_USEC=` is measured in).
+pub fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+}

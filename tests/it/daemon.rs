@@ -1,0 +1,375 @@
+//! The daemons as systemd sees them: sd_notify readiness, status, watchdog,
+//! reload (SIGHUP and file edits, valid and not), and stopping.
+
+use crate::util::*;
+use dtf::config::Mode;
+use dtf::pb;
+use std::ffi::OsStr;
+use std::time::Duration;
+
+const SOON: Duration = Duration::from_secs(10);
+
+fn has(msg: &str, line: &str) -> bool {
+    msg.lines().any(|l| l == line)
+}
+
+fn has_prefix(msg: &str, prefix: &str) -> bool {
+    msg.lines().any(|l| l.starts_with(prefix))
+}
+
+/// Asserts `msg` is `RELOADING=1` with a current `MONOTONIC_USEC=`, and the
+/// next notification is `READY=1`.
+fn expect_reload(n: &NotifySocket, before_usec: u64, what: &str) {
+    let msg = n.next(SOON, what);
+    assert!(
+        has(&msg, "RELOADING=1"),
+        "{what}: expected RELOADING=1, got {msg:?}"
+    );
+    let usec: u64 = msg
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .unwrap_or_else(|| panic!("{what}: RELOADING=1 without MONOTONIC_USEC=: {msg:?}"))
+        .parse()
+        .unwrap();
+    assert!(
+        (before_usec..=monotonic_usec()).contains(&usec),
+        "{what}: MONOTONIC_USEC={usec} is not between the change and now"
+    );
+    let msg = n.next(SOON, what);
+    assert!(
+        has(&msg, "READY=1"),
+        "{what}: expected READY=1 after RELOADING=1, got {msg:?}"
+    );
+}
+
+/// The ps still answers, with the token.
+async fn ps_answers(c: &Cluster) {
+    let s = c
+        .client(0, Some(TOKEN))
+        .await
+        .state(pb::StateRequest {})
+        .await;
+    assert!(s.is_ok(), "ps does not answer State: {s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ps_notifies_ready_reloading_and_stopping() {
+    let mut c = Cluster::new(1, 1, 1000, Mode::Async);
+    let n = NotifySocket::bind(c.dir.path());
+    c.start_with_env("ps", 0, &[("NOTIFY_SOCKET", n.path.as_os_str())]);
+
+    // Start: READY=1, with a STATUS= line in it or right after.
+    let msg = n.next(SOON, "READY=1 at start");
+    assert!(
+        has(&msg, "READY=1"),
+        "the first notification is not READY=1: {msg:?}"
+    );
+    if !has_prefix(&msg, "STATUS=") {
+        let status = n.next(SOON, "STATUS= after READY=1");
+        assert!(
+            has_prefix(&status, "STATUS="),
+            "no STATUS= after READY=1: {status:?}"
+        );
+    }
+    ps_answers(&c).await;
+
+    // SIGHUP: RELOADING=1 + MONOTONIC_USEC=, then READY=1.
+    let t = monotonic_usec();
+    c.signal("ps:0", libc::SIGHUP);
+    expect_reload(&n, t, "SIGHUP");
+    c.wait_log("ps:0", "Configuration reloaded.", 1, SOON);
+
+    // An editor's save (temp file + rename) of a reloadable key.
+    let t = monotonic_usec();
+    c.cfg.train.last_step = 2000;
+    c.write_config_by_rename();
+    expect_reload(&n, t, "config replaced by rename");
+    let log = c.wait_log("ps:0", "Configuration reloaded.", 2, SOON);
+    assert!(
+        log.contains("train.last_step"),
+        "the reload names the changed key:\n{log}"
+    );
+
+    // An in-place write.
+    let t = monotonic_usec();
+    c.cfg.log.level = "debug".into();
+    c.write_config();
+    expect_reload(&n, t, "config written in place");
+    c.wait_log("ps:0", "Configuration reloaded.", 3, SOON);
+
+    // Invalid edits: logged, no RELOADING=1, the ps keeps serving. The
+    // datagram would be sent before the error is logged, so once the log
+    // says so, an empty socket proves none was sent.
+    std::fs::write(&c.config_path, "[train\nlast_step = 5\n").unwrap();
+    let log = c.wait_log("ps:0", "Reload rejected", 1, SOON);
+    assert!(
+        log.contains(&c.config_path.display().to_string()),
+        "the error names the file:\n{log}"
+    );
+    assert_eq!(
+        n.drain(),
+        Vec::<String>::new(),
+        "an invalid file must not send RELOADING=1"
+    );
+    ps_answers(&c).await;
+
+    let mut moved = c.cfg.clone();
+    moved.cluster.ps = free_addrs(1);
+    std::fs::write(&c.config_path, moved.to_toml()).unwrap();
+    let log = c.wait_log("ps:0", "Reload rejected", 2, SOON);
+    assert!(
+        log.contains("cluster.ps cannot change while running"),
+        "the error names the key:\n{log}"
+    );
+    assert_eq!(
+        n.drain(),
+        Vec::<String>::new(),
+        "a non-reloadable change must not send RELOADING=1"
+    );
+    c.signal("ps:0", libc::SIGHUP);
+    c.wait_log("ps:0", "Reload rejected", 3, SOON);
+    assert_eq!(
+        n.drain(),
+        Vec::<String>::new(),
+        "SIGHUP on a rejected file must not send RELOADING=1"
+    );
+    ps_answers(&c).await;
+
+    // SIGTERM: STOPPING=1 (once), exit 0.
+    c.signal("ps:0", libc::SIGTERM);
+    let msg = n.next(SOON, "STOPPING=1");
+    assert!(has(&msg, "STOPPING=1"), "expected STOPPING=1, got {msg:?}");
+    let status = tokio::task::block_in_place(|| c.wait("ps:0", SOON));
+    assert!(
+        status.success(),
+        "ps exited with {status}; log:\n{}",
+        c.log("ps:0")
+    );
+    let rest: Vec<String> = n
+        .drain()
+        .into_iter()
+        .filter(|m| m.trim() != "WATCHDOG=1")
+        .collect();
+    assert_eq!(rest, Vec::<String>::new(), "nothing after STOPPING=1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_is_ready_only_when_training_and_reports_steps() {
+    let mut c = Cluster::new(1, 1, 200, Mode::Async);
+    let n = NotifySocket::bind(c.dir.path());
+    c.start_with_env("worker", 0, &[("NOTIFY_SOCKET", n.path.as_os_str())]);
+
+    // No ps yet: the worker waits, and is not ready — not even after a reload.
+    c.wait_log("worker:0", "Waiting for the ps tasks", 1, SOON);
+    c.signal("worker:0", libc::SIGHUP);
+    c.wait_log("worker:0", "Configuration reloaded.", 1, SOON);
+    let early = n.drain();
+    assert!(
+        !early.iter().any(|m| has(m, "READY=1")),
+        "READY=1 before the worker trains: {early:?}"
+    );
+
+    c.start("ps", 0);
+    let msg = n.next(Duration::from_secs(30), "READY=1 once training");
+    assert!(has(&msg, "READY=1"), "expected READY=1, got {msg:?}");
+    let log = c.log("worker:0");
+    assert!(
+        log.contains("Initialized the model"),
+        "READY=1 before the chief initialized the model:\n{log}"
+    );
+
+    // STATUS= lines with the step, then the end of the run.
+    let mut statuses = Vec::new();
+    let stopping = loop {
+        let msg = n.next(Duration::from_secs(60), "STATUS= lines, then STOPPING=1");
+        if has(&msg, "STOPPING=1") {
+            break msg;
+        }
+        assert!(
+            !has(&msg, "READY=1"),
+            "a second READY=1 without a reload: {msg:?}"
+        );
+        statuses.extend(
+            msg.lines()
+                .filter_map(|l| l.strip_prefix("STATUS="))
+                .map(str::to_owned),
+        );
+    };
+    assert!(
+        statuses.iter().any(|s| s.contains("step")),
+        "no STATUS= with the step: {statuses:?} then {stopping:?}"
+    );
+    let status = tokio::task::block_in_place(|| c.wait("worker:0", Duration::from_secs(60)));
+    assert!(
+        status.success(),
+        "worker exited with {status}; log:\n{}",
+        c.log("worker:0")
+    );
+}
+
+#[test]
+fn watchdog_pings_at_half_the_interval() {
+    let mut c = Cluster::new(1, 1, 1000, Mode::Async);
+    let n = NotifySocket::bind(c.dir.path());
+    c.start_with_env(
+        "ps",
+        0,
+        &[
+            ("NOTIFY_SOCKET", n.path.as_os_str()),
+            ("WATCHDOG_USEC", OsStr::new("200000")),
+        ],
+    );
+    let start = std::time::Instant::now();
+    let mut pings = 0;
+    while pings < 5 {
+        let msg = n
+            .recv(Duration::from_secs(2))
+            .unwrap_or_else(|| panic!("no WATCHDOG=1 within 2 s after {pings} pings"));
+        pings += msg.lines().filter(|l| *l == "WATCHDOG=1").count();
+    }
+    // Five pings at 100 ms take about 0.4 s; well under the 1 s five 200 ms periods would.
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "5 pings took {:?}",
+        start.elapsed()
+    );
+
+    // A watchdog meant for another process (WATCHDOG_PID) is not ours.
+    let mut c = Cluster::new(1, 1, 1000, Mode::Async);
+    let n = NotifySocket::bind(c.dir.path());
+    c.start_with_env(
+        "ps",
+        0,
+        &[
+            ("NOTIFY_SOCKET", n.path.as_os_str()),
+            ("WATCHDOG_USEC", OsStr::new("200000")),
+            ("WATCHDOG_PID", OsStr::new("1")),
+        ],
+    );
+    assert!(has(&n.next(SOON, "READY=1"), "READY=1"));
+    std::thread::sleep(Duration::from_millis(600));
+    let msgs = n.drain();
+    assert!(
+        !msgs.iter().any(|m| has(m, "WATCHDOG=1")),
+        "pings for another pid's watchdog: {msgs:?}"
+    );
+}
+
+#[test]
+fn sigterm_mid_run_finishes_the_step_and_the_chief_checkpoints() {
+    let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
+    // Only the start and the stop write checkpoints.
+    c.cfg.checkpoint.save_secs = 3600;
+    c.write_config();
+    c.start_all();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut ps = rt.block_on(c.client(0, Some(TOKEN)));
+    rt.block_on(eventually(
+        Duration::from_secs(60),
+        "50 global steps",
+        || {
+            let mut ps = ps.clone();
+            async move {
+                (ps.state(pb::StateRequest {})
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .global_step
+                    >= 50)
+                    .then_some(())
+            }
+        },
+    ));
+    let before = checkpoint_steps(&c.cfg.checkpoint.dir);
+    assert_eq!(before, vec![0], "only the initial checkpoint so far");
+
+    c.signal("worker:1", libc::SIGTERM);
+    let s = c.wait("worker:1", SOON);
+    assert!(
+        s.success(),
+        "worker:1 exited with {s}; log:\n{}",
+        c.log("worker:1")
+    );
+    assert!(
+        c.log("worker:1").contains("Stopped"),
+        "worker:1 says it stopped:\n{}",
+        c.log("worker:1")
+    );
+
+    c.signal("worker:0", libc::SIGTERM);
+    let s = c.wait("worker:0", SOON);
+    assert!(
+        s.success(),
+        "the chief exited with {s}; log:\n{}",
+        c.log("worker:0")
+    );
+    let step = rt
+        .block_on(ps.state(pb::StateRequest {}))
+        .unwrap()
+        .into_inner()
+        .global_step;
+    let after = checkpoint_steps(&c.cfg.checkpoint.dir);
+    let newest = *after.last().unwrap();
+    assert!(
+        newest >= 50 && newest <= step,
+        "the chief's final checkpoint is at step {newest} (ps at {step}): {after:?}"
+    );
+    // The ps is not complete: the run was stopped, not finished.
+    assert!(
+        !rt.block_on(ps.state(pb::StateRequest {}))
+            .unwrap()
+            .into_inner()
+            .complete
+    );
+
+    c.signal("ps:0", libc::SIGTERM);
+    let s = c.wait("ps:0", SOON);
+    assert!(s.success(), "ps exited with {s}; log:\n{}", c.log("ps:0"));
+}
+
+#[test]
+fn sigterm_stops_a_worker_waiting_for_absent_ps_promptly() {
+    for index in [0, 1] {
+        let mut c = Cluster::new(1, 2, 1000, Mode::Async);
+        let name = format!("worker:{index}");
+        c.start("worker", index);
+        c.wait_log(&name, "Waiting for the ps tasks", 1, SOON);
+        c.signal(&name, libc::SIGTERM);
+        let s = c.wait(&name, Duration::from_secs(3));
+        assert!(
+            s.success(),
+            "{name} exited with {s}; log:\n{}",
+            c.log(&name)
+        );
+    }
+}
+
+#[test]
+fn a_second_sigterm_exits_a_stuck_stop_at_once() {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.start_all();
+    c.wait_log("worker:0", "Training.", 1, Duration::from_secs(30));
+    // With its ps gone the chief cannot finish its step or write its final
+    // checkpoint: the graceful stop waits for the ps to come back.
+    c.kill("ps:0");
+    c.signal("worker:0", libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        c.child("worker:0").try_wait().unwrap().is_none(),
+        "the chief gave up its final checkpoint at once; log:\n{}",
+        c.log("worker:0")
+    );
+    let t = std::time::Instant::now();
+    c.signal("worker:0", libc::SIGTERM);
+    let s = c.wait("worker:0", Duration::from_secs(2));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(
+        !s.success(),
+        "a forced exit loses the final checkpoint and must not claim success: {s}"
+    );
+    assert!(
+        c.log("worker:0").contains("Second stop signal"),
+        "{}",
+        c.log("worker:0")
+    );
+}
