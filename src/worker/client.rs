@@ -13,6 +13,9 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+/// Deadline of every call to a ps.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 type Client = ParameterServerClient<InterceptedService<Channel, AddToken>>;
 
 /// A failed call to one ps task.
@@ -92,6 +95,9 @@ impl Cluster {
                 let ep = Endpoint::from_shared(format!("http://{addr}"))
                     .map_err(|e| format!("cluster.ps address {addr:?}: {e}"))?
                     .connect_timeout(Duration::from_secs(2))
+                    // A hung ps must not hang its workers: every call has a
+                    // deadline (far above the ps's own bounded waits).
+                    .timeout(CALL_TIMEOUT)
                     .tcp_nodelay(true)
                     .http2_adaptive_window(true);
                 Ok(
