@@ -172,6 +172,7 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle) {
     let new = match Config::load(path).and_then(|new| old.reload(new)) {
         Ok(new) => new,
         Err(e) => {
+            crate::metrics::global().reloaded(false);
             error!(error = %e, "Reload rejected; the running configuration stays.");
             return;
         }
@@ -188,6 +189,7 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle) {
     }
     let changed = old.changed_keys(&new);
     current.send_replace(Arc::new(new));
+    crate::metrics::global().reloaded(true);
     info!(changed = ?changed, "Configuration reloaded.");
     notify(&[NotifyState::Ready]);
 }
@@ -247,6 +249,7 @@ pub async fn run_ps(path: PathBuf, cfg: Config, task: TaskId, log: LogHandle) ->
         .map_err(|e| DaemonError::Runtime(format!("ps:{} cannot listen on {addr} (cluster.ps[{}]): {e}", task.index, task.index)))?;
     let shutdown = CancellationToken::new();
     let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
+    let _metrics = crate::metrics::spawn(Role::Ps, task.index, tx.subscribe());
     notify(&[NotifyState::Ready, NotifyState::Status(&format!("ps:{} serving on {addr}", task.index))]);
     info!(task = task.index, %addr, "Parameter server ready.");
     let served = supervise(path, tx, log, shutdown.clone(), crate::ps::serve(&cfg, task.index, &token, listener, shutdown.clone())).await?;
@@ -261,6 +264,7 @@ pub async fn run_worker(path: PathBuf, cfg: Config, task: TaskId, log: LogHandle
     let token = cfg.read_token()?;
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
+    let _metrics = crate::metrics::spawn(Role::Worker, task.index, tx.subscribe());
     let work = worker::run(rx, task.index, &token, shutdown.clone(), &Systemd);
     let out = supervise(path, tx, log, shutdown, work).await?;
     notify(&[NotifyState::Stopping]);

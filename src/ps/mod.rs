@@ -262,6 +262,7 @@ pub fn message_limit(config: &Config) -> usize {
 /// Errors: [`PsError`] when the model is invalid or the server fails.
 pub async fn serve(config: &Config, task: usize, token: &str, listener: TcpListener, shutdown: CancellationToken) -> Result<(), PsError> {
     let service = PsService::new(config, task)?;
+    crate::metrics::observe_ps(service.clone());
     let limit = message_limit(config);
     let id = TaskId { role: Role::Ps, index: task };
     {

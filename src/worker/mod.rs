@@ -262,6 +262,7 @@ impl Worker {
         let mut y = Vec::with_capacity(batch);
         let mut params: Vec<ArrayD<f32>> = self.mlp.variables().iter().map(|s| ArrayD::zeros(s.shape.as_slice())).collect();
         let saver = if self.is_chief() { Some(CheckpointTimer::start(self.config.clone(), self.cluster.clone(), self.mlp.clone())) } else { None };
+        let mut summaries = self.is_chief().then(|| crate::summary::Summaries::open(&cfg.checkpoint.dir));
 
         let mut progress = self.pull(&mut params, None).await?;
         reporter.ready();
@@ -284,7 +285,9 @@ impl Worker {
             let (l, grads) = tokio::task::block_in_place(|| self.mlp.loss_and_grads(&params, x.view(), &y, cfg.train.regularization_rate));
             loss = l;
             let tags = progress.steps.clone();
+            let pushed_at = Instant::now();
             let pushed = self.cluster.push_pull(&grads, &mut params, lr, &tags, self.task as u32, loss).await;
+            crate::metrics::global().pushed(pushed_at.elapsed(), &grads, &params, pushed.is_ok());
             progress = match pushed {
                 Ok(p) => p,
                 Err(e) if e.is_unavailable() || e.needs_pull() => {
@@ -295,6 +298,10 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             };
             local_steps += 1;
+            crate::metrics::global().step(progress.global_step(), batch, loss, lr);
+            if let Some(s) = &mut summaries {
+                s.on_step(step, cfg.train.save_summaries_steps, loss, lr);
+            }
             if sync {
                 // Wait until every shard has moved past the step we pushed for.
                 while !progress.complete && progress.steps.iter().zip(&tags).any(|(now, tag)| now <= tag) {
@@ -328,7 +335,7 @@ impl Worker {
             saver.stop().await;
         }
         if self.is_chief() {
-            self.finish(&outcome, loss).await?;
+            self.finish(&outcome, loss, summaries.as_mut()).await?;
         }
         info!(worker = self.task, ?outcome, "Worker done.");
         Ok(outcome)
@@ -339,8 +346,12 @@ impl Worker {
     async fn pull(&mut self, params: &mut [ArrayD<f32>], min_steps: Option<&[u64]>) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
         loop {
+            let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
-                Ok(p) => return Ok(p),
+                Ok(p) => {
+                    crate::metrics::global().pulled(pulled_at.elapsed(), params);
+                    return Ok(p);
+                }
                 Err(e) if e.is_unavailable() => backoff.wait(&e.to_string()).await,
                 Err(e) if e.needs_pull() => {
                     if self.ensure_initialized().await? {
@@ -359,7 +370,7 @@ impl Worker {
 
     /// The chief's end of the run: final checkpoint, evaluation, and (at
     /// `last_step`) telling the ps tasks the run is complete.
-    async fn finish(&mut self, outcome: &Outcome, loss: f32) -> Result<(), WorkerError> {
+    async fn finish(&mut self, outcome: &Outcome, loss: f32, summaries: Option<&mut crate::summary::Summaries>) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let (step, values, shadows) = loop {
             match self.cluster.snapshot().await {
@@ -376,6 +387,9 @@ impl Worker {
             let acc = self.mlp.accuracy(&values, x.view(), &y);
             let ema = self.mlp.accuracy(&shadows, x.view(), &y);
             info!(global_step = step, loss, test_accuracy = acc, ema_test_accuracy = ema, "Final evaluation.");
+            if let Some(s) = summaries {
+                s.on_eval(step, acc, ema);
+            }
             self.cluster.complete(step).await?;
         }
         Ok(())
@@ -399,7 +413,10 @@ async fn save_checkpoint(cfg: &Config, mlp: &Mlp, step: u64, values: Vec<ArrayD<
     let started = Instant::now();
     let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt)).await;
     match result {
-        Ok(Ok(path)) => info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written."),
+        Ok(Ok(path)) => {
+            crate::metrics::global().checkpoint_written(started.elapsed());
+            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
+        }
         Ok(Err(e)) => tracing::error!(step, error = %e, "Checkpoint not written; training continues, the previous checkpoint stays."),
         Err(e) => tracing::error!(step, error = %e, "Checkpoint task failed."),
     }
