@@ -245,3 +245,66 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+impl Cluster {
+    /// Like [`Cluster::start`], with extra environment variables for this
+    /// process only (e.g. its own `DTF_METRICS__LISTEN`).
+    pub fn start_env(&mut self, role: &str, index: usize, env: &[(&str, &str)]) -> &mut Child {
+        let name = format!("{role}:{index}");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(&name)).unwrap();
+        let mut cmd = Command::new(bin(&format!("dtf-{role}")));
+        cmd.arg("--config")
+            .arg(&self.config_path)
+            .arg("--task")
+            .arg(index.to_string())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("TF_CONFIG")
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        self.procs.retain(|(n, _)| n != &name);
+        self.procs.push((name, child));
+        &mut self.procs.last_mut().unwrap().1
+    }
+
+    /// Runs `dtf ARGS --config <this cluster's config>` to completion.
+    pub fn dtf(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin("dtf")).args(args).arg("--config").arg(&self.config_path).env_remove("TF_CONFIG").output().unwrap()
+    }
+}
+
+/// The body of `GET http://addr/path` (HTTP/1.1, `Connection: close`), or
+/// None if nothing answers or the status is not 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // axum answers a small body with Content-Length; undo chunking if it did not.
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n")?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                return Some(out);
+            }
+            out.push_str(after.get(..n)?);
+            rest = after.get(n + 2..)?;
+        }
+    }
+    Some(body.to_string())
+}
