@@ -86,30 +86,40 @@ pub struct Metrics {
 /// The process's metrics.
 pub fn global() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(|| Metrics {
-        up: Family::default(),
-        global_step: Gauge::default(),
-        steps: Counter::default(),
-        examples: Counter::default(),
-        loss: FloatGauge::default(),
-        learning_rate: FloatGauge::default(),
-        // 0.5 ms .. ~16 s.
-        push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-        pull_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-        sent_bytes: Counter::default(),
-        received_bytes: Counter::default(),
-        stale_gradients: Counter::default(),
-        initialized: Gauge::default(),
-        checkpoint_at: Mutex::new(None),
-        checkpoint_age: FloatGauge::default(),
-        checkpoint_duration: FloatGauge::default(),
-        reloads: Family::default(),
-        refresh: tokio::sync::Mutex::new(()),
-    })
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    /// Fresh metrics; a process uses [`global`].
+    fn new() -> Self {
+        Self {
+            up: Family::default(),
+            global_step: Gauge::default(),
+            steps: Counter::default(),
+            examples: Counter::default(),
+            loss: FloatGauge::default(),
+            learning_rate: FloatGauge::default(),
+            // 0.5 ms .. ~16 s.
+            push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            pull_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            sent_bytes: Counter::default(),
+            received_bytes: Counter::default(),
+            stale_gradients: Counter::default(),
+            initialized: Gauge::default(),
+            checkpoint_at: Mutex::new(None),
+            checkpoint_age: FloatGauge::default(),
+            checkpoint_duration: FloatGauge::default(),
+            reloads: Family::default(),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
 }
 
 fn tensor_bytes(tensors: &[ArrayD<f32>]) -> u64 {
-    tensors.iter().map(|t| (t.len() * size_of::<f32>()) as u64).sum()
+    tensors
+        .iter()
+        .map(|t| (t.len() * size_of::<f32>()) as u64)
+        .sum()
 }
 
 impl Metrics {
@@ -148,24 +158,34 @@ impl Metrics {
     /// A reload was applied (`ok`) or rejected.
     pub fn reloaded(&self, ok: bool) {
         let result = if ok { "ok" } else { "rejected" };
-        self.reloads.get_or_create(&vec![("result".into(), result.into())]).inc();
+        self.reloads
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
     }
 
     /// Brings the scrape-time values up to date.
     async fn refresh(&self) {
         let _one = self.refresh.lock().await;
         if let Some(at) = *self.checkpoint_at.lock().unwrap_or_else(|e| e.into_inner()) {
-            self.checkpoint_age.set(at.elapsed().unwrap_or_default().as_secs_f64());
+            self.checkpoint_age
+                .set(at.elapsed().unwrap_or_default().as_secs_f64());
         }
         let Some(ps) = PS.get() else { return };
-        let Ok(s) = ps.state(tonic::Request::new(pb::StateRequest {})).await.map(|r| r.into_inner()) else { return };
+        let Ok(s) = ps
+            .state(tonic::Request::new(pb::StateRequest {}))
+            .await
+            .map(|r| r.into_inner())
+        else {
+            return;
+        };
         self.global_step.set(s.global_step as i64);
         self.initialized.set(i64::from(s.initialized));
         self.loss.set(f64::from(s.last_loss));
         // The ps counts since its start, as these counters do: add the difference.
         let applied = s.updates_applied.max(s.pushes_applied);
         self.steps.inc_by(applied.saturating_sub(self.steps.get()));
-        self.stale_gradients.inc_by(s.stale_gradients.saturating_sub(self.stale_gradients.get()));
+        self.stale_gradients
+            .inc_by(s.stale_gradients.saturating_sub(self.stale_gradients.get()));
     }
 
     /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
@@ -175,28 +195,93 @@ impl Metrics {
             Role::Ps => "ps",
             Role::Worker => "worker",
         };
-        self.up.get_or_create(&vec![("role".into(), role_name.into()), ("task".into(), task.to_string())]).set(1);
+        self.up
+            .get_or_create(&vec![
+                ("role".into(), role_name.into()),
+                ("task".into(), task.to_string()),
+            ])
+            .set(1);
         r.register("dtf_up", "1 while the task's process runs", self.up.clone());
-        r.register("dtf_global_step", "The global step (on a ps: its shard's step)", self.global_step.clone());
-        r.register("dtf_loss", "Training loss of the latest batch", self.loss.clone());
-        r.register("dtf_reloads", "Configuration reloads, applied or rejected", self.reloads.clone());
+        r.register(
+            "dtf_global_step",
+            "The global step (on a ps: its shard's step)",
+            self.global_step.clone(),
+        );
+        r.register(
+            "dtf_loss",
+            "Training loss of the latest batch",
+            self.loss.clone(),
+        );
+        r.register(
+            "dtf_reloads",
+            "Configuration reloads, applied or rejected",
+            self.reloads.clone(),
+        );
         match role {
             Role::Ps => {
-                r.register("dtf_initialized", "1 once this ps's shard holds values", self.initialized.clone());
-                r.register("dtf_steps", "Updates this ps applied (async: pushes; sync: aggregated steps)", self.steps.clone());
-                r.register("dtf_stale_gradients", "Sync: gradients dropped because they were computed on an old step", self.stale_gradients.clone());
+                r.register(
+                    "dtf_initialized",
+                    "1 once this ps's shard holds values",
+                    self.initialized.clone(),
+                );
+                r.register(
+                    "dtf_steps",
+                    "Updates this ps applied (async: pushes; sync: aggregated steps)",
+                    self.steps.clone(),
+                );
+                r.register(
+                    "dtf_stale_gradients",
+                    "Sync: gradients dropped because they were computed on an old step",
+                    self.stale_gradients.clone(),
+                );
             }
             Role::Worker => {
-                r.register("dtf_steps", "Training steps this worker computed", self.steps.clone());
-                r.register("dtf_examples", "Training examples this worker processed", self.examples.clone());
-                r.register("dtf_learning_rate", "Learning rate of the latest step", self.learning_rate.clone());
-                r.register("dtf_push_seconds", "Round trip of a push (with the fused pull) to every ps", self.push_seconds.clone());
-                r.register("dtf_pull_seconds", "Round trip of a pull from every ps (sync: includes waiting for the step)", self.pull_seconds.clone());
-                r.register("dtf_sent_bytes", "Tensor bytes sent to the ps tasks", self.sent_bytes.clone());
-                r.register("dtf_received_bytes", "Tensor bytes received from the ps tasks", self.received_bytes.clone());
+                r.register(
+                    "dtf_steps",
+                    "Training steps this worker computed",
+                    self.steps.clone(),
+                );
+                r.register(
+                    "dtf_examples",
+                    "Training examples this worker processed",
+                    self.examples.clone(),
+                );
+                r.register(
+                    "dtf_learning_rate",
+                    "Learning rate of the latest step",
+                    self.learning_rate.clone(),
+                );
+                r.register(
+                    "dtf_push_seconds",
+                    "Round trip of a push (with the fused pull) to every ps",
+                    self.push_seconds.clone(),
+                );
+                r.register(
+                    "dtf_pull_seconds",
+                    "Round trip of a pull from every ps (sync: includes waiting for the step)",
+                    self.pull_seconds.clone(),
+                );
+                r.register(
+                    "dtf_sent_bytes",
+                    "Tensor bytes sent to the ps tasks",
+                    self.sent_bytes.clone(),
+                );
+                r.register(
+                    "dtf_received_bytes",
+                    "Tensor bytes received from the ps tasks",
+                    self.received_bytes.clone(),
+                );
                 if task == 0 {
-                    r.register("dtf_checkpoint_age_seconds", "Seconds since the chief last wrote a checkpoint", self.checkpoint_age.clone());
-                    r.register("dtf_checkpoint_duration_seconds", "How long the latest checkpoint took to write", self.checkpoint_duration.clone());
+                    r.register(
+                        "dtf_checkpoint_age_seconds",
+                        "Seconds since the chief last wrote a checkpoint",
+                        self.checkpoint_age.clone(),
+                    );
+                    r.register(
+                        "dtf_checkpoint_duration_seconds",
+                        "How long the latest checkpoint took to write",
+                        self.checkpoint_duration.clone(),
+                    );
                 }
             }
         }
@@ -212,17 +297,22 @@ pub fn observe_ps(service: PsService) {
     let _ = PS.set(service);
 }
 
-/// The metrics text of a `role` process now (also what `/metrics` serves).
-pub async fn render(registry: &Registry) -> String {
-    global().refresh().await;
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut out, registry);
-    out
+impl Metrics {
+    /// The text of `registry` (built by [`Metrics::registry`]) now: what `/metrics` serves.
+    pub async fn render(&self, registry: &Registry) -> String {
+        self.refresh().await;
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, registry);
+        out
+    }
 }
 
 async fn scrape(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], render(&registry).await)
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        global().render(&registry).await,
+    )
 }
 
 /// The `/metrics` server of a daemon; dropping it stops the server.
@@ -241,7 +331,9 @@ impl Drop for MetricsServer {
 /// without metrics until the address changes.
 pub fn spawn(role: Role, task: usize, mut config: watch::Receiver<Arc<Config>>) -> MetricsServer {
     let registry = Arc::new(global().registry(role, task));
-    let app = Router::new().route("/metrics", get(scrape)).with_state(registry);
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(registry);
     let task = tokio::spawn(async move {
         loop {
             let listen = config.borrow_and_update().metrics.listen.clone();
@@ -257,7 +349,10 @@ pub fn spawn(role: Role, task: usize, mut config: watch::Receiver<Arc<Config>>) 
                                 }
                             }
                         };
-                        if let Err(e) = axum::serve(l, app.clone()).with_graceful_shutdown(moved).await {
+                        if let Err(e) = axum::serve(l, app.clone())
+                            .with_graceful_shutdown(moved)
+                            .await
+                        {
                             warn!(error = %e, "Metrics server stopped.");
                         }
                         match config.has_changed() {
@@ -265,7 +360,9 @@ pub fn spawn(role: Role, task: usize, mut config: watch::Receiver<Arc<Config>>) 
                             Err(_) => return,
                         }
                     }
-                    Err(e) => error!(listen, error = %e, "Cannot serve metrics (metrics.listen); set another address or DTF_METRICS__LISTEN."),
+                    Err(e) => {
+                        error!(listen, error = %e, "Cannot serve metrics (metrics.listen); set another address or DTF_METRICS__LISTEN.")
+                    }
                 }
             }
             if config.changed().await.is_err() {
@@ -282,12 +379,17 @@ mod tests {
 
     #[tokio::test]
     async fn worker_text_has_the_documented_names() {
-        let m = global();
+        let m = Metrics::new();
         m.step(7, 20, 0.5, 0.1);
-        m.pushed(Duration::from_millis(3), &[ArrayD::zeros(vec![10])], &[ArrayD::zeros(vec![10])], true);
+        m.pushed(
+            Duration::from_millis(3),
+            &[ArrayD::zeros(vec![10])],
+            &[ArrayD::zeros(vec![10])],
+            true,
+        );
         m.reloaded(false);
         m.checkpoint_written(Duration::from_millis(12));
-        let text = render(&m.registry(Role::Worker, 0)).await;
+        let text = m.render(&m.registry(Role::Worker, 0)).await;
         for name in [
             "dtf_up{role=\"worker\",task=\"0\"} 1",
             "dtf_global_step 7",
@@ -302,7 +404,10 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
-        assert!(!text.contains("dtf_stale_gradients"), "a worker has no stale-gradient counter:\n{text}");
+        assert!(
+            !text.contains("dtf_stale_gradients"),
+            "a worker has no stale-gradient counter:\n{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

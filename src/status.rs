@@ -76,16 +76,24 @@ pub struct Status {
 
 async fn ask(addr: &str, token: &str, limit: usize) -> Result<pb::StateResponse, String> {
     let auth = AddToken::new(token)?;
-    let ep = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| format!("address {addr:?}: {e}"))?.connect_timeout(TIMEOUT).timeout(TIMEOUT);
+    let ep = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("address {addr:?}: {e}"))?
+        .connect_timeout(TIMEOUT)
+        .timeout(TIMEOUT);
     let channel = ep.connect().await.map_err(|e| format!("connect: {e}"))?;
-    let mut c = ParameterServerClient::with_interceptor(channel, auth).max_decoding_message_size(limit);
-    c.state(pb::StateRequest {}).await.map(|r| r.into_inner()).map_err(|s| format!("{}: {}", s.code(), s.message()))
+    let mut c =
+        ParameterServerClient::with_interceptor(channel, auth).max_decoding_message_size(limit);
+    c.state(pb::StateRequest {})
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
 }
 
 /// Asks every ps in `config` (with the cluster `token`) and reads the newest checkpoint.
 pub async fn query(config: &Config, token: &str) -> Status {
     let limit = crate::ps::message_limit(config);
-    let answers = futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, token, limit))).await;
+    let answers =
+        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, token, limit))).await;
     let mut tasks = Vec::new();
     for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
         let mut t = TaskStatus {
@@ -131,10 +139,24 @@ pub async fn query(config: &Config, token: &str) -> Status {
         Err(e) => (None, Some(e)),
     };
     let global_step = tasks.first().and_then(|t| t.global_step);
-    let all_ps_reachable = tasks.iter().filter(|t| t.role == "ps").all(|t| t.reachable == Some(true));
+    let all_ps_reachable = tasks
+        .iter()
+        .filter(|t| t.role == "ps")
+        .all(|t| t.reachable == Some(true));
     let complete = tasks.iter().any(|t| t.complete == Some(true))
-        || checkpoint.as_ref().and_then(|c| c.global_step).is_some_and(|s| s >= config.train.last_step);
-    Status { tasks, global_step, last_step: config.train.last_step, complete, checkpoint, checkpoint_error, all_ps_reachable }
+        || checkpoint
+            .as_ref()
+            .and_then(|c| c.global_step)
+            .is_some_and(|s| s >= config.train.last_step);
+    Status {
+        tasks,
+        global_step,
+        last_step: config.train.last_step,
+        complete,
+        checkpoint,
+        checkpoint_error,
+        all_ps_reachable,
+    }
 }
 
 fn newest_checkpoint(config: &Config) -> Result<CheckpointStatus, String> {
@@ -150,7 +172,11 @@ fn newest_checkpoint(config: &Config) -> Result<CheckpointStatus, String> {
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok())
         .map(|d| d.as_secs_f64());
-    Ok(CheckpointStatus { path, global_step, age_secs })
+    Ok(CheckpointStatus {
+        path,
+        global_step,
+        age_secs,
+    })
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -160,7 +186,21 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 impl Status {
     /// The human table.
     pub fn table(&self) -> String {
-        let mut rows = vec![["TASK", "ROLE", "ADDRESS", "REACHABLE", "INCARNATION", "INIT", "STEP", "EXAMPLES/S", "COMPLETE"].map(String::from).to_vec()];
+        let mut rows = vec![
+            [
+                "TASK",
+                "ROLE",
+                "ADDRESS",
+                "REACHABLE",
+                "INCARNATION",
+                "INIT",
+                "STEP",
+                "EXAMPLES/S",
+                "COMPLETE",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
         for t in &self.tasks {
             rows.push(vec![
                 t.task.clone(),
@@ -171,26 +211,50 @@ impl Status {
                     Some(false) => "NO".into(),
                     None => "- (no RPC)".into(),
                 },
-                t.incarnation.map_or_else(|| "-".into(), |i| format!("{i:016x}")),
+                t.incarnation
+                    .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
                 opt(&t.initialized),
                 opt(&t.global_step),
-                t.examples_per_sec.map_or_else(|| "-".into(), |r| format!("{r:.0}")),
+                t.examples_per_sec
+                    .map_or_else(|| "-".into(), |r| format!("{r:.0}")),
                 opt(&t.complete),
             ]);
         }
-        let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+            .collect();
         let mut out = String::new();
         for r in &rows {
-            let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+            let line: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
             let _ = writeln!(out, "{}", line.join("  ").trim_end());
         }
         let _ = writeln!(out);
-        let _ = writeln!(out, "global step   {} of {}", opt(&self.global_step), self.last_step);
-        let _ = writeln!(out, "run complete  {}", if self.complete { "yes" } else { "no" });
+        let _ = writeln!(
+            out,
+            "global step   {} of {}",
+            opt(&self.global_step),
+            self.last_step
+        );
+        let _ = writeln!(
+            out,
+            "run complete  {}",
+            if self.complete { "yes" } else { "no" }
+        );
         match (&self.checkpoint, &self.checkpoint_error) {
             (Some(c), _) => {
-                let age = c.age_secs.map_or_else(|| "?".into(), |a| format!("{a:.0} s ago"));
-                let _ = writeln!(out, "checkpoint    {} (step {}, {age})", c.path.display(), opt(&c.global_step));
+                let age = c
+                    .age_secs
+                    .map_or_else(|| "?".into(), |a| format!("{a:.0} s ago"));
+                let _ = writeln!(
+                    out,
+                    "checkpoint    {} (step {}, {age})",
+                    c.path.display(),
+                    opt(&c.global_step)
+                );
             }
             (None, Some(e)) => {
                 let _ = writeln!(out, "checkpoint    - ({e})");
@@ -198,7 +262,13 @@ impl Status {
             (None, None) => {}
         }
         for t in self.tasks.iter().filter(|t| t.error.is_some()) {
-            let _ = writeln!(out, "{} ({}) unreachable: {}", t.task, t.address, opt(&t.error));
+            let _ = writeln!(
+                out,
+                "{} ({}) unreachable: {}",
+                t.task,
+                t.address,
+                opt(&t.error)
+            );
         }
         out
     }
@@ -211,7 +281,11 @@ mod tests {
     #[tokio::test]
     async fn unreachable_ps_and_missing_checkpoints_are_reported_not_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
         let mut cfg = Config::default();
         cfg.cluster.ps = vec![free.clone()];
         cfg.cluster.worker = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
@@ -222,6 +296,9 @@ mod tests {
         assert_eq!(s.tasks[1].role, "chief");
         assert!(s.checkpoint.is_none() && s.checkpoint_error.is_some());
         let table = s.table();
-        assert!(table.contains("ps:0") && table.contains("NO") && table.contains("worker:1"), "{table}");
+        assert!(
+            table.contains("ps:0") && table.contains("NO") && table.contains("worker:1"),
+            "{table}"
+        );
     }
 }

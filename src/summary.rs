@@ -53,7 +53,10 @@ pub fn frame(data: &[u8]) -> Vec<u8> {
 }
 
 fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// This machine's host name, as TensorFlow puts it in the file name.
@@ -62,8 +65,16 @@ fn hostname() -> String {
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
     // on success when the name fits, and we stop at the first NUL anyway.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let name = if rc == 0 { String::from_utf8_lossy(buf.split(|&b| b == 0).next().unwrap_or_default()).into_owned() } else { String::new() };
-    if name.is_empty() { "localhost".into() } else { name }
+    let name = if rc == 0 {
+        String::from_utf8_lossy(buf.split(|&b| b == 0).next().unwrap_or_default()).into_owned()
+    } else {
+        String::new()
+    };
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
 }
 
 /// Appends `Event` records to one events file.
@@ -80,8 +91,14 @@ impl EventWriter {
     ///
     /// Errors: [`SummaryError`] if the directory or file cannot be created or written.
     pub fn create(dir: &Path) -> Result<Self, SummaryError> {
-        std::fs::create_dir_all(dir).map_err(|source| SummaryError { path: dir.to_path_buf(), source })?;
-        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        std::fs::create_dir_all(dir).map_err(|source| SummaryError {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let path = dir.join(format!("events.out.tfevents.{secs}.{}", hostname()));
         // Append: a chief restarted within the same second continues the file
         // (a second file_version record is harmless to readers).
@@ -89,9 +106,19 @@ impl EventWriter {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|source| SummaryError { path: path.clone(), source })?;
-        let mut w = Self { path, out: BufWriter::new(file) };
-        w.write(&pb::Event { wall_time: now_secs(), step: 0, what: Some(pb::event::What::FileVersion(FILE_VERSION.into())) })?;
+            .map_err(|source| SummaryError {
+                path: path.clone(),
+                source,
+            })?;
+        let mut w = Self {
+            path,
+            out: BufWriter::new(file),
+        };
+        w.write(&pb::Event {
+            wall_time: now_secs(),
+            step: 0,
+            what: Some(pb::event::What::FileVersion(FILE_VERSION.into())),
+        })?;
         Ok(w)
     }
 
@@ -109,7 +136,10 @@ impl EventWriter {
         self.out
             .write_all(&record)
             .and_then(|()| self.out.flush())
-            .map_err(|source| SummaryError { path: self.path.clone(), source })
+            .map_err(|source| SummaryError {
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Writes scalar summaries `(tag, value)` at `step`.
@@ -119,10 +149,17 @@ impl EventWriter {
         let summary = pb::Summary {
             value: values
                 .iter()
-                .map(|&(tag, v)| pb::summary::Value { tag: tag.into(), value: Some(pb::summary::value::Value::SimpleValue(v)) })
+                .map(|&(tag, v)| pb::summary::Value {
+                    tag: tag.into(),
+                    value: Some(pb::summary::value::Value::SimpleValue(v)),
+                })
                 .collect(),
         };
-        self.write(&pb::Event { wall_time: now_secs(), step: step as i64, what: Some(pb::event::What::Summary(summary)) })
+        self.write(&pb::Event {
+            wall_time: now_secs(),
+            step: step as i64,
+            what: Some(pb::event::What::Summary(summary)),
+        })
     }
 }
 
@@ -148,8 +185,14 @@ pub struct Summaries {
 impl Summaries {
     /// Opens a new events file in `dir`; on failure logs a warning and writes nothing.
     pub fn open(dir: &Path) -> Self {
-        let writer = EventWriter::create(dir).map_err(|e| warn!(error = %e, "TensorBoard summaries are off.")).ok();
-        Self { writer, next: 0, last: None }
+        let writer = EventWriter::create(dir)
+            .map_err(|e| warn!(error = %e, "TensorBoard summaries are off."))
+            .ok();
+        Self {
+            writer,
+            next: 0,
+            last: None,
+        }
     }
 
     /// The events file, if summaries are on.
@@ -179,7 +222,14 @@ impl Summaries {
         match self.last {
             Some((prev, at)) if step > prev => {
                 let rate = (step - prev) as f64 / now.duration_since(at).as_secs_f64().max(1e-9);
-                self.write(step, &[("loss", loss), ("learning_rate", learning_rate), ("global_step/sec", rate as f32)]);
+                self.write(
+                    step,
+                    &[
+                        ("loss", loss),
+                        ("learning_rate", learning_rate),
+                        ("global_step/sec", rate as f32),
+                    ],
+                );
             }
             // No interval yet to measure a rate over (TensorFlow's StepCounterHook skips it too).
             _ => self.write(step, &[("loss", loss), ("learning_rate", learning_rate)]),
@@ -189,7 +239,10 @@ impl Summaries {
 
     /// The test accuracy of the variables and of their EMA shadows at `step`.
     pub fn on_eval(&mut self, step: u64, accuracy: f32, ema_accuracy: f32) {
-        self.write(step, &[("accuracy", accuracy), ("ema_accuracy", ema_accuracy)]);
+        self.write(
+            step,
+            &[("accuracy", accuracy), ("ema_accuracy", ema_accuracy)],
+        );
     }
 }
 
@@ -203,9 +256,15 @@ mod tests {
         let mut out = Vec::new();
         while !bytes.is_empty() {
             let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-            assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), masked_crc32c(&bytes[..8]));
+            assert_eq!(
+                u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+                masked_crc32c(&bytes[..8])
+            );
             let data = &bytes[12..12 + len];
-            assert_eq!(u32::from_le_bytes(bytes[12 + len..16 + len].try_into().unwrap()), masked_crc32c(data));
+            assert_eq!(
+                u32::from_le_bytes(bytes[12 + len..16 + len].try_into().unwrap()),
+                masked_crc32c(data)
+            );
             out.push(data.to_vec());
             bytes = &bytes[16 + len..];
         }
@@ -217,7 +276,10 @@ mod tests {
         // CRC-32C check value (RFC 3720 / iSCSI).
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
         let crc = 0xe306_9283u32;
-        assert_eq!(masked_crc32c(b"123456789"), ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8));
+        // The mask exactly as the TFRecord format spells it.
+        #[allow(clippy::manual_rotate)]
+        let spelled = ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8);
+        assert_eq!(masked_crc32c(b"123456789"), spelled);
         // TensorFlow's masked CRC of an empty string (crc32c("") = 0).
         assert_eq!(masked_crc32c(b""), 0xa282_ead8);
     }
@@ -236,21 +298,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = Summaries::open(dir.path());
         let path = s.path().unwrap().to_path_buf();
-        assert!(path.file_name().unwrap().to_str().unwrap().starts_with("events.out.tfevents."));
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("events.out.tfevents.")
+        );
         for step in [0, 3, 9, 10, 11, 25, 31] {
             s.on_step(step, 10, step as f32, 0.5);
         }
         s.on_eval(31, 0.75, 0.8);
-        let events: Vec<pb::Event> = records(&std::fs::read(&path).unwrap()).iter().map(|r| pb::Event::decode(r.as_slice()).unwrap()).collect();
-        assert_eq!(events[0].what, Some(pb::event::What::FileVersion(FILE_VERSION.into())));
+        let events: Vec<pb::Event> = records(&std::fs::read(&path).unwrap())
+            .iter()
+            .map(|r| pb::Event::decode(r.as_slice()).unwrap())
+            .collect();
+        assert_eq!(
+            events[0].what,
+            Some(pb::event::What::FileVersion(FILE_VERSION.into()))
+        );
         let steps: Vec<i64> = events[1..].iter().map(|e| e.step).collect();
         assert_eq!(steps, vec![0, 10, 25, 31, 31]);
         let tags = |e: &pb::Event| match &e.what {
-            Some(pb::event::What::Summary(s)) => s.value.iter().map(|v| v.tag.clone()).collect::<Vec<_>>(),
+            Some(pb::event::What::Summary(s)) => {
+                s.value.iter().map(|v| v.tag.clone()).collect::<Vec<_>>()
+            }
             _ => vec![],
         };
         assert_eq!(tags(&events[1]), ["loss", "learning_rate"]);
-        assert_eq!(tags(&events[2]), ["loss", "learning_rate", "global_step/sec"]);
+        assert_eq!(
+            tags(&events[2]),
+            ["loss", "learning_rate", "global_step/sec"]
+        );
         assert_eq!(tags(&events[5]), ["accuracy", "ema_accuracy"]);
     }
 }
