@@ -1,4 +1,5 @@
-//! Compiles `proto/dtf/v1/*.proto` with protox (pure Rust): no system `protoc`.
+//! Compiles `proto/dtf/v1/*.proto` (gRPC) and `proto/tensorboard/event.proto`
+//! (messages only) with protox (pure Rust): no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["proto/dtf/v1/ps.proto"];
@@ -6,7 +7,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .bytes(".dtf.v1.Tensor.data")
         .compile_fds(fds)?;
-    for p in protos {
+    let events = ["proto/tensorboard/event.proto"];
+    let fds = protox::compile(events, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_fds(fds)?;
+    for p in protos.iter().chain(&events) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

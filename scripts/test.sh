@@ -15,6 +15,10 @@ apt-get install -y -qq --no-install-recommends \
 python3 -c 'import safetensors' 2>/dev/null \
     || python3 -m pip install -q safetensors 2>/dev/null \
     || python3 -m pip install -q --break-system-packages safetensors
+# TensorBoard's own reader checks the chief's events files (tests/read_events.py).
+python3 -c 'import tensorboard' 2>/dev/null \
+    || python3 -m pip install -q tensorboard 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages tensorboard
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked -q cargo-nextest
 

@@ -246,6 +246,7 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, no
     let new = match Config::load(path).and_then(|new| old.reload(new)) {
         Ok(new) => new,
         Err(e) => {
+            crate::metrics::global().reloaded(false);
             error!(error = %e, "Reload rejected; the running configuration stays.");
             return;
         }
@@ -265,6 +266,7 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, no
     }
     let changed = old.changed_keys(&new);
     current.send_replace(Arc::new(new));
+    crate::metrics::global().reloaded(true);
     info!(changed = ?changed, "Configuration reloaded.");
     if announce {
         notify(&[NotifyState::Ready]);
@@ -369,6 +371,7 @@ pub async fn run_ps(
     })?;
     let shutdown = CancellationToken::new();
     let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
+    let _metrics = crate::metrics::spawn(Role::Ps, task.index, tx.subscribe());
     notifier.ready(&format!("ps:{} serving on {addr}", task.index));
     info!(task = task.index, %addr, "Parameter server ready.");
     let served = supervise(
@@ -410,6 +413,7 @@ pub async fn run_worker(
     }
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
+    let _metrics = crate::metrics::spawn(Role::Worker, task.index, tx.subscribe());
     let work = worker::run(rx, task.index, &token, shutdown.clone(), &notifier);
     let out = supervise(controls, &path, tx, log, &notifier, shutdown, work).await;
     let out = out.unwrap_or(Ok(Outcome::Stopped { global_step: 0 }));

@@ -14,6 +14,9 @@
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine.
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
+//! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
+//! - [`status`] — `dtf status`: every task's state in one table.
 //! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; [`rpc`] converts it to domain types.
 pub mod auth;
 pub mod checkpoint;
@@ -22,10 +25,13 @@ pub mod daemon;
 pub mod data;
 pub mod eval;
 pub mod local;
+pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod ps;
 pub mod rpc;
+pub mod status;
+pub mod summary;
 pub mod worker;
 
 /// Generated from `proto/dtf/v1/ps.proto`; only [`rpc`] should need it.

@@ -63,6 +63,15 @@ enum Command {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
     },
+    /// Ask a running cluster: every task, its step, the newest checkpoint; exit 1 if a ps does not answer.
+    Status {
+        /// The cluster configuration file (its token authenticates the calls).
+        #[arg(long, short = 'c', default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a configuration file; exit 78 if invalid.
     CheckConfig {
         /// The file.
@@ -169,6 +178,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let file = dtf::checkpoint::resolve(&path)?;
             print!("{}", dtf::checkpoint::inspect(&file)?);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { config, json } => {
+            let cfg = Config::load(&config)?;
+            let token = cfg.read_token()?;
+            let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &token));
+            if json {
+                println!("{}", serde_json::to_string(&status)?);
+            } else {
+                print!("{}", status.table());
+            }
+            Ok(if status.all_ps_reachable {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::CheckConfig { config } => match Config::load(&config) {
             Ok(_) => {

@@ -325,6 +325,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
     let service = PsService::new(config, task)?;
+    crate::metrics::observe_ps(service.clone());
     let limit = message_limit(config);
     let id = TaskId {
         role: Role::Ps,

@@ -352,6 +352,9 @@ impl Worker {
         } else {
             None
         };
+        let mut summaries = self
+            .is_chief()
+            .then(|| crate::summary::Summaries::open(&cfg.checkpoint.dir));
 
         let mut progress = self.pull(&mut params, None).await?;
         reporter.ready();
@@ -385,10 +388,12 @@ impl Worker {
             });
             loss = l;
             let tags = progress.steps.clone();
+            let pushed_at = Instant::now();
             let pushed = self
                 .cluster
                 .push_pull(&grads, &mut params, lr, &tags, self.task as u32, loss)
                 .await;
+            crate::metrics::global().pushed(pushed_at.elapsed(), &grads, &params, pushed.is_ok());
             progress = match pushed {
                 Ok(p) => p,
                 Err(e) if e.is_unavailable() || e.needs_pull() => {
@@ -405,6 +410,10 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             };
             local_steps += 1;
+            crate::metrics::global().step(progress.global_step(), batch, loss, lr);
+            if let Some(s) = &mut summaries {
+                s.on_step(step, cfg.train.save_summaries_steps, loss, lr);
+            }
             if sync {
                 // Wait until every shard has moved past the step we pushed for.
                 // A shard still at the tagged step has our gradient pending; one
@@ -467,7 +476,7 @@ impl Worker {
             saver.stop().await;
         }
         if self.is_chief() {
-            self.finish(&outcome, loss).await?;
+            self.finish(&outcome, loss, summaries.as_mut()).await?;
         }
         info!(worker = self.task, ?outcome, "Worker done.");
         Ok(outcome)
@@ -482,8 +491,12 @@ impl Worker {
     ) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
         loop {
+            let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
-                Ok(p) => return Ok(p),
+                Ok(p) => {
+                    crate::metrics::global().pulled(pulled_at.elapsed(), params);
+                    return Ok(p);
+                }
                 Err(e) if e.is_unavailable() => {
                     backoff.wait(&e.to_string(), &self.shutdown).await?
                 }
@@ -504,7 +517,12 @@ impl Worker {
 
     /// The chief's end of the run: final checkpoint, evaluation, and (at
     /// `last_step`) telling the ps tasks the run is complete.
-    async fn finish(&mut self, outcome: &Outcome, loss: f32) -> Result<(), WorkerError> {
+    async fn finish(
+        &mut self,
+        outcome: &Outcome,
+        loss: f32,
+        summaries: Option<&mut crate::summary::Summaries>,
+    ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         // At the end of a run keep trying until a stop signal: the ps tasks
         // must hear of it. On a stop, one attempt is all it gets.
@@ -533,6 +551,9 @@ impl Worker {
                 ema_test_accuracy = ema,
                 "Final evaluation."
             );
+            if let Some(s) = summaries {
+                s.on_eval(step, acc, ema);
+            }
             self.cluster.complete(step).await?;
         }
         Ok(())
@@ -563,7 +584,8 @@ async fn save_checkpoint(
     let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt)).await;
     match result {
         Ok(Ok(path)) => {
-            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.")
+            crate::metrics::global().checkpoint_written(started.elapsed());
+            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
         }
         Ok(Err(e)) => {
             tracing::error!(step, error = %e, "Checkpoint not written; training continues, the previous checkpoint stays.")

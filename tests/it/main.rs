@@ -7,6 +7,7 @@ mod daemon;
 mod docs;
 mod faults;
 mod local;
+mod observability;
 mod package;
 mod requests;
 mod sync;

@@ -523,3 +523,65 @@ pub fn monotonic_usec() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
+
+// ---- Added for the observability tests. ----
+
+impl Cluster {
+    /// [`Cluster::start_with_env`] for string values.
+    pub fn start_env(&mut self, role: &str, index: usize, env: &[(&str, &str)]) -> &mut Child {
+        let env: Vec<(&str, &std::ffi::OsStr)> = env
+            .iter()
+            .map(|(k, v)| (*k, std::ffi::OsStr::new(*v)))
+            .collect();
+        self.start_with_env(role, index, &env)
+    }
+
+    /// Runs `dtf ARGS --config <this cluster's config>` to completion.
+    pub fn dtf(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin("dtf"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .env_remove("TF_CONFIG")
+            .output()
+            .unwrap()
+    }
+}
+
+/// The body of `GET http://addr/path` (HTTP/1.1, `Connection: close`), or
+/// None if nothing answers or the status is not 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // axum answers a small body with Content-Length; undo chunking if it did not.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n")?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                return Some(out);
+            }
+            out.push_str(after.get(..n)?);
+            rest = after.get(n + 2..)?;
+        }
+    }
+    Some(body.to_string())
+}

@@ -1,0 +1,413 @@
+//! Prometheus metrics: one process-wide registry of dtf's counters, gauges and
+//! histograms ([`global`]), and the `/metrics` HTTP endpoint ([`spawn`]) that
+//! every daemon serves when `metrics.listen` is set.
+//!
+//! The metrics live in a global so that instrumenting the worker and ps costs
+//! one line per hook and no plumbing; which of them a daemon exposes depends
+//! on its role (a ps has no push latency, a worker no stale gradients).
+//!
+//! `metrics.listen` is one address in the one cluster-wide config file. The
+//! usual deployment runs one task per host, so the same `host:port` (say
+//! `0.0.0.0:9464`) works everywhere. Tasks that share a host override it per
+//! process with the environment, `DTF_METRICS__LISTEN=127.0.0.1:9465` (a
+//! systemd drop-in's `Environment=` for `dtf-worker@1`, say): the same
+//! layering every other key has, rather than a port offset per task that
+//! nobody would guess. A changed `metrics.listen` applies on reload.
+//!
+//! The ps's numbers come from its own `State` RPC answer, read at scrape time,
+//! so the ps service needs no instrumentation beyond [`observe_ps`].
+
+use crate::config::{Config, Role};
+use crate::pb;
+use crate::pb::parameter_server_server::ParameterServer;
+use crate::ps::PsService;
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use ndarray::ArrayD;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+/// The content type of the OpenMetrics text format.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric a dtf process keeps. Cheap handles: clones share the value.
+pub struct Metrics {
+    /// `dtf_up{role,task}`: 1 while the process runs.
+    up: Family<Labels, Gauge>,
+    /// `dtf_global_step`: the global step last seen (ps: this shard's step).
+    global_step: Gauge,
+    /// `dtf_steps_total`: worker: steps computed here; ps: updates applied.
+    steps: Counter,
+    /// `dtf_examples_total`: examples this worker trained on.
+    examples: Counter,
+    /// `dtf_loss`: training loss of the latest batch (ps: latest push).
+    loss: FloatGauge,
+    /// `dtf_learning_rate`: the learning rate of the latest step.
+    learning_rate: FloatGauge,
+    /// `dtf_push_seconds`: round trip of a (fused) push to every ps.
+    push_seconds: Histogram,
+    /// `dtf_pull_seconds`: round trip of a pull from every ps (sync: includes the wait for the step).
+    pull_seconds: Histogram,
+    /// `dtf_sent_bytes_total`: tensor bytes this worker sent (gradients).
+    sent_bytes: Counter,
+    /// `dtf_received_bytes_total`: tensor bytes this worker received (parameters).
+    received_bytes: Counter,
+    /// `dtf_stale_gradients_total`: ps, sync: gradients dropped as stale.
+    stale_gradients: Counter,
+    /// `dtf_initialized`: ps: 1 once its shard has values.
+    initialized: Gauge,
+    /// When the chief last wrote a checkpoint, for `dtf_checkpoint_age_seconds`.
+    checkpoint_at: Mutex<Option<SystemTime>>,
+    /// `dtf_checkpoint_age_seconds`: set from `checkpoint_at` at scrape time.
+    checkpoint_age: FloatGauge,
+    /// `dtf_checkpoint_duration_seconds`: how long the latest checkpoint took to write.
+    checkpoint_duration: FloatGauge,
+    /// `dtf_reloads_total{result="ok|rejected"}`.
+    reloads: Family<Labels, Counter>,
+    /// Serializes the ps's refresh so two scrapes do not add a delta twice.
+    refresh: tokio::sync::Mutex<()>,
+}
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    /// Fresh metrics; a process uses [`global`].
+    fn new() -> Self {
+        Self {
+            up: Family::default(),
+            global_step: Gauge::default(),
+            steps: Counter::default(),
+            examples: Counter::default(),
+            loss: FloatGauge::default(),
+            learning_rate: FloatGauge::default(),
+            // 0.5 ms .. ~16 s.
+            push_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            pull_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            sent_bytes: Counter::default(),
+            received_bytes: Counter::default(),
+            stale_gradients: Counter::default(),
+            initialized: Gauge::default(),
+            checkpoint_at: Mutex::new(None),
+            checkpoint_age: FloatGauge::default(),
+            checkpoint_duration: FloatGauge::default(),
+            reloads: Family::default(),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+fn tensor_bytes(tensors: &[ArrayD<f32>]) -> u64 {
+    tensors
+        .iter()
+        .map(|t| (t.len() * size_of::<f32>()) as u64)
+        .sum()
+}
+
+impl Metrics {
+    /// A worker finished a step: the global step it now sees, the batch size,
+    /// and the step's loss and learning rate.
+    pub fn step(&self, global_step: u64, examples: usize, loss: f32, learning_rate: f32) {
+        self.global_step.set(global_step as i64);
+        self.steps.inc();
+        self.examples.inc_by(examples as u64);
+        self.loss.set(f64::from(loss));
+        self.learning_rate.set(f64::from(learning_rate));
+    }
+
+    /// A worker's push round trip: the gradients it sent and, if it succeeded,
+    /// the parameters that came back (fused pull).
+    pub fn pushed(&self, took: Duration, sent: &[ArrayD<f32>], received: &[ArrayD<f32>], ok: bool) {
+        self.push_seconds.observe(took.as_secs_f64());
+        self.sent_bytes.inc_by(tensor_bytes(sent));
+        if ok {
+            self.received_bytes.inc_by(tensor_bytes(received));
+        }
+    }
+
+    /// A worker's successful pull of `received`.
+    pub fn pulled(&self, took: Duration, received: &[ArrayD<f32>]) {
+        self.pull_seconds.observe(took.as_secs_f64());
+        self.received_bytes.inc_by(tensor_bytes(received));
+    }
+
+    /// The chief wrote a checkpoint; it took `took`.
+    pub fn checkpoint_written(&self, took: Duration) {
+        *self.checkpoint_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+        self.checkpoint_duration.set(took.as_secs_f64());
+    }
+
+    /// A reload was applied (`ok`) or rejected.
+    pub fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "rejected" };
+        self.reloads
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+    }
+
+    /// Brings the scrape-time values up to date.
+    async fn refresh(&self) {
+        let _one = self.refresh.lock().await;
+        if let Some(at) = *self.checkpoint_at.lock().unwrap_or_else(|e| e.into_inner()) {
+            self.checkpoint_age
+                .set(at.elapsed().unwrap_or_default().as_secs_f64());
+        }
+        let Some(ps) = PS.get() else { return };
+        let Ok(s) = ps
+            .state(tonic::Request::new(pb::StateRequest {}))
+            .await
+            .map(|r| r.into_inner())
+        else {
+            return;
+        };
+        self.global_step.set(s.global_step as i64);
+        self.initialized.set(i64::from(s.initialized));
+        self.loss.set(f64::from(s.last_loss));
+        // The ps counts since its start, as these counters do: add the difference.
+        let applied = s.updates_applied.max(s.pushes_applied);
+        self.steps.inc_by(applied.saturating_sub(self.steps.get()));
+        self.stale_gradients
+            .inc_by(s.stale_gradients.saturating_sub(self.stale_gradients.get()));
+    }
+
+    /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
+    fn registry(&self, role: Role, task: usize) -> Registry {
+        let mut r = Registry::default();
+        let role_name = match role {
+            Role::Ps => "ps",
+            Role::Worker => "worker",
+        };
+        self.up
+            .get_or_create(&vec![
+                ("role".into(), role_name.into()),
+                ("task".into(), task.to_string()),
+            ])
+            .set(1);
+        r.register("dtf_up", "1 while the task's process runs", self.up.clone());
+        r.register(
+            "dtf_global_step",
+            "The global step (on a ps: its shard's step)",
+            self.global_step.clone(),
+        );
+        r.register(
+            "dtf_loss",
+            "Training loss of the latest batch",
+            self.loss.clone(),
+        );
+        r.register(
+            "dtf_reloads",
+            "Configuration reloads, applied or rejected",
+            self.reloads.clone(),
+        );
+        match role {
+            Role::Ps => {
+                r.register(
+                    "dtf_initialized",
+                    "1 once this ps's shard holds values",
+                    self.initialized.clone(),
+                );
+                r.register(
+                    "dtf_steps",
+                    "Updates this ps applied (async: pushes; sync: aggregated steps)",
+                    self.steps.clone(),
+                );
+                r.register(
+                    "dtf_stale_gradients",
+                    "Sync: gradients dropped because they were computed on an old step",
+                    self.stale_gradients.clone(),
+                );
+            }
+            Role::Worker => {
+                r.register(
+                    "dtf_steps",
+                    "Training steps this worker computed",
+                    self.steps.clone(),
+                );
+                r.register(
+                    "dtf_examples",
+                    "Training examples this worker processed",
+                    self.examples.clone(),
+                );
+                r.register(
+                    "dtf_learning_rate",
+                    "Learning rate of the latest step",
+                    self.learning_rate.clone(),
+                );
+                r.register(
+                    "dtf_push_seconds",
+                    "Round trip of a push (with the fused pull) to every ps",
+                    self.push_seconds.clone(),
+                );
+                r.register(
+                    "dtf_pull_seconds",
+                    "Round trip of a pull from every ps (sync: includes waiting for the step)",
+                    self.pull_seconds.clone(),
+                );
+                r.register(
+                    "dtf_sent_bytes",
+                    "Tensor bytes sent to the ps tasks",
+                    self.sent_bytes.clone(),
+                );
+                r.register(
+                    "dtf_received_bytes",
+                    "Tensor bytes received from the ps tasks",
+                    self.received_bytes.clone(),
+                );
+                if task == 0 {
+                    r.register(
+                        "dtf_checkpoint_age_seconds",
+                        "Seconds since the chief last wrote a checkpoint",
+                        self.checkpoint_age.clone(),
+                    );
+                    r.register(
+                        "dtf_checkpoint_duration_seconds",
+                        "How long the latest checkpoint took to write",
+                        self.checkpoint_duration.clone(),
+                    );
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The ps whose `State` the ps metrics are read from.
+static PS: OnceLock<PsService> = OnceLock::new();
+
+/// Makes `service` the source of this process's ps metrics (the first one wins).
+pub fn observe_ps(service: PsService) {
+    let _ = PS.set(service);
+}
+
+impl Metrics {
+    /// The text of `registry` (built by [`Metrics::registry`]) now: what `/metrics` serves.
+    pub async fn render(&self, registry: &Registry) -> String {
+        self.refresh().await;
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, registry);
+        out
+    }
+}
+
+async fn scrape(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        global().render(&registry).await,
+    )
+}
+
+/// The `/metrics` server of a daemon; dropping it stops the server.
+pub struct MetricsServer {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `/metrics` for this `role` task on `metrics.listen` while it is set,
+/// moving when a reload changes it. A bind failure is logged; the task goes on
+/// without metrics until the address changes.
+pub fn spawn(role: Role, task: usize, mut config: watch::Receiver<Arc<Config>>) -> MetricsServer {
+    let registry = Arc::new(global().registry(role, task));
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(registry);
+    let task = tokio::spawn(async move {
+        loop {
+            let listen = config.borrow_and_update().metrics.listen.clone();
+            if !listen.is_empty() {
+                match tokio::net::TcpListener::bind(&listen).await {
+                    Ok(l) => {
+                        info!(listen = %l.local_addr().map(|a| a.to_string()).unwrap_or(listen.clone()), "Serving metrics on /metrics.");
+                        let mut watch = config.clone();
+                        let moved = async move {
+                            while watch.changed().await.is_ok() {
+                                if watch.borrow_and_update().metrics.listen != listen {
+                                    return;
+                                }
+                            }
+                        };
+                        if let Err(e) = axum::serve(l, app.clone())
+                            .with_graceful_shutdown(moved)
+                            .await
+                        {
+                            warn!(error = %e, "Metrics server stopped.");
+                        }
+                        match config.has_changed() {
+                            Ok(_) => continue,
+                            Err(_) => return,
+                        }
+                    }
+                    Err(e) => {
+                        error!(listen, error = %e, "Cannot serve metrics (metrics.listen); set another address or DTF_METRICS__LISTEN.")
+                    }
+                }
+            }
+            if config.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    MetricsServer { task }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn worker_text_has_the_documented_names() {
+        let m = Metrics::new();
+        m.step(7, 20, 0.5, 0.1);
+        m.pushed(
+            Duration::from_millis(3),
+            &[ArrayD::zeros(vec![10])],
+            &[ArrayD::zeros(vec![10])],
+            true,
+        );
+        m.reloaded(false);
+        m.checkpoint_written(Duration::from_millis(12));
+        let text = m.render(&m.registry(Role::Worker, 0)).await;
+        for name in [
+            "dtf_up{role=\"worker\",task=\"0\"} 1",
+            "dtf_global_step 7",
+            "dtf_steps_total",
+            "dtf_examples_total",
+            "dtf_loss 0.5",
+            "dtf_push_seconds_bucket",
+            "dtf_sent_bytes_total",
+            "dtf_checkpoint_age_seconds",
+            "dtf_checkpoint_duration_seconds 0.012",
+            "dtf_reloads_total{result=\"rejected\"} 1",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains("dtf_stale_gradients"),
+            "a worker has no stale-gradient counter:\n{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

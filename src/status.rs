@@ -1,0 +1,304 @@
+//! `dtf status`: asks every ps task of a running cluster for its `State` and
+//! reads the newest checkpoint, for one table (or one JSON object).
+//!
+//! Workers serve no RPC, so for them only what the config says is known
+//! (address, role); their reachability is reported as unknown rather than
+//! guessed from a port nobody listens on.
+
+use crate::auth::AddToken;
+use crate::checkpoint;
+use crate::config::Config;
+use crate::pb;
+use crate::pb::parameter_server_client::ParameterServerClient;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+use tonic::transport::Endpoint;
+
+/// How long to wait for each ps to answer.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One task of the cluster as `dtf status` sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskStatus {
+    /// `ps:0`, `worker:1`.
+    pub task: String,
+    /// `ps`, `chief` (worker 0) or `worker`.
+    pub role: String,
+    /// Its `host:port` from `cluster`.
+    pub address: String,
+    /// Whether it answered; `None` for workers, which do not listen.
+    pub reachable: Option<bool>,
+    /// Why it did not answer.
+    pub error: Option<String>,
+    /// Changes on every ps start.
+    pub incarnation: Option<u64>,
+    /// The shard holds values.
+    pub initialized: Option<bool>,
+    /// The shard's step (ps 0: the global step).
+    pub global_step: Option<u64>,
+    /// Examples per second the ps saw lately.
+    pub examples_per_sec: Option<f64>,
+    /// The chief declared the run complete.
+    pub complete: Option<bool>,
+}
+
+/// The newest checkpoint in `checkpoint.dir`, when that is readable from here.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointStatus {
+    /// The model file.
+    pub path: PathBuf,
+    /// Its global step.
+    pub global_step: Option<u64>,
+    /// Seconds since it was written.
+    pub age_secs: Option<f64>,
+}
+
+/// What `dtf status` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// Every ps, then every worker.
+    pub tasks: Vec<TaskStatus>,
+    /// The global step (ps 0's), if it answered.
+    pub global_step: Option<u64>,
+    /// `train.last_step`.
+    pub last_step: u64,
+    /// Any ps says the run is complete, or the newest checkpoint is at `last_step`.
+    pub complete: bool,
+    /// The newest checkpoint, if `checkpoint.dir` is readable here.
+    pub checkpoint: Option<CheckpointStatus>,
+    /// Why there is no checkpoint to show.
+    pub checkpoint_error: Option<String>,
+    /// Every ps answered.
+    pub all_ps_reachable: bool,
+}
+
+async fn ask(addr: &str, token: &str, limit: usize) -> Result<pb::StateResponse, String> {
+    let auth = AddToken::new(token)?;
+    let ep = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("address {addr:?}: {e}"))?
+        .connect_timeout(TIMEOUT)
+        .timeout(TIMEOUT);
+    let channel = ep.connect().await.map_err(|e| format!("connect: {e}"))?;
+    let mut c =
+        ParameterServerClient::with_interceptor(channel, auth).max_decoding_message_size(limit);
+    c.state(pb::StateRequest {})
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
+}
+
+/// Asks every ps in `config` (with the cluster `token`) and reads the newest checkpoint.
+pub async fn query(config: &Config, token: &str) -> Status {
+    let limit = crate::ps::message_limit(config);
+    let answers =
+        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, token, limit))).await;
+    let mut tasks = Vec::new();
+    for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
+        let mut t = TaskStatus {
+            task: format!("ps:{i}"),
+            role: "ps".into(),
+            address: addr.clone(),
+            reachable: Some(answer.is_ok()),
+            error: None,
+            incarnation: None,
+            initialized: None,
+            global_step: None,
+            examples_per_sec: None,
+            complete: None,
+        };
+        match answer {
+            Ok(s) => {
+                t.incarnation = Some(s.incarnation);
+                t.initialized = Some(s.initialized);
+                t.global_step = Some(s.global_step);
+                t.examples_per_sec = Some(s.examples_per_sec);
+                t.complete = Some(s.complete);
+            }
+            Err(e) => t.error = Some(e),
+        }
+        tasks.push(t);
+    }
+    for (i, addr) in config.cluster.worker.iter().enumerate() {
+        tasks.push(TaskStatus {
+            task: format!("worker:{i}"),
+            role: if i == 0 { "chief" } else { "worker" }.into(),
+            address: addr.clone(),
+            reachable: None,
+            error: None,
+            incarnation: None,
+            initialized: None,
+            global_step: None,
+            examples_per_sec: None,
+            complete: None,
+        });
+    }
+    let (checkpoint, checkpoint_error) = match newest_checkpoint(config) {
+        Ok(c) => (Some(c), None),
+        Err(e) => (None, Some(e)),
+    };
+    let global_step = tasks.first().and_then(|t| t.global_step);
+    let all_ps_reachable = tasks
+        .iter()
+        .filter(|t| t.role == "ps")
+        .all(|t| t.reachable == Some(true));
+    let complete = tasks.iter().any(|t| t.complete == Some(true))
+        || checkpoint
+            .as_ref()
+            .and_then(|c| c.global_step)
+            .is_some_and(|s| s >= config.train.last_step);
+    Status {
+        tasks,
+        global_step,
+        last_step: config.train.last_step,
+        complete,
+        checkpoint,
+        checkpoint_error,
+        all_ps_reachable,
+    }
+}
+
+fn newest_checkpoint(config: &Config) -> Result<CheckpointStatus, String> {
+    let path = checkpoint::resolve(&config.checkpoint.dir).map_err(|e| e.to_string())?;
+    let global_step = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("model.ckpt-"))
+        .and_then(|n| n.strip_suffix(".safetensors"))
+        .and_then(|n| n.parse().ok());
+    let age_secs = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map(|d| d.as_secs_f64());
+    Ok(CheckpointStatus {
+        path,
+        global_step,
+        age_secs,
+    })
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".into(), T::to_string)
+}
+
+impl Status {
+    /// The human table.
+    pub fn table(&self) -> String {
+        let mut rows = vec![
+            [
+                "TASK",
+                "ROLE",
+                "ADDRESS",
+                "REACHABLE",
+                "INCARNATION",
+                "INIT",
+                "STEP",
+                "EXAMPLES/S",
+                "COMPLETE",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for t in &self.tasks {
+            rows.push(vec![
+                t.task.clone(),
+                t.role.clone(),
+                t.address.clone(),
+                match t.reachable {
+                    Some(true) => "yes".into(),
+                    Some(false) => "NO".into(),
+                    None => "- (no RPC)".into(),
+                },
+                t.incarnation
+                    .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
+                opt(&t.initialized),
+                opt(&t.global_step),
+                t.examples_per_sec
+                    .map_or_else(|| "-".into(), |r| format!("{r:.0}")),
+                opt(&t.complete),
+            ]);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for r in &rows {
+            let line: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "global step   {} of {}",
+            opt(&self.global_step),
+            self.last_step
+        );
+        let _ = writeln!(
+            out,
+            "run complete  {}",
+            if self.complete { "yes" } else { "no" }
+        );
+        match (&self.checkpoint, &self.checkpoint_error) {
+            (Some(c), _) => {
+                let age = c
+                    .age_secs
+                    .map_or_else(|| "?".into(), |a| format!("{a:.0} s ago"));
+                let _ = writeln!(
+                    out,
+                    "checkpoint    {} (step {}, {age})",
+                    c.path.display(),
+                    opt(&c.global_step)
+                );
+            }
+            (None, Some(e)) => {
+                let _ = writeln!(out, "checkpoint    - ({e})");
+            }
+            (None, None) => {}
+        }
+        for t in self.tasks.iter().filter(|t| t.error.is_some()) {
+            let _ = writeln!(
+                out,
+                "{} ({}) unreachable: {}",
+                t.task,
+                t.address,
+                opt(&t.error)
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unreachable_ps_and_missing_checkpoints_are_reported_not_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let mut cfg = Config::default();
+        cfg.cluster.ps = vec![free.clone()];
+        cfg.cluster.worker = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
+        cfg.checkpoint.dir = dir.path().join("none");
+        let s = query(&cfg, "token-0123456789abcdef").await;
+        assert!(!s.all_ps_reachable);
+        assert_eq!(s.tasks.len(), 3);
+        assert_eq!(s.tasks[1].role, "chief");
+        assert!(s.checkpoint.is_none() && s.checkpoint_error.is_some());
+        let table = s.table();
+        assert!(
+            table.contains("ps:0") && table.contains("NO") && table.contains("worker:1"),
+            "{table}"
+        );
+    }
+}
