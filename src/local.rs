@@ -258,8 +258,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
                 bar.set_position(s.global_step.min(opts.steps));
                 bar.set_message(format!(
                     "loss {:.4} · {:.0} examples/s",
-                    s.last_loss,
-                    s.examples_per_sec * cfg.train.batch_size as f64
+                    s.last_loss, s.examples_per_sec
                 ));
             }
         }

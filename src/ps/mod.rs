@@ -52,6 +52,8 @@ struct Inner {
     complete: CancellationToken,
     /// Throughput estimate: (window start, examples since then, last rate).
     rate: Mutex<(Instant, u64, f64)>,
+    /// Examples per push (`train.batch_size`), for the rate.
+    batch_size: u64,
 }
 
 /// The gRPC service of one ps task.
@@ -88,6 +90,7 @@ impl PsService {
                 step_tx: watch::channel(0).0,
                 complete: CancellationToken::new(),
                 rate: Mutex::new((Instant::now(), 0, 0.0)),
+                batch_size: config.train.batch_size as u64,
             }),
         })
     }
@@ -266,7 +269,7 @@ impl ParameterServer for PsService {
             }
         };
         if outcome.is_some() {
-            self.count_examples(1);
+            self.count_examples(self.inner.batch_size);
         }
         if outcome == Some(Pushed::Pending) && req.pull {
             self.wait_for_step(req.step + 1).await;
