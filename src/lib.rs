@@ -14,8 +14,10 @@
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine.
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
 //! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; [`rpc`] converts it to domain types.
 pub mod auth;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod daemon;

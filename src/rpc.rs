@@ -17,7 +17,12 @@ pub enum TensorError {
     DType { name: String, dtype: i32 },
     /// The byte count does not match the shape.
     #[error("tensor {name}: shape {shape:?} needs {expected} bytes, got {got}")]
-    Length { name: String, shape: Vec<u64>, expected: usize, got: usize },
+    Length {
+        name: String,
+        shape: Vec<u64>,
+        expected: usize,
+        got: usize,
+    },
     /// A dimension too large for this host.
     #[error("tensor {name}: shape {shape:?} is too large")]
     TooLarge { name: String, shape: Vec<u64> },
@@ -51,9 +56,15 @@ pub fn encode(name: &str, array: &ArrayD<f32>) -> pb::Tensor {
 /// Errors: [`TensorError`] when the dtype is not f32 or the length disagrees.
 pub fn checked_shape(t: &pb::Tensor) -> Result<Vec<usize>, TensorError> {
     if t.dtype != pb::DataType::F32 as i32 {
-        return Err(TensorError::DType { name: t.name.clone(), dtype: t.dtype });
+        return Err(TensorError::DType {
+            name: t.name.clone(),
+            dtype: t.dtype,
+        });
     }
-    let too_large = || TensorError::TooLarge { name: t.name.clone(), shape: t.shape.clone() };
+    let too_large = || TensorError::TooLarge {
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+    };
     let shape: Vec<usize> = t
         .shape
         .iter()
@@ -96,7 +107,9 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
             got: t.data.len(),
         });
     }
-    let dst = out.as_slice_mut().expect("arrays built by dtf are contiguous");
+    let dst = out
+        .as_slice_mut()
+        .expect("arrays built by dtf are contiguous");
     bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&t.data);
     Ok(())
 }

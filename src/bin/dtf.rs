@@ -63,6 +63,22 @@ enum Command {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
     },
+    /// Measure the compute limit (one thread, no network), its scaling with the
+    /// hidden width, and checkpoint save/restore (docs/benchmarks.md).
+    Bench {
+        /// Directory of the IDX files.
+        #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
+        data: PathBuf,
+        /// Hidden widths for the scaling table.
+        #[arg(long, value_delimiter = ',', default_value = "500,2000,8000")]
+        widths: Vec<usize>,
+        /// Timed rounds per measurement (the median is reported).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a configuration file; exit 78 if invalid.
     CheckConfig {
         /// The file.
@@ -90,14 +106,27 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Local { ps, workers, steps, mode, data, checkpoint_dir, save_secs, config, json } => {
+        Command::Local {
+            ps,
+            workers,
+            steps,
+            mode,
+            data,
+            checkpoint_dir,
+            save_secs,
+            config,
+            json,
+        } => {
             let _log = dtf::daemon::init_logging("warn");
             let base = match config {
                 Some(p) => Config::load(&p)?,
                 None => Config::default(),
             };
             let exe = std::env::current_exe().context("locating the dtf binary")?;
-            let bin_dir = exe.parent().context("the dtf binary has no directory")?.to_path_buf();
+            let bin_dir = exe
+                .parent()
+                .context("the dtf binary has no directory")?
+                .to_path_buf();
             let mode = match mode {
                 ModeArg::Async => Mode::Async,
                 ModeArg::Sync => Mode::Sync,
@@ -114,13 +143,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: std::io::stderr().is_terminal(),
                 base,
             };
-            let run_dir = tempfile::Builder::new().prefix("dtf-local-").tempdir().context("creating a run directory")?.keep();
-            eprintln!("dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}", run_dir.display());
+            let run_dir = tempfile::Builder::new()
+                .prefix("dtf-local-")
+                .tempdir()
+                .context("creating a run directory")?
+                .keep();
+            eprintln!(
+                "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
+                run_dir.display()
+            );
             let rt = tokio::runtime::Runtime::new()?;
             let report = rt.block_on(dtf::local::run(&opts, &run_dir))?;
             println!(
                 "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
-                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.steps_per_sec, report.seconds
+                report.global_step,
+                report.test_accuracy,
+                report.ema_test_accuracy,
+                report.steps_per_sec,
+                report.seconds
             );
             println!("checkpoints: {}", report.checkpoint_dir.display());
             if json {
@@ -138,6 +178,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("accuracy      {:.4}", ev.accuracy);
                 println!("ema_accuracy  {:.4}", ev.ema_accuracy);
                 println!("examples      {}", ev.examples);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            data,
+            widths,
+            rounds,
+            json,
+        } => {
+            let opts = dtf::bench::Options {
+                data,
+                widths,
+                batch: 100,
+                rounds,
+                round_secs: 0.5,
+            };
+            let report = dtf::bench::run(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", dtf::bench::table(&report));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -10,12 +10,22 @@ use std::collections::BTreeSet;
 /// Why a request was refused. Nothing changed.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ShardError {
-    #[error("ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet")]
+    #[error(
+        "ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet"
+    )]
     NotInitialized { ps: usize },
     #[error("ps:{ps} does not hold variable {name:?} (it holds {held:?})")]
-    UnknownVariable { ps: usize, name: String, held: Vec<String> },
+    UnknownVariable {
+        ps: usize,
+        name: String,
+        held: Vec<String>,
+    },
     #[error("variable {name}: shape {got:?}, expected {expected:?}")]
-    Shape { name: String, expected: Vec<usize>, got: Vec<usize> },
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
     #[error("variable {name} given twice")]
     Duplicate { name: String },
     #[error("variable {name} missing: every variable of ps:{ps} is required")]
@@ -40,9 +50,12 @@ impl From<ShardError> for tonic::Status {
             NotInitialized { .. } | FutureStep { .. } => tonic::Status::failed_precondition(msg),
             UnknownVariable { .. } => tonic::Status::not_found(msg),
             DuplicatePush { .. } => tonic::Status::already_exists(msg),
-            Shape { .. } | Duplicate { .. } | Missing { .. } | NonFinite { .. } | LearningRate(_) | UnknownWorker { .. } => {
-                tonic::Status::invalid_argument(msg)
-            }
+            Shape { .. }
+            | Duplicate { .. }
+            | Missing { .. }
+            | NonFinite { .. }
+            | LearningRate(_)
+            | UnknownWorker { .. } => tonic::Status::invalid_argument(msg),
         }
     }
 }
@@ -123,7 +136,10 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(ps: usize, specs: Vec<VarSpec>, rule: Rule, moving_average_decay: f32) -> Self {
-        let sum = specs.iter().map(|s| ArrayD::zeros(IxDyn(&s.shape))).collect();
+        let sum = specs
+            .iter()
+            .map(|s| ArrayD::zeros(IxDyn(&s.shape)))
+            .collect();
         Self {
             ps,
             specs,
@@ -133,7 +149,10 @@ impl Shard {
             complete: false,
             rule,
             ema: moving_average_decay,
-            pending: Pending { workers: BTreeSet::new(), sum },
+            pending: Pending {
+                workers: BTreeSet::new(),
+                sum,
+            },
             counters: Counters::default(),
             last_loss: f32::NAN,
         }
@@ -163,7 +182,9 @@ impl Shard {
 
     /// Current values, or [`ShardError::NotInitialized`].
     pub fn values(&self) -> Result<&[ArrayD<f32>], ShardError> {
-        self.values.as_deref().ok_or(ShardError::NotInitialized { ps: self.ps })
+        self.values
+            .as_deref()
+            .ok_or(ShardError::NotInitialized { ps: self.ps })
     }
 
     /// EMA shadows, or [`ShardError::NotInitialized`].
@@ -174,7 +195,10 @@ impl Shard {
 
     /// Puts `named` tensors into model order, checking that each variable of
     /// the shard appears exactly once with its shape and finite values.
-    pub fn arrange(&self, named: Vec<(String, ArrayD<f32>)>) -> Result<Vec<ArrayD<f32>>, ShardError> {
+    pub fn arrange(
+        &self,
+        named: Vec<(String, ArrayD<f32>)>,
+    ) -> Result<Vec<ArrayD<f32>>, ShardError> {
         let mut out: Vec<Option<ArrayD<f32>>> = vec![None; self.specs.len()];
         for (name, a) in named {
             let Some(i) = self.specs.iter().position(|s| s.name == name) else {
@@ -185,7 +209,11 @@ impl Shard {
                 });
             };
             if a.shape() != self.specs[i].shape.as_slice() {
-                return Err(ShardError::Shape { name, expected: self.specs[i].shape.clone(), got: a.shape().to_vec() });
+                return Err(ShardError::Shape {
+                    name,
+                    expected: self.specs[i].shape.clone(),
+                    got: a.shape().to_vec(),
+                });
             }
             if let Some(index) = a.iter().position(|v| !v.is_finite()) {
                 return Err(ShardError::NonFinite { name, index });
@@ -197,7 +225,12 @@ impl Shard {
         }
         out.into_iter()
             .zip(&self.specs)
-            .map(|(a, s)| a.ok_or_else(|| ShardError::Missing { ps: self.ps, name: s.name.clone() }))
+            .map(|(a, s)| {
+                a.ok_or_else(|| ShardError::Missing {
+                    ps: self.ps,
+                    name: s.name.clone(),
+                })
+            })
             .collect()
     }
 
@@ -223,7 +256,14 @@ impl Shard {
 
     /// Applies (async) or aggregates (sync) a gradient computed at `step` by `worker`.
     /// `grads` must come from [`Shard::arrange`].
-    pub fn push(&mut self, grads: Vec<ArrayD<f32>>, lr: f32, step: u64, worker: u32, loss: f32) -> Result<Pushed, ShardError> {
+    pub fn push(
+        &mut self,
+        grads: Vec<ArrayD<f32>>,
+        lr: f32,
+        step: u64,
+        worker: u32,
+        loss: f32,
+    ) -> Result<Pushed, ShardError> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(ShardError::LearningRate(lr));
         }
@@ -246,7 +286,11 @@ impl Shard {
                     return Ok(Pushed::Stale);
                 }
                 if step > self.step {
-                    return Err(ShardError::FutureStep { ps: self.ps, step, current: self.step });
+                    return Err(ShardError::FutureStep {
+                        ps: self.ps,
+                        step,
+                        current: self.step,
+                    });
                 }
                 if self.pending.workers.contains(&worker) {
                     return Err(ShardError::DuplicatePush { worker, step });
@@ -296,7 +340,10 @@ mod tests {
     use super::*;
 
     fn shard(rule: Rule) -> Shard {
-        let specs = vec![VarSpec { name: "w".into(), shape: vec![2] }];
+        let specs = vec![VarSpec {
+            name: "w".into(),
+            shape: vec![2],
+        }];
         let mut s = Shard::new(0, specs, rule, 0.99);
         assert!(s.initialize(vec![ArrayD::zeros(IxDyn(&[2]))], None, 0, false));
         s
@@ -319,9 +366,15 @@ mod tests {
 
     #[test]
     fn sync_averages_drops_stale_and_refuses_duplicates() {
-        let mut s = shard(Rule::Sync { replicas: 2, total: 3 });
+        let mut s = shard(Rule::Sync {
+            replicas: 2,
+            total: 3,
+        });
         assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
-        assert_eq!(s.push(g(9., 9.), 1.0, 0, 0, 1.0), Err(ShardError::DuplicatePush { worker: 0, step: 0 }));
+        assert_eq!(
+            s.push(g(9., 9.), 1.0, 0, 0, 1.0),
+            Err(ShardError::DuplicatePush { worker: 0, step: 0 })
+        );
         assert_eq!(s.step(), 0);
         assert_eq!(s.push(g(3., 5.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
@@ -329,21 +382,54 @@ mod tests {
         // The backup replica's gradient for step 0 arrives late.
         assert_eq!(s.push(g(100., 100.), 1.0, 0, 2, 1.0), Ok(Pushed::Stale));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
-        assert_eq!(s.push(g(1., 1.), 1.0, 5, 2, 1.0), Err(ShardError::FutureStep { ps: 0, step: 5, current: 1 }));
-        assert_eq!(s.push(g(1., 1.), 1.0, 1, 3, 1.0), Err(ShardError::UnknownWorker { worker: 3, total: 3 }));
+        assert_eq!(
+            s.push(g(1., 1.), 1.0, 5, 2, 1.0),
+            Err(ShardError::FutureStep {
+                ps: 0,
+                step: 5,
+                current: 1
+            })
+        );
+        assert_eq!(
+            s.push(g(1., 1.), 1.0, 1, 3, 1.0),
+            Err(ShardError::UnknownWorker {
+                worker: 3,
+                total: 3
+            })
+        );
         let c = s.counters();
-        assert_eq!((c.updates_applied, c.gradients_aggregated, c.stale_gradients), (1, 2, 1));
+        assert_eq!(
+            (c.updates_applied, c.gradients_aggregated, c.stale_gradients),
+            (1, 2, 1)
+        );
     }
 
     #[test]
     fn arrange_checks_names_shapes_and_values() {
         let s = shard(Rule::Async);
-        let t = |n: &str, v: Vec<f32>| (n.to_string(), ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap());
-        assert!(matches!(s.arrange(vec![t("x", vec![1., 2.])]), Err(ShardError::UnknownVariable { .. })));
-        assert!(matches!(s.arrange(vec![t("w", vec![1.])]), Err(ShardError::Shape { .. })));
-        assert!(matches!(s.arrange(vec![t("w", vec![1., f32::NAN])]), Err(ShardError::NonFinite { index: 1, .. })));
+        let t = |n: &str, v: Vec<f32>| {
+            (
+                n.to_string(),
+                ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap(),
+            )
+        };
+        assert!(matches!(
+            s.arrange(vec![t("x", vec![1., 2.])]),
+            Err(ShardError::UnknownVariable { .. })
+        ));
+        assert!(matches!(
+            s.arrange(vec![t("w", vec![1.])]),
+            Err(ShardError::Shape { .. })
+        ));
+        assert!(matches!(
+            s.arrange(vec![t("w", vec![1., f32::NAN])]),
+            Err(ShardError::NonFinite { index: 1, .. })
+        ));
         assert!(matches!(s.arrange(vec![]), Err(ShardError::Missing { .. })));
-        assert!(matches!(s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]), Err(ShardError::Duplicate { .. })));
+        assert!(matches!(
+            s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]),
+            Err(ShardError::Duplicate { .. })
+        ));
         assert!(s.arrange(vec![t("w", vec![1., 2.])]).is_ok());
     }
 
