@@ -72,15 +72,8 @@ pub fn init_logging(level: &str) -> LogHandle {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     // Under systemd the journal stamps each line itself.
-    let fmt = if std::env::var_os("JOURNAL_STREAM").is_some() {
-        fmt.without_time().boxed()
-    } else {
-        fmt.boxed()
-    };
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .try_init();
+    let fmt = if std::env::var_os("JOURNAL_STREAM").is_some() { fmt.without_time().boxed() } else { fmt.boxed() };
+    let _ = tracing_subscriber::registry().with(filter).with(fmt).try_init();
     handle
 }
 
@@ -93,16 +86,9 @@ pub fn load(path: &Path, task: Option<usize>, role: Role) -> Result<(Config, Tas
         (Some(i), _) => i,
         (None, Some(t)) if t.role == role => t.index,
         (None, Some(t)) => {
-            return Err(ConfigError::Invalid(format!(
-                "TF_CONFIG names a {:?} task, but this is the {role:?} daemon",
-                t.role
-            )));
+            return Err(ConfigError::Invalid(format!("TF_CONFIG names a {:?} task, but this is the {role:?} daemon", t.role)));
         }
-        (None, None) => {
-            return Err(ConfigError::Invalid(
-                "no task index: pass --task N or set TF_CONFIG".into(),
-            ));
-        }
+        (None, None) => return Err(ConfigError::Invalid("no task index: pass --task N or set TF_CONFIG".into())),
     };
     let id = TaskId { role, index };
     cfg.check_task(id)?;
@@ -111,24 +97,11 @@ pub fn load(path: &Path, task: Option<usize>, role: Role) -> Result<(Config, Tas
 
 /// Feeds [`Control`] from SIGTERM, SIGINT, SIGHUP and changes to `path`.
 /// The watcher is returned so it lives as long as the caller wants it.
-fn control_sources(
-    path: &Path,
-) -> Result<
-    (
-        mpsc::UnboundedReceiver<Control>,
-        Option<notify::RecommendedWatcher>,
-    ),
-    DaemonError,
-> {
+fn control_sources(path: &Path) -> Result<(mpsc::UnboundedReceiver<Control>, Option<notify::RecommendedWatcher>), DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::unbounded_channel();
-    let sig =
-        |k: SignalKind| signal(k).map_err(|e| DaemonError::Runtime(format!("signal handler: {e}")));
-    let (mut term, mut int, mut hup) = (
-        sig(SignalKind::terminate())?,
-        sig(SignalKind::interrupt())?,
-        sig(SignalKind::hangup())?,
-    );
+    let sig = |k: SignalKind| signal(k).map_err(|e| DaemonError::Runtime(format!("signal handler: {e}")));
+    let (mut term, mut int, mut hup) = (sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?, sig(SignalKind::hangup())?);
     let t = tx.clone();
     tokio::spawn(async move {
         loop {
@@ -147,10 +120,7 @@ fn control_sources(
 
 /// Watches the config file's directory (editors replace files rather than
 /// write them in place) and sends [`Control::Reload`] when the file changes.
-fn watch_file(
-    path: &Path,
-    tx: mpsc::UnboundedSender<Control>,
-) -> Option<notify::RecommendedWatcher> {
+fn watch_file(path: &Path, tx: mpsc::UnboundedSender<Control>) -> Option<notify::RecommendedWatcher> {
     use notify::{EventKind, RecursiveMode, Watcher};
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let dir = path.parent()?.to_path_buf();
@@ -173,9 +143,7 @@ fn watch_file(
     // Debounce: an editor's save is several events; reload once they settle.
     tokio::spawn(async move {
         while ev_rx.recv().await.is_some() {
-            while let Ok(Some(())) =
-                tokio::time::timeout(Duration::from_millis(200), ev_rx.recv()).await
-            {}
+            while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(200), ev_rx.recv()).await {}
             if tx.send(Control::Reload).is_err() {
                 return;
             }
@@ -267,42 +235,21 @@ async fn supervise<T>(
 /// `dtf-ps`: serves ps task `task` until the run is complete or it is stopped.
 ///
 /// Errors: [`DaemonError::Config`] (exit 78) or [`DaemonError::Runtime`].
-pub async fn run_ps(
-    path: PathBuf,
-    cfg: Config,
-    task: TaskId,
-    log: LogHandle,
-) -> Result<(), DaemonError> {
+pub async fn run_ps(path: PathBuf, cfg: Config, task: TaskId, log: LogHandle) -> Result<(), DaemonError> {
     let token = cfg.read_token()?;
     let addr = cfg.address(task).unwrap_or_default().to_string();
     if let Some(step) = worker::completed_run(&cfg) {
-        info!(
-            global_step = step,
-            "The run is already complete (final checkpoint present); exiting."
-        );
+        info!(global_step = step, "The run is already complete (final checkpoint present); exiting.");
         return Ok(());
     }
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
-        DaemonError::Runtime(format!(
-            "ps:{} cannot listen on {addr} (cluster.ps[{}]): {e}",
-            task.index, task.index
-        ))
-    })?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| DaemonError::Runtime(format!("ps:{} cannot listen on {addr} (cluster.ps[{}]): {e}", task.index, task.index)))?;
     let shutdown = CancellationToken::new();
     let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
-    notify(&[
-        NotifyState::Ready,
-        NotifyState::Status(&format!("ps:{} serving on {addr}", task.index)),
-    ]);
+    notify(&[NotifyState::Ready, NotifyState::Status(&format!("ps:{} serving on {addr}", task.index))]);
     info!(task = task.index, %addr, "Parameter server ready.");
-    let served = supervise(
-        path,
-        tx,
-        log,
-        shutdown.clone(),
-        crate::ps::serve(&cfg, task.index, &token, listener, shutdown.clone()),
-    )
-    .await?;
+    let served = supervise(path, tx, log, shutdown.clone(), crate::ps::serve(&cfg, task.index, &token, listener, shutdown.clone())).await?;
     notify(&[NotifyState::Stopping]);
     served.map_err(|e| DaemonError::Runtime(e.to_string()))
 }
@@ -310,12 +257,7 @@ pub async fn run_ps(
 /// `dtf-worker`: trains as worker `task` until `last_step` or stopped.
 ///
 /// Errors: [`DaemonError::Config`] (exit 78) or [`DaemonError::Runtime`].
-pub async fn run_worker(
-    path: PathBuf,
-    cfg: Config,
-    task: TaskId,
-    log: LogHandle,
-) -> Result<Outcome, DaemonError> {
+pub async fn run_worker(path: PathBuf, cfg: Config, task: TaskId, log: LogHandle) -> Result<Outcome, DaemonError> {
     let token = cfg.read_token()?;
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
@@ -361,9 +303,7 @@ pub enum DaemonCommand {
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
-    let (cfg, task) = match load(&args.config, args.task, role)
-        .and_then(|(c, t)| c.read_token().map(|_| (c, t)))
-    {
+    let (cfg, task) = match load(&args.config, args.task, role).and_then(|(c, t)| c.read_token().map(|_| (c, t))) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
@@ -375,11 +315,7 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     let log = init_logging(&cfg.log.level);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             error!(error = %e, "Cannot start the async runtime.");

@@ -44,10 +44,7 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
     let expected = mlp.variables();
     let names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
     if names != expected.iter().map(|v| v.name.as_str()).collect::<Vec<_>>() {
-        return Err(EvalError::Model(format!(
-            "{}: variables {names:?} are not an MLP's",
-            file.display()
-        )));
+        return Err(EvalError::Model(format!("{}: variables {names:?} are not an MLP's", file.display())));
     }
     let test = Dataset::load(data_dir, Split::Test)?;
     test.check_labels(mlp.classes())?;
@@ -78,10 +75,7 @@ fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
     for (name, a) in &ckpt.variables {
         if name.ends_with("/weights") {
             if a.ndim() != 2 {
-                return Err(EvalError::Model(format!(
-                    "{name} has shape {:?}, expected a matrix",
-                    a.shape()
-                )));
+                return Err(EvalError::Model(format!("{name} has shape {:?}, expected a matrix", a.shape())));
             }
             if layers.is_empty() {
                 layers.push(a.shape()[0]);
@@ -90,9 +84,7 @@ fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
         }
     }
     if layers.len() < 2 {
-        return Err(EvalError::Model(
-            "the checkpoint holds no layer weights".into(),
-        ));
+        return Err(EvalError::Model("the checkpoint holds no layer weights".into()));
     }
     Ok(layers)
 }

@@ -41,17 +41,9 @@ pub struct Options {
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
     #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    Io { what: String, source: std::io::Error },
     #[error("{task} failed ({status}); its log {log}:\n{tail}")]
-    Task {
-        task: String,
-        status: ExitStatus,
-        log: PathBuf,
-        tail: String,
-    },
+    Task { task: String, status: ExitStatus, log: PathBuf, tail: String },
     #[error("{0}")]
     Setup(String),
     #[error(transparent)]
@@ -93,67 +85,41 @@ struct Task {
 /// Free ports on 127.0.0.1, found by binding port 0. Another process could
 /// take one before the task binds it; that fails the run loudly, not silently.
 fn free_ports(n: usize) -> Result<Vec<u16>, LocalError> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(io("binding a free port"))?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<_, _>>()
-        .map_err(io("reading a port"))
+    let listeners: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().map_err(io("binding a free port"))?;
+    listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>().map_err(io("reading a port"))
 }
 
 /// Writes a run directory (config, token) for `opts` and returns the config's path.
 pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), LocalError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(run_dir.join("logs"))
-        .map_err(io(format!("creating {}", run_dir.display())))?;
+    std::fs::create_dir_all(run_dir.join("logs")).map_err(io(format!("creating {}", run_dir.display())))?;
     let ports = free_ports(opts.ps + opts.workers)?;
     let mut cfg = opts.base.clone();
-    cfg.cluster.ps = ports[..opts.ps]
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    cfg.cluster.worker = ports[opts.ps..]
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    cfg.cluster.ps = ports[..opts.ps].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    cfg.cluster.worker = ports[opts.ps..].iter().map(|p| format!("127.0.0.1:{p}")).collect();
     cfg.train.last_step = opts.steps;
     cfg.train.mode = opts.mode;
     if let Some(d) = &opts.data {
         cfg.data.dir = d.clone();
     }
-    cfg.checkpoint.dir = opts
-        .checkpoint_dir
-        .clone()
-        .unwrap_or_else(|| run_dir.join("checkpoints"));
+    cfg.checkpoint.dir = opts.checkpoint_dir.clone().unwrap_or_else(|| run_dir.join("checkpoints"));
     if let Some(s) = opts.save_secs {
         cfg.checkpoint.save_secs = s;
     }
     let token_path = run_dir.join("token");
     let token = format!("{:032x}", rand::random::<u128>());
     std::fs::write(&token_path, &token).map_err(io(format!("writing {}", token_path.display())))?;
-    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod token"))?;
+    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600)).map_err(io("chmod token"))?;
     cfg.security.token_file = token_path;
-    cfg.validate()
-        .map_err(|e| LocalError::Setup(e.to_string()))?;
+    cfg.validate().map_err(|e| LocalError::Setup(e.to_string()))?;
     let path = run_dir.join("dtf.toml");
     std::fs::write(&path, cfg.to_toml()).map_err(io(format!("writing {}", path.display())))?;
     Ok((path, cfg))
 }
 
-fn spawn(
-    bin: &Path,
-    config: &Path,
-    task: usize,
-    name: String,
-    run_dir: &Path,
-) -> Result<Task, LocalError> {
-    let log = run_dir
-        .join("logs")
-        .join(format!("{}.log", name.replace(':', "-")));
+fn spawn(bin: &Path, config: &Path, task: usize, name: String, run_dir: &Path) -> Result<Task, LocalError> {
+    let log = run_dir.join("logs").join(format!("{}.log", name.replace(':', "-")));
     let file = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
     let err = file.try_clone().map_err(io("log file"))?;
     let child = Command::new(bin)
@@ -169,12 +135,7 @@ fn spawn(
         .kill_on_drop(true)
         .spawn()
         .map_err(io(format!("starting {}", bin.display())))?;
-    Ok(Task {
-        name,
-        log,
-        child,
-        status: None,
-    })
+    Ok(Task { name, log, child, status: None })
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -192,29 +153,13 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
     let (config_path, cfg) = prepare(opts, run_dir)?;
     let mut tasks = Vec::new();
     for i in 0..opts.ps {
-        tasks.push(spawn(
-            &opts.bin_dir.join("dtf-ps"),
-            &config_path,
-            i,
-            format!("ps:{i}"),
-            run_dir,
-        )?);
+        tasks.push(spawn(&opts.bin_dir.join("dtf-ps"), &config_path, i, format!("ps:{i}"), run_dir)?);
     }
     for i in 0..opts.workers {
-        tasks.push(spawn(
-            &opts.bin_dir.join("dtf-worker"),
-            &config_path,
-            i,
-            format!("worker:{i}"),
-            run_dir,
-        )?);
+        tasks.push(spawn(&opts.bin_dir.join("dtf-worker"), &config_path, i, format!("worker:{i}"), run_dir)?);
     }
-    let token = cfg
-        .read_token()
-        .map_err(|e| LocalError::Setup(e.to_string()))?;
-    let specs = Mlp::new(&cfg.model.layers)
-        .map_err(|e| LocalError::Setup(e.to_string()))?
-        .variables();
+    let token = cfg.read_token().map_err(|e| LocalError::Setup(e.to_string()))?;
+    let specs = Mlp::new(&cfg.model.layers).map_err(|e| LocalError::Setup(e.to_string()))?.variables();
     let cluster = Cluster::new(&cfg, specs, &token).map_err(LocalError::Setup)?;
 
     let bar = progress_bar(opts);
@@ -223,19 +168,10 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
     loop {
         tick.tick().await;
         for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-            if let Some(status) = t
-                .child
-                .try_wait()
-                .map_err(io(format!("waiting for {}", t.name)))?
-            {
+            if let Some(status) = t.child.try_wait().map_err(io(format!("waiting for {}", t.name)))? {
                 t.status = Some(status);
                 if !status.success() {
-                    let err = LocalError::Task {
-                        task: t.name.clone(),
-                        status,
-                        log: t.log.clone(),
-                        tail: tail(&t.log, 20),
-                    };
+                    let err = LocalError::Task { task: t.name.clone(), status, log: t.log.clone(), tail: tail(&t.log, 20) };
                     stop_all(&mut tasks).await;
                     bar.abandon();
                     return Err(err);
@@ -256,11 +192,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
                     last = (now, s.global_step);
                 }
                 bar.set_position(s.global_step.min(opts.steps));
-                bar.set_message(format!(
-                    "loss {:.4} · {:.0} examples/s",
-                    s.last_loss,
-                    s.examples_per_sec * cfg.train.batch_size as f64
-                ));
+                bar.set_message(format!("loss {:.4} · {:.0} examples/s", s.last_loss, s.examples_per_sec * cfg.train.batch_size as f64));
             }
         }
     }
@@ -289,9 +221,7 @@ fn progress_bar(opts: &Options) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(opts.steps);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:30}] step {pos}/{len} {msg}",
-    ) {
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len} {msg}") {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
@@ -306,10 +236,7 @@ async fn stop_all(tasks: &mut [Task]) {
         }
     }
     for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-        if tokio::time::timeout(Duration::from_secs(5), t.child.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(5), t.child.wait()).await.is_err() {
             let _ = t.child.kill().await;
         }
     }

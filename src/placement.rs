@@ -6,10 +6,7 @@ use crate::model::VarSpec;
 
 /// The ps task index of each variable, in `vars` order.
 pub fn assign(vars: &[VarSpec], num_ps: usize, strategy: Placement) -> Vec<usize> {
-    assert!(
-        num_ps > 0,
-        "a cluster has at least one ps task (validated in config)"
-    );
+    assert!(num_ps > 0, "a cluster has at least one ps task (validated in config)");
     match strategy {
         Placement::RoundRobin => (0..vars.len()).map(|i| i % num_ps).collect(),
         Placement::Greedy => {
@@ -43,28 +40,17 @@ mod tests {
     use super::*;
 
     fn specs() -> Vec<VarSpec> {
-        [
-            ("layer1/weights", vec![784, 500]),
-            ("layer1/biases", vec![500]),
-            ("layer2/weights", vec![500, 10]),
-            ("layer2/biases", vec![10]),
-        ]
-        .into_iter()
-        .map(|(n, s)| VarSpec {
-            name: n.into(),
-            shape: s,
-        })
-        .collect()
+        [("layer1/weights", vec![784, 500]), ("layer1/biases", vec![500]), ("layer2/weights", vec![500, 10]), ("layer2/biases", vec![10])]
+            .into_iter()
+            .map(|(n, s)| VarSpec { name: n.into(), shape: s })
+            .collect()
     }
 
     #[test]
     fn round_robin_in_creation_order() {
         assert_eq!(assign(&specs(), 2, Placement::RoundRobin), vec![0, 1, 0, 1]);
         assert_eq!(assign(&specs(), 3, Placement::RoundRobin), vec![0, 1, 2, 0]);
-        assert_eq!(
-            shard(&specs(), 2, Placement::RoundRobin, 1)[0].name,
-            "layer1/biases"
-        );
+        assert_eq!(shard(&specs(), 2, Placement::RoundRobin, 1)[0].name, "layer1/biases");
     }
 
     #[test]

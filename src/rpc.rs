@@ -17,12 +17,7 @@ pub enum TensorError {
     DType { name: String, dtype: i32 },
     /// The byte count does not match the shape.
     #[error("tensor {name}: shape {shape:?} needs {expected} bytes, got {got}")]
-    Length {
-        name: String,
-        shape: Vec<u64>,
-        expected: usize,
-        got: usize,
-    },
+    Length { name: String, shape: Vec<u64>, expected: usize, got: usize },
     /// A dimension too large for this host.
     #[error("tensor {name}: shape {shape:?} is too large")]
     TooLarge { name: String, shape: Vec<u64> },
@@ -56,15 +51,9 @@ pub fn encode(name: &str, array: &ArrayD<f32>) -> pb::Tensor {
 /// Errors: [`TensorError`] when the dtype is not f32 or the length disagrees.
 pub fn checked_shape(t: &pb::Tensor) -> Result<Vec<usize>, TensorError> {
     if t.dtype != pb::DataType::F32 as i32 {
-        return Err(TensorError::DType {
-            name: t.name.clone(),
-            dtype: t.dtype,
-        });
+        return Err(TensorError::DType { name: t.name.clone(), dtype: t.dtype });
     }
-    let too_large = || TensorError::TooLarge {
-        name: t.name.clone(),
-        shape: t.shape.clone(),
-    };
+    let too_large = || TensorError::TooLarge { name: t.name.clone(), shape: t.shape.clone() };
     let shape: Vec<usize> = t
         .shape
         .iter()
@@ -83,6 +72,50 @@ pub fn checked_shape(t: &pb::Tensor) -> Result<Vec<usize>, TensorError> {
         });
     }
     Ok(shape)
+}
+
+/// A wire tensor checked but not copied: its values stay in the message's
+/// bytes (little-endian f32, possibly unaligned). The ps applies gradients
+/// straight from these, so a push materializes no array.
+#[derive(Debug, Clone)]
+pub struct TensorView<'a> {
+    /// The variable's name.
+    pub name: &'a str,
+    /// Dimensions, checked against the byte length.
+    pub shape: Vec<usize>,
+    /// `4 · Π shape` bytes of little-endian f32.
+    pub data: &'a [u8],
+}
+
+/// Checks a proto tensor's dtype and length and views its bytes.
+///
+/// Errors: [`TensorError`] as [`checked_shape`].
+pub fn view(t: &pb::Tensor) -> Result<TensorView<'_>, TensorError> {
+    Ok(TensorView { name: &t.name, shape: checked_shape(t)?, data: &t.data })
+}
+
+/// Makes glibc keep freed message-sized buffers instead of returning them
+/// to the kernel after every RPC. Each push and pull allocates a few buffers
+/// of the model's size (1.6 MB for the reference model); by default glibc
+/// serves those with mmap or trims them off a thread arena's heap on free,
+/// so every step page-faulted them in again: a third of the ps's CPU time
+/// (docs/benchmarks.md). The cost is that freed buffers stay resident, a
+/// few times the model's size. Called once by the ps and the worker; a no-op
+/// elsewhere than glibc.
+pub fn keep_freed_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // 32 MiB is glibc's largest mmap threshold on 64-bit hosts.
+            // SAFETY: mallopt only sets allocator parameters; it is safe
+            // to call at any time from any thread.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+            }
+        });
+    }
 }
 
 /// Decodes a proto tensor into a new array.
@@ -107,9 +140,7 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
             got: t.data.len(),
         });
     }
-    let dst = out
-        .as_slice_mut()
-        .expect("arrays built by dtf are contiguous");
+    let dst = out.as_slice_mut().expect("arrays built by dtf are contiguous");
     bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&t.data);
     Ok(())
 }
@@ -142,5 +173,17 @@ mod tests {
         assert!(matches!(decode(&t), Err(TensorError::DType { .. })));
         let mut b = ArrayD::zeros(IxDyn(&[3]));
         assert!(decode_into(&encode("w", &a), &mut b).is_err());
+        let mut t = encode("w", &a);
+        t.shape = vec![3];
+        assert!(matches!(view(&t), Err(TensorError::Length { .. })));
+    }
+
+    #[test]
+    fn view_borrows_the_bytes() {
+        let a = ArrayD::from_shape_vec(IxDyn(&[2]), vec![1.5f32, -2.0]).unwrap();
+        let t = encode("w", &a);
+        let v = view(&t).unwrap();
+        assert_eq!((v.name, v.shape.as_slice()), ("w", &[2usize][..]));
+        assert_eq!(v.data, bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0]));
     }
 }

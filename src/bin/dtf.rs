@@ -106,27 +106,14 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Local {
-            ps,
-            workers,
-            steps,
-            mode,
-            data,
-            checkpoint_dir,
-            save_secs,
-            config,
-            json,
-        } => {
+        Command::Local { ps, workers, steps, mode, data, checkpoint_dir, save_secs, config, json } => {
             let _log = dtf::daemon::init_logging("warn");
             let base = match config {
                 Some(p) => Config::load(&p)?,
                 None => Config::default(),
             };
             let exe = std::env::current_exe().context("locating the dtf binary")?;
-            let bin_dir = exe
-                .parent()
-                .context("the dtf binary has no directory")?
-                .to_path_buf();
+            let bin_dir = exe.parent().context("the dtf binary has no directory")?.to_path_buf();
             let mode = match mode {
                 ModeArg::Async => Mode::Async,
                 ModeArg::Sync => Mode::Sync,
@@ -143,24 +130,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: std::io::stderr().is_terminal(),
                 base,
             };
-            let run_dir = tempfile::Builder::new()
-                .prefix("dtf-local-")
-                .tempdir()
-                .context("creating a run directory")?
-                .keep();
-            eprintln!(
-                "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
-                run_dir.display()
-            );
+            let run_dir = tempfile::Builder::new().prefix("dtf-local-").tempdir().context("creating a run directory")?.keep();
+            eprintln!("dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}", run_dir.display());
             let rt = tokio::runtime::Runtime::new()?;
             let report = rt.block_on(dtf::local::run(&opts, &run_dir))?;
             println!(
                 "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
-                report.global_step,
-                report.test_accuracy,
-                report.ema_test_accuracy,
-                report.steps_per_sec,
-                report.seconds
+                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.steps_per_sec, report.seconds
             );
             println!("checkpoints: {}", report.checkpoint_dir.display());
             if json {
@@ -181,19 +157,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench {
-            data,
-            widths,
-            rounds,
-            json,
-        } => {
-            let opts = dtf::bench::Options {
-                data,
-                widths,
-                batch: 100,
-                rounds,
-                round_secs: 0.5,
-            };
+        Command::Bench { data, widths, rounds, json } => {
+            let opts = dtf::bench::Options { data, widths, batch: 100, rounds, round_secs: 0.5 };
             let report = dtf::bench::run(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);

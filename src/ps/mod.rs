@@ -8,8 +8,8 @@ pub mod shard;
 use crate::auth::CheckToken;
 use crate::config::{Config, Mode, Role, TaskId};
 use crate::model::Mlp;
-use crate::pb;
 use crate::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
+use crate::pb;
 use crate::{placement, rpc};
 use shard::{Pushed, Rule, Shard};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -66,18 +66,10 @@ impl PsService {
     /// Errors: [`PsError::Model`] for a bad `model.layers`.
     pub fn new(config: &Config, task: usize) -> Result<Self, PsError> {
         let mlp = Mlp::new(&config.model.layers)?;
-        let specs = placement::shard(
-            &mlp.variables(),
-            config.cluster.ps.len(),
-            config.cluster.placement,
-            task,
-        );
+        let specs = placement::shard(&mlp.variables(), config.cluster.ps.len(), config.cluster.placement, task);
         let rule = match config.train.mode {
             Mode::Async => Rule::Async,
-            Mode::Sync => Rule::Sync {
-                replicas: config.replicas_to_aggregate(),
-                total: config.total_num_replicas(),
-            },
+            Mode::Sync => Rule::Sync { replicas: config.replicas_to_aggregate(), total: config.total_num_replicas() },
         };
         let shard = Shard::new(task, specs, rule, config.train.moving_average_decay);
         Ok(Self {
@@ -104,12 +96,7 @@ impl PsService {
     }
 
     /// Encodes the current values (and shadows) under the lock: a consistent snapshot.
-    fn snapshot(
-        &self,
-        shard: &Shard,
-        names: &[String],
-        with_shadows: bool,
-    ) -> Result<(Vec<pb::Tensor>, Vec<pb::Tensor>), Status> {
+    fn snapshot(&self, shard: &Shard, names: &[String], with_shadows: bool) -> Result<(Vec<pb::Tensor>, Vec<pb::Tensor>), Status> {
         let values = shard.values()?;
         let pick = |i: usize| names.is_empty() || names.contains(&shard.specs()[i].name);
         for n in names {
@@ -122,16 +109,10 @@ impl PsService {
                 .into());
             }
         }
-        let vars = (0..values.len())
-            .filter(|&i| pick(i))
-            .map(|i| rpc::encode(&shard.specs()[i].name, &values[i]))
-            .collect();
+        let vars = (0..values.len()).filter(|&i| pick(i)).map(|i| rpc::encode(&shard.specs()[i].name, &values[i])).collect();
         let shadows = if with_shadows {
             let sh = shard.shadows()?;
-            (0..sh.len())
-                .filter(|&i| pick(i))
-                .map(|i| rpc::encode(&shard.specs()[i].name, &sh[i]))
-                .collect()
+            (0..sh.len()).filter(|&i| pick(i)).map(|i| rpc::encode(&shard.specs()[i].name, &sh[i])).collect()
         } else {
             Vec::new()
         };
@@ -163,18 +144,12 @@ impl PsService {
 }
 
 fn named(tensors: &[pb::Tensor]) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, Status> {
-    tensors
-        .iter()
-        .map(|t| Ok((t.name.clone(), rpc::decode(t)?)))
-        .collect()
+    tensors.iter().map(|t| Ok((t.name.clone(), rpc::decode(t)?))).collect()
 }
 
 #[tonic::async_trait]
 impl ParameterServer for PsService {
-    async fn state(
-        &self,
-        _: Request<pb::StateRequest>,
-    ) -> Result<Response<pb::StateResponse>, Status> {
+    async fn state(&self, _: Request<pb::StateRequest>) -> Result<Response<pb::StateResponse>, Status> {
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
@@ -194,39 +169,22 @@ impl ParameterServer for PsService {
         }))
     }
 
-    async fn initialize(
-        &self,
-        req: Request<pb::InitializeRequest>,
-    ) -> Result<Response<pb::InitializeResponse>, Status> {
+    async fn initialize(&self, req: Request<pb::InitializeRequest>) -> Result<Response<pb::InitializeResponse>, Status> {
         let req = req.into_inner();
         let values = named(&req.variables)?;
         let shadows = named(&req.shadows)?;
         let mut s = self.lock();
         let values = s.arrange(values)?;
-        let shadows = if shadows.is_empty() {
-            None
-        } else {
-            Some(s.arrange(shadows)?)
-        };
+        let shadows = if shadows.is_empty() { None } else { Some(s.arrange(shadows)?) };
         let applied = s.initialize(values, shadows, req.global_step, req.force);
         if applied {
-            info!(
-                ps = self.inner.task,
-                step = req.global_step,
-                "Shard initialized."
-            );
+            info!(ps = self.inner.task, step = req.global_step, "Shard initialized.");
             self.inner.step_tx.send_replace(req.global_step);
         }
-        Ok(Response::new(pb::InitializeResponse {
-            applied,
-            incarnation: self.inner.incarnation,
-        }))
+        Ok(Response::new(pb::InitializeResponse { applied, incarnation: self.inner.incarnation }))
     }
 
-    async fn pull(
-        &self,
-        req: Request<pb::PullRequest>,
-    ) -> Result<Response<pb::PullResponse>, Status> {
+    async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<pb::PullResponse>, Status> {
         let req = req.into_inner();
         if req.min_step > 0 {
             self.wait_for_step(req.min_step).await;
@@ -242,10 +200,7 @@ impl ParameterServer for PsService {
         }))
     }
 
-    async fn push(
-        &self,
-        req: Request<pb::PushRequest>,
-    ) -> Result<Response<pb::PushResponse>, Status> {
+    async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
         let req = req.into_inner();
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(Status::failed_precondition(format!(
@@ -253,14 +208,15 @@ impl ParameterServer for PsService {
                 self.inner.task, req.incarnation, self.inner.incarnation
             )));
         }
-        let grads = named(&req.gradients)?;
+        // Applied straight from the request's bytes: no gradient array is built.
+        let grads = req.gradients.iter().map(rpc::view).collect::<Result<Vec<_>, _>>()?;
         let outcome = {
             let mut s = self.lock();
             if s.is_complete() {
                 None
             } else {
-                let grads = s.arrange(grads)?;
-                let outcome = s.push(grads, req.learning_rate, req.step, req.worker, req.loss)?;
+                let grads = s.arrange_bytes(grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
+                let outcome = s.push_bytes(&grads, req.learning_rate, req.step, req.worker, req.loss)?;
                 self.inner.step_tx.send_replace(s.step());
                 Some(outcome)
             }
@@ -272,11 +228,7 @@ impl ParameterServer for PsService {
             self.wait_for_step(req.step + 1).await;
         }
         let s = self.lock();
-        let variables = if req.pull {
-            self.snapshot(&s, &[], false)?.0
-        } else {
-            Vec::new()
-        };
+        let variables = if req.pull { self.snapshot(&s, &[], false)?.0 } else { Vec::new() };
         Ok(Response::new(pb::PushResponse {
             variables,
             global_step: s.step(),
@@ -286,10 +238,7 @@ impl ParameterServer for PsService {
         }))
     }
 
-    async fn complete(
-        &self,
-        req: Request<pb::CompleteRequest>,
-    ) -> Result<Response<pb::CompleteResponse>, Status> {
+    async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::CompleteResponse>, Status> {
         let step = req.into_inner().global_step;
         self.lock().set_complete();
         if !self.inner.complete.is_cancelled() {
@@ -304,12 +253,7 @@ impl ParameterServer for PsService {
 /// variable of the model and its shadow, plus room for framing. Derived, so a
 /// big model never fails on gRPC's 4 MiB default.
 pub fn message_limit(config: &Config) -> usize {
-    let floats: usize = config
-        .model
-        .layers
-        .windows(2)
-        .map(|w| w[0] * w[1] + w[1])
-        .sum();
+    let floats: usize = config.model.layers.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
     2 * 4 * floats + (1 << 20)
 }
 
@@ -317,40 +261,24 @@ pub fn message_limit(config: &Config) -> usize {
 /// `cluster.ps_exit_when_complete`, shortly after the run is complete.
 ///
 /// Errors: [`PsError`] when the model is invalid or the server fails.
-pub async fn serve(
-    config: &Config,
-    task: usize,
-    token: &str,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-) -> Result<(), PsError> {
+pub async fn serve(config: &Config, task: usize, token: &str, listener: TcpListener, shutdown: CancellationToken) -> Result<(), PsError> {
     let service = PsService::new(config, task)?;
+    rpc::keep_freed_buffers();
     let limit = message_limit(config);
-    let id = TaskId {
-        role: Role::Ps,
-        index: task,
-    };
+    let id = TaskId { role: Role::Ps, index: task };
     {
         let s = service.lock();
         let names: Vec<&str> = s.specs().iter().map(|v| v.name.as_str()).collect();
         info!(task = %format!("{:?}:{}", id.role, id.index).to_lowercase(), variables = ?names, "Serving shard.");
     }
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<ParameterServerServer<PsService>>()
-        .await;
-    let svc = ParameterServerServer::new(service.clone())
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
+    health_reporter.set_serving::<ParameterServerServer<PsService>>().await;
+    let svc = ParameterServerServer::new(service.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit);
     let svc = tonic::service::interceptor::InterceptedService::new(svc, CheckToken::new(token));
 
     let stop = shutdown.child_token();
     let linger = {
-        let (complete, stop, exit) = (
-            service.completed(),
-            stop.clone(),
-            config.cluster.ps_exit_when_complete,
-        );
+        let (complete, stop, exit) = (service.completed(), stop.clone(), config.cluster.ps_exit_when_complete);
         tokio::spawn(async move {
             complete.cancelled().await;
             if exit {

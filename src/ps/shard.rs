@@ -4,28 +4,18 @@
 //! what makes every push atomic for the shard.
 
 use crate::model::{self, VarSpec};
-use ndarray::{ArrayD, IxDyn, Zip};
+use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;
 
 /// Why a request was refused. Nothing changed.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ShardError {
-    #[error(
-        "ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet"
-    )]
+    #[error("ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet")]
     NotInitialized { ps: usize },
     #[error("ps:{ps} does not hold variable {name:?} (it holds {held:?})")]
-    UnknownVariable {
-        ps: usize,
-        name: String,
-        held: Vec<String>,
-    },
+    UnknownVariable { ps: usize, name: String, held: Vec<String> },
     #[error("variable {name}: shape {got:?}, expected {expected:?}")]
-    Shape {
-        name: String,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-    },
+    Shape { name: String, expected: Vec<usize>, got: Vec<usize> },
     #[error("variable {name} given twice")]
     Duplicate { name: String },
     #[error("variable {name} missing: every variable of ps:{ps} is required")]
@@ -50,12 +40,9 @@ impl From<ShardError> for tonic::Status {
             NotInitialized { .. } | FutureStep { .. } => tonic::Status::failed_precondition(msg),
             UnknownVariable { .. } => tonic::Status::not_found(msg),
             DuplicatePush { .. } => tonic::Status::already_exists(msg),
-            Shape { .. }
-            | Duplicate { .. }
-            | Missing { .. }
-            | NonFinite { .. }
-            | LearningRate(_)
-            | UnknownWorker { .. } => tonic::Status::invalid_argument(msg),
+            Shape { .. } | Duplicate { .. } | Missing { .. } | NonFinite { .. } | LearningRate(_) | UnknownWorker { .. } => {
+                tonic::Status::invalid_argument(msg)
+            }
         }
     }
 }
@@ -136,10 +123,7 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(ps: usize, specs: Vec<VarSpec>, rule: Rule, moving_average_decay: f32) -> Self {
-        let sum = specs
-            .iter()
-            .map(|s| ArrayD::zeros(IxDyn(&s.shape)))
-            .collect();
+        let sum = specs.iter().map(|s| ArrayD::zeros(IxDyn(&s.shape))).collect();
         Self {
             ps,
             specs,
@@ -149,10 +133,7 @@ impl Shard {
             complete: false,
             rule,
             ema: moving_average_decay,
-            pending: Pending {
-                workers: BTreeSet::new(),
-                sum,
-            },
+            pending: Pending { workers: BTreeSet::new(), sum },
             counters: Counters::default(),
             last_loss: f32::NAN,
         }
@@ -182,9 +163,7 @@ impl Shard {
 
     /// Current values, or [`ShardError::NotInitialized`].
     pub fn values(&self) -> Result<&[ArrayD<f32>], ShardError> {
-        self.values
-            .as_deref()
-            .ok_or(ShardError::NotInitialized { ps: self.ps })
+        self.values.as_deref().ok_or(ShardError::NotInitialized { ps: self.ps })
     }
 
     /// EMA shadows, or [`ShardError::NotInitialized`].
@@ -195,10 +174,7 @@ impl Shard {
 
     /// Puts `named` tensors into model order, checking that each variable of
     /// the shard appears exactly once with its shape and finite values.
-    pub fn arrange(
-        &self,
-        named: Vec<(String, ArrayD<f32>)>,
-    ) -> Result<Vec<ArrayD<f32>>, ShardError> {
+    pub fn arrange(&self, named: Vec<(String, ArrayD<f32>)>) -> Result<Vec<ArrayD<f32>>, ShardError> {
         let mut out: Vec<Option<ArrayD<f32>>> = vec![None; self.specs.len()];
         for (name, a) in named {
             let Some(i) = self.specs.iter().position(|s| s.name == name) else {
@@ -209,11 +185,7 @@ impl Shard {
                 });
             };
             if a.shape() != self.specs[i].shape.as_slice() {
-                return Err(ShardError::Shape {
-                    name,
-                    expected: self.specs[i].shape.clone(),
-                    got: a.shape().to_vec(),
-                });
+                return Err(ShardError::Shape { name, expected: self.specs[i].shape.clone(), got: a.shape().to_vec() });
             }
             if let Some(index) = a.iter().position(|v| !v.is_finite()) {
                 return Err(ShardError::NonFinite { name, index });
@@ -225,12 +197,38 @@ impl Shard {
         }
         out.into_iter()
             .zip(&self.specs)
-            .map(|(a, s)| {
-                a.ok_or_else(|| ShardError::Missing {
+            .map(|(a, s)| a.ok_or_else(|| ShardError::Missing { ps: self.ps, name: s.name.clone() }))
+            .collect()
+    }
+
+    /// [`Shard::arrange`] for gradients that stay in the request's bytes:
+    /// `(name, shape, little-endian f32 bytes)` in, the bytes in model order
+    /// out, after the same checks (each variable once, its shape, finite
+    /// values). Nothing is copied.
+    pub fn arrange_bytes<'a>(&self, named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>) -> Result<Vec<&'a [u8]>, ShardError> {
+        let mut out: Vec<Option<&[u8]>> = vec![None; self.specs.len()];
+        for (name, shape, data) in named {
+            let Some(i) = self.specs.iter().position(|s| s.name == name) else {
+                return Err(ShardError::UnknownVariable {
                     ps: self.ps,
-                    name: s.name.clone(),
-                })
-            })
+                    name: name.to_owned(),
+                    held: self.specs.iter().map(|s| s.name.clone()).collect(),
+                });
+            };
+            if shape != self.specs[i].shape.as_slice() || data.len() != 4 * shape.iter().product::<usize>() {
+                return Err(ShardError::Shape { name: name.to_owned(), expected: self.specs[i].shape.clone(), got: shape.to_vec() });
+            }
+            if let Some(index) = first_non_finite(data) {
+                return Err(ShardError::NonFinite { name: name.to_owned(), index });
+            }
+            if out[i].is_some() {
+                return Err(ShardError::Duplicate { name: name.to_owned() });
+            }
+            out[i] = Some(data);
+        }
+        out.into_iter()
+            .zip(&self.specs)
+            .map(|(a, s)| a.ok_or_else(|| ShardError::Missing { ps: self.ps, name: s.name.clone() }))
             .collect()
     }
 
@@ -256,14 +254,15 @@ impl Shard {
 
     /// Applies (async) or aggregates (sync) a gradient computed at `step` by `worker`.
     /// `grads` must come from [`Shard::arrange`].
-    pub fn push(
-        &mut self,
-        grads: Vec<ArrayD<f32>>,
-        lr: f32,
-        step: u64,
-        worker: u32,
-        loss: f32,
-    ) -> Result<Pushed, ShardError> {
+    pub fn push(&mut self, grads: Vec<ArrayD<f32>>, lr: f32, step: u64, worker: u32, loss: f32) -> Result<Pushed, ShardError> {
+        let bytes: Vec<&[u8]> =
+            grads.iter().map(|g| bytemuck::cast_slice(g.as_slice().expect("arrays built by dtf are contiguous"))).collect();
+        self.push_bytes(&bytes, lr, step, worker, loss)
+    }
+
+    /// [`Shard::push`] from little-endian f32 bytes, as [`Shard::arrange_bytes`]
+    /// returns them: the ps applies a request's gradients without copying them.
+    pub fn push_bytes(&mut self, grads: &[&[u8]], lr: f32, step: u64, worker: u32, loss: f32) -> Result<Pushed, ShardError> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(ShardError::LearningRate(lr));
         }
@@ -273,7 +272,7 @@ impl Shard {
         }
         match self.rule {
             Rule::Async => {
-                self.apply(&grads, lr, step, 1.0);
+                self.apply(grads, lr, step, 1.0);
                 self.counters.pushes_applied += 1;
                 Ok(Pushed::Applied)
             }
@@ -286,24 +285,25 @@ impl Shard {
                     return Ok(Pushed::Stale);
                 }
                 if step > self.step {
-                    return Err(ShardError::FutureStep {
-                        ps: self.ps,
-                        step,
-                        current: self.step,
-                    });
+                    return Err(ShardError::FutureStep { ps: self.ps, step, current: self.step });
                 }
                 if self.pending.workers.contains(&worker) {
                     return Err(ShardError::DuplicatePush { worker, step });
                 }
                 self.pending.workers.insert(worker);
-                for (s, g) in self.pending.sum.iter_mut().zip(&grads) {
-                    *s += g;
+                for (s, g) in self.pending.sum.iter_mut().zip(grads) {
+                    let s = s.as_slice_mut().expect("arrays built by dtf are contiguous");
+                    for (s, g) in s.iter_mut().zip(g.chunks_exact(4)) {
+                        *s += le_f32(g);
+                    }
                 }
                 if self.pending.workers.len() < replicas {
                     return Ok(Pushed::Pending);
                 }
                 let sum = std::mem::take(&mut self.pending.sum);
-                self.apply(&sum, lr, step, 1.0 / replicas as f32);
+                let bytes: Vec<&[u8]> =
+                    sum.iter().map(|g| bytemuck::cast_slice(g.as_slice().expect("arrays built by dtf are contiguous"))).collect();
+                self.apply(&bytes, lr, step, 1.0 / replicas as f32);
                 self.pending.sum = sum;
                 self.counters.updates_applied += 1;
                 self.counters.gradients_aggregated += replicas as u64;
@@ -313,16 +313,21 @@ impl Shard {
         }
     }
 
-    /// `w -= lr · scale · g`, then the EMA step, then `step += 1`.
-    fn apply(&mut self, grads: &[ArrayD<f32>], lr: f32, step: u64, scale: f32) {
+    /// `w -= lr · scale · g`, then the EMA step, then `step += 1`, reading
+    /// `g` as little-endian f32 bytes (unaligned is fine: they come
+    /// straight from the request).
+    fn apply(&mut self, grads: &[&[u8]], lr: f32, step: u64, scale: f32) {
         let decay = model::ema_decay(self.ema, step);
         let values = self.values.as_mut().expect("checked by caller");
-        let k = lr * scale;
+        let (k, rate) = (lr * scale, 1.0 - decay);
         for ((w, g), shadow) in values.iter_mut().zip(grads).zip(self.shadows.iter_mut()) {
-            Zip::from(&mut *w).and(g).and(shadow).for_each(|w, &g, s| {
-                *w -= k * g;
-                *s -= (1.0 - decay) * (*s - *w);
-            });
+            let w = w.as_slice_mut().expect("arrays built by dtf are contiguous");
+            let shadow = shadow.as_slice_mut().expect("arrays built by dtf are contiguous");
+            // Plain slices: one vectorized pass over the three arrays.
+            for ((w, s), g) in w.iter_mut().zip(shadow.iter_mut()).zip(g.chunks_exact(4)) {
+                *w -= k * le_f32(g);
+                *s -= rate * (*s - *w);
+            }
         }
         self.step += 1;
     }
@@ -335,15 +340,31 @@ impl Shard {
     }
 }
 
+/// The f32 in four little-endian bytes (`b.len() == 4`).
+#[inline(always)]
+fn le_f32(b: &[u8]) -> f32 {
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Flat index of the first NaN or infinity in little-endian f32 bytes.
+///
+/// The common case, all finite, is one branch-free pass on the exponent bits
+/// (vectorized); only a bad tensor is scanned again for the index.
+fn first_non_finite(data: &[u8]) -> Option<usize> {
+    const EXP: u32 = 0x7f80_0000;
+    let bad = data.chunks_exact(4).fold(0u32, |acc, b| acc | u32::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & EXP == EXP));
+    if bad == 0 {
+        return None;
+    }
+    data.chunks_exact(4).position(|b| !le_f32(b).is_finite())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn shard(rule: Rule) -> Shard {
-        let specs = vec![VarSpec {
-            name: "w".into(),
-            shape: vec![2],
-        }];
+        let specs = vec![VarSpec { name: "w".into(), shape: vec![2] }];
         let mut s = Shard::new(0, specs, rule, 0.99);
         assert!(s.initialize(vec![ArrayD::zeros(IxDyn(&[2]))], None, 0, false));
         s
@@ -366,15 +387,9 @@ mod tests {
 
     #[test]
     fn sync_averages_drops_stale_and_refuses_duplicates() {
-        let mut s = shard(Rule::Sync {
-            replicas: 2,
-            total: 3,
-        });
+        let mut s = shard(Rule::Sync { replicas: 2, total: 3 });
         assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
-        assert_eq!(
-            s.push(g(9., 9.), 1.0, 0, 0, 1.0),
-            Err(ShardError::DuplicatePush { worker: 0, step: 0 })
-        );
+        assert_eq!(s.push(g(9., 9.), 1.0, 0, 0, 1.0), Err(ShardError::DuplicatePush { worker: 0, step: 0 }));
         assert_eq!(s.step(), 0);
         assert_eq!(s.push(g(3., 5.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
@@ -382,55 +397,42 @@ mod tests {
         // The backup replica's gradient for step 0 arrives late.
         assert_eq!(s.push(g(100., 100.), 1.0, 0, 2, 1.0), Ok(Pushed::Stale));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
-        assert_eq!(
-            s.push(g(1., 1.), 1.0, 5, 2, 1.0),
-            Err(ShardError::FutureStep {
-                ps: 0,
-                step: 5,
-                current: 1
-            })
-        );
-        assert_eq!(
-            s.push(g(1., 1.), 1.0, 1, 3, 1.0),
-            Err(ShardError::UnknownWorker {
-                worker: 3,
-                total: 3
-            })
-        );
+        assert_eq!(s.push(g(1., 1.), 1.0, 5, 2, 1.0), Err(ShardError::FutureStep { ps: 0, step: 5, current: 1 }));
+        assert_eq!(s.push(g(1., 1.), 1.0, 1, 3, 1.0), Err(ShardError::UnknownWorker { worker: 3, total: 3 }));
         let c = s.counters();
-        assert_eq!(
-            (c.updates_applied, c.gradients_aggregated, c.stale_gradients),
-            (1, 2, 1)
-        );
+        assert_eq!((c.updates_applied, c.gradients_aggregated, c.stale_gradients), (1, 2, 1));
     }
 
     #[test]
     fn arrange_checks_names_shapes_and_values() {
         let s = shard(Rule::Async);
-        let t = |n: &str, v: Vec<f32>| {
-            (
-                n.to_string(),
-                ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap(),
-            )
-        };
-        assert!(matches!(
-            s.arrange(vec![t("x", vec![1., 2.])]),
-            Err(ShardError::UnknownVariable { .. })
-        ));
-        assert!(matches!(
-            s.arrange(vec![t("w", vec![1.])]),
-            Err(ShardError::Shape { .. })
-        ));
-        assert!(matches!(
-            s.arrange(vec![t("w", vec![1., f32::NAN])]),
-            Err(ShardError::NonFinite { index: 1, .. })
-        ));
+        let t = |n: &str, v: Vec<f32>| (n.to_string(), ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap());
+        assert!(matches!(s.arrange(vec![t("x", vec![1., 2.])]), Err(ShardError::UnknownVariable { .. })));
+        assert!(matches!(s.arrange(vec![t("w", vec![1.])]), Err(ShardError::Shape { .. })));
+        assert!(matches!(s.arrange(vec![t("w", vec![1., f32::NAN])]), Err(ShardError::NonFinite { index: 1, .. })));
         assert!(matches!(s.arrange(vec![]), Err(ShardError::Missing { .. })));
-        assert!(matches!(
-            s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]),
-            Err(ShardError::Duplicate { .. })
-        ));
+        assert!(matches!(s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]), Err(ShardError::Duplicate { .. })));
         assert!(s.arrange(vec![t("w", vec![1., 2.])]).is_ok());
+    }
+
+    #[test]
+    fn arrange_bytes_checks_like_arrange_and_push_bytes_applies() {
+        let mut s = shard(Rule::Async);
+        let bytes = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
+        let (ok, nan, inf) = (bytes(&[1., 2.]), bytes(&[1., f32::NAN]), bytes(&[f32::NEG_INFINITY, 0.]));
+        let two: &[usize] = &[2];
+        assert!(matches!(s.arrange_bytes([("x", two, &ok[..])]), Err(ShardError::UnknownVariable { .. })));
+        assert!(matches!(s.arrange_bytes([("w", &[1usize][..], &ok[..4])]), Err(ShardError::Shape { .. })));
+        assert!(matches!(s.arrange_bytes([("w", two, &nan[..])]), Err(ShardError::NonFinite { index: 1, .. })));
+        assert!(matches!(s.arrange_bytes([("w", two, &inf[..])]), Err(ShardError::NonFinite { index: 0, .. })));
+        assert!(matches!(s.arrange_bytes([]), Err(ShardError::Missing { .. })));
+        assert!(matches!(s.arrange_bytes([("w", two, &ok[..]), ("w", two, &ok[..])]), Err(ShardError::Duplicate { .. })));
+        // Unaligned bytes, as they may sit in a request.
+        let mut buf = vec![0u8];
+        buf.extend_from_slice(&ok);
+        let grads = s.arrange_bytes([("w", two, &buf[1..])]).unwrap();
+        assert_eq!(s.push_bytes(&grads, 0.5, 0, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-0.5, -1.0]);
     }
 
     #[test]

@@ -28,14 +28,7 @@ pub struct PsCallError {
 impl PsCallError {
     /// The ps is down or unreachable: wait and try again.
     pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self.status.code(),
-            Code::Unavailable
-                | Code::Unknown
-                | Code::DeadlineExceeded
-                | Code::Cancelled
-                | Code::Aborted
-        )
+        matches!(self.status.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted)
     }
     /// The ps lost or changed its state (restart, restore): pull again (the chief re-seeds).
     pub fn needs_pull(&self) -> bool {
@@ -83,6 +76,7 @@ impl Cluster {
     /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
     pub fn new(config: &Config, specs: Vec<VarSpec>, token: &str) -> Result<Self, String> {
         let limit = crate::ps::message_limit(config);
+        rpc::keep_freed_buffers();
         let auth = AddToken::new(token)?;
         let clients = config
             .cluster
@@ -94,11 +88,9 @@ impl Cluster {
                     .connect_timeout(Duration::from_secs(2))
                     .tcp_nodelay(true)
                     .http2_adaptive_window(true);
-                Ok(
-                    ParameterServerClient::with_interceptor(ep.connect_lazy(), auth.clone())
-                        .max_decoding_message_size(limit)
-                        .max_encoding_message_size(limit),
-                )
+                Ok(ParameterServerClient::with_interceptor(ep.connect_lazy(), auth.clone())
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit))
             })
             .collect::<Result<Vec<_>, String>>()?;
         let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
@@ -107,12 +99,7 @@ impl Cluster {
             by_ps[p].push(i);
         }
         let incarnations = vec![0; clients.len()];
-        Ok(Self {
-            clients,
-            specs,
-            by_ps,
-            incarnations,
-        })
+        Ok(Self { clients, specs, by_ps, incarnations })
     }
 
     pub fn num_ps(&self) -> usize {
@@ -132,12 +119,7 @@ impl Cluster {
     pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
         try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
             let mut c = c.clone();
-            async move {
-                c.state(pb::StateRequest {})
-                    .await
-                    .map(|r| r.into_inner())
-                    .map_err(call(ps))
-            }
+            async move { c.state(pb::StateRequest {}).await.map(|r| r.into_inner()).map_err(call(ps)) }
         }))
         .await
     }
@@ -147,57 +129,32 @@ impl Cluster {
             .iter()
             .copied()
             .find(|&i| self.specs[i].name == name)
-            .ok_or_else(|| PsCallError {
-                ps,
-                status: Status::internal(format!(
-                    "ps:{ps} sent variable {name:?} it does not hold"
-                )),
-            })
+            .ok_or_else(|| PsCallError { ps, status: Status::internal(format!("ps:{ps} sent variable {name:?} it does not hold")) })
     }
 
-    fn store(
-        &self,
-        ps: usize,
-        tensors: &[pb::Tensor],
-        out: &mut [ArrayD<f32>],
-    ) -> Result<(), PsCallError> {
+    fn store(&self, ps: usize, tensors: &[pb::Tensor], out: &mut [ArrayD<f32>]) -> Result<(), PsCallError> {
         for t in tensors {
             let i = self.index(ps, &t.name)?;
-            rpc::decode_into(t, &mut out[i]).map_err(|e| PsCallError {
-                ps,
-                status: e.into(),
-            })?;
+            rpc::decode_into(t, &mut out[i]).map_err(|e| PsCallError { ps, status: e.into() })?;
         }
         Ok(())
     }
 
     /// Pulls every variable into `params` (model order). With `min_steps`, each
     /// shard first waits (bounded) until its step reaches the given value.
-    pub async fn pull(
-        &mut self,
-        params: &mut [ArrayD<f32>],
-        min_steps: Option<&[u64]>,
-    ) -> Result<Progress, PsCallError> {
+    pub async fn pull(&mut self, params: &mut [ArrayD<f32>], min_steps: Option<&[u64]>) -> Result<Progress, PsCallError> {
         let replies = try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
             let mut c = c.clone();
             let min_step = min_steps.map_or(0, |m| m[ps]);
             async move {
-                c.pull(pb::PullRequest {
-                    names: vec![],
-                    with_shadows: false,
-                    min_step,
-                })
-                .await
-                .map(|r| r.into_inner())
-                .map_err(call(ps))
+                c.pull(pb::PullRequest { names: vec![], with_shadows: false, min_step })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(call(ps))
             }
         }))
         .await?;
-        let mut progress = Progress {
-            steps: Vec::with_capacity(replies.len()),
-            complete: false,
-            stale: 0,
-        };
+        let mut progress = Progress { steps: Vec::with_capacity(replies.len()), complete: false, stale: 0 };
         for (ps, r) in replies.into_iter().enumerate() {
             self.store(ps, &r.variables, params)?;
             self.incarnations[ps] = r.incarnation;
@@ -221,10 +178,7 @@ impl Cluster {
     ) -> Result<Progress, PsCallError> {
         let requests: Vec<pb::PushRequest> = (0..self.clients.len())
             .map(|ps| pb::PushRequest {
-                gradients: self.by_ps[ps]
-                    .iter()
-                    .map(|&i| rpc::encode(&self.specs[i].name, &grads[i]))
-                    .collect(),
+                gradients: self.by_ps[ps].iter().map(|&i| rpc::encode(&self.specs[i].name, &grads[i])).collect(),
                 learning_rate,
                 step: steps[ps],
                 worker,
@@ -233,18 +187,12 @@ impl Cluster {
                 loss,
             })
             .collect();
-        let replies = try_join_all(self.clients.iter().zip(requests).enumerate().map(
-            |(ps, (c, req))| {
-                let mut c = c.clone();
-                async move { c.push(req).await.map(|r| r.into_inner()).map_err(call(ps)) }
-            },
-        ))
+        let replies = try_join_all(self.clients.iter().zip(requests).enumerate().map(|(ps, (c, req))| {
+            let mut c = c.clone();
+            async move { c.push(req).await.map(|r| r.into_inner()).map_err(call(ps)) }
+        }))
         .await?;
-        let mut progress = Progress {
-            steps: Vec::with_capacity(replies.len()),
-            complete: false,
-            stale: 0,
-        };
+        let mut progress = Progress { steps: Vec::with_capacity(replies.len()), complete: false, stale: 0 };
         for (ps, r) in replies.into_iter().enumerate() {
             self.store(ps, &r.variables, params)?;
             progress.steps.push(r.global_step);
@@ -266,31 +214,17 @@ impl Cluster {
     ) -> Result<Vec<usize>, PsCallError> {
         let replies = try_join_all(only.iter().map(|&ps| {
             let mut c = self.clients[ps].clone();
-            let enc = |src: &[ArrayD<f32>]| {
-                self.by_ps[ps]
-                    .iter()
-                    .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
-                    .collect()
-            };
+            let enc = |src: &[ArrayD<f32>]| self.by_ps[ps].iter().map(|&i| rpc::encode(&self.specs[i].name, &src[i])).collect();
             let req = pb::InitializeRequest {
                 variables: enc(values),
                 shadows: shadows.map(enc).unwrap_or_default(),
                 global_step: step,
                 force,
             };
-            async move {
-                c.initialize(req)
-                    .await
-                    .map(|r| (ps, r.into_inner().applied))
-                    .map_err(call(ps))
-            }
+            async move { c.initialize(req).await.map(|r| (ps, r.into_inner().applied)).map_err(call(ps)) }
         }))
         .await?;
-        Ok(replies
-            .into_iter()
-            .filter(|(_, applied)| *applied)
-            .map(|(ps, _)| ps)
-            .collect())
+        Ok(replies.into_iter().filter(|(_, applied)| *applied).map(|(ps, _)| ps).collect())
     }
 
     /// Every variable and its EMA shadow (model order) and the global step: a
@@ -299,22 +233,14 @@ impl Cluster {
         let replies = try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
             let mut c = c.clone();
             async move {
-                c.pull(pb::PullRequest {
-                    names: vec![],
-                    with_shadows: true,
-                    min_step: 0,
-                })
-                .await
-                .map(|r| r.into_inner())
-                .map_err(call(ps))
+                c.pull(pb::PullRequest { names: vec![], with_shadows: true, min_step: 0 })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(call(ps))
             }
         }))
         .await?;
-        let mut values: Vec<ArrayD<f32>> = self
-            .specs
-            .iter()
-            .map(|s| ArrayD::zeros(s.shape.as_slice()))
-            .collect();
+        let mut values: Vec<ArrayD<f32>> = self.specs.iter().map(|s| ArrayD::zeros(s.shape.as_slice())).collect();
         let mut shadows = values.clone();
         let mut step = 0;
         for (ps, r) in replies.into_iter().enumerate() {
@@ -331,12 +257,7 @@ impl Cluster {
     pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
         try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
             let mut c = c.clone();
-            async move {
-                c.complete(pb::CompleteRequest { global_step: step })
-                    .await
-                    .map(|_| ())
-                    .map_err(call(ps))
-            }
+            async move { c.complete(pb::CompleteRequest { global_step: step }).await.map(|_| ()).map_err(call(ps)) }
         }))
         .await
         .map(|_| ())

@@ -10,7 +10,7 @@ use crate::checkpoint::{self, Checkpoint, Saver};
 use crate::config::{Config, Mode};
 use crate::data::{Batches, Dataset, Split};
 use crate::model::{self, Mlp};
-use client::{Cluster, Progress, PsCallError};
+use client::{Cluster, PsCallError, Progress};
 use ndarray::{Array2, ArrayD};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,19 +88,11 @@ struct Backoff {
 
 impl Backoff {
     fn new() -> Self {
-        Self {
-            delay: BACKOFF_MIN,
-            since: Instant::now(),
-            logged: None,
-        }
+        Self { delay: BACKOFF_MIN, since: Instant::now(), logged: None }
     }
     async fn wait(&mut self, why: &str) {
         if self.logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
-            warn!(
-                waited_secs = self.since.elapsed().as_secs(),
-                reason = why,
-                "Waiting for the ps tasks."
-            );
+            warn!(waited_secs = self.since.elapsed().as_secs(), reason = why, "Waiting for the ps tasks.");
             self.logged = Some(Instant::now());
         }
         tokio::time::sleep(self.delay).await;
@@ -168,15 +160,7 @@ pub async fn run(
         )));
     }
     let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
-    let mut w = Worker {
-        task,
-        config,
-        mlp,
-        cluster,
-        train,
-        decay_steps,
-        shutdown,
-    };
+    let mut w = Worker { task, config, mlp, cluster, train, decay_steps, shutdown };
     w.train(reporter).await
 }
 
@@ -218,12 +202,7 @@ impl Worker {
             if states.iter().any(|s| s.complete) {
                 return Ok(true);
             }
-            let missing: Vec<usize> = states
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.initialized)
-                .map(|(i, _)| i)
-                .collect();
+            let missing: Vec<usize> = states.iter().enumerate().filter(|(_, s)| !s.initialized).map(|(i, _)| i).collect();
             if missing.is_empty() {
                 return Ok(false);
             }
@@ -256,17 +235,10 @@ impl Worker {
             }
             None => (self.mlp.init(cfg.train.seed), None, 0, None),
         };
-        let took = self
-            .cluster
-            .initialize(missing, &values, shadows.as_deref(), step, false)
-            .await?;
+        let took = self.cluster.initialize(missing, &values, shadows.as_deref(), step, false).await?;
         match &from {
-            Some(path) => {
-                info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint.")
-            }
-            None => {
-                info!(ps = ?took, seed = cfg.train.seed, "Initialized the model with fresh values.")
-            }
+            Some(path) => info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint."),
+            None => info!(ps = ?took, seed = cfg.train.seed, "Initialized the model with fresh values."),
         }
         // A fresh start or a whole-cluster restore is saved at once, as TensorFlow does.
         if all && !took.is_empty() {
@@ -278,45 +250,20 @@ impl Worker {
 
     async fn train(&mut self, reporter: &dyn Reporter) -> Result<Outcome, WorkerError> {
         if self.ensure_initialized().await? {
-            let step = self
-                .cluster
-                .states()
-                .await
-                .map(|s| s[0].global_step)
-                .unwrap_or(0);
-            info!(
-                global_step = step,
-                "The run is already complete; nothing to do."
-            );
+            let step = self.cluster.states().await.map(|s| s[0].global_step).unwrap_or(0);
+            info!(global_step = step, "The run is already complete; nothing to do.");
             return Ok(Outcome::AlreadyComplete { global_step: step });
         }
         let cfg = self.cfg();
         let batch = cfg.train.batch_size;
         let sync = cfg.train.mode == Mode::Sync;
-        let mut batches = Batches::new(
-            self.train.len(),
-            batch,
-            cfg.train.seed.wrapping_add(1 + self.task as u64),
-        );
+        let mut batches = Batches::new(self.train.len(), batch, cfg.train.seed.wrapping_add(1 + self.task as u64));
         let mut x = Array2::<f32>::zeros((batch, self.train.features()));
         let mut y = Vec::with_capacity(batch);
-        let mut params: Vec<ArrayD<f32>> = self
-            .mlp
-            .variables()
-            .iter()
-            .map(|s| ArrayD::zeros(s.shape.as_slice()))
-            .collect();
+        let mut params: Vec<ArrayD<f32>> = self.mlp.variables().iter().map(|s| ArrayD::zeros(s.shape.as_slice())).collect();
         // Reused every step: the hot path allocates no activations or gradients.
         let (mut ws, mut grads) = (model::Workspace::default(), params.clone());
-        let saver = if self.is_chief() {
-            Some(CheckpointTimer::start(
-                self.config.clone(),
-                self.cluster.clone(),
-                self.mlp.clone(),
-            ))
-        } else {
-            None
-        };
+        let saver = if self.is_chief() { Some(CheckpointTimer::start(self.config.clone(), self.cluster.clone(), self.mlp.clone())) } else { None };
 
         let mut progress = self.pull(&mut params, None).await?;
         reporter.ready();
@@ -329,65 +276,34 @@ impl Worker {
             let cfg = self.cfg();
             let step = progress.global_step();
             if progress.complete || step >= cfg.train.last_step {
-                break Outcome::Finished {
-                    global_step: step,
-                    local_steps,
-                };
+                break Outcome::Finished { global_step: step, local_steps };
             }
             if self.shutdown.is_cancelled() {
                 break Outcome::Stopped { global_step: step };
             }
             batches_fill(&self.train, &mut batches, &mut x, &mut y);
-            let lr = model::learning_rate(
-                cfg.train.learning_rate,
-                cfg.train.learning_rate_decay,
-                step,
-                self.decay_steps,
-            );
-            let l = tokio::task::block_in_place(|| {
-                self.mlp.loss_and_grads_into(
-                    &params,
-                    x.view(),
-                    &y,
-                    cfg.train.regularization_rate,
-                    &mut ws,
-                    &mut grads,
-                )
-            });
+            let lr = model::learning_rate(cfg.train.learning_rate, cfg.train.learning_rate_decay, step, self.decay_steps);
+            let l = tokio::task::block_in_place(|| self.mlp.loss_and_grads_into(&params, x.view(), &y, cfg.train.regularization_rate, &mut ws, &mut grads));
             loss = l;
             let tags = progress.steps.clone();
-            let pushed = self
-                .cluster
-                .push_pull(&grads, &mut params, lr, &tags, self.task as u32, loss)
-                .await;
+            let pushed = self.cluster.push_pull(&grads, &mut params, lr, &tags, self.task as u32, loss).await;
             progress = match pushed {
                 Ok(p) => p,
                 Err(e) if e.is_unavailable() || e.needs_pull() => {
                     debug!(error = %e, "Push failed; pulling again.");
                     self.pull(&mut params, None).await?
                 }
-                Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
-                    self.pull(&mut params, None).await?
-                }
+                Err(e) if e.status.code() == tonic::Code::AlreadyExists => self.pull(&mut params, None).await?,
                 Err(e) => return Err(e.into()),
             };
             local_steps += 1;
             if sync {
                 // Wait until every shard has moved past the step we pushed for.
-                while !progress.complete
-                    && progress
-                        .steps
-                        .iter()
-                        .zip(&tags)
-                        .any(|(now, tag)| now <= tag)
-                {
+                while !progress.complete && progress.steps.iter().zip(&tags).any(|(now, tag)| now <= tag) {
                     if last_progress.elapsed() > SYNC_STALL_LIMIT {
                         return Err(WorkerError::Stalled {
                             secs: SYNC_STALL_LIMIT.as_secs(),
-                            why: format!(
-                                "waiting for step {} to be aggregated (train.replicas_to_aggregate)",
-                                tags[0] + 1
-                            ),
+                            why: format!("waiting for step {} to be aggregated (train.replicas_to_aggregate)", tags[0] + 1),
                         });
                     }
                     let want: Vec<u64> = tags.iter().map(|t| t + 1).collect();
@@ -403,22 +319,10 @@ impl Worker {
             window.2 += 1;
             if local_steps % cfg.train.log_step_count_steps == 0 {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
-                let gsps =
-                    (progress.global_step() - window.1.min(progress.global_step())) as f64 / secs;
+                let gsps = (progress.global_step() - window.1.min(progress.global_step())) as f64 / secs;
                 let eps = window.2 as f64 * batch as f64 / secs;
-                info!(
-                    global_step = progress.global_step(),
-                    loss,
-                    global_steps_per_sec = gsps,
-                    examples_per_sec = eps,
-                    "Progress."
-                );
-                reporter.status(&format!(
-                    "step {} loss {:.4} {:.0} examples/s",
-                    progress.global_step(),
-                    loss,
-                    eps
-                ));
+                info!(global_step = progress.global_step(), loss, global_steps_per_sec = gsps, examples_per_sec = eps, "Progress.");
+                reporter.status(&format!("step {} loss {:.4} {:.0} examples/s", progress.global_step(), loss, eps));
                 window = (Instant::now(), progress.global_step(), 0);
             }
         };
@@ -434,11 +338,7 @@ impl Worker {
 
     /// Pulls every variable, retrying while a ps is down or uninitialized
     /// (the chief re-seeds it).
-    async fn pull(
-        &mut self,
-        params: &mut [ArrayD<f32>],
-        min_steps: Option<&[u64]>,
-    ) -> Result<Progress, WorkerError> {
+    async fn pull(&mut self, params: &mut [ArrayD<f32>], min_steps: Option<&[u64]>) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
         loop {
             match self.cluster.pull(params, min_steps).await {
@@ -447,11 +347,7 @@ impl Worker {
                 Err(e) if e.needs_pull() => {
                     if self.ensure_initialized().await? {
                         let cfg = self.cfg();
-                        return Ok(Progress {
-                            steps: vec![cfg.train.last_step; self.cluster.num_ps()],
-                            complete: true,
-                            stale: 0,
-                        });
+                        return Ok(Progress { steps: vec![cfg.train.last_step; self.cluster.num_ps()], complete: true, stale: 0 });
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -470,9 +366,7 @@ impl Worker {
         let (step, values, shadows) = loop {
             match self.cluster.snapshot().await {
                 Ok(s) => break s,
-                Err(e) if e.is_unavailable() || e.needs_pull() => {
-                    Backoff::new().wait(&e.to_string()).await
-                }
+                Err(e) if e.is_unavailable() || e.needs_pull() => Backoff::new().wait(&e.to_string()).await,
                 Err(e) => return Err(e.into()),
             }
         };
@@ -483,13 +377,7 @@ impl Worker {
             let (x, y) = test.all();
             let acc = self.mlp.accuracy(&values, x.view(), &y);
             let ema = self.mlp.accuracy(&shadows, x.view(), &y);
-            info!(
-                global_step = step,
-                loss,
-                test_accuracy = acc,
-                ema_test_accuracy = ema,
-                "Final evaluation."
-            );
+            info!(global_step = step, loss, test_accuracy = acc, ema_test_accuracy = ema, "Final evaluation.");
             self.cluster.complete(step).await?;
         }
         Ok(())
@@ -502,13 +390,7 @@ fn batches_fill(data: &Dataset, batches: &mut Batches, x: &mut Array2<f32>, y: &
 }
 
 /// Writes a checkpoint off the hot path; a failure is logged, training goes on.
-async fn save_checkpoint(
-    cfg: &Config,
-    mlp: &Mlp,
-    step: u64,
-    values: Vec<ArrayD<f32>>,
-    shadows: Vec<ArrayD<f32>>,
-) {
+async fn save_checkpoint(cfg: &Config, mlp: &Mlp, step: u64, values: Vec<ArrayD<f32>>, shadows: Vec<ArrayD<f32>>) {
     let specs = mlp.variables();
     let ckpt = Checkpoint {
         global_step: step,
@@ -519,12 +401,8 @@ async fn save_checkpoint(
     let started = Instant::now();
     let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt)).await;
     match result {
-        Ok(Ok(path)) => {
-            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.")
-        }
-        Ok(Err(e)) => {
-            tracing::error!(step, error = %e, "Checkpoint not written; training continues, the previous checkpoint stays.")
-        }
+        Ok(Ok(path)) => info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written."),
+        Ok(Err(e)) => tracing::error!(step, error = %e, "Checkpoint not written; training continues, the previous checkpoint stays."),
         Err(e) => tracing::error!(step, error = %e, "Checkpoint task failed."),
     }
 }
@@ -554,12 +432,8 @@ impl CheckpointTimer {
                 }
                 last = Instant::now();
                 match cluster.snapshot().await {
-                    Ok((step, values, shadows)) => {
-                        save_checkpoint(&cfg, &mlp, step, values, shadows).await
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "Checkpoint skipped: could not read the variables.")
-                    }
+                    Ok((step, values, shadows)) => save_checkpoint(&cfg, &mlp, step, values, shadows).await,
+                    Err(e) => warn!(error = %e, "Checkpoint skipped: could not read the variables."),
                 }
             }
         });

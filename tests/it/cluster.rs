@@ -18,22 +18,11 @@ fn async_run_reaches_last_step_and_every_task_exits_0() {
     c.start_all();
     c.wait_all_success(RUN);
     let ev = final_eval(&c);
-    assert!(
-        (300..=301).contains(&ev.global_step),
-        "final step {}",
-        ev.global_step
-    );
-    assert!(
-        ev.ema_accuracy > 0.9,
-        "EMA accuracy {} on a separable problem",
-        ev.ema_accuracy
-    );
+    assert!((300..=301).contains(&ev.global_step), "final step {}", ev.global_step);
+    assert!(ev.ema_accuracy > 0.9, "EMA accuracy {} on a separable problem", ev.ema_accuracy);
     let chief = c.log("worker:0");
     assert!(chief.contains("Final evaluation"), "chief log:\n{chief}");
-    assert!(
-        chief.contains("/job:ps/task:0"),
-        "placement is logged:\n{chief}"
-    );
+    assert!(chief.contains("/job:ps/task:0"), "placement is logged:\n{chief}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -43,13 +32,7 @@ async fn variables_spread_over_two_ps_and_three_workers_finish() {
     c.start("ps", 1);
     let mut held = Vec::new();
     for i in 0..2 {
-        let s = c
-            .client(i, Some(TOKEN))
-            .await
-            .state(pb::StateRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let s = c.client(i, Some(TOKEN)).await.state(pb::StateRequest {}).await.unwrap().into_inner();
         held.push(s.variables);
     }
     assert_eq!(held[0], vec!["layer1/weights", "layer2/weights"]);
@@ -59,11 +42,7 @@ async fn variables_spread_over_two_ps_and_three_workers_finish() {
     }
     tokio::task::block_in_place(|| c.wait_all_success(RUN));
     let ev = final_eval(&c);
-    assert!(
-        (200..=202).contains(&ev.global_step),
-        "final step {}",
-        ev.global_step
-    );
+    assert!((200..=202).contains(&ev.global_step), "final step {}", ev.global_step);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -59,12 +59,8 @@ pub fn tiny_data(dir: &Path, train: usize, test: usize) -> PathBuf {
 
 /// Free 127.0.0.1 addresses.
 pub fn free_addrs(n: usize) -> Vec<String> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter()
-        .map(|l| l.local_addr().unwrap().to_string())
-        .collect()
+    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
 }
 
 /// A test's cluster: its directory, config file, and the processes it started
@@ -100,12 +96,7 @@ impl Cluster {
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         cfg.security.token_file = token;
         let config_path = dir.path().join("dtf.toml");
-        let mut c = Self {
-            dir,
-            config_path,
-            cfg,
-            procs: Vec::new(),
-        };
+        let mut c = Self { dir, config_path, cfg, procs: Vec::new() };
         c.write_config();
         c
     }
@@ -115,20 +106,14 @@ impl Cluster {
     }
 
     pub fn log_path(&self, name: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join(format!("{}.log", name.replace(':', "-")))
+        self.dir.path().join(format!("{}.log", name.replace(':', "-")))
     }
 
     /// Starts `dtf-ps` or `dtf-worker` for task `index`, logging to a file
     /// (appended, so a restarted task's log follows its predecessor's).
     pub fn start(&mut self, role: &str, index: usize) -> &mut Child {
         let name = format!("{role}:{index}");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path(&name))
-            .unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(&name)).unwrap();
         let child = Command::new(bin(&format!("dtf-{role}")))
             .arg("--config")
             .arg(&self.config_path)
@@ -158,12 +143,7 @@ impl Cluster {
     }
 
     pub fn child(&mut self, name: &str) -> &mut Child {
-        &mut self
-            .procs
-            .iter_mut()
-            .find(|(n, _)| n == name)
-            .unwrap_or_else(|| panic!("no process {name}"))
-            .1
+        &mut self.procs.iter_mut().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no process {name}")).1
     }
 
     /// SIGKILL, and reap.
@@ -188,10 +168,7 @@ impl Cluster {
                 return s;
             }
             if Instant::now() > end {
-                panic!(
-                    "{name} still running after {deadline:?}; log:\n{}",
-                    self.log(name)
-                );
+                panic!("{name} still running after {deadline:?}; log:\n{}", self.log(name));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -245,15 +222,8 @@ pub async fn client(addr: &str, token: Option<&str>) -> PsClient {
     let end = Instant::now() + Duration::from_secs(10);
     let auth = Auth(token.map(|t| AddToken::new(t).unwrap()));
     loop {
-        match Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-        {
-            Ok(ch) => {
-                return ParameterServerClient::with_interceptor(ch, auth)
-                    .max_decoding_message_size(64 << 20);
-            }
+        match Channel::from_shared(format!("http://{addr}")).unwrap().connect().await {
+            Ok(ch) => return ParameterServerClient::with_interceptor(ch, auth).max_decoding_message_size(64 << 20),
             Err(e) if Instant::now() > end => panic!("cannot connect to {addr}: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
@@ -271,10 +241,7 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
+        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
