@@ -77,12 +77,13 @@ def main():
 
     for _ in range(20):
         step()
-    rates = []
+    rates, cpu_rates = [], []
     for _ in range(args.rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(args.steps):
             step()
         rates.append(args.steps / (time.perf_counter() - t))
+        cpu_rates.append(args.steps / max(time.thread_time() - c, 1e-9))
     sps = statistics.median(rates)
     macs = sum(a * b for a, b in zip(layers, layers[1:]))
     flops = 6 * n * macs
@@ -96,7 +97,8 @@ def main():
         kernel = "threadpoolctl not installed"
     print(json.dumps({
         "layers": layers, "batch": n, "steps_per_sec": sps, "ms_per_step": 1e3 / sps,
-        "gflops": flops * sps / 1e9, "rates": rates, "blas": kernel,
+        "gflops": flops * sps / 1e9, "rates": rates,
+        "cpu_steps_per_sec": statistics.median(cpu_rates), "blas": kernel,
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
     }))
 

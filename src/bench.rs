@@ -57,6 +57,10 @@ pub struct Compute {
     pub gflops: f64,
     /// Every round's steps per second.
     pub rounds: Vec<f64>,
+    /// Median steps per second of this thread's CPU time: insensitive to
+    /// time spent descheduled, so comparable across a shared machine's
+    /// load (caches are still shared).
+    pub cpu_steps_per_sec: f64,
 }
 
 /// Checkpoint costs for the reference model (variables + EMA shadows, two files, fsynced).
@@ -137,15 +141,18 @@ pub fn compute(
     }
     let per = t.elapsed().as_secs_f64() / warm as f64;
     let steps = ((round_secs / per) as usize).max(3);
-    let rates: Vec<f64> = (0..rounds.max(1))
+    let (rates, cpu_rates): (Vec<f64>, Vec<f64>) = (0..rounds.max(1))
         .map(|_| {
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), thread_cpu_secs());
             for _ in 0..steps {
                 step(&mut x, &mut y);
             }
-            steps as f64 / t.elapsed().as_secs_f64()
+            (
+                steps as f64 / t.elapsed().as_secs_f64(),
+                steps as f64 / (thread_cpu_secs() - c).max(1e-9),
+            )
         })
-        .collect();
+        .unzip();
     let sps = median(&rates);
     Ok(Compute {
         layers: layers.to_vec(),
@@ -154,6 +161,7 @@ pub fn compute(
         ms_per_step: 1e3 / sps,
         gflops: flops_per_step(layers, batch) * sps / 1e9,
         rounds: rates,
+        cpu_steps_per_sec: median(&cpu_rates),
     })
 }
 
@@ -193,6 +201,17 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
         restore_ms: median(&restore),
         bytes,
     })
+}
+
+/// CPU seconds this thread has used.
+fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// The CPU model from /proc/cpuinfo ("unknown" elsewhere).
@@ -245,8 +264,8 @@ pub fn table(r: &Report) -> String {
     let c = &r.compute;
     let _ = writeln!(
         out,
-        "compute limit {:?} batch {}: {:.1} steps/s, {:.3} ms/step, {:.1} GFLOP/s (6·n·Σ in·out per step)",
-        c.layers, c.batch, c.steps_per_sec, c.ms_per_step, c.gflops
+        "compute limit {:?} batch {}: {:.1} steps/s ({:.1} per CPU-second), {:.3} ms/step, {:.1} GFLOP/s (6·n·Σ in·out per step)",
+        c.layers, c.batch, c.steps_per_sec, c.cpu_steps_per_sec, c.ms_per_step, c.gflops
     );
     for s in &r.scaling {
         let _ = writeln!(
