@@ -17,8 +17,10 @@
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
 //! - [`status`] — `dtf status`: every task's state in one table.
+//! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
 //! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; [`rpc`] converts it to domain types.
 pub mod auth;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod daemon;

@@ -85,6 +85,54 @@ pub fn checked_shape(t: &pb::Tensor) -> Result<Vec<usize>, TensorError> {
     Ok(shape)
 }
 
+/// A wire tensor checked but not copied: its values stay in the message's
+/// bytes (little-endian f32, possibly unaligned). The ps applies gradients
+/// straight from these, so a push materializes no array.
+#[derive(Debug, Clone)]
+pub struct TensorView<'a> {
+    /// The variable's name.
+    pub name: &'a str,
+    /// Dimensions, checked against the byte length.
+    pub shape: Vec<usize>,
+    /// `4 · Π shape` bytes of little-endian f32.
+    pub data: &'a [u8],
+}
+
+/// Checks a proto tensor's dtype and length and views its bytes.
+///
+/// Errors: [`TensorError`] as [`checked_shape`].
+pub fn view(t: &pb::Tensor) -> Result<TensorView<'_>, TensorError> {
+    Ok(TensorView {
+        name: &t.name,
+        shape: checked_shape(t)?,
+        data: &t.data,
+    })
+}
+
+/// Makes glibc keep freed message-sized buffers instead of returning them
+/// to the kernel after every RPC. Each push and pull allocates a few buffers
+/// of the model's size (1.6 MB for the reference model); by default glibc
+/// serves those with mmap or trims them off a thread arena's heap on free,
+/// so every step page-faulted them in again: a third of the ps's CPU time
+/// (docs/benchmarks.md). The cost is that freed buffers stay resident, a
+/// few times the model's size. Called once by the ps and the worker; a no-op
+/// elsewhere than glibc.
+pub fn keep_freed_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // 32 MiB is glibc's largest mmap threshold on 64-bit hosts.
+            // SAFETY: mallopt only sets allocator parameters; it is safe
+            // to call at any time from any thread.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+            }
+        });
+    }
+}
+
 /// Decodes a proto tensor into a new array.
 ///
 /// Errors: [`TensorError`] as [`checked_shape`].
@@ -142,5 +190,17 @@ mod tests {
         assert!(matches!(decode(&t), Err(TensorError::DType { .. })));
         let mut b = ArrayD::zeros(IxDyn(&[3]));
         assert!(decode_into(&encode("w", &a), &mut b).is_err());
+        let mut t = encode("w", &a);
+        t.shape = vec![3];
+        assert!(matches!(view(&t), Err(TensorError::Length { .. })));
+    }
+
+    #[test]
+    fn view_borrows_the_bytes() {
+        let a = ArrayD::from_shape_vec(IxDyn(&[2]), vec![1.5f32, -2.0]).unwrap();
+        let t = encode("w", &a);
+        let v = view(&t).unwrap();
+        assert_eq!((v.name, v.shape.as_slice()), ("w", &[2usize][..]));
+        assert_eq!(v.data, bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0]));
     }
 }

@@ -72,6 +72,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the compute limit (one thread, no network), its scaling with the
+    /// hidden width, and checkpoint save/restore (docs/benchmarks.md).
+    Bench {
+        /// Directory of the IDX files.
+        #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
+        data: PathBuf,
+        /// Hidden widths for the scaling table.
+        #[arg(long, value_delimiter = ',', default_value = "500,2000,8000")]
+        widths: Vec<usize>,
+        /// Timed rounds per measurement (the median is reported).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a configuration file; exit 78 if invalid.
     CheckConfig {
         /// The file.
@@ -171,6 +187,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("accuracy      {:.4}", ev.accuracy);
                 println!("ema_accuracy  {:.4}", ev.ema_accuracy);
                 println!("examples      {}", ev.examples);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            data,
+            widths,
+            rounds,
+            json,
+        } => {
+            let opts = dtf::bench::Options {
+                data,
+                widths,
+                batch: 100,
+                rounds,
+                round_secs: 0.5,
+            };
+            let report = dtf::bench::run(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", dtf::bench::table(&report));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -256,14 +256,21 @@ impl ParameterServer for PsService {
                 self.inner.task, req.incarnation, self.inner.incarnation
             )));
         }
-        let grads = named(&req.gradients)?;
+        // Applied straight from the request's bytes: no gradient array is built.
+        let grads = req
+            .gradients
+            .iter()
+            .map(rpc::view)
+            .collect::<Result<Vec<_>, _>>()?;
         let outcome = {
             let mut s = self.lock();
             if s.is_complete() {
                 None
             } else {
-                let grads = s.arrange(grads)?;
-                let outcome = s.push(grads, req.learning_rate, req.step, req.worker, req.loss)?;
+                let grads =
+                    s.arrange_bytes(grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
+                let outcome =
+                    s.push_bytes(&grads, req.learning_rate, req.step, req.worker, req.loss)?;
                 self.inner.step_tx.send_replace(s.step());
                 Some(outcome)
             }
@@ -329,6 +336,7 @@ pub async fn serve(
 ) -> Result<(), PsError> {
     let service = PsService::new(config, task)?;
     crate::metrics::observe_ps(service.clone());
+    rpc::keep_freed_buffers();
     let limit = message_limit(config);
     let id = TaskId {
         role: Role::Ps,

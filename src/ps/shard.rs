@@ -4,7 +4,7 @@
 //! what makes every push atomic for the shard.
 
 use crate::model::{self, VarSpec};
-use ndarray::{ArrayD, IxDyn, Zip};
+use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;
 
 /// Why a request was refused. Nothing changed.
@@ -234,6 +234,56 @@ impl Shard {
             .collect()
     }
 
+    /// [`Shard::arrange`] for gradients that stay in the request's bytes:
+    /// `(name, shape, little-endian f32 bytes)` in, the bytes in model order
+    /// out, after the same checks (each variable once, its shape, finite
+    /// values). Nothing is copied.
+    pub fn arrange_bytes<'a>(
+        &self,
+        named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
+    ) -> Result<Vec<&'a [u8]>, ShardError> {
+        let mut out: Vec<Option<&[u8]>> = vec![None; self.specs.len()];
+        for (name, shape, data) in named {
+            let Some(i) = self.specs.iter().position(|s| s.name == name) else {
+                return Err(ShardError::UnknownVariable {
+                    ps: self.ps,
+                    name: name.to_owned(),
+                    held: self.specs.iter().map(|s| s.name.clone()).collect(),
+                });
+            };
+            if shape != self.specs[i].shape.as_slice()
+                || data.len() != 4 * shape.iter().product::<usize>()
+            {
+                return Err(ShardError::Shape {
+                    name: name.to_owned(),
+                    expected: self.specs[i].shape.clone(),
+                    got: shape.to_vec(),
+                });
+            }
+            if let Some(index) = first_non_finite(data) {
+                return Err(ShardError::NonFinite {
+                    name: name.to_owned(),
+                    index,
+                });
+            }
+            if out[i].is_some() {
+                return Err(ShardError::Duplicate {
+                    name: name.to_owned(),
+                });
+            }
+            out[i] = Some(data);
+        }
+        out.into_iter()
+            .zip(&self.specs)
+            .map(|(a, s)| {
+                a.ok_or_else(|| ShardError::Missing {
+                    ps: self.ps,
+                    name: s.name.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Sets every variable (and shadow; `None`: shadows start at the values)
     /// and the step. Returns false, changing nothing, when already initialized
     /// and not `force`d.
@@ -264,6 +314,25 @@ impl Shard {
         worker: u32,
         loss: f32,
     ) -> Result<Pushed, ShardError> {
+        let bytes: Vec<&[u8]> = grads
+            .iter()
+            .map(|g| {
+                bytemuck::cast_slice(g.as_slice().expect("arrays built by dtf are contiguous"))
+            })
+            .collect();
+        self.push_bytes(&bytes, lr, step, worker, loss)
+    }
+
+    /// [`Shard::push`] from little-endian f32 bytes, as [`Shard::arrange_bytes`]
+    /// returns them: the ps applies a request's gradients without copying them.
+    pub fn push_bytes(
+        &mut self,
+        grads: &[&[u8]],
+        lr: f32,
+        step: u64,
+        worker: u32,
+        loss: f32,
+    ) -> Result<Pushed, ShardError> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(ShardError::LearningRate(lr));
         }
@@ -273,7 +342,7 @@ impl Shard {
         }
         match self.rule {
             Rule::Async => {
-                self.apply(&grads, lr, step, 1.0);
+                self.apply(grads, lr, step, 1.0);
                 self.counters.pushes_applied += 1;
                 Ok(Pushed::Applied)
             }
@@ -296,14 +365,27 @@ impl Shard {
                     return Err(ShardError::DuplicatePush { worker, step });
                 }
                 self.pending.workers.insert(worker);
-                for (s, g) in self.pending.sum.iter_mut().zip(&grads) {
-                    *s += g;
+                for (s, g) in self.pending.sum.iter_mut().zip(grads) {
+                    let s = s
+                        .as_slice_mut()
+                        .expect("arrays built by dtf are contiguous");
+                    for (s, g) in s.iter_mut().zip(g.chunks_exact(4)) {
+                        *s += le_f32(g);
+                    }
                 }
                 if self.pending.workers.len() < replicas {
                     return Ok(Pushed::Pending);
                 }
                 let sum = std::mem::take(&mut self.pending.sum);
-                self.apply(&sum, lr, step, 1.0 / replicas as f32);
+                let bytes: Vec<&[u8]> = sum
+                    .iter()
+                    .map(|g| {
+                        bytemuck::cast_slice(
+                            g.as_slice().expect("arrays built by dtf are contiguous"),
+                        )
+                    })
+                    .collect();
+                self.apply(&bytes, lr, step, 1.0 / replicas as f32);
                 self.pending.sum = sum;
                 self.counters.updates_applied += 1;
                 self.counters.gradients_aggregated += replicas as u64;
@@ -313,16 +395,25 @@ impl Shard {
         }
     }
 
-    /// `w -= lr · scale · g`, then the EMA step, then `step += 1`.
-    fn apply(&mut self, grads: &[ArrayD<f32>], lr: f32, step: u64, scale: f32) {
+    /// `w -= lr · scale · g`, then the EMA step, then `step += 1`, reading
+    /// `g` as little-endian f32 bytes (unaligned is fine: they come
+    /// straight from the request).
+    fn apply(&mut self, grads: &[&[u8]], lr: f32, step: u64, scale: f32) {
         let decay = model::ema_decay(self.ema, step);
         let values = self.values.as_mut().expect("checked by caller");
-        let k = lr * scale;
+        let (k, rate) = (lr * scale, 1.0 - decay);
         for ((w, g), shadow) in values.iter_mut().zip(grads).zip(self.shadows.iter_mut()) {
-            Zip::from(&mut *w).and(g).and(shadow).for_each(|w, &g, s| {
-                *w -= k * g;
-                *s -= (1.0 - decay) * (*s - *w);
-            });
+            let w = w
+                .as_slice_mut()
+                .expect("arrays built by dtf are contiguous");
+            let shadow = shadow
+                .as_slice_mut()
+                .expect("arrays built by dtf are contiguous");
+            // Plain slices: one vectorized pass over the three arrays.
+            for ((w, s), g) in w.iter_mut().zip(shadow.iter_mut()).zip(g.chunks_exact(4)) {
+                *w -= k * le_f32(g);
+                *s -= rate * (*s - *w);
+            }
         }
         self.step += 1;
     }
@@ -333,6 +424,27 @@ impl Shard {
             s.fill(0.0);
         }
     }
+}
+
+/// The f32 in four little-endian bytes (`b.len() == 4`).
+#[inline(always)]
+fn le_f32(b: &[u8]) -> f32 {
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Flat index of the first NaN or infinity in little-endian f32 bytes.
+///
+/// The common case, all finite, is one branch-free pass on the exponent bits
+/// (vectorized); only a bad tensor is scanned again for the index.
+fn first_non_finite(data: &[u8]) -> Option<usize> {
+    const EXP: u32 = 0x7f80_0000;
+    let bad = data.chunks_exact(4).fold(0u32, |acc, b| {
+        acc | u32::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & EXP == EXP)
+    });
+    if bad == 0 {
+        return None;
+    }
+    data.chunks_exact(4).position(|b| !le_f32(b).is_finite())
 }
 
 #[cfg(test)]
@@ -431,6 +543,48 @@ mod tests {
             Err(ShardError::Duplicate { .. })
         ));
         assert!(s.arrange(vec![t("w", vec![1., 2.])]).is_ok());
+    }
+
+    #[test]
+    fn arrange_bytes_checks_like_arrange_and_push_bytes_applies() {
+        let mut s = shard(Rule::Async);
+        let bytes = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
+        let (ok, nan, inf) = (
+            bytes(&[1., 2.]),
+            bytes(&[1., f32::NAN]),
+            bytes(&[f32::NEG_INFINITY, 0.]),
+        );
+        let two: &[usize] = &[2];
+        assert!(matches!(
+            s.arrange_bytes([("x", two, &ok[..])]),
+            Err(ShardError::UnknownVariable { .. })
+        ));
+        assert!(matches!(
+            s.arrange_bytes([("w", &[1usize][..], &ok[..4])]),
+            Err(ShardError::Shape { .. })
+        ));
+        assert!(matches!(
+            s.arrange_bytes([("w", two, &nan[..])]),
+            Err(ShardError::NonFinite { index: 1, .. })
+        ));
+        assert!(matches!(
+            s.arrange_bytes([("w", two, &inf[..])]),
+            Err(ShardError::NonFinite { index: 0, .. })
+        ));
+        assert!(matches!(
+            s.arrange_bytes([]),
+            Err(ShardError::Missing { .. })
+        ));
+        assert!(matches!(
+            s.arrange_bytes([("w", two, &ok[..]), ("w", two, &ok[..])]),
+            Err(ShardError::Duplicate { .. })
+        ));
+        // Unaligned bytes, as they may sit in a request.
+        let mut buf = vec![0u8];
+        buf.extend_from_slice(&ok);
+        let grads = s.arrange_bytes([("w", two, &buf[1..])]).unwrap();
+        assert_eq!(s.push_bytes(&grads, 0.5, 0, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-0.5, -1.0]);
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Cluster {
     /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
     pub fn new(config: &Config, specs: Vec<VarSpec>, token: &str) -> Result<Self, String> {
         let limit = crate::ps::message_limit(config);
+        rpc::keep_freed_buffers();
         let auth = AddToken::new(token)?;
         let clients = config
             .cluster

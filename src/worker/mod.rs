@@ -343,6 +343,8 @@ impl Worker {
             .iter()
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
             .collect();
+        // Reused every step: the hot path allocates no activations or gradients.
+        let (mut ws, mut grads) = (model::Workspace::default(), params.clone());
         let saver = if self.is_chief() {
             Some(CheckpointTimer::start(
                 self.config.clone(),
@@ -382,9 +384,15 @@ impl Worker {
                 step,
                 self.decay_steps,
             );
-            let (l, grads) = tokio::task::block_in_place(|| {
-                self.mlp
-                    .loss_and_grads(&params, x.view(), &y, cfg.train.regularization_rate)
+            let l = tokio::task::block_in_place(|| {
+                self.mlp.loss_and_grads_into(
+                    &params,
+                    x.view(),
+                    &y,
+                    cfg.train.regularization_rate,
+                    &mut ws,
+                    &mut grads,
+                )
             });
             loss = l;
             let tags = progress.steps.clone();

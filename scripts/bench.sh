@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs every benchmark of docs/benchmarks.md and prints JSON lines, one per
+# measurement, to stdout (and to $OUT, default bench-results.jsonl).
+#
+#   cargo build --release && scripts/bench.sh            # everything, ~10 min
+#   QUICK=1 scripts/bench.sh                             # fewer steps and rounds
+#
+# The machine may be shared: each cluster run reports CPU milliseconds per
+# global step besides steps/s, which is far less sensitive to other load
+# than wall-clock rates. Compare numbers measured within one invocation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DTF=${DTF:-target/release/dtf}
+DATA=${DATA:-/usr/share/datasets/fashion-mnist}
+OUT=${OUT:-bench-results.jsonl}
+STEPS=${STEPS:-3000}
+REPEAT=${REPEAT:-3}
+if [[ -n "${QUICK:-}" ]]; then STEPS=1000; REPEAT=1; fi
+: > "$OUT"
+emit() { tee -a "$OUT"; }
+cluster() { python3 scripts/bench_cluster.py --dtf "$DTF" --data "$DATA" "$@" | emit; }
+
+grep -m1 'model name' /proc/cpuinfo
+echo "cores: $(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# Compute limit and kernel quality, interleaved so both see the same load.
+for _ in $(seq "$REPEAT"); do
+    "$DTF" bench --json --data "$DATA" --widths 500,2000,8000 --rounds 5 | sed 's/^{/{"bench":"dtf",/' | emit
+    # Unset both together in this command alone (see the machine notes); threadpoolctl reports the kernel.
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 \
+        python3 scripts/bench_numpy.py --data "$DATA" --rounds 5 | sed 's/^{/{"bench":"numpy",/' | emit
+done
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 \
+    python3 scripts/bench_numpy.py --data "$DATA" --rounds 3 --layers 784,2000,10 | sed 's/^{/{"bench":"numpy",/' | emit
+
+# Cluster throughput, startup and memory: 1 ps + 2 workers async is the reference.
+for _ in $(seq "$REPEAT"); do cluster --ps 1 --workers 2 --steps "$STEPS"; done
+cluster --ps 1 --workers 2 --steps "$STEPS" --mode sync
+cluster --ps 2 --workers 4 --steps "$STEPS"
+# Scaling with the number of workers (2 cores: beyond 2 they share them).
+for w in 1 4 8; do cluster --ps 1 --workers "$w" --steps "$STEPS"; done
+# Checkpoint cost while training: save every second vs every minute.
+for _ in $(seq "$REPEAT"); do
+    cluster --ps 1 --workers 2 --steps "$STEPS" --save-secs 1
+    cluster --ps 1 --workers 2 --steps "$STEPS" --save-secs 60
+done
