@@ -84,12 +84,18 @@ fi
 if [ -n "${DTF_DEB:-}" ]; then
 	DEB=$DTF_DEB
 else
-	log "cargo build --release && cargo deb --no-build"
+	log "cargo build --release"
 	cargo build --release --locked -q
-	cargo deb --no-build -q >/dev/null
 	version=$(cargo metadata --no-deps --format-version 1 |
 		sed -n 's/.*"name":"dtf","version":"\([^"]*\)".*/\1/p')
 	DEB=$SRC/target/debian/dtf_${version}-1_$(dpkg --print-architecture).deb
+	# Repackaged only when something that goes into it is newer (as after
+	# scripts/check-package.sh, the package is usually fresh).
+	if [ ! -f "$DEB" ] || [ -n "$(find Cargo.toml packaging/debian etc/dtf man \
+		target/release/dtf target/release/dtf-ps target/release/dtf-worker -newer "$DEB" -print -quit)" ]; then
+		log "cargo deb --no-build"
+		cargo deb --no-build -q >/dev/null
+	fi
 fi
 [ -f "$DEB" ] || die "no package $DEB"
 log "package: $DEB"
@@ -113,6 +119,8 @@ build_root() {
 	# Built beside its final name and renamed when complete: an interrupted
 	# build is never taken for a cached root.
 	tmp=$(mktemp -d "$CACHE/bookworm-root.tmp.XXXXXX")
+	chmod 0755 "$tmp" # mktemp's 0700 would become the container's / (and
+	# keep the dtf user, dbus and apt's _apt out of everything).
 	# shellcheck disable=SC2064 # expand $tmp now
 	trap "umount -l '$tmp/proc' 2>/dev/null; rm -rf '$tmp'" EXIT
 	log "debootstrap bookworm from $mirror (a few minutes, once)"
@@ -131,7 +139,8 @@ build_root() {
 	rm -f "$tmp/etc/resolv.conf"
 	# The container has no network of its own; nothing should wait for it.
 	echo dtf-systest >"$tmp/etc/hostname"
-	mv "$tmp" "$CACHED_ROOT"
+	# -T: if a concurrent run got there first, keep its root and drop ours.
+	mv -T "$tmp" "$CACHED_ROOT" 2>/dev/null || rm -rf "$tmp"
 	trap - EXIT
 }
 
@@ -161,12 +170,14 @@ teardown() {
 		in_ct systemctl --no-pager status 'dtf-*' 2>&1 | tail -n 80
 	fi
 	if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+		log "powering the container off"
 		[ -n "$PID" ] && timeout 10 nsenter -t "$PID" -a systemctl poweroff >/dev/null 2>&1
 		for _ in $(seq 60); do
 			kill -0 "$NSPAWN_PID" 2>/dev/null || break
 			sleep 0.5
 		done
 		if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+			log "the container did not stop in 30 s: SIGKILL to systemd-nspawn"
 			kill -KILL "$NSPAWN_PID"
 			wait "$NSPAWN_PID" 2>/dev/null
 		fi
@@ -496,6 +507,7 @@ check "dtf eval evaluated the final checkpoint" \
 # (docs/design.md, Recovery), without a restart loop.
 for u in dtf-ps@0 dtf-worker@0; do
 	in_ct timeout 30 systemctl start "$u" >/dev/null 2>&1
+	# Long enough for systemd to have restarted it (RestartSec=1) if it would.
 	sleep 3
 	r=$(in_ct systemctl show -p Result -p NRestarts -p ExecMainStatus -p ActiveState "$u.service" | tr '\n' ' ')
 	check "$u started again on the complete run exits 0 at once ($r)" \
@@ -525,6 +537,7 @@ if in_ct timeout 60 systemctl start dtf-worker@7 >/dev/null 2>&1; then
 else
 	pass "systemctl start dtf-worker@7 fails"
 fi
+# Long enough for a few restarts (RestartSec=1) if they would happen.
 sleep 5
 w7=$(in_ct systemctl show -p Result -p NRestarts -p ExecMainStatus -p ActiveState dtf-worker@7.service | tr '\n' ' ')
 w7_pre=$(prop dtf-worker@7 ExecStartPre)
