@@ -182,6 +182,7 @@ teardown() {
 			wait "$NSPAWN_PID" 2>/dev/null
 		fi
 	fi
+	log "container stopped; removing $RUN"
 	rm -rf "$RUN"
 	log "torn down"
 	exit "$rc"
@@ -540,11 +541,13 @@ fi
 # Long enough for a few restarts (RestartSec=1) if they would happen.
 sleep 5
 w7=$(in_ct systemctl show -p Result -p NRestarts -p ExecMainStatus -p ActiveState dtf-worker@7.service | tr '\n' ' ')
-w7_pre=$(prop dtf-worker@7 ExecStartPre)
-if [[ "$(prop dtf-worker@7 ExecMainStatus)" == 78 || "$w7_pre" == *"status=78"* ]]; then
-	pass "dtf-worker@7 exits 78 (EX_CONFIG): $w7"
+# Whichever process failed (ExecStartPre's check-config or the daemon), systemd
+# logs its status; ExecMainStatus alone misses the former.
+w7_exit=$(in_ct journalctl --no-pager -o cat -u dtf-worker@7.service | grep -m1 'exited, code=exited, status=' || true)
+if [[ "$(prop dtf-worker@7 ExecMainStatus)" == 78 || "$w7_exit" == *"status=78/CONFIG"* ]]; then
+	pass "dtf-worker@7 exits 78 (EX_CONFIG): $w7_exit"
 else
-	fail "dtf-worker@7 exits 78 (EX_CONFIG): $w7 ExecStartPre: $w7_pre"
+	fail "dtf-worker@7 exits 78 (EX_CONFIG): $w7 journal: ${w7_exit:-nothing}"
 fi
 check "dtf-worker@7 is not restarted in a loop ($w7)" test "$(prop dtf-worker@7 NRestarts)" = 0
 check "dtf-worker@7 failed, not activating ($w7)" test "$(prop dtf-worker@7 ActiveState)" = failed
