@@ -1,0 +1,565 @@
+#!/usr/bin/env bash
+# Layer 4 of the tests (docs/design.md): dtf under a real systemd.
+#
+#   tests/system/run.sh            (as root, on Debian 12)
+#
+# Boots a Debian 12 container with systemd-nspawn (systemd as PID 1, its own
+# loopback: --private-network), installs the .deb and runs a 1 ps + 2 worker
+# cluster on Fashion-MNIST through the template units: readiness and STATUS,
+# SIGKILL of a worker and of the ps (systemd restarts them, the chief
+# restores the checkpoint), reload by file change and by `systemctl reload`
+# (valid, invalid, not reloadable), the end of the run (every unit inactive
+# with Result=success, checkpoints, `dtf eval`), and a broken config (exit 78,
+# no restart loop). Prints PASS/FAIL per check, exits 1 on any failure (after
+# dumping the units' journal). The container is torn down in every case.
+#
+# The Debian root (debootstrap minbase + systemd + dataset-fashion-mnist) is
+# cached in $DTF_SYSTEM_TEST_CACHE (default /var/cache/dtf-system-test); every
+# run boots a fresh copy of it. Environment:
+#   DTF_SYSTEM_TEST_CACHE   where the cached root lives
+#   DTF_SYSTEM_TEST_MIRROR  Debian mirror for debootstrap (default: the
+#                           host's first Debian URI, else deb.debian.org)
+#   DTF_DEB                 a prebuilt .deb to test (default: build one with
+#                           cargo build --release && cargo deb --no-build)
+set -euo pipefail
+export LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive
+
+cd "$(dirname "$0")/../.."
+SRC=$(pwd)
+
+CACHE=${DTF_SYSTEM_TEST_CACHE:-/var/cache/dtf-system-test}
+# Bump when the recipe of the cached root changes, so old caches are not used.
+ROOT_RECIPE=v2
+CACHED_ROOT=$CACHE/bookworm-root-$ROOT_RECIPE
+ROOT_PACKAGES=systemd,systemd-sysv,dbus,adduser
+# Pre-installed so that a run needs no network inside the container.
+ROOT_EXTRA=dataset-fashion-mnist
+# Downloaded, not installed: the .deb's dependencies beyond minbase. The
+# package must still declare them (apt-get installs them from the cache).
+ROOT_OFFLINE=procps
+
+# The cluster inside the container (its own loopback: no clash with the host).
+PS_ADDR=127.0.0.1:2222
+W0_ADDR=127.0.0.1:2223
+W1_ADDR=127.0.0.1:2224
+UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1)
+FINAL_STEPS=2500     # the run ends at max(this, current step + 500)
+MIN_ACCURACY=0.7
+
+started=$(date +%s)
+log() { printf '[%4ds] %s\n' $(($(date +%s) - started)) "$*"; }
+die() { printf 'system test: ERROR: %s\n' "$*" >&2; exit 2; }
+
+failures=0
+checks=0
+pass() { checks=$((checks + 1)); printf 'PASS  %s\n' "$*"; }
+fail() { checks=$((checks + 1)); failures=$((failures + 1)); printf 'FAIL  %s\n' "$*"; }
+quiet() { "$@" >/dev/null 2>&1; }
+# contains HAYSTACK NEEDLE
+contains() { [[ "$1" == *"$2"* ]]; }
+# check DESCRIPTION COMMAND...: PASS if the command succeeds.
+check() {
+	local what=$1
+	shift
+	if "$@"; then pass "$what"; else fail "$what"; fi
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root (systemd-nspawn, debootstrap)"
+
+# --- host tools -------------------------------------------------------------
+
+need=
+command -v systemd-nspawn >/dev/null || need="$need systemd-container"
+command -v debootstrap >/dev/null || need="$need debootstrap"
+command -v nsenter >/dev/null || need="$need util-linux"
+if [ -n "$need" ]; then
+	log "apt-get install$need"
+	apt-get update -qq
+	# shellcheck disable=SC2086 # a list of package names
+	apt-get install -y -qq --no-install-recommends $need >/dev/null
+fi
+
+# --- the .deb ---------------------------------------------------------------
+
+if [ -n "${DTF_DEB:-}" ]; then
+	DEB=$DTF_DEB
+else
+	log "cargo build --release"
+	cargo build --release --locked -q
+	version=$(cargo metadata --no-deps --format-version 1 |
+		sed -n 's/.*"name":"dtf","version":"\([^"]*\)".*/\1/p')
+	DEB=$SRC/target/debian/dtf_${version}-1_$(dpkg --print-architecture).deb
+	# Repackaged only when something that goes into it is newer (as after
+	# scripts/check-package.sh, the package is usually fresh).
+	if [ ! -f "$DEB" ] || [ -n "$(find Cargo.toml packaging/debian etc/dtf man \
+		target/release/dtf target/release/dtf-ps target/release/dtf-worker -newer "$DEB" -print -quit)" ]; then
+		log "cargo deb --no-build"
+		cargo deb --no-build -q >/dev/null
+	fi
+fi
+[ -f "$DEB" ] || die "no package $DEB"
+log "package: $DEB"
+
+# --- the cached Debian root -------------------------------------------------
+
+host_mirror() {
+	local uri
+	uri=$( {
+		sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+		sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
+			/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+	} | grep -E '^https?://' | grep -v -e security -e updates | head -n1)
+	echo "${uri:-http://deb.debian.org/debian}"
+}
+
+build_root() {
+	local mirror tmp
+	mirror=${DTF_SYSTEM_TEST_MIRROR:-$(host_mirror)}
+	mkdir -p "$CACHE"
+	# Built beside its final name and renamed when complete: an interrupted
+	# build is never taken for a cached root.
+	tmp=$(mktemp -d "$CACHE/bookworm-root.tmp.XXXXXX")
+	chmod 0755 "$tmp" # mktemp's 0700 would become the container's / (and
+	# keep the dtf user, dbus and apt's _apt out of everything).
+	# shellcheck disable=SC2064 # expand $tmp now
+	trap "umount -l '$tmp/proc' 2>/dev/null; rm -rf '$tmp'" EXIT
+	log "debootstrap bookworm from $mirror (a few minutes, once)"
+	debootstrap --variant=minbase --include="$ROOT_PACKAGES" bookworm "$tmp" "$mirror" \
+		>"$CACHE/debootstrap.log" 2>&1 || { tail -n 30 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
+	log "apt-get install $ROOT_EXTRA in the root"
+	cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+	mount -t proc proc "$tmp/proc"
+	chroot "$tmp" apt-get update -qq
+	chroot "$tmp" apt-get install -y -qq --no-install-recommends "$ROOT_EXTRA" >"$CACHE/apt.log" 2>&1 ||
+		{ cat "$CACHE/apt.log" >&2; die "apt-get install $ROOT_EXTRA in the root failed"; }
+	chroot "$tmp" apt-get clean
+	chroot "$tmp" apt-get install -y -qq --download-only --no-install-recommends $ROOT_OFFLINE >>"$CACHE/apt.log" 2>&1 ||
+		{ cat "$CACHE/apt.log" >&2; die "apt-get download $ROOT_OFFLINE in the root failed"; }
+	umount "$tmp/proc"
+	rm -f "$tmp/etc/resolv.conf"
+	# The container has no network of its own; nothing should wait for it.
+	echo dtf-systest >"$tmp/etc/hostname"
+	# -T: if a concurrent run got there first, keep its root and drop ours.
+	mv -T "$tmp" "$CACHED_ROOT" 2>/dev/null || rm -rf "$tmp"
+	trap - EXIT
+}
+
+if [ ! -d "$CACHED_ROOT" ]; then
+	build_root
+else
+	log "cached root: $CACHED_ROOT"
+fi
+
+# --- boot a copy --------------------------------------------------------------
+
+RUN=$(mktemp -d /var/tmp/dtf-system-test.XXXXXX)
+ROOT=$RUN/root
+NSPAWN_PID=
+PID=
+
+in_ct() { nsenter -t "$PID" -a env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+	SYSTEMD_PAGER= SYSTEMD_COLORS=0 DEBIAN_FRONTEND=noninteractive "$@"; }
+
+teardown() {
+	local rc=$?
+	set +e
+	if [ -n "$PID" ] && { [ "$failures" -gt 0 ] || [ "$rc" -ne 0 ]; }; then
+		echo "---- journal of the dtf units (container) ----"
+		in_ct journalctl --no-pager -o short-monotonic -u 'dtf-*' 2>&1 | tail -n 400
+		echo "---- systemctl status ----"
+		in_ct systemctl --no-pager status 'dtf-*' 2>&1 | tail -n 80
+	fi
+	if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+		log "powering the container off"
+		[ -n "$PID" ] && timeout 10 nsenter -t "$PID" -a systemctl poweroff >/dev/null 2>&1
+		for _ in $(seq 60); do
+			kill -0 "$NSPAWN_PID" 2>/dev/null || break
+			sleep 0.5
+		done
+		if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+			log "the container did not stop in 30 s: SIGKILL to systemd-nspawn"
+			kill -KILL "$NSPAWN_PID"
+			wait "$NSPAWN_PID" 2>/dev/null
+		fi
+	fi
+	log "container stopped; removing $RUN"
+	rm -rf "$RUN"
+	log "torn down"
+	exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+log "copying the root to $ROOT"
+cp -a "$CACHED_ROOT" "$ROOT"
+cp "$DEB" "$ROOT/root/"
+debname=$(basename "$DEB")
+
+log "booting the container"
+systemd-nspawn -q -D "$ROOT" --boot --register=no --keep-unit --console=passive \
+	--private-network --machine="dtf-systest-$$" >"$RUN/nspawn.log" 2>&1 &
+NSPAWN_PID=$!
+
+# wait_for SECONDS COMMAND...: polls the command until it succeeds.
+wait_for() {
+	local deadline=$(($(date +%s) + $1))
+	shift
+	until "$@"; do
+		[ "$(date +%s)" -lt "$deadline" ] || return 1
+		sleep 0.5
+	done
+}
+
+container_pid() {
+	kill -0 "$NSPAWN_PID" 2>/dev/null || { cat "$RUN/nspawn.log" >&2; die "systemd-nspawn exited"; }
+	local c
+	c=$(cat /proc/"$NSPAWN_PID"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 . || true)
+	[ -n "$c" ] && [ "$(cat /proc/"$c"/comm 2>/dev/null)" = systemd ] && PID=$c
+}
+wait_for 30 container_pid || die "no systemd in the container"
+
+system_up() {
+	local s
+	s=$(in_ct systemctl is-system-running 2>/dev/null || true)
+	case $s in running | degraded) return 0 ;; *) return 1 ;; esac
+}
+if wait_for 90 system_up; then
+	pass "container boots: systemctl is-system-running = $(in_ct systemctl is-system-running || true)"
+else
+	fail "container boots: is-system-running = $(in_ct systemctl is-system-running 2>&1 || true)"
+	exit 1
+fi
+
+# From here on a failing command is a failed check, not the end of the run:
+# every check reports, and the trap tears down.
+set +e
+
+# --- install -------------------------------------------------------------------
+
+log "apt-get install /root/$debname"
+if in_ct apt-get install -y -q --no-install-recommends "/root/$debname" >"$RUN/apt.log" 2>&1; then
+	pass "apt-get install the .deb (no network needed)"
+else
+	cat "$RUN/apt.log"
+	fail "apt-get install the .deb"
+	exit 1
+fi
+check "postinst: system user dtf ($(in_ct getent passwd dtf || true))" quiet in_ct getent passwd dtf
+token_mode=$(in_ct stat -c '%U:%G %a' /etc/dtf/token 2>&1 || true)
+check "postinst: /etc/dtf/token is root:dtf 640 ($token_mode)" test "$token_mode" = "root:dtf 640"
+check "postinst: /var/lib/dtf exists" in_ct test -d /var/lib/dtf
+
+# --- the cluster's configuration ------------------------------------------------
+
+# write_config LAST_STEP SAVE_SECS [EXTRA TRAIN LINE]: /etc/dtf/dtf.toml in the
+# container, replaced atomically (as an editor does) so the daemons' file
+# watchers see one change.
+write_config() {
+	cat >"$ROOT/etc/dtf/dtf.toml.new" <<-EOF
+		# dtf system test: 1 ps + 2 workers on the container's loopback.
+		[cluster]
+		ps = ["$PS_ADDR"]
+		worker = ["$W0_ADDR", "$W1_ADDR"]
+		[train]
+		mode = "async"
+		batch_size = 100
+		last_step = $1
+		log_step_count_steps = 50
+		${3:-}
+		[data]
+		dir = "/usr/share/datasets/fashion-mnist"
+		[checkpoint]
+		dir = "/var/lib/dtf/checkpoints"
+		save_secs = $2
+		[log]
+		level = "info"
+	EOF
+	chmod 644 "$ROOT/etc/dtf/dtf.toml.new"
+	mv "$ROOT/etc/dtf/dtf.toml.new" "$ROOT/etc/dtf/dtf.toml"
+}
+
+# Far away: the run is ended later by reloading a reachable last_step, so
+# the faults and reloads below do not race the end of training.
+HUGE_STEP=100000000
+write_config $HUGE_STEP 2
+check "dtf check-config accepts the test config: $(in_ct dtf check-config 2>&1 || true)" quiet in_ct dtf check-config
+
+# --- helpers on units -------------------------------------------------------------
+
+prop() { in_ct systemctl show -P "$2" "$1.service" 2>/dev/null; }
+is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
+all_active() {
+	local u
+	for u in "${UNITS[@]}"; do is_active "$u" || return 1; done
+}
+# The global step in a worker's STATUS= line ("step N loss …"), or empty.
+status_step() { prop "$1" StatusText | sed -n 's/^step \([0-9]\+\) .*/\1/p'; }
+status_step_above() {
+	local s
+	s=$(status_step "$1")
+	[ -n "$s" ] && [ "$s" -gt "$2" ]
+}
+# journal_count UNIT PATTERN: lines of the unit's journal matching PATTERN.
+journal_count() { in_ct journalctl --no-pager -o cat -u "$1.service" 2>/dev/null | grep -c -- "$2" || true; }
+journal_count_above() { [ "$(journal_count "$1" "$2")" -gt "$3" ]; }
+
+# --- start ---------------------------------------------------------------------------
+
+log "systemctl start ${UNITS[*]}"
+if in_ct timeout 180 systemctl start "${UNITS[@]}"; then
+	pass "systemctl start ${UNITS[*]} returns 0 (Type=notify: after READY=1)"
+else
+	fail "systemctl start ${UNITS[*]}"
+fi
+for u in "${UNITS[@]}"; do
+	check "$u is active" is_active "$u"
+done
+if [ "$failures" -gt 0 ]; then
+	log "the cluster did not start; the remaining checks would only time out"
+	exit 1
+fi
+check "dtf-ps@0 STATUS names its address ($(prop dtf-ps@0 StatusText))" \
+	contains "$(prop dtf-ps@0 StatusText)" "serving on $PS_ADDR"
+for u in dtf-worker@0 dtf-worker@1; do
+	if wait_for 120 status_step_above "$u" 0; then
+		pass "$u STATUS reports training: $(prop "$u" StatusText)"
+	else
+		fail "$u STATUS reports training (StatusText='$(prop "$u" StatusText)')"
+	fi
+done
+status_line=$(in_ct systemctl --no-pager status dtf-worker@0 2>&1 | grep -m1 'Status:' || true)
+check "systemctl status dtf-worker@0 shows the STATUS line ($status_line)" \
+	contains "$status_line" step
+
+# --- SIGKILL a worker -----------------------------------------------------------------
+
+restarts_before=$(prop dtf-worker@1 NRestarts)
+step_before=$(status_step dtf-worker@1)
+log "systemctl kill -s KILL dtf-worker@1 (at step $step_before)"
+in_ct systemctl kill -s KILL dtf-worker@1 || true
+restarted() { [ "$(prop "$1" NRestarts)" -gt "$2" ] && is_active "$1"; }
+if wait_for 60 restarted dtf-worker@1 "$restarts_before"; then
+	pass "dtf-worker@1 restarted by systemd after SIGKILL (NRestarts $restarts_before -> $(prop dtf-worker@1 NRestarts)), active"
+else
+	fail "dtf-worker@1 restarted after SIGKILL (NRestarts=$(prop dtf-worker@1 NRestarts) ActiveState=$(prop dtf-worker@1 ActiveState))"
+fi
+if wait_for 90 status_step_above dtf-worker@1 "${step_before:-0}"; then
+	pass "dtf-worker@1 trains again: $(prop dtf-worker@1 StatusText)"
+else
+	fail "dtf-worker@1 trains again (StatusText='$(prop dtf-worker@1 StatusText)')"
+fi
+
+# --- SIGKILL the ps ---------------------------------------------------------------------
+
+# A checkpoint newer than the start must exist for the chief to restore.
+has_checkpoint() { in_ct sh -c 'ls /var/lib/dtf/checkpoints/model.ckpt-*.safetensors' >/dev/null 2>&1; }
+check "the chief wrote a checkpoint before the ps is killed" wait_for 30 has_checkpoint
+ps_restarts=$(prop dtf-ps@0 NRestarts)
+w0_restarts=$(prop dtf-worker@0 NRestarts)
+w1_restarts=$(prop dtf-worker@1 NRestarts)
+restored_before=$(journal_count dtf-worker@0 Restored)
+declare -A step_before_ps_kill=([dtf-worker@0]=$(status_step dtf-worker@0) [dtf-worker@1]=$(status_step dtf-worker@1))
+log "systemctl kill -s KILL dtf-ps@0 (at step ${step_before_ps_kill[dtf-worker@0]})"
+in_ct systemctl kill -s KILL dtf-ps@0 || true
+if wait_for 60 restarted dtf-ps@0 "$ps_restarts"; then
+	pass "dtf-ps@0 restarted by systemd after SIGKILL (NRestarts $ps_restarts -> $(prop dtf-ps@0 NRestarts)), active"
+else
+	fail "dtf-ps@0 restarted after SIGKILL (NRestarts=$(prop dtf-ps@0 NRestarts) ActiveState=$(prop dtf-ps@0 ActiveState))"
+fi
+if wait_for 90 journal_count_above dtf-worker@0 Restored "$restored_before"; then
+	pass "the chief restored the model: $(in_ct journalctl --no-pager -o cat -u dtf-worker@0.service | grep Restored | tail -n1)"
+else
+	fail "the chief restored the model from the checkpoint (no new 'Restored' in journalctl -u dtf-worker@0)"
+fi
+# Training resumes from the checkpoint's step, at or below the one before
+# the kill: a STATUS past the latter is new progress.
+for u in dtf-worker@0 dtf-worker@1; do
+	if wait_for 90 status_step_above "$u" "${step_before_ps_kill[$u]:-0}"; then
+		pass "$u trains after the ps restart: $(prop "$u" StatusText)"
+	else
+		fail "$u trains after the ps restart (StatusText='$(prop "$u" StatusText)', before the kill: step ${step_before_ps_kill[$u]:-?})"
+	fi
+done
+check "the workers rode out the ps restart without restarting themselves" \
+	test "$(prop dtf-worker@0 NRestarts):$(prop dtf-worker@1 NRestarts)" = "$w0_restarts:$w1_restarts"
+check "all units active after the ps restart" all_active
+
+# --- reload ---------------------------------------------------------------------------------
+
+# Counts per unit, before each reload.
+declare -A reloaded rejected
+# shellcheck disable=SC2034 # read through a nameref in expect_in_journals
+count_reloads() {
+	local u
+	for u in "${UNITS[@]}"; do
+		reloaded[$u]=$(journal_count "$u" 'Configuration reloaded')
+		rejected[$u]=$(journal_count "$u" 'Reload rejected')
+	done
+}
+# expect_in_journals PATTERN ARRAY WHAT: every unit logs PATTERN once more.
+expect_in_journals() {
+	local pattern=$1 what=$2 u
+	local -n before=$3
+	for u in "${UNITS[@]}"; do
+		if wait_for 30 journal_count_above "$u" "$pattern" "${before[$u]}"; then
+			pass "$u: $what: $(in_ct journalctl --no-pager -o cat -u "$u.service" | grep -- "$pattern" | tail -n1)"
+		else
+			fail "$u: $what (no new '$pattern' in its journal)"
+		fi
+	done
+}
+
+log "reload: edit checkpoint.save_secs 2 -> 3 in /etc/dtf/dtf.toml"
+count_reloads
+write_config $HUGE_STEP 3
+expect_in_journals 'Configuration reloaded' "file change reloaded" reloaded
+check "all units active after the reload" all_active
+
+log "reload: an invalid value (batch_size = \"x\")"
+count_reloads
+sed -i 's/^batch_size = 100$/batch_size = "x"/' "$ROOT/etc/dtf/dtf.toml"
+check "the invalid file has batch_size = \"x\"" grep -q '^batch_size = "x"' "$ROOT/etc/dtf/dtf.toml"
+expect_in_journals 'Reload rejected' "invalid value rejected" rejected
+msg=$(in_ct journalctl --no-pager -o cat -u dtf-worker@0.service | grep 'Reload rejected' | tail -n1)
+check "the rejection names the key batch_size" contains "$msg" batch_size
+if in_ct systemctl reload dtf-ps@0 >/dev/null 2>&1; then
+	fail "systemctl reload dtf-ps@0 with an invalid file fails (it returned 0)"
+else
+	pass "systemctl reload dtf-ps@0 with an invalid file fails (ExecReload's check-config)"
+fi
+check "all units still active with an invalid file" all_active
+
+log "reload: a change that cannot be live (cluster.worker)"
+count_reloads
+write_config $HUGE_STEP 3
+# The valid file back: reloaded (no change); wait for that before the next edit.
+expect_in_journals 'Configuration reloaded' "valid file back, reloaded" reloaded
+count_reloads
+sed -i "s/\"$W1_ADDR\"/\"127.0.0.1:2299\"/" "$ROOT/etc/dtf/dtf.toml"
+expect_in_journals 'Reload rejected' "cluster change rejected" rejected
+msg=$(in_ct journalctl --no-pager -o cat -u dtf-ps@0.service | grep 'Reload rejected' | tail -n1)
+check "the rejection names cluster.worker" contains "$msg" cluster.worker
+check "all units still active after the rejected cluster change" all_active
+
+log "systemctl reload dtf-ps@0 with the valid file"
+count_reloads
+write_config $HUGE_STEP 3
+expect_in_journals 'Configuration reloaded' "valid file back, reloaded" reloaded
+count_reloads
+if in_ct systemctl reload dtf-ps@0; then
+	pass "systemctl reload dtf-ps@0 returns 0"
+else
+	fail "systemctl reload dtf-ps@0"
+fi
+if wait_for 30 journal_count_above dtf-ps@0 'Configuration reloaded' "${reloaded[dtf-ps@0]}"; then
+	pass "dtf-ps@0 logs 'Configuration reloaded' after systemctl reload"
+else
+	fail "dtf-ps@0 logs 'Configuration reloaded' after systemctl reload"
+fi
+check "dtf-ps@0 active after systemctl reload" is_active dtf-ps@0
+
+# --- to the end of the run -------------------------------------------------------------
+
+now=$(status_step dtf-worker@0)
+last=$((${now:-0} + 500))
+[ "$last" -ge "$FINAL_STEPS" ] || last=$FINAL_STEPS
+log "reload: last_step = $last (now at step ${now:-?})"
+count_reloads
+write_config "$last" 3
+expect_in_journals 'Configuration reloaded' "last_step reloaded" reloaded
+
+all_inactive() {
+	local u s
+	for u in "${UNITS[@]}"; do
+		s=$(prop "$u" ActiveState)
+		[ "$s" = inactive ] || [ "$s" = failed ] || return 1
+	done
+}
+if wait_for 600 all_inactive; then
+	pass "every unit stopped by itself at last_step"
+else
+	fail "every unit stopped by itself at last_step ($(for u in "${UNITS[@]}"; do printf '%s=%s ' "$u" "$(prop "$u" ActiveState)"; done))"
+fi
+for u in "${UNITS[@]}"; do
+	r=$(in_ct systemctl show -p Result -p ActiveState -p ExecMainStatus "$u.service" | tr '\n' ' ')
+	check "$u ended cleanly: $r" test "$(prop "$u" Result):$(prop "$u" ActiveState):$(prop "$u" ExecMainStatus)" = success:inactive:0
+done
+ckpts=$(in_ct sh -c 'cd /var/lib/dtf/checkpoints && ls' 2>&1 | tr '\n' ' ')
+final_ckpt=$(in_ct sh -c 'ls /var/lib/dtf/checkpoints/' 2>/dev/null |
+	sed -n 's/^model\.ckpt-\([0-9]\+\)\.safetensors$/\1/p' | sort -n | tail -n1)
+check "a final checkpoint at step >= $last (${final_ckpt:-none}; $ckpts)" \
+	test "${final_ckpt:-0}" -ge "$last"
+check "its EMA shadows: model.ckpt-${final_ckpt:-?}.ema.safetensors" \
+	in_ct test -s "/var/lib/dtf/checkpoints/model.ckpt-${final_ckpt:-x}.ema.safetensors"
+check "the checkpoint index names it" \
+	in_ct grep -q "model.ckpt-${final_ckpt:-x}" /var/lib/dtf/checkpoints/checkpoint
+eval_json=$(in_ct dtf eval /var/lib/dtf/checkpoints --json 2>&1 || true)
+acc=$(sed -n 's/.*"accuracy":\([0-9.eE+-]*\).*/\1/p' <<<"$eval_json")
+ema=$(sed -n 's/.*"ema_accuracy":\([0-9.eE+-]*\).*/\1/p' <<<"$eval_json")
+if [ -n "$acc" ] && awk -v a="$acc" -v m="$MIN_ACCURACY" 'BEGIN { exit !(a > m) }'; then
+	pass "dtf eval --json: accuracy $acc > $MIN_ACCURACY (ema $ema)"
+else
+	fail "dtf eval --json: accuracy > $MIN_ACCURACY (got: $eval_json)"
+fi
+check "dtf eval evaluated the final checkpoint" \
+	contains "$eval_json" "\"global_step\":${final_ckpt:-x},"
+
+# A task started again on a complete run says so and exits 0 at once
+# (docs/design.md, Recovery), without a restart loop.
+for u in dtf-ps@0 dtf-worker@0; do
+	in_ct timeout 30 systemctl start "$u" >/dev/null 2>&1
+	# Long enough for systemd to have restarted it (RestartSec=1) if it would.
+	sleep 3
+	r=$(in_ct systemctl show -p Result -p NRestarts -p ExecMainStatus -p ActiveState "$u.service" | tr '\n' ' ')
+	check "$u started again on the complete run exits 0 at once ($r)" \
+		test "$(prop "$u" Result):$(prop "$u" ActiveState):$(prop "$u" ExecMainStatus):$(prop "$u" NRestarts)" = success:inactive:0:0
+done
+msg=$(in_ct journalctl --no-pager -o cat -u dtf-worker@0.service | grep 'already complete' | tail -n1)
+check "the chief says the run is complete: $msg" contains "$msg" "already complete"
+# A non-chief worker cannot see the checkpoints on a multi-host cluster, and
+# today waits for the (exited) ps tasks: reported, not yet counted unless
+# DTF_SYSTEM_TEST_STRICT=1.
+in_ct timeout 20 systemctl start dtf-worker@1 >/dev/null 2>&1
+r=$(in_ct systemctl show -p Result -p ActiveState -p ExecMainStatus dtf-worker@1.service | tr '\n' ' ')
+if [ "$(prop dtf-worker@1 ActiveState):$(prop dtf-worker@1 Result)" = inactive:success ]; then
+	pass "dtf-worker@1 started again on the complete run exits 0 ($r)"
+elif [ "${DTF_SYSTEM_TEST_STRICT:-0}" = 1 ]; then
+	fail "dtf-worker@1 started again on the complete run exits 0 ($r)"
+else
+	printf 'KNOWN dtf-worker@1 started again on the complete run does not exit (%s): not counted\n' "$r"
+fi
+in_ct systemctl stop dtf-worker@1 >/dev/null 2>&1
+
+# --- a broken configuration: exit 78, no restart loop ---------------------------------------
+
+log "systemctl start dtf-worker@7 (not in the cluster)"
+if in_ct timeout 60 systemctl start dtf-worker@7 >/dev/null 2>&1; then
+	fail "systemctl start dtf-worker@7 fails"
+else
+	pass "systemctl start dtf-worker@7 fails"
+fi
+# Long enough for a few restarts (RestartSec=1) if they would happen.
+sleep 5
+w7=$(in_ct systemctl show -p Result -p NRestarts -p ExecMainStatus -p ActiveState dtf-worker@7.service | tr '\n' ' ')
+# Whichever process failed (ExecStartPre's check-config or the daemon), systemd
+# logs its status; ExecMainStatus alone misses the former.
+w7_exit=$(in_ct journalctl --no-pager -o cat -u dtf-worker@7.service | grep -m1 'exited, code=exited, status=' || true)
+if [[ "$(prop dtf-worker@7 ExecMainStatus)" == 78 || "$w7_exit" == *"status=78/CONFIG"* ]]; then
+	pass "dtf-worker@7 exits 78 (EX_CONFIG): $w7_exit"
+else
+	fail "dtf-worker@7 exits 78 (EX_CONFIG): $w7 journal: ${w7_exit:-nothing}"
+fi
+check "dtf-worker@7 is not restarted in a loop ($w7)" test "$(prop dtf-worker@7 NRestarts)" = 0
+check "dtf-worker@7 failed, not activating ($w7)" test "$(prop dtf-worker@7 ActiveState)" = failed
+msg=$(in_ct journalctl --no-pager -o cat -u dtf-worker@7.service | grep -m1 '^error:' || true)
+check "its journal says why: $msg" contains "$msg" "worker:7"
+
+# --- verdict ----------------------------------------------------------------------------------
+
+echo
+if [ "$failures" -eq 0 ]; then
+	log "system test: PASS ($checks checks)"
+else
+	log "system test: FAIL ($failures of $checks checks failed)"
+	exit 1
+fi
