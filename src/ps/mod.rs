@@ -323,6 +323,16 @@ pub fn message_limit(config: &Config) -> usize {
     2 * 4 * floats + (1 << 20)
 }
 
+/// HTTP/2 frame size both ends accept: a 1.6 MB tensor in 2 frames, not 100
+/// of the default 16 KiB.
+pub const FRAME: u32 = 1 << 20;
+
+/// HTTP/2 flow-control window for a model's messages: a whole push or pull in
+/// flight without waiting for WINDOW_UPDATEs (the default is 64 KiB).
+pub fn window(limit: usize) -> u32 {
+    u32::try_from(limit).unwrap_or(u32::MAX).min((1 << 31) - 1)
+}
+
 /// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
 /// `cluster.ps_exit_when_complete`, shortly after the run is complete.
 ///
@@ -374,6 +384,9 @@ pub async fn serve(
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = tonic::transport::Server::builder()
+        .initial_stream_window_size(window(limit))
+        .initial_connection_window_size(window(limit))
+        .max_frame_size(FRAME)
         .add_service(health)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())

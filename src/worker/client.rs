@@ -100,7 +100,9 @@ impl Cluster {
                     // deadline (far above the ps's own bounded waits).
                     .timeout(CALL_TIMEOUT)
                     .tcp_nodelay(true)
-                    .http2_adaptive_window(true);
+                    .initial_stream_window_size(crate::ps::window(limit))
+                    .initial_connection_window_size(crate::ps::window(limit))
+                    .max_frame_size(crate::ps::FRAME);
                 Ok(
                     ParameterServerClient::with_interceptor(ep.connect_lazy(), auth.clone())
                         .max_decoding_message_size(limit)
