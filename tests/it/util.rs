@@ -123,28 +123,7 @@ impl Cluster {
     /// Starts `dtf-ps` or `dtf-worker` for task `index`, logging to a file
     /// (appended, so a restarted task's log follows its predecessor's).
     pub fn start(&mut self, role: &str, index: usize) -> &mut Child {
-        let name = format!("{role}:{index}");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path(&name))
-            .unwrap();
-        let child = Command::new(bin(&format!("dtf-{role}")))
-            .arg("--config")
-            .arg(&self.config_path)
-            .arg("--task")
-            .arg(index.to_string())
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("TF_CONFIG")
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.procs.retain(|(n, _)| n != &name);
-        self.procs.push((name, child));
-        &mut self.procs.last_mut().unwrap().1
+        self.start_with_env(role, index, &[])
     }
 
     /// Starts every ps and worker.
