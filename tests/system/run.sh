@@ -18,7 +18,7 @@
 # run boots a fresh copy of it. Environment:
 #   DTF_SYSTEM_TEST_CACHE   where the cached root lives
 #   DTF_SYSTEM_TEST_MIRROR  Debian mirror for debootstrap (default: the
-#                           host's first Debian URI, else deb.debian.org)
+#                           host's own apt source)
 #   DTF_DEB                 a prebuilt .deb to test (default: build one with
 #                           cargo build --release && cargo deb --no-build)
 set -euo pipefail
@@ -109,7 +109,8 @@ host_mirror() {
 		sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
 			/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
 	} | grep -E '^https?://' | grep -v -e security -e updates | head -n1)
-	echo "${uri:-http://deb.debian.org/debian}"
+	[ -n "$uri" ] || die "no Debian mirror in the host's apt sources: set DTF_SYSTEM_TEST_MIRROR"
+	echo "$uri"
 }
 
 build_root() {
