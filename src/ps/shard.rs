@@ -199,39 +199,22 @@ impl Shard {
         &self,
         named: Vec<(String, ArrayD<f32>)>,
     ) -> Result<Vec<ArrayD<f32>>, ShardError> {
-        let mut out: Vec<Option<ArrayD<f32>>> = vec![None; self.specs.len()];
-        for (name, a) in named {
-            let Some(i) = self.specs.iter().position(|s| s.name == name) else {
-                return Err(ShardError::UnknownVariable {
-                    ps: self.ps,
-                    name,
-                    held: self.specs.iter().map(|s| s.name.clone()).collect(),
-                });
-            };
-            if a.shape() != self.specs[i].shape.as_slice() {
-                return Err(ShardError::Shape {
-                    name,
-                    expected: self.specs[i].shape.clone(),
-                    got: a.shape().to_vec(),
-                });
-            }
-            if let Some(index) = a.iter().position(|v| !v.is_finite()) {
-                return Err(ShardError::NonFinite { name, index });
-            }
-            if out[i].is_some() {
-                return Err(ShardError::Duplicate { name });
-            }
-            out[i] = Some(a);
-        }
-        out.into_iter()
-            .zip(&self.specs)
-            .map(|(a, s)| {
-                a.ok_or_else(|| ShardError::Missing {
-                    ps: self.ps,
-                    name: s.name.clone(),
-                })
+        // Arrays built by `rpc::decode` are contiguous; check them as bytes.
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = named
+            .iter()
+            .map(|(n, a)| {
+                (
+                    n.clone(),
+                    a.shape().to_vec(),
+                    a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                )
             })
-            .collect()
+            .collect();
+        let items = bytes
+            .iter()
+            .zip(named)
+            .map(|((n, shape, data), (_, a))| (n.as_str(), shape.as_slice(), data.as_slice(), a));
+        self.order(items)
     }
 
     /// [`Shard::arrange`] for gradients that stay in the request's bytes:
@@ -242,8 +225,22 @@ impl Shard {
         &self,
         named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
     ) -> Result<Vec<&'a [u8]>, ShardError> {
-        let mut out: Vec<Option<&[u8]>> = vec![None; self.specs.len()];
-        for (name, shape, data) in named {
+        self.order(
+            named
+                .into_iter()
+                .map(|(n, shape, data)| (n, shape, data, data)),
+        )
+    }
+
+    /// The checks behind [`Shard::arrange`] and [`Shard::arrange_bytes`]:
+    /// each item is `(name, shape, f32 bytes, payload)`; the payloads come
+    /// back in model order.
+    fn order<'a, T>(
+        &self,
+        items: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8], T)>,
+    ) -> Result<Vec<T>, ShardError> {
+        let mut out: Vec<Option<T>> = (0..self.specs.len()).map(|_| None).collect();
+        for (name, shape, data, payload) in items {
             let Some(i) = self.specs.iter().position(|s| s.name == name) else {
                 return Err(ShardError::UnknownVariable {
                     ps: self.ps,
@@ -271,7 +268,7 @@ impl Shard {
                     name: name.to_owned(),
                 });
             }
-            out[i] = Some(data);
+            out[i] = Some(payload);
         }
         out.into_iter()
             .zip(&self.specs)
