@@ -1,9 +1,149 @@
-//! Authentication of every RPC with the cluster's shared bearer token.
+//! Who may talk to a ps: the cluster's shared bearer token on every RPC,
+//! and mutual TLS when `[security] tls_*` are set.
 
+use crate::config::{Config, ConfigError, read_file};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::Path;
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
+use tonic::transport::{
+    Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
+};
 use tonic::{Request, Status};
+
+/// What a task proves itself with and checks its peers against, read once
+/// at start from the files `[security]` names.
+#[derive(Clone)]
+pub struct Credentials {
+    /// The cluster token.
+    token: String,
+    /// This host's certificate and key, and the cluster's CA; `None`: plaintext.
+    tls: Option<(Identity, Certificate)>,
+}
+
+impl Credentials {
+    /// Reads the token and, when configured, the TLS files.
+    ///
+    /// Errors: [`ConfigError::File`] naming the key: a file missing, readable
+    /// by others (the token and the TLS key), empty or not PEM, or a key that
+    /// does not belong to the certificate.
+    pub fn load(config: &Config) -> Result<Self, ConfigError> {
+        let token = config.read_token()?;
+        let [(_, Some(cert)), (_, Some(key)), (_, Some(ca))] = config.tls_paths() else {
+            // validate() allows all three or none.
+            return Ok(Self::plaintext(token));
+        };
+        let cert = read_certificates("security.tls_cert", cert)?;
+        let ca = read_certificates("security.tls_ca", ca)?;
+        let key_pem = read_file("security.tls_key", key, true)?;
+        if let Err(e) = PrivateKeyDer::from_pem_slice(&key_pem) {
+            return Err(ConfigError::File {
+                key: "security.tls_key",
+                path: key.to_owned(),
+                problem: format!("not a PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
+            });
+        }
+        let creds = Self {
+            token,
+            tls: Some((Identity::from_pem(cert, key_pem), Certificate::from_pem(ca))),
+        };
+        // rustls checks that the key is the certificate's.
+        if let Err(e) = creds.server() {
+            return Err(ConfigError::File {
+                key: "security.tls_key",
+                path: key.to_owned(),
+                problem: format!("cannot serve with security.tls_cert and this key: {e}"),
+            });
+        }
+        Ok(creds)
+    }
+
+    /// The token alone, over plaintext.
+    pub fn plaintext(token: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            tls: None,
+        }
+    }
+
+    /// The cluster token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// TLS is on.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// A client endpoint for the ps at `addr` (`host:port`): https, verifying
+    /// the ps against the CA and presenting this host's certificate, when TLS
+    /// is on; http otherwise.
+    ///
+    /// Errors: an address that is not a URI authority.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
+        let scheme = if self.tls() { "https" } else { "http" };
+        let ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| format!("address {addr:?}: {e}"))?;
+        match &self.tls {
+            None => Ok(ep),
+            Some((identity, ca)) => ep
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(ca.clone())
+                        .identity(identity.clone()),
+                )
+                .map_err(|e| format!("address {addr:?}: TLS: {e}")),
+        }
+    }
+
+    /// A server builder that, when TLS is on, requires every client to
+    /// present a certificate the CA signed.
+    ///
+    /// Errors: the certificate and key do not go together.
+    pub fn server(&self) -> Result<Server, tonic::transport::Error> {
+        let builder = Server::builder();
+        match &self.tls {
+            None => Ok(builder),
+            Some((identity, ca)) => builder.tls_config(
+                ServerTlsConfig::new()
+                    .identity(identity.clone())
+                    .client_ca_root(ca.clone()),
+            ),
+        }
+    }
+
+    /// The server's check of the token.
+    pub fn check_token(&self) -> CheckToken {
+        CheckToken::new(&self.token)
+    }
+
+    /// The client's token header.
+    ///
+    /// Errors: the token has characters a header cannot carry.
+    pub fn add_token(&self) -> Result<AddToken, String> {
+        AddToken::new(&self.token)
+    }
+}
+
+/// A PEM file of one or more certificates, checked to parse.
+fn read_certificates(key: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let pem = read_file(key, path, false)?;
+    let fail = |problem: String| ConfigError::File {
+        key,
+        path: path.to_owned(),
+        problem,
+    };
+    match CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>() {
+        Ok(certs) if certs.is_empty() => Err(fail(
+            "no certificate in the file: expected PEM `BEGIN CERTIFICATE` blocks".into(),
+        )),
+        Ok(_) => Ok(pem),
+        Err(e) => Err(fail(format!("not a PEM certificate: {e}"))),
+    }
+}
 
 /// Server side: accepts only `authorization: Bearer <token>`.
 #[derive(Clone)]

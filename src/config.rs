@@ -153,12 +153,23 @@ pub struct CheckpointConfig {
     pub max_to_keep: usize,
 }
 
-/// `[security]`: authentication (and optional TLS).
+/// `[security]`: authentication, and optional mutual TLS.
+///
+/// TLS is on when all three `tls_*` paths are set, off when none is; every
+/// task then presents `tls_cert` and accepts only peers whose certificate
+/// `tls_ca` signed. The paths are the same on every host, their contents each
+/// host's own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecurityConfig {
     /// File holding the cluster's shared bearer token.
     pub token_file: PathBuf,
+    /// PEM certificate chain of this host (its names: the hosts in `cluster.*`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`, readable by owner and group only.
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificate(s) of the authority that signed every task's certificate.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `[metrics]`: Prometheus endpoint.
@@ -232,10 +243,13 @@ pub enum ConfigError {
         /// The dotted keys that differ, e.g. `cluster.ps`.
         keys: Vec<String>,
     },
-    /// The token file is unusable (missing, readable by others, empty).
-    #[error("{} (security.token_file): {problem}", path.display())]
-    Token {
-        /// The token file.
+    /// A file the configuration names is unusable (missing, readable by
+    /// others, empty, not PEM).
+    #[error("{} ({key}): {problem}", path.display())]
+    File {
+        /// The key that names it, e.g. `security.token_file`.
+        key: &'static str,
+        /// The file.
         path: PathBuf,
         /// What is wrong and what to do.
         problem: String,
@@ -374,6 +388,9 @@ impl Default for SecurityConfig {
     fn default() -> Self {
         Self {
             token_file: "/etc/dtf/token".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -600,6 +617,23 @@ impl Config {
                 return bad(key, "is empty: expected a path".into());
             }
         }
+        let tls = self.tls_paths();
+        for (key, path) in tls {
+            if path.is_some_and(|p| p.as_os_str().is_empty()) {
+                return bad(key, "is empty: expected a path (or leave it out)".into());
+            }
+        }
+        if let Some((unset, _)) = tls.iter().find(|(_, p)| p.is_none())
+            && let Some((set, _)) = tls.iter().find(|(_, p)| p.is_some())
+        {
+            return bad(
+                unset,
+                format!(
+                    "is not set but {set} is: TLS needs all of security.tls_cert, \
+                     security.tls_key and security.tls_ca (or none of them)"
+                ),
+            );
+        }
 
         // [checkpoint]
         if self.checkpoint.save_secs < 1 {
@@ -678,47 +712,34 @@ impl Config {
             .unwrap_or_else(|| self.replicas_to_aggregate())
     }
 
+    /// `security.tls_cert`, `tls_key` and `tls_ca` with their keys.
+    pub fn tls_paths(&self) -> [(&'static str, Option<&Path>); 3] {
+        let sec = &self.security;
+        [
+            ("security.tls_cert", sec.tls_cert.as_deref()),
+            ("security.tls_key", sec.tls_key.as_deref()),
+            ("security.tls_ca", sec.tls_ca.as_deref()),
+        ]
+    }
+
     /// Reads the bearer token, refusing a file others may read.
     ///
     /// Returns the file's content without surrounding whitespace.
-    /// Errors: [`ConfigError::Token`] if the file cannot be read, grants any
+    /// Errors: [`ConfigError::File`] if the file cannot be read, grants any
     /// permission to others (mode & 0o007), or holds only whitespace.
     pub fn read_token(&self) -> Result<String, ConfigError> {
-        use std::io::Read;
-        use std::os::unix::fs::PermissionsExt;
-
+        let key = "security.token_file";
         let path = &self.security.token_file;
-        let fail = |problem: String| ConfigError::Token {
-            path: path.clone(),
-            problem,
-        };
-        let mut file = std::fs::File::open(path)
-            .map_err(|e| fail(format!("cannot open the token file: {e}")))?;
-        // Check the mode of the file we opened, not of the path: no race
-        // with a rename between the check and the read.
-        let mode = file
-            .metadata()
-            .map_err(|e| fail(format!("cannot stat the token file: {e}")))?
-            .permissions()
-            .mode();
-        if mode & 0o007 != 0 {
-            return Err(fail(format!(
-                "the token file has mode {:04o}, which lets other users use the cluster's token: \
-                 run `chmod 640 {}` (readable by its owner and group only)",
-                mode & 0o7777,
-                path.display()
-            )));
-        }
-        let mut text = String::new();
-        file.read_to_string(&mut text)
-            .map_err(|e| fail(format!("cannot read the token file: {e}")))?;
-        let token = text.trim();
+        let text = read_file(key, path, true)?;
+        let token = String::from_utf8_lossy(&text).trim().to_owned();
         if token.is_empty() {
-            return Err(fail(
-                "the token file is empty: expected the cluster's shared token".into(),
-            ));
+            return Err(ConfigError::File {
+                key,
+                path: path.clone(),
+                problem: "the file is empty: expected the cluster's shared token".into(),
+            });
         }
-        Ok(token.to_owned())
+        Ok(token)
     }
 
     /// Validates `new` as a reload of `self`: an error names the first key that
@@ -1119,6 +1140,43 @@ fn invalid(value: impl fmt::Display, expected: &str) -> String {
 
 /// `host:port` with a non-empty host (a name, an IPv4 address or a
 /// bracketed IPv6 address) and a port in 1–65535.
+/// The content of `path` (named by `key`); if `secret`, refused when the
+/// file grants any permission to others (mode & 0o007).
+///
+/// Errors: [`ConfigError::File`], saying what to do.
+pub fn read_file(key: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+
+    let fail = |problem: String| ConfigError::File {
+        key,
+        path: path.to_owned(),
+        problem,
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+    if secret {
+        // Check the mode of the file we opened, not of the path: no race
+        // with a rename between the check and the read.
+        let mode = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat: {e}")))?
+            .permissions()
+            .mode();
+        if mode & 0o007 != 0 {
+            return Err(fail(format!(
+                "the file has mode {:04o}, which lets other users read a secret: \
+                 run `chmod 640 {}` (readable by its owner and group only)",
+                mode & 0o7777,
+                path.display()
+            )));
+        }
+    }
+    let mut content = Vec::new();
+    file.read_to_end(&mut content)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    Ok(content)
+}
+
 fn check_address(address: &str) -> Result<(), String> {
     const EXPECTED: &str = "expected host:port with a port in 1-65535, e.g. 10.0.0.1:2222";
     let Some((host, port)) = address.rsplit_once(':') else {

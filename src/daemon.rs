@@ -3,6 +3,7 @@
 //! config reload on SIGHUP or file change — one [`Control`] enum fed by
 //! signals and the file watcher, one loop that acts on it.
 
+use crate::auth::Credentials;
 use crate::config::{self, Config, ConfigError, Role, TaskId};
 use crate::worker::{self, Outcome, Reporter};
 use sd_notify::NotifyState;
@@ -351,7 +352,7 @@ pub async fn run_ps(
     task: TaskId,
     log: LogHandle,
 ) -> Result<(), DaemonError> {
-    let token = cfg.read_token()?;
+    let credentials = Credentials::load(&cfg)?;
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
     let addr = cfg.address(task).unwrap_or_default().to_string();
@@ -381,7 +382,7 @@ pub async fn run_ps(
         log,
         &notifier,
         shutdown.clone(),
-        crate::ps::serve(&cfg, task.index, &token, listener, shutdown.clone()),
+        crate::ps::serve(&cfg, task.index, &credentials, listener, shutdown.clone()),
     )
     .await;
     notifier.stopping();
@@ -400,7 +401,7 @@ pub async fn run_worker(
     task: TaskId,
     log: LogHandle,
 ) -> Result<Outcome, DaemonError> {
-    let token = cfg.read_token()?;
+    let credentials = Credentials::load(&cfg)?;
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
     // Any worker that can see the final checkpoint (the chief; others on
@@ -414,7 +415,7 @@ pub async fn run_worker(
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
     let _metrics = crate::metrics::spawn(Role::Worker, task.index, tx.subscribe());
-    let work = worker::run(rx, task.index, &token, shutdown.clone(), &notifier);
+    let work = worker::run(rx, task.index, &credentials, shutdown.clone(), &notifier);
     let out = supervise(controls, &path, tx, log, &notifier, shutdown, work).await;
     let out = out.unwrap_or(Ok(Outcome::Stopped { global_step: 0 }));
     if let Ok(Outcome::AlreadyComplete { global_step }) = out {
@@ -459,7 +460,7 @@ pub enum DaemonCommand {
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let (cfg, task) = match load(&args.config, args.task, role)
-        .and_then(|(c, t)| c.read_token().map(|_| (c, t)))
+        .and_then(|(c, t)| Credentials::load(&c).map(|_| (c, t)))
     {
         Ok(v) => v,
         Err(e) => {

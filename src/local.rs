@@ -2,6 +2,7 @@
 //! `dtf-worker` processes on free 127.0.0.1 ports, watched until the run
 //! ends, then the final checkpoint evaluated.
 
+use crate::auth::Credentials;
 use crate::config::{Config, Mode};
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
@@ -209,13 +210,11 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
             run_dir,
         )?);
     }
-    let token = cfg
-        .read_token()
-        .map_err(|e| LocalError::Setup(e.to_string()))?;
+    let credentials = Credentials::load(&cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
     let specs = Mlp::new(&cfg.model.layers)
         .map_err(|e| LocalError::Setup(e.to_string()))?
         .variables();
-    let cluster = Cluster::new(&cfg, specs, &token).map_err(LocalError::Setup)?;
+    let cluster = Cluster::new(&cfg, specs, &credentials).map_err(LocalError::Setup)?;
 
     let bar = progress_bar(opts);
     let (mut first, mut last) = (None::<(Instant, u64)>, (Instant::now(), 0u64));

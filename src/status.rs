@@ -5,7 +5,7 @@
 //! (address, role); their reachability is reported as unknown rather than
 //! guessed from a port nobody listens on.
 
-use crate::auth::AddToken;
+use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::pb;
@@ -14,7 +14,6 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
-use tonic::transport::Endpoint;
 
 /// How long to wait for each ps to answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -74,10 +73,14 @@ pub struct Status {
     pub all_ps_reachable: bool,
 }
 
-async fn ask(addr: &str, token: &str, limit: usize) -> Result<pb::StateResponse, String> {
-    let auth = AddToken::new(token)?;
-    let ep = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("address {addr:?}: {e}"))?
+async fn ask(
+    addr: &str,
+    credentials: &Credentials,
+    limit: usize,
+) -> Result<pb::StateResponse, String> {
+    let auth = credentials.add_token()?;
+    let ep = credentials
+        .endpoint(addr)?
         .connect_timeout(TIMEOUT)
         .timeout(TIMEOUT);
     let channel = ep.connect().await.map_err(|e| format!("connect: {e}"))?;
@@ -89,11 +92,11 @@ async fn ask(addr: &str, token: &str, limit: usize) -> Result<pb::StateResponse,
         .map_err(|s| format!("{}: {}", s.code(), s.message()))
 }
 
-/// Asks every ps in `config` (with the cluster `token`) and reads the newest checkpoint.
-pub async fn query(config: &Config, token: &str) -> Status {
+/// Asks every ps in `config` (with the cluster's `credentials`) and reads the newest checkpoint.
+pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     let limit = crate::ps::message_limit(config);
     let answers =
-        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, token, limit))).await;
+        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, credentials, limit))).await;
     let mut tasks = Vec::new();
     for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
         let mut t = TaskStatus {
@@ -290,7 +293,7 @@ mod tests {
         cfg.cluster.ps = vec![free.clone()];
         cfg.cluster.worker = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
         cfg.checkpoint.dir = dir.path().join("none");
-        let s = query(&cfg, "token-0123456789abcdef").await;
+        let s = query(&cfg, &Credentials::plaintext("token-0123456789abcdef")).await;
         assert!(!s.all_ps_reachable);
         assert_eq!(s.tasks.len(), 3);
         assert_eq!(s.tasks[1].role, "chief");

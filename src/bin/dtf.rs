@@ -218,8 +218,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Status { config, json } => {
             let cfg = Config::load(&config)?;
-            let token = cfg.read_token()?;
-            let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &token));
+            let credentials = dtf::auth::Credentials::load(&cfg)?;
+            let status =
+                tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
             if json {
                 println!("{}", serde_json::to_string(&status)?);
             } else {

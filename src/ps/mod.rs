@@ -5,7 +5,7 @@
 
 pub mod shard;
 
-use crate::auth::CheckToken;
+use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId};
 use crate::model::Mlp;
 use crate::pb;
@@ -340,7 +340,7 @@ pub fn window(limit: usize) -> u32 {
 pub async fn serve(
     config: &Config,
     task: usize,
-    token: &str,
+    credentials: &Credentials,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
@@ -364,7 +364,7 @@ pub async fn serve(
     let svc = ParameterServerServer::new(service.clone())
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, CheckToken::new(token));
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, credentials.check_token());
 
     let stop = shutdown.child_token();
     let linger = {
@@ -383,7 +383,8 @@ pub async fn serve(
         })
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = tonic::transport::Server::builder()
+    let result = credentials
+        .server()?
         .initial_stream_window_size(window(limit))
         .initial_connection_window_size(window(limit))
         .max_frame_size(FRAME)

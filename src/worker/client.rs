@@ -1,7 +1,7 @@
 //! The worker's view of the ps tasks: one gRPC client per ps, the placement,
 //! and whole-model pull/push that talk to every shard in parallel.
 
-use crate::auth::AddToken;
+use crate::auth::{AddToken, Credentials};
 use crate::config::Config;
 use crate::model::VarSpec;
 use crate::pb::parameter_server_client::ParameterServerClient;
@@ -10,7 +10,7 @@ use futures::future::try_join_all;
 use ndarray::ArrayD;
 use std::time::Duration;
 use tonic::codegen::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Deadline of every call to a ps.
@@ -84,17 +84,22 @@ impl Cluster {
     /// Lazily connected clients (a ps that is not up yet is retried per call).
     ///
     /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
-    pub fn new(config: &Config, specs: Vec<VarSpec>, token: &str) -> Result<Self, String> {
+    pub fn new(
+        config: &Config,
+        specs: Vec<VarSpec>,
+        credentials: &Credentials,
+    ) -> Result<Self, String> {
         let limit = crate::ps::message_limit(config);
         rpc::keep_freed_buffers();
-        let auth = AddToken::new(token)?;
+        let auth = credentials.add_token()?;
         let clients = config
             .cluster
             .ps
             .iter()
             .map(|addr| {
-                let ep = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| format!("cluster.ps address {addr:?}: {e}"))?
+                let ep = credentials
+                    .endpoint(addr)
+                    .map_err(|e| format!("cluster.ps: {e}"))?
                     .connect_timeout(Duration::from_secs(2))
                     // A hung ps must not hang its workers: every call has a
                     // deadline (far above the ps's own bounded waits).

@@ -6,6 +6,7 @@
 
 pub mod client;
 
+use crate::auth::Credentials;
 use crate::checkpoint::{self, Checkpoint, Saver};
 use crate::config::{Config, Mode};
 use crate::data::{Batches, Dataset, Split};
@@ -148,14 +149,14 @@ struct Worker {
 pub async fn run(
     config: watch::Receiver<Arc<Config>>,
     task: usize,
-    token: &str,
+    credentials: &Credentials,
     shutdown: CancellationToken,
     reporter: &dyn Reporter,
 ) -> Result<Outcome, WorkerError> {
     let cfg = config.borrow().clone();
     let mlp = Mlp::new(&cfg.model.layers)?;
     let specs = mlp.variables();
-    let cluster = Cluster::new(&cfg, specs.clone(), token).map_err(WorkerError::Setup)?;
+    let cluster = Cluster::new(&cfg, specs.clone(), credentials).map_err(WorkerError::Setup)?;
     for (ps, idx) in (0..cluster.num_ps()).map(|p| (p, cluster.shard(p))) {
         for &i in idx {
             info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");

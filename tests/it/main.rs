@@ -11,4 +11,5 @@ mod observability;
 mod package;
 mod requests;
 mod sync;
+mod tls;
 mod util;

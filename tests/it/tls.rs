@@ -1,0 +1,263 @@
+//! Mutual TLS (`[security] tls_cert`, `tls_key`, `tls_ca`): a cluster trains
+//! over it and `dtf status` reads it; a ps with TLS answers no plaintext
+//! client and no client without a certificate from the cluster's CA, and a
+//! client that does not trust the CA refuses the ps. Bad TLS files exit 78
+//! naming the key.
+
+use crate::util::*;
+use dtf::auth::AddToken;
+use dtf::config::Mode;
+use dtf::pb;
+use dtf::pb::parameter_server_client::ParameterServerClient;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// A certificate authority of its own.
+fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// PEM files of a host certificate for 127.0.0.1 and localhost that `ca`
+/// signed: `(cert, key)` in `dir`, the key readable by its owner only.
+fn host_files(ca: &CertifiedIssuer<'_, KeyPair>, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = KeyPair::generate().unwrap();
+    let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    let (cert_path, key_path) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cert_path, key_path)
+}
+
+/// Turns TLS on for `c` with a new CA; returns it.
+fn enable_tls(c: &mut Cluster) -> CertifiedIssuer<'static, KeyPair> {
+    let ca = authority("dtf test CA");
+    let dir = c.dir.path().join("tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = host_files(&ca, &dir, "host");
+    let ca_path = dir.join("ca.crt");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    c.cfg.security.tls_cert = Some(cert);
+    c.cfg.security.tls_key = Some(key);
+    c.cfg.security.tls_ca = Some(ca_path);
+    c.write_config();
+    ca
+}
+
+/// A client of `addr` over TLS trusting `trust`, presenting `identity`, with the cluster token.
+async fn tls_client(
+    addr: &str,
+    trust: &CertifiedIssuer<'_, KeyPair>,
+    identity: Option<(&Path, &Path)>,
+    token: &str,
+) -> Result<pb::StateResponse, tonic::Status> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(trust.pem()));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(cert).unwrap(),
+            std::fs::read(key).unwrap(),
+        ));
+    }
+    let channel = Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e:?}")))?;
+    ParameterServerClient::with_interceptor(channel, AddToken::new(token).unwrap())
+        .state(pb::StateRequest {})
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[test]
+fn a_cluster_trains_over_mutual_tls_and_dtf_status_reads_it() {
+    let mut c = Cluster::new(1, 2, 200, Mode::Async);
+    enable_tls(&mut c);
+    c.start("ps", 0);
+    // The ps is up when `dtf status` (over TLS) reaches it.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let out = c.dtf(&["status", "--json"]);
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "dtf status over TLS never reached the ps: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["tasks"][0]["reachable"], true, "{status}");
+
+    c.start("worker", 0);
+    c.start("worker", 1);
+    c.wait_all_success(Duration::from_secs(120));
+    let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
+    assert!(
+        (200..=201).contains(&ev.global_step),
+        "final step {}",
+        ev.global_step
+    );
+    assert!(ev.ema_accuracy > 0.9, "EMA accuracy {}", ev.ema_accuracy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let ca = enable_tls(&mut c);
+    let (cert, key) = (
+        c.cfg.security.tls_cert.clone().unwrap(),
+        c.cfg.security.tls_key.clone().unwrap(),
+    );
+    let addr = c.cfg.cluster.ps[0].clone();
+    c.start("ps", 0);
+
+    let good = eventually(Duration::from_secs(20), "the ps over TLS", || async {
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN).await.ok()
+    })
+    .await;
+    assert!(!good.initialized);
+
+    // Over TLS the token is still checked.
+    let e = tls_client(&addr, &ca, Some((&cert, &key)), "wrong")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+    // Plaintext, with the right token: no answer from the service.
+    let plain = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let answer =
+            ParameterServerClient::with_interceptor(channel, AddToken::new(TOKEN).unwrap())
+                .state(pb::StateRequest {})
+                .await;
+        assert!(answer.is_err(), "a plaintext client got {answer:?}");
+    }
+
+    // No client certificate, or one from another CA: refused.
+    let e = tls_client(&addr, &ca, None, TOKEN).await.unwrap_err();
+    assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
+    let stranger = authority("another CA");
+    let other = c.dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let (s_cert, s_key) = host_files(&stranger, &other, "stranger");
+    let answer = tls_client(&addr, &ca, Some((&s_cert, &s_key)), TOKEN).await;
+    assert!(answer.is_err(), "a certificate of another CA got {answer:?}");
+
+    // A client that trusts another CA does not accept the ps.
+    let answer = tls_client(&addr, &stranger, Some((&cert, &key)), TOKEN).await;
+    assert!(answer.is_err(), "a ps the client cannot verify answered {answer:?}");
+
+    // The ps survived all that, unchanged.
+    let after = tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+        .await
+        .unwrap();
+    assert_eq!(after.incarnation, good.incarnation);
+    assert!(!after.initialized);
+}
+
+/// `dtf-ps --config F --task 0` and `dtf-worker ... check-config`: both exit
+/// 78 naming every one of `names`.
+fn assert_rejected(c: &Cluster, what: &str, names: &[&str]) {
+    let config = c.config_path.as_os_str();
+    let runs = [
+        (
+            "dtf-ps",
+            vec![OsStr::new("--config"), config, OsStr::new("--task"), OsStr::new("0")],
+        ),
+        (
+            "dtf-worker",
+            vec![
+                OsStr::new("--config"),
+                config,
+                OsStr::new("--task"),
+                OsStr::new("0"),
+                OsStr::new("check-config"),
+            ],
+        ),
+    ];
+    for (bin, args) in runs {
+        let ran = run(bin, &args, &[], Duration::from_secs(10));
+        assert_eq!(
+            ran.status.code(),
+            Some(78),
+            "{what}: {bin} exited {}; stderr:\n{}",
+            ran.status,
+            ran.stderr
+        );
+        for n in names {
+            assert!(
+                ran.stderr.contains(n),
+                "{what}: {bin} does not name {n}:\n{}",
+                ran.stderr
+            );
+        }
+    }
+}
+
+#[test]
+fn tls_file_problems_exit_78_naming_the_key() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let ca = enable_tls(&mut c);
+    let sec = c.cfg.security.clone();
+    let (cert, key, ca_path) = (
+        sec.tls_cert.clone().unwrap(),
+        sec.tls_key.clone().unwrap(),
+        sec.tls_ca.clone().unwrap(),
+    );
+    let name = |p: &Path| p.display().to_string();
+
+    // Only some of the three keys.
+    c.cfg.security.tls_key = None;
+    c.write_config();
+    assert_rejected(&c, "no tls_key", &["security.tls_key", "security.tls_cert"]);
+    c.cfg.security = sec.clone();
+    c.write_config();
+
+    // A key others may read.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_rejected(&c, "key 0644", &["security.tls_key", &name(&key), "0644"]);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+
+    // Not PEM.
+    let good_cert = std::fs::read(&cert).unwrap();
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    assert_rejected(&c, "cert not PEM", &["security.tls_cert", &name(&cert)]);
+    std::fs::write(&cert, &good_cert).unwrap();
+    let good_key = std::fs::read(&key).unwrap();
+    std::fs::write(&key, &good_cert).unwrap();
+    assert_rejected(&c, "key is a certificate", &["security.tls_key", &name(&key)]);
+
+    // A key that is not the certificate's.
+    let (_, other_key) = host_files(&ca, c.dir.path(), "other");
+    std::fs::write(&key, std::fs::read(other_key).unwrap()).unwrap();
+    assert_rejected(&c, "key of another certificate", &["security.tls_key", &name(&key)]);
+    std::fs::write(&key, &good_key).unwrap();
+
+    // A missing CA file.
+    std::fs::remove_file(&ca_path).unwrap();
+    assert_rejected(&c, "no CA file", &["security.tls_ca", &name(&ca_path)]);
+}
