@@ -8,9 +8,7 @@ use std::path::Path;
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
-use tonic::transport::{
-    Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
-};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 
 /// What a task proves itself with and checks its peers against, read once

@@ -165,10 +165,13 @@ pub struct SecurityConfig {
     /// File holding the cluster's shared bearer token.
     pub token_file: PathBuf,
     /// PEM certificate chain of this host (its names: the hosts in `cluster.*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`, readable by owner and group only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
     /// PEM certificate(s) of the authority that signed every task's certificate.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
 }
 
@@ -627,9 +630,9 @@ impl Config {
             && let Some((set, _)) = tls.iter().find(|(_, p)| p.is_some())
         {
             return bad(
-                unset,
+                set,
                 format!(
-                    "is not set but {set} is: TLS needs all of security.tls_cert, \
+                    "is set but {unset} is not: TLS needs all of security.tls_cert, \
                      security.tls_key and security.tls_ca (or none of them)"
                 ),
             );
@@ -1286,7 +1289,13 @@ mod tests {
                 "{key} missing from {path}"
             );
         }
-        for key in ["replicas_to_aggregate", "total_num_replicas"] {
+        for key in [
+            "replicas_to_aggregate",
+            "total_num_replicas",
+            "tls_cert",
+            "tls_key",
+            "tls_ca",
+        ] {
             assert!(
                 text.contains(&format!("\n# {key} = ")),
                 "{key} should be shown commented out"
@@ -1685,6 +1694,28 @@ mod tests {
         config.security.token_file = dir.path().join("absent");
         let err = config.read_token().unwrap_err().to_string();
         assert!(err.contains("absent"), "{err}");
+    }
+
+    #[test]
+    fn tls_needs_all_three_files_or_none() {
+        let base = "[security]\ntls_cert = \"/c\"\ntls_key = \"/k\"\ntls_ca = \"/a\"\n";
+        let all = Config::from_toml_str(&format!("{TWO_WORKERS}{base}"), "/etc/dtf/test.toml");
+        assert_eq!(all.unwrap().security.tls_key, Some("/k".into()));
+        let err = error_for(
+            &format!("{TWO_WORKERS}[security]\ntls_cert = \"/c\"\ntls_ca = \"/a\"\n"),
+            "security.tls_key",
+        );
+        assert!(err.contains("security.tls_cert"), "{err}");
+        error_for(
+            &format!("{TWO_WORKERS}{}", base.replace("\"/a\"", "\"\"")),
+            "security.tls_ca",
+        );
+        // A change of TLS files needs a restart.
+        let old = Config::default();
+        let mut new = old.clone();
+        new.security.tls_ca = Some("/a".into());
+        assert_eq!(old.changed_keys(&new), ["security.tls_ca"]);
+        assert!(old.reload(new).is_err());
     }
 
     #[test]

@@ -96,7 +96,8 @@ async fn ask(
 pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     let limit = crate::ps::message_limit(config);
     let answers =
-        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, credentials, limit))).await;
+        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, credentials, limit)))
+            .await;
     let mut tasks = Vec::new();
     for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
         let mut t = TaskStatus {

@@ -315,7 +315,13 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
             keys.insert(format!("{section}.{key}"), Some(v.clone()));
         }
     }
-    for optional in ["train.replicas_to_aggregate", "train.total_num_replicas"] {
+    for optional in [
+        "train.replicas_to_aggregate",
+        "train.total_num_replicas",
+        "security.tls_cert",
+        "security.tls_key",
+        "security.tls_ca",
+    ] {
         keys.entry(optional.to_owned()).or_insert(None);
     }
     keys

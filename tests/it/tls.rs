@@ -132,7 +132,9 @@ async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
     c.start("ps", 0);
 
     let good = eventually(Duration::from_secs(20), "the ps over TLS", || async {
-        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN).await.ok()
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+            .await
+            .ok()
     })
     .await;
     assert!(!good.initialized);
@@ -165,11 +167,17 @@ async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
     std::fs::create_dir_all(&other).unwrap();
     let (s_cert, s_key) = host_files(&stranger, &other, "stranger");
     let answer = tls_client(&addr, &ca, Some((&s_cert, &s_key)), TOKEN).await;
-    assert!(answer.is_err(), "a certificate of another CA got {answer:?}");
+    assert!(
+        answer.is_err(),
+        "a certificate of another CA got {answer:?}"
+    );
 
     // A client that trusts another CA does not accept the ps.
     let answer = tls_client(&addr, &stranger, Some((&cert, &key)), TOKEN).await;
-    assert!(answer.is_err(), "a ps the client cannot verify answered {answer:?}");
+    assert!(
+        answer.is_err(),
+        "a ps the client cannot verify answered {answer:?}"
+    );
 
     // The ps survived all that, unchanged.
     let after = tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
@@ -186,7 +194,12 @@ fn assert_rejected(c: &Cluster, what: &str, names: &[&str]) {
     let runs = [
         (
             "dtf-ps",
-            vec![OsStr::new("--config"), config, OsStr::new("--task"), OsStr::new("0")],
+            vec![
+                OsStr::new("--config"),
+                config,
+                OsStr::new("--task"),
+                OsStr::new("0"),
+            ],
         ),
         (
             "dtf-worker",
@@ -249,12 +262,20 @@ fn tls_file_problems_exit_78_naming_the_key() {
     std::fs::write(&cert, &good_cert).unwrap();
     let good_key = std::fs::read(&key).unwrap();
     std::fs::write(&key, &good_cert).unwrap();
-    assert_rejected(&c, "key is a certificate", &["security.tls_key", &name(&key)]);
+    assert_rejected(
+        &c,
+        "key is a certificate",
+        &["security.tls_key", &name(&key)],
+    );
 
     // A key that is not the certificate's.
     let (_, other_key) = host_files(&ca, c.dir.path(), "other");
     std::fs::write(&key, std::fs::read(other_key).unwrap()).unwrap();
-    assert_rejected(&c, "key of another certificate", &["security.tls_key", &name(&key)]);
+    assert_rejected(
+        &c,
+        "key of another certificate",
+        &["security.tls_key", &name(&key)],
+    );
     std::fs::write(&key, &good_key).unwrap();
 
     // A missing CA file.
