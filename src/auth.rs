@@ -66,13 +66,18 @@ impl Credentials {
         }
     }
 
+    /// TLS is on.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// A client endpoint for the ps at `addr` (`host:port`): https, verifying
     /// the ps against the CA and presenting this host's certificate, when TLS
     /// is on; http otherwise.
     ///
     /// Errors: an address that is not a URI authority.
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let scheme = if self.tls() { "https" } else { "http" };
         let ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| format!("address {addr:?}: {e}"))?;
         match &self.tls {

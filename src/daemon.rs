@@ -374,7 +374,7 @@ pub async fn run_ps(
     let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
     let _metrics = crate::metrics::spawn(Role::Ps, task.index, tx.subscribe());
     notifier.ready(&format!("ps:{} serving on {addr}", task.index));
-    info!(task = task.index, %addr, "Parameter server ready.");
+    info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
     let served = supervise(
         controls,
         &path,

@@ -9,8 +9,9 @@
 # SIGKILL of a worker and of the ps (systemd restarts them, the chief
 # restores the checkpoint), reload by file change and by `systemctl reload`
 # (valid, invalid, not reloadable), the end of the run (every unit inactive
-# with Result=success, checkpoints, `dtf eval`), and a broken config (exit 78,
-# no restart loop). Prints PASS/FAIL per check, exits 1 on any failure (after
+# with Result=success, checkpoints, `dtf eval`), a second run over mutual TLS
+# (openssl certificates, the key root:dtf 0640; `dtf status` with and without
+# TLS), and a broken config (exit 78, no restart loop). Prints PASS/FAIL per check, exits 1 on any failure (after
 # dumping the units' journal). The container is torn down in every case.
 #
 # The Debian root (debootstrap minbase + systemd + dataset-fashion-mnist) is
@@ -72,6 +73,7 @@ need=
 command -v systemd-nspawn >/dev/null || need="$need systemd-container"
 command -v debootstrap >/dev/null || need="$need debootstrap"
 command -v nsenter >/dev/null || need="$need util-linux"
+command -v openssl >/dev/null || need="$need openssl"
 if [ -n "$need" ]; then
 	log "apt-get install$need"
 	apt-get update -qq
@@ -252,7 +254,7 @@ check "postinst: /var/lib/dtf exists" in_ct test -d /var/lib/dtf
 
 # --- the cluster's configuration ------------------------------------------------
 
-# write_config LAST_STEP SAVE_SECS [EXTRA TRAIN LINE]: /etc/dtf/dtf.toml in the
+# write_config LAST_STEP SAVE_SECS [EXTRA TRAIN LINE [EXTRA SECTIONS]]: /etc/dtf/dtf.toml in the
 # container, replaced atomically (as an editor does) so the daemons' file
 # watchers see one change.
 write_config() {
@@ -274,6 +276,7 @@ write_config() {
 		save_secs = $2
 		[log]
 		level = "info"
+		${4:-}
 	EOF
 	chmod 644 "$ROOT/etc/dtf/dtf.toml.new"
 	mv "$ROOT/etc/dtf/dtf.toml.new" "$ROOT/etc/dtf/dtf.toml"
@@ -530,6 +533,75 @@ else
 	printf 'KNOWN dtf-worker@1 started again on the complete run does not exit (%s): not counted\n' "$r"
 fi
 in_ct systemctl stop dtf-worker@1 >/dev/null 2>&1
+
+# --- mutual TLS: a second run through the units, as user dtf ------------------------------
+
+log "mutual TLS: a new run with security.tls_* (certificates from openssl)"
+tls=$RUN/tls
+mkdir -p "$tls"
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2)
+if quiet openssl req -x509 "${ec[@]}" -subj "/CN=dtf system test CA" -keyout "$tls/ca.key" -out "$tls/ca.crt" &&
+	quiet openssl req "${ec[@]}" -subj "/CN=dtf host" -keyout "$tls/host.key" -out "$tls/host.csr" &&
+	printf 'subjectAltName=IP:127.0.0.1\n' >"$tls/ext" &&
+	quiet openssl x509 -req -in "$tls/host.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial \
+		-days 2 -extfile "$tls/ext" -out "$tls/host.crt"; then
+	pass "openssl: a CA and a host certificate for 127.0.0.1"
+else
+	fail "openssl: a CA and a host certificate for 127.0.0.1"
+fi
+mkdir -p "$ROOT/etc/dtf/tls"
+install -m 644 "$tls/ca.crt" "$tls/host.crt" "$ROOT/etc/dtf/tls/"
+install -m 640 "$tls/host.key" "$ROOT/etc/dtf/tls/"
+in_ct chgrp dtf /etc/dtf/tls/host.key
+in_ct rm -rf /var/lib/dtf/checkpoints
+TLS_SECTION='[security]
+tls_cert = "/etc/dtf/tls/host.crt"
+tls_key = "/etc/dtf/tls/host.key"
+tls_ca = "/etc/dtf/tls/ca.crt"'
+write_config $HUGE_STEP 3 "" "$TLS_SECTION"
+for u in "${UNITS[@]}"; do in_ct systemctl reset-failed "$u.service" >/dev/null 2>&1 || true; done
+trained=$(journal_count dtf-worker@1 'Training.')
+if in_ct timeout 180 systemctl start "${UNITS[@]}"; then
+	pass "systemctl start ${UNITS[*]} with TLS returns 0"
+else
+	fail "systemctl start ${UNITS[*]} with TLS"
+fi
+if wait_for 120 journal_count_above dtf-worker@1 'Training.' "$trained" &&
+	wait_for 60 status_step_above dtf-worker@1 0; then
+	pass "dtf-worker@1 trains over TLS: $(prop dtf-worker@1 StatusText)"
+else
+	fail "dtf-worker@1 trains over TLS (StatusText='$(prop dtf-worker@1 StatusText)')"
+fi
+msg=$(in_ct journalctl --no-pager -o cat -u dtf-ps@0.service | grep 'Parameter server ready' | tail -n1)
+check "dtf-ps@0 says it serves TLS: $msg" contains "$msg" "tls=true"
+tls_status=$(in_ct dtf status 2>&1 || true)
+check "dtf status reaches the ps over TLS" in_ct dtf status
+# The same cluster without the tls_* keys: the ps answers no plaintext client.
+in_ct sh -c 'grep -v "^tls_" /etc/dtf/dtf.toml >/root/plain.toml'
+check "the same config without tls_* is valid" quiet in_ct dtf check-config -c /root/plain.toml
+if in_ct dtf status -c /root/plain.toml >/dev/null 2>&1; then
+	fail "dtf status without TLS is refused by the ps ($tls_status)"
+else
+	pass "dtf status without TLS is refused by the ps"
+fi
+now=$(status_step dtf-worker@0)
+last=$((${now:-0} + 300))
+log "reload: last_step = $last (now at step ${now:-?})"
+count_reloads
+write_config "$last" 3 "" "$TLS_SECTION"
+expect_in_journals 'Configuration reloaded' "last_step reloaded (TLS run)" reloaded
+if wait_for 300 all_inactive; then
+	pass "the TLS run stopped by itself at last_step"
+else
+	fail "the TLS run stopped by itself at last_step"
+fi
+for u in "${UNITS[@]}"; do
+	check "$u ended cleanly (TLS run)" test "$(prop "$u" Result):$(prop "$u" ExecMainStatus)" = success:0
+done
+final_ckpt=$(in_ct sh -c 'ls /var/lib/dtf/checkpoints/' 2>/dev/null |
+	sed -n 's/^model\.ckpt-\([0-9]\+\)\.safetensors$/\1/p' | sort -n | tail -n1)
+check "the TLS run's final checkpoint is at step >= $last (${final_ckpt:-none})" \
+	test "${final_ckpt:-0}" -ge "$last"
 
 # --- a broken configuration: exit 78, no restart loop ---------------------------------------
 
