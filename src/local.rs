@@ -145,11 +145,29 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     Ok((path, cfg))
 }
 
+/// `metrics.listen` of each task in start order (ps tasks, then workers):
+/// the configured `host:port` for the first, the next ports for the others,
+/// as every task of a local cluster shares one host. `None` when metrics are
+/// off or the port is 0 (each task then binds a port of its own anyway).
+fn metrics_addresses(listen: &str, tasks: usize) -> Option<Vec<String>> {
+    let (host, port) = listen.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|&p| p != 0)?;
+    (0..tasks)
+        .map(|k| {
+            let port = port.checked_add(u16::try_from(k).ok()?)?;
+            Some(format!("{host}:{port}"))
+        })
+        .collect()
+}
+
+/// Starts `bin` for `task`, logging to `logs/<name>.log` in `run_dir`;
+/// `metrics` overrides `metrics.listen` (`DTF_METRICS__LISTEN`).
 fn spawn(
     bin: &Path,
     config: &Path,
     task: usize,
     name: String,
+    metrics: Option<&str>,
     run_dir: &Path,
 ) -> Result<Task, LocalError> {
     let log = run_dir
@@ -157,7 +175,11 @@ fn spawn(
         .join(format!("{}.log", name.replace(':', "-")));
     let file = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
     let err = file.try_clone().map_err(io("log file"))?;
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(listen) = metrics {
+        command.env("DTF_METRICS__LISTEN", listen);
+    }
+    let child = command
         .arg("--config")
         .arg(config)
         .arg("--task")
@@ -191,22 +213,22 @@ fn tail(path: &Path, lines: usize) -> String {
 pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
     let started = Instant::now();
     let (config_path, cfg) = prepare(opts, run_dir)?;
+    let roles = (0..opts.ps)
+        .map(|i| ("dtf-ps", i, format!("ps:{i}")))
+        .chain((0..opts.workers).map(|i| ("dtf-worker", i, format!("worker:{i}"))));
+    let metrics = metrics_addresses(&cfg.metrics.listen, opts.ps + opts.workers);
     let mut tasks = Vec::new();
-    for i in 0..opts.ps {
+    for (k, (bin, i, name)) in roles.enumerate() {
+        let listen = metrics.as_ref().map(|m| m[k].as_str());
+        if let Some(listen) = listen {
+            eprintln!("{name}: metrics on http://{listen}/metrics");
+        }
         tasks.push(spawn(
-            &opts.bin_dir.join("dtf-ps"),
+            &opts.bin_dir.join(bin),
             &config_path,
             i,
-            format!("ps:{i}"),
-            run_dir,
-        )?);
-    }
-    for i in 0..opts.workers {
-        tasks.push(spawn(
-            &opts.bin_dir.join("dtf-worker"),
-            &config_path,
-            i,
-            format!("worker:{i}"),
+            name,
+            listen,
             run_dir,
         )?);
     }
@@ -310,5 +332,25 @@ async fn stop_all(tasks: &mut [Task]) {
         {
             let _ = t.child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_local_task_gets_its_own_metrics_port() {
+        assert_eq!(
+            metrics_addresses("127.0.0.1:9464", 3).unwrap(),
+            ["127.0.0.1:9464", "127.0.0.1:9465", "127.0.0.1:9466"]
+        );
+        assert_eq!(
+            metrics_addresses("[::1]:9000", 2).unwrap(),
+            ["[::1]:9000", "[::1]:9001"]
+        );
+        assert_eq!(metrics_addresses("", 3), None);
+        assert_eq!(metrics_addresses("127.0.0.1:0", 3), None);
+        assert_eq!(metrics_addresses("127.0.0.1:65535", 2), None);
     }
 }

@@ -146,3 +146,41 @@ fn local_run_with_a_failing_task_stops_and_names_it() {
         "stderr should name the task and the cause:\n{err}"
     );
 }
+
+#[test]
+fn local_tasks_each_serve_metrics_on_their_own_port() {
+    let mut c = Cluster::new(1, 2, 100, Mode::Async);
+    // Three consecutive free ports, the first in the base config.
+    let base = loop {
+        let p: u16 = free_addrs(1)[0]
+            .rsplit_once(':')
+            .unwrap()
+            .1
+            .parse()
+            .unwrap();
+        if p < u16::MAX - 2
+            && (1..3).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok())
+        {
+            break p;
+        }
+    };
+    c.cfg.metrics.listen = format!("127.0.0.1:{base}");
+    c.write_config();
+    let config = c.config_path.to_str().unwrap();
+    let out = dtf(&["local", "--config", config, "--steps", "100", "--json"]);
+    assert!(
+        out.status.success(),
+        "dtf local failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_dir = last_json(&out)["run_dir"].as_str().unwrap().to_owned();
+    for (k, log) in ["ps-0", "worker-0", "worker-1"].iter().enumerate() {
+        let text = std::fs::read_to_string(format!("{run_dir}/logs/{log}.log")).unwrap();
+        let port = base + k as u16;
+        assert!(
+            text.contains("Serving metrics") && text.contains(&format!("127.0.0.1:{port}")),
+            "{log} should serve metrics on port {port}:\n{text}"
+        );
+        assert!(!text.contains("Cannot serve metrics"), "{log}:\n{text}");
+    }
+}
