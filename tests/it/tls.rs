@@ -282,3 +282,46 @@ fn tls_file_problems_exit_78_naming_the_key() {
     std::fs::remove_file(&ca_path).unwrap();
     assert_rejected(&c, "no CA file", &["security.tls_ca", &name(&ca_path)]);
 }
+
+#[test]
+fn a_tls_mismatch_is_explained_and_the_worker_waits() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    enable_tls(&mut c);
+    // The file leaves TLS off; the environment turns it on for one task.
+    let sec = std::mem::take(&mut c.cfg.security);
+    c.cfg.security.token_file = sec.token_file.clone();
+    c.write_config();
+    let tls_env = [
+        ("DTF_SECURITY__TLS_CERT", sec.tls_cert.unwrap()),
+        ("DTF_SECURITY__TLS_KEY", sec.tls_key.unwrap()),
+        ("DTF_SECURITY__TLS_CA", sec.tls_ca.unwrap()),
+    ];
+    let tls_env: Vec<(&str, &OsStr)> = tls_env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+
+    // TLS on the ps only.
+    c.start_with_env("ps", 0, &tls_env);
+    c.start("worker", 0);
+    c.wait_log("worker:0", "it may require TLS", 1, Duration::from_secs(30));
+    assert!(
+        c.child("worker:0").try_wait().unwrap().is_none(),
+        "the worker should wait for the ps, not exit:\n{}",
+        c.log("worker:0")
+    );
+    c.kill("worker:0");
+    c.kill("ps:0");
+
+    // TLS on the worker only.
+    c.start("ps", 0);
+    c.start_with_env("worker", 0, &tls_env);
+    c.wait_log(
+        "worker:0",
+        "the ps does not speak TLS",
+        1,
+        Duration::from_secs(30),
+    );
+    assert!(
+        c.child("worker:0").try_wait().unwrap().is_none(),
+        "the worker should wait for the ps, not exit:\n{}",
+        c.log("worker:0")
+    );
+}
