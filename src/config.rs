@@ -1141,8 +1141,6 @@ fn invalid(value: impl fmt::Display, expected: &str) -> String {
     format!("invalid value {value}: expected {expected}")
 }
 
-/// `host:port` with a non-empty host (a name, an IPv4 address or a
-/// bracketed IPv6 address) and a port in 1–65535.
 /// The content of `path` (named by `key`); if `secret`, refused when the
 /// file grants any permission to others (mode & 0o007).
 ///
@@ -1180,6 +1178,8 @@ pub fn read_file(key: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>
     Ok(content)
 }
 
+/// `host:port` with a non-empty host (a name, an IPv4 address or a
+/// bracketed IPv6 address) and a port in 1–65535.
 fn check_address(address: &str) -> Result<(), String> {
     const EXPECTED: &str = "expected host:port with a port in 1-65535, e.g. 10.0.0.1:2222";
     let Some((host, port)) = address.rsplit_once(':') else {
