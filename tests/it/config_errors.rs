@@ -17,7 +17,7 @@ fn os(s: &str) -> &OsStr {
 }
 
 /// `dtf-ps --config F --task N` (the daemon itself, not check-config).
-fn ps(config: &Path, task: usize, env: &[(&str, &str)]) -> Ran {
+pub fn ps(config: &Path, task: usize, env: &[(&str, &str)]) -> Ran {
     let t = task.to_string();
     run(
         "dtf-ps",
@@ -28,7 +28,7 @@ fn ps(config: &Path, task: usize, env: &[(&str, &str)]) -> Ran {
 }
 
 /// `dtf-worker --config F --task N check-config`.
-fn worker_check(config: &Path, task: Option<usize>, env: &[(&str, &str)]) -> Ran {
+pub fn worker_check(config: &Path, task: Option<usize>, env: &[(&str, &str)]) -> Ran {
     let t = task.map(|t| t.to_string());
     let mut args = vec![os("--config"), config.as_os_str()];
     if let Some(t) = &t {
@@ -48,7 +48,7 @@ fn dtf_check(config: &Path) -> Ran {
 }
 
 /// Exit 78 and a message naming every one of `names`.
-fn assert_config_error(what: &str, ran: &Ran, names: &[&str]) {
+pub fn assert_config_error(what: &str, ran: &Ran, names: &[&str]) {
     assert_eq!(
         ran.status.code(),
         Some(78),

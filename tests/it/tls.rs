@@ -4,6 +4,7 @@
 //! client that does not trust the CA refuses the ps. Bad TLS files exit 78
 //! naming the key.
 
+use crate::config_errors::{assert_config_error, ps, worker_check};
 use crate::util::*;
 use dtf::auth::AddToken;
 use dtf::config::Mode;
@@ -187,48 +188,15 @@ async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
     assert!(!after.initialized);
 }
 
-/// `dtf-ps --config F --task 0` and `dtf-worker ... check-config`: both exit
-/// 78 naming every one of `names`.
+/// `dtf-ps` and `dtf-worker check-config` both exit 78 naming every one of `names`.
 fn assert_rejected(c: &Cluster, what: &str, names: &[&str]) {
-    let config = c.config_path.as_os_str();
-    let runs = [
-        (
-            "dtf-ps",
-            vec![
-                OsStr::new("--config"),
-                config,
-                OsStr::new("--task"),
-                OsStr::new("0"),
-            ],
-        ),
-        (
-            "dtf-worker",
-            vec![
-                OsStr::new("--config"),
-                config,
-                OsStr::new("--task"),
-                OsStr::new("0"),
-                OsStr::new("check-config"),
-            ],
-        ),
-    ];
-    for (bin, args) in runs {
-        let ran = run(bin, &args, &[], Duration::from_secs(10));
-        assert_eq!(
-            ran.status.code(),
-            Some(78),
-            "{what}: {bin} exited {}; stderr:\n{}",
-            ran.status,
-            ran.stderr
-        );
-        for n in names {
-            assert!(
-                ran.stderr.contains(n),
-                "{what}: {bin} does not name {n}:\n{}",
-                ran.stderr
-            );
-        }
-    }
+    assert_config_error(
+        &format!("{what}, dtf-ps"),
+        &ps(&c.config_path, 0, &[]),
+        names,
+    );
+    let check = worker_check(&c.config_path, Some(0), &[]);
+    assert_config_error(&format!("{what}, dtf-worker check-config"), &check, names);
 }
 
 #[test]
