@@ -121,6 +121,25 @@ impl Credentials {
     }
 }
 
+/// The transport errors of two ends that disagree about TLS, said plainly
+/// and made retryable (`UNAVAILABLE`): while TLS is rolled out, the other
+/// end may be the next to change. Other statuses are returned as they are.
+pub fn explain_tls_mismatch(status: Status) -> Status {
+    let message = status.message();
+    let hint = if message.contains("InvalidContentType") {
+        // rustls read something that is not TLS.
+        "the ps does not speak TLS, but security.tls_* are set here"
+    } else if status.code() == tonic::Code::Internal && message.contains("h2 protocol error") {
+        // A TLS server's answer to a plaintext HTTP/2 preface.
+        "the ps broke off the HTTP/2 connection: it may require TLS, which is not set here"
+    } else {
+        return status;
+    };
+    Status::unavailable(format!(
+        "{message} ({hint}; set security.tls_* on every task or on none)"
+    ))
+}
+
 /// A PEM file of one or more certificates, checked to parse.
 fn read_certificates(key: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
     let pem = read_file(key, path, false)?;

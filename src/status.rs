@@ -83,13 +83,16 @@ async fn ask(
         .endpoint(addr)?
         .connect_timeout(TIMEOUT)
         .timeout(TIMEOUT);
-    let channel = ep.connect().await.map_err(|e| format!("connect: {e}"))?;
-    let mut c =
-        ParameterServerClient::with_interceptor(channel, auth).max_decoding_message_size(limit);
+    // Connected by the call, so that a connection error is a Status too.
+    let mut c = ParameterServerClient::with_interceptor(ep.connect_lazy(), auth)
+        .max_decoding_message_size(limit);
     c.state(pb::StateRequest {})
         .await
         .map(|r| r.into_inner())
-        .map_err(|s| format!("{}: {}", s.code(), s.message()))
+        .map_err(|s| {
+            let s = crate::auth::explain_tls_mismatch(s);
+            format!("{}: {}", s.code(), s.message())
+        })
 }
 
 /// Asks every ps in `config` (with the cluster's `credentials`) and reads the newest checkpoint.

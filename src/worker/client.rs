@@ -1,7 +1,7 @@
 //! The worker's view of the ps tasks: one gRPC client per ps, the placement,
 //! and whole-model pull/push that talk to every shard in parallel.
 
-use crate::auth::{AddToken, Credentials};
+use crate::auth::{self, AddToken, Credentials};
 use crate::config::Config;
 use crate::model::VarSpec;
 use crate::pb::parameter_server_client::ParameterServerClient;
@@ -79,27 +79,8 @@ pub struct Cluster {
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
     move |status| PsCallError {
         ps,
-        status: explain_tls_mismatch(status),
+        status: auth::explain_tls_mismatch(status),
     }
-}
-
-/// The transport errors of two ends that disagree about TLS, said plainly
-/// and made retryable (`UNAVAILABLE`): while TLS is rolled out, the other
-/// end may be the next to change. Other statuses are returned as they are.
-fn explain_tls_mismatch(status: Status) -> Status {
-    let message = status.message();
-    let hint = if message.contains("InvalidContentType") {
-        // rustls read something that is not TLS.
-        "the ps does not speak TLS, but security.tls_* are set here"
-    } else if status.code() == Code::Internal && message.contains("h2 protocol error") {
-        // A TLS server's answer to a plaintext HTTP/2 preface.
-        "the ps broke off the HTTP/2 connection: it may require TLS, which is not set here"
-    } else {
-        return status;
-    };
-    Status::unavailable(format!(
-        "{message} ({hint}; set security.tls_* on every task or on none)"
-    ))
 }
 
 impl Cluster {

@@ -88,6 +88,10 @@ struct Backoff {
     delay: Duration,
     since: Instant,
     logged: Option<Instant>,
+    /// A reason since the last log that says what to fix (a TLS mismatch
+    /// shows as one of several errors, depending on timing): logged in
+    /// preference to a bare one.
+    explained: Option<String>,
 }
 
 impl Backoff {
@@ -96,6 +100,7 @@ impl Backoff {
             delay: BACKOFF_MIN,
             since: Instant::now(),
             logged: None,
+            explained: None,
         }
     }
 
@@ -111,10 +116,14 @@ impl Backoff {
     /// Sleeps the next back-off delay. Errors: [`WorkerError::Interrupted`]
     /// as soon as `shutdown` is cancelled, so a stop never waits on a dead ps.
     async fn wait(&mut self, why: &str, shutdown: &CancellationToken) -> Result<(), WorkerError> {
+        if why.contains("security.tls_") {
+            self.explained = Some(why.to_owned());
+        }
         if self.should_log() {
+            let explained = self.explained.take();
             warn!(
                 waited_secs = self.since.elapsed().as_secs(),
-                reason = why,
+                reason = explained.as_deref().unwrap_or(why),
                 "Waiting for the ps tasks."
             );
         }
