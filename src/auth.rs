@@ -140,6 +140,27 @@ pub fn explain_tls_mismatch(status: Status) -> Status {
     ))
 }
 
+/// Whether the server at `addr` answers the start of a plaintext HTTP/2
+/// connection with a TLS alert record (content type 21, version 3.x), as a
+/// TLS server does. A plaintext gRPC client meets such a server as one of
+/// several connection errors, depending on timing; this asks it directly.
+/// False when it cannot tell within a second.
+pub async fn answers_with_tls(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(b"PRI *").await.ok()?;
+        let mut head = [0u8; 2];
+        stream.read_exact(&mut head).await.ok()?;
+        Some(head == [21, 3])
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
 /// A PEM file of one or more certificates, checked to parse.
 fn read_certificates(key: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
     let pem = read_file(key, path, false)?;

@@ -14,6 +14,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
+use tonic::Code;
 
 /// How long to wait for each ps to answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -86,13 +87,24 @@ async fn ask(
     // Connected by the call, so that a connection error is a Status too.
     let mut c = ParameterServerClient::with_interceptor(ep.connect_lazy(), auth)
         .max_decoding_message_size(limit);
-    c.state(pb::StateRequest {})
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|s| {
-            let s = crate::auth::explain_tls_mismatch(s);
-            format!("{}: {}", s.code(), s.message())
-        })
+    let status = match c.state(pb::StateRequest {}).await {
+        Ok(r) => return Ok(r.into_inner()),
+        Err(s) => crate::auth::explain_tls_mismatch(s),
+    };
+    // A TLS ps breaks a plaintext connection in one of several ways; ask it.
+    let broken = matches!(
+        status.code(),
+        Code::Cancelled | Code::Unknown | Code::Internal
+    );
+    if broken && !credentials.tls() && crate::auth::answers_with_tls(addr).await {
+        return Err(format!(
+            "{}: {} (the ps answers with TLS, which is not set here; \
+             set security.tls_* on every task or on none)",
+            status.code(),
+            status.message()
+        ));
+    }
+    Err(format!("{}: {}", status.code(), status.message()))
 }
 
 /// Asks every ps in `config` (with the cluster's `credentials`) and reads the newest checkpoint.

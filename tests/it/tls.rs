@@ -275,19 +275,12 @@ fn a_tls_mismatch_is_explained_and_the_worker_waits() {
         "the worker should wait for the ps, not exit:\n{}",
         c.log("worker:0")
     );
-    // dtf status fails, and says why. (Which error a plaintext client meets
-    // depends on timing: usually the HTTP/2 error that carries the hint,
-    // sometimes a bare broken connection.)
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    // dtf status fails, and says why, whichever way the connection broke.
+    for _ in 0..5 {
         let status = c.dtf(&["status"]);
         let text = String::from_utf8_lossy(&status.stdout);
-        assert!(!status.status.success(), "dtf status succeeded:\n{text}");
-        if text.contains("it may require TLS") {
-            break;
-        }
         assert!(
-            std::time::Instant::now() < end,
+            !status.status.success() && text.contains("TLS, which is not set here"),
             "dtf status without TLS against a TLS ps:\n{text}"
         );
     }
