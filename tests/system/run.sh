@@ -11,8 +11,9 @@
 # (valid, invalid, not reloadable), the end of the run (every unit inactive
 # with Result=success, checkpoints, `dtf eval`), a second run over mutual TLS
 # (openssl certificates, the key root:dtf 0640; `dtf status` with and without
-# TLS), and a broken config (exit 78, no restart loop). Prints PASS/FAIL per check, exits 1 on any failure (after
-# dumping the units' journal). The container is torn down in every case.
+# TLS), and a broken config (exit 78, no restart loop). Prints PASS/FAIL per
+# check, exits 1 on any failure (after dumping the units' journal). The
+# container is torn down in every case.
 #
 # The Debian root (debootstrap minbase + systemd + dataset-fashion-mnist) is
 # cached in $DTF_SYSTEM_TEST_CACHE (default /var/cache/dtf-system-test); every
@@ -254,9 +255,9 @@ check "postinst: /var/lib/dtf exists" in_ct test -d /var/lib/dtf
 
 # --- the cluster's configuration ------------------------------------------------
 
-# write_config LAST_STEP SAVE_SECS [EXTRA TRAIN LINE [EXTRA SECTIONS]]: /etc/dtf/dtf.toml in the
-# container, replaced atomically (as an editor does) so the daemons' file
-# watchers see one change.
+# write_config LAST_STEP SAVE_SECS [EXTRA TRAIN LINE [EXTRA SECTIONS]]:
+# /etc/dtf/dtf.toml in the container, replaced atomically (as an editor does)
+# so the daemons' file watchers see one change.
 write_config() {
 	cat >"$ROOT/etc/dtf/dtf.toml.new" <<-EOF
 		# dtf system test: 1 ps + 2 workers on the container's loopback.
