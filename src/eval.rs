@@ -42,10 +42,23 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
     let layers = layers_of(&ckpt)?;
     let mlp = Mlp::new(&layers).map_err(|e| EvalError::Model(e.to_string()))?;
     let expected = mlp.variables();
-    let names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
-    if names != expected.iter().map(|v| v.name.as_str()).collect::<Vec<_>>() {
+    // Names and shapes, of the shadows too: the widths above come from the
+    // weights alone, and a mismatch would otherwise reach the matrix code.
+    let fits = |tensors: &[(String, ndarray::ArrayD<f32>)]| {
+        tensors.len() == expected.len()
+            && tensors
+                .iter()
+                .zip(&expected)
+                .all(|((n, a), v)| *n == v.name && a.shape() == v.shape.as_slice())
+    };
+    if !fits(&ckpt.variables) || !fits(&ckpt.shadows) {
+        let found: Vec<_> = ckpt
+            .variables
+            .iter()
+            .map(|(n, a)| format!("{n} {:?}", a.shape()))
+            .collect();
         return Err(EvalError::Model(format!(
-            "{}: variables {names:?} are not an MLP's",
+            "{}: variables {found:?} are not an MLP's",
             file.display()
         )));
     }
@@ -95,4 +108,40 @@ fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
         ));
     }
     Ok(layers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::ArrayD;
+
+    #[test]
+    fn a_checkpoint_whose_shapes_do_not_chain_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = |n: &str, shape: &[usize]| (n.to_owned(), ArrayD::zeros(shape));
+        // The widths come from the weights: 4 → 3 → 2, but layer2 takes 5 inputs.
+        let variables = vec![
+            t("layer1/weights", &[4, 3]),
+            t("layer1/biases", &[3]),
+            t("layer2/weights", &[5, 2]),
+            t("layer2/biases", &[2]),
+        ];
+        let ckpt = checkpoint::Checkpoint {
+            global_step: 1,
+            shadows: variables.clone(),
+            variables,
+        };
+        checkpoint::Saver::new(dir.path(), 1)
+            .unwrap()
+            .save(&ckpt)
+            .unwrap();
+        // Test data that fits the first layer: 2×2 images, 2 classes.
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        crate::data::write_idx_images(&data.join("t10k-images-idx3-ubyte"), &[7; 12], 2, 2)
+            .unwrap();
+        crate::data::write_idx_labels(&data.join("t10k-labels-idx1-ubyte"), &[0, 1, 1]).unwrap();
+        let err = evaluate(dir.path(), &data).unwrap_err();
+        assert!(err.to_string().contains("are not an MLP's"), "{err}");
+    }
 }
