@@ -121,6 +121,9 @@ impl Credentials {
     }
 }
 
+/// Ends every explanation of a TLS mismatch ([`explain_tls_mismatch`]).
+pub const TLS_ADVICE: &str = "set security.tls_* on every task or on none";
+
 /// The transport errors of two ends that disagree about TLS, said plainly
 /// and made retryable (`UNAVAILABLE`): while TLS is rolled out, the other
 /// end may be the next to change. Other statuses are returned as they are.
@@ -135,9 +138,7 @@ pub fn explain_tls_mismatch(status: Status) -> Status {
     } else {
         return status;
     };
-    Status::unavailable(format!(
-        "{message} ({hint}; set security.tls_* on every task or on none)"
-    ))
+    Status::unavailable(format!("{message} ({hint}; {TLS_ADVICE})"))
 }
 
 /// Whether the server at `addr` answers the start of a plaintext HTTP/2

@@ -98,10 +98,10 @@ async fn ask(
     );
     if broken && !credentials.tls() && crate::auth::answers_with_tls(addr).await {
         return Err(format!(
-            "{}: {} (the ps answers with TLS, which is not set here; \
-             set security.tls_* on every task or on none)",
+            "{}: {} (the ps answers with TLS, which is not set here; {})",
             status.code(),
-            status.message()
+            status.message(),
+            crate::auth::TLS_ADVICE
         ));
     }
     Err(format!("{}: {}", status.code(), status.message()))

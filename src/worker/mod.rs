@@ -116,7 +116,7 @@ impl Backoff {
     /// Sleeps the next back-off delay. Errors: [`WorkerError::Interrupted`]
     /// as soon as `shutdown` is cancelled, so a stop never waits on a dead ps.
     async fn wait(&mut self, why: &str, shutdown: &CancellationToken) -> Result<(), WorkerError> {
-        if why.contains("security.tls_") {
+        if why.contains(crate::auth::TLS_ADVICE) {
             self.explained = Some(why.to_owned());
         }
         if self.should_log() {
