@@ -1741,7 +1741,7 @@ mod tests {
     }
 
     #[test]
-    fn full_size_save_and_load_is_quick() {
+    fn full_size_save_and_load_round_trips() {
         let tmp = tempfile::tempdir().unwrap();
         let layers = [784, 500, 10];
         let ckpt = sample(20000, &layers);

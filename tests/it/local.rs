@@ -4,8 +4,15 @@ use crate::util::*;
 use dtf::config::Mode;
 use std::process::Command;
 
+/// `dtf ARGS` to completion (a test failure past 180 s), as [`run`] runs it.
 fn dtf(args: &[&str]) -> std::process::Output {
-    Command::new(bin("dtf")).args(args).output().unwrap()
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let ran = run("dtf", &args, &[], std::time::Duration::from_secs(180));
+    std::process::Output {
+        status: ran.status,
+        stdout: ran.stdout.into_bytes(),
+        stderr: ran.stderr.into_bytes(),
+    }
 }
 
 fn last_json(out: &std::process::Output) -> serde_json::Value {

@@ -6,24 +6,9 @@ use crate::util::*;
 use dtf::config::Mode;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const RUN: Duration = Duration::from_secs(120);
-
-/// Polls `f` until it returns Some, or panics with `what` after `deadline`.
-fn until<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn events_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)

@@ -31,17 +31,27 @@ async fn reach(c: &Cluster, i: usize, step: u64) -> pb::StateResponse {
 /// Waits for the run to complete, then for every process to exit 0 within a
 /// few seconds of it.
 async fn finish(c: &mut Cluster) -> Vec<pb::StateResponse> {
-    let mut states = Vec::new();
+    let mut clients = Vec::new();
     for i in 0..c.cfg.cluster.ps.len() {
-        let ps = c.client(i, Some(TOKEN)).await;
-        states.push(
-            eventually(RUN, "the run to complete", || {
-                let mut ps = ps.clone();
-                async move { state(&mut ps).await.filter(|s| s.complete) }
-            })
-            .await,
-        );
+        clients.push(c.client(i, Some(TOKEN)).await);
     }
+    // A ps exits shortly after the run completes: watch every ps at once,
+    // keeping each one's first complete state.
+    let mut seen: Vec<Option<pb::StateResponse>> = vec![None; clients.len()];
+    let end = Instant::now() + RUN;
+    loop {
+        for (slot, ps) in seen.iter_mut().zip(&mut clients) {
+            if slot.is_none() {
+                *slot = state(ps).await.filter(|s| s.complete);
+            }
+        }
+        if seen.iter().all(Option::is_some) {
+            break;
+        }
+        assert!(Instant::now() < end, "the run to complete: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let states: Vec<_> = seen.into_iter().flatten().collect();
     let done = Instant::now();
     tokio::task::block_in_place(|| c.wait_all_success(Duration::from_secs(15)));
     assert!(

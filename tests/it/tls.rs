@@ -92,20 +92,16 @@ fn a_cluster_trains_over_mutual_tls_and_dtf_status_reads_it() {
     enable_tls(&mut c);
     c.start("ps", 0);
     // The ps is up when `dtf status` (over TLS) reaches it.
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        let out = c.dtf(&["status", "--json"]);
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).into_owned();
-        }
-        assert!(
-            std::time::Instant::now() < end,
-            "dtf status over TLS never reached the ps: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = until(
+        Duration::from_secs(20),
+        "dtf status over TLS to reach the ps",
+        || {
+            let out = c.dtf(&["status", "--json"]);
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        },
+    );
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["tasks"][0]["reachable"], true, "{status}");
 

@@ -239,6 +239,22 @@ pub async fn client(addr: &str, token: Option<&str>) -> PsClient {
     }
 }
 
+/// Polls `f` until it returns Some, or panics with `what` after `deadline`
+/// (the blocking twin of [`eventually`]).
+pub fn until<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Polls `f` until it returns Some, or panics with `what` after `deadline`.
 pub async fn eventually<T, F, Fut>(deadline: Duration, what: &str, mut f: F) -> T
 where
