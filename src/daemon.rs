@@ -350,9 +350,9 @@ pub async fn run_ps(
     path: PathBuf,
     cfg: Config,
     task: TaskId,
+    credentials: Credentials,
     log: LogHandle,
 ) -> Result<(), DaemonError> {
-    let credentials = Credentials::load(&cfg)?;
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
     let addr = cfg.address(task).unwrap_or_default().to_string();
@@ -399,9 +399,9 @@ pub async fn run_worker(
     path: PathBuf,
     cfg: Config,
     task: TaskId,
+    credentials: Credentials,
     log: LogHandle,
 ) -> Result<Outcome, DaemonError> {
-    let credentials = Credentials::load(&cfg)?;
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
     // Any worker that can see the final checkpoint (the chief; others on
@@ -459,9 +459,10 @@ pub enum DaemonCommand {
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
-    let (cfg, task) = match load(&args.config, args.task, role)
-        .and_then(|(c, t)| Credentials::load(&c).map(|_| (c, t)))
-    {
+    let (cfg, task, credentials) = match load(&args.config, args.task, role).and_then(|(c, t)| {
+        let credentials = Credentials::load(&c)?;
+        Ok((c, t, credentials))
+    }) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
@@ -495,8 +496,10 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     };
     let result = rt.block_on(async {
         match role {
-            Role::Ps => run_ps(args.config, cfg, task, log).await,
-            Role::Worker => run_worker(args.config, cfg, task, log).await.map(|_| ()),
+            Role::Ps => run_ps(args.config, cfg, task, credentials, log).await,
+            Role::Worker => run_worker(args.config, cfg, task, credentials, log)
+                .await
+                .map(|_| ()),
         }
     });
     match result {

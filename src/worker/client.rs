@@ -53,8 +53,6 @@ pub struct Progress {
     pub steps: Vec<u64>,
     /// Any shard says the run is complete.
     pub complete: bool,
-    /// Sync: shards that dropped the push as stale.
-    pub stale: usize,
 }
 
 impl Progress {
@@ -213,7 +211,6 @@ impl Cluster {
         let mut progress = Progress {
             steps: Vec::with_capacity(replies.len()),
             complete: false,
-            stale: 0,
         };
         for (ps, r) in replies.into_iter().enumerate() {
             self.store(ps, &r.variables, params)?;
@@ -260,13 +257,11 @@ impl Cluster {
         let mut progress = Progress {
             steps: Vec::with_capacity(replies.len()),
             complete: false,
-            stale: 0,
         };
         for (ps, r) in replies.into_iter().enumerate() {
             self.store(ps, &r.variables, params)?;
             progress.steps.push(r.global_step);
             progress.complete |= r.complete;
-            progress.stale += usize::from(r.stale);
         }
         Ok(progress)
     }

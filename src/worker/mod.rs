@@ -76,13 +76,6 @@ pub trait Reporter: Send + Sync {
     fn status(&self, line: &str);
 }
 
-/// A [`Reporter`] that reports nothing.
-pub struct Quiet;
-impl Reporter for Quiet {
-    fn ready(&self) {}
-    fn status(&self, _: &str) {}
-}
-
 /// Retries with capped exponential back-off, logging a reason now and then.
 struct Backoff {
     delay: Duration,
@@ -170,12 +163,6 @@ pub async fn run(
         for &i in idx {
             info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
         }
-    }
-    if task == 0
-        && let Some(step) = completed_run(&cfg)
-    {
-        info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
-        return Ok(Outcome::AlreadyComplete { global_step: step });
     }
     let train = Dataset::load(&cfg.data.dir, Split::Train)?;
     if train.features() != cfg.model.layers[0] {
@@ -423,7 +410,6 @@ impl Worker {
                 Err(e) if sync && e.status.code() == tonic::Code::AlreadyExists => Progress {
                     steps: tags.clone(),
                     complete: false,
-                    stale: 0,
                 },
                 Err(e) => return Err(e.into()),
             };
@@ -524,7 +510,6 @@ impl Worker {
                         return Ok(Progress {
                             steps: vec![cfg.train.last_step; self.cluster.num_ps()],
                             complete: true,
-                            stale: 0,
                         });
                     }
                 }
