@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 /// Where the daemons look when no `--config` is given.
 pub const DEFAULT_PATH: &str = "/etc/dtf/dtf.toml";
 
+/// The default `data.dir`: where Debian's `dataset-fashion-mnist` installs.
+pub const DEFAULT_DATA_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
 /// A task's role in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -372,7 +375,7 @@ impl Default for ModelConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            dir: "/usr/share/datasets/fashion-mnist".into(),
+            dir: DEFAULT_DATA_DIR.into(),
         }
     }
 }

@@ -52,7 +52,7 @@ enum Command {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
         /// Directory of the IDX files.
-        #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
+        #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
         data: PathBuf,
         /// Print JSON.
         #[arg(long)]
@@ -76,7 +76,7 @@ enum Command {
     /// hidden width, and checkpoint save/restore (docs/benchmarks.md).
     Bench {
         /// Directory of the IDX files.
-        #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
+        #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
         data: PathBuf,
         /// Hidden widths for the scaling table.
         #[arg(long, value_delimiter = ',', default_value = "500,2000,8000")]
