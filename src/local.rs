@@ -325,8 +325,10 @@ async fn stop_all(tasks: &mut [Task]) {
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
     }
+    // One deadline for all, then SIGKILL to any that lingers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-        if tokio::time::timeout(Duration::from_secs(5), t.child.wait())
+        if tokio::time::timeout_at(deadline, t.child.wait())
             .await
             .is_err()
         {
