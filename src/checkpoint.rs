@@ -182,16 +182,6 @@ impl Saver {
         })
     }
 
-    /// The checkpoint directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Changes retention (a config reload); applied at the next save.
-    pub fn set_max_to_keep(&mut self, n: usize) {
-        self.max_to_keep = n;
-    }
-
     /// Writes `model.ckpt-<step>.ema.safetensors`, then
     /// `model.ckpt-<step>.safetensors`, then the `checkpoint` index, each
     /// atomically (temp file, fsync, rename, fsync the directory); then deletes
@@ -364,7 +354,7 @@ fn ema_file_name(step: u64) -> String {
 /// The step in a canonical `model.ckpt-<step>.safetensors` name (no sign, no
 /// leading zeros, so one step has one name); `None` for anything else,
 /// including EMA files and temp files.
-fn parse_model_name(name: &str) -> Option<u64> {
+pub fn parse_model_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix(PREFIX)?.strip_suffix(MODEL_EXT)?;
     parse_step(digits)
 }
@@ -1316,10 +1306,8 @@ mod tests {
         // A newer (say damaged) checkpoint is kept for the operator, and the
         // one just written, older by step, must survive it.
         let tmp = tempfile::tempdir().unwrap();
-        let mut s = saver(tmp.path(), 5);
-        s.save(&sample(1000, &SMALL)).unwrap();
-        s.set_max_to_keep(1);
-        s.save(&sample(800, &SMALL)).unwrap();
+        saver(tmp.path(), 5).save(&sample(1000, &SMALL)).unwrap();
+        saver(tmp.path(), 1).save(&sample(800, &SMALL)).unwrap();
         assert!(tmp.path().join("model.ckpt-800.safetensors").is_file());
         let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
         assert!(index.starts_with("model_checkpoint_path: \"model.ckpt-800.safetensors\""));

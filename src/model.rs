@@ -89,11 +89,6 @@ impl Mlp {
         })
     }
 
-    /// Widths, input first, classes last.
-    pub fn layers(&self) -> &[usize] {
-        &self.layers
-    }
-
     /// Number of inputs per example (the first width).
     pub fn inputs(&self) -> usize {
         self.layers[0]

@@ -20,7 +20,7 @@ use tonic::Code;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One task of the cluster as `dtf status` sees it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct TaskStatus {
     /// `ps:0`, `worker:1`.
     pub task: String,
@@ -115,42 +115,26 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             .await;
     let mut tasks = Vec::new();
     for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
-        let mut t = TaskStatus {
+        let s = answer.as_ref().ok();
+        tasks.push(TaskStatus {
             task: format!("ps:{i}"),
             role: "ps".into(),
             address: addr.clone(),
-            reachable: Some(answer.is_ok()),
-            error: None,
-            incarnation: None,
-            initialized: None,
-            global_step: None,
-            examples_per_sec: None,
-            complete: None,
-        };
-        match answer {
-            Ok(s) => {
-                t.incarnation = Some(s.incarnation);
-                t.initialized = Some(s.initialized);
-                t.global_step = Some(s.global_step);
-                t.examples_per_sec = Some(s.examples_per_sec);
-                t.complete = Some(s.complete);
-            }
-            Err(e) => t.error = Some(e),
-        }
-        tasks.push(t);
+            reachable: Some(s.is_some()),
+            error: answer.as_ref().err().cloned(),
+            incarnation: s.map(|s| s.incarnation),
+            initialized: s.map(|s| s.initialized),
+            global_step: s.map(|s| s.global_step),
+            examples_per_sec: s.map(|s| s.examples_per_sec),
+            complete: s.map(|s| s.complete),
+        });
     }
     for (i, addr) in config.cluster.worker.iter().enumerate() {
         tasks.push(TaskStatus {
             task: format!("worker:{i}"),
             role: if i == 0 { "chief" } else { "worker" }.into(),
             address: addr.clone(),
-            reachable: None,
-            error: None,
-            incarnation: None,
-            initialized: None,
-            global_step: None,
-            examples_per_sec: None,
-            complete: None,
+            ..Default::default()
         });
     }
     let (checkpoint, checkpoint_error) = match newest_checkpoint(config) {
@@ -183,9 +167,7 @@ fn newest_checkpoint(config: &Config) -> Result<CheckpointStatus, String> {
     let global_step = path
         .file_name()
         .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("model.ckpt-"))
-        .and_then(|n| n.strip_suffix(".safetensors"))
-        .and_then(|n| n.parse().ok());
+        .and_then(checkpoint::parse_model_name);
     let age_secs = std::fs::metadata(&path)
         .and_then(|m| m.modified())
         .ok()
