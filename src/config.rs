@@ -477,12 +477,8 @@ impl Config {
         let t = &self.train;
 
         // [cluster]
-        for key in ["cluster.ps", "cluster.worker"] {
-            let list = if key == "cluster.ps" {
-                &self.cluster.ps
-            } else {
-                &self.cluster.worker
-            };
+        let lists = [Role::Ps, Role::Worker].map(|role| self.addresses(role));
+        for (key, list) in lists {
             if list.is_empty() {
                 return bad(
                     key,
@@ -499,19 +495,9 @@ impl Config {
             }
         }
         // Every task needs its own address; `seen` maps each to its first entry.
-        let entries = (self
-            .cluster
-            .ps
+        let entries = lists
             .iter()
-            .enumerate()
-            .map(|(i, a)| ("cluster.ps", i, a)))
-        .chain(
-            self.cluster
-                .worker
-                .iter()
-                .enumerate()
-                .map(|(i, a)| ("cluster.worker", i, a)),
-        );
+            .flat_map(|&(key, list)| list.iter().enumerate().map(move |(i, a)| (key, i, a)));
         let mut seen = BTreeMap::new();
         for (key, i, address) in entries {
             if let Some((first_key, first)) = seen.insert(address, (key, i)) {
@@ -680,10 +666,8 @@ impl Config {
     ///
     /// Errors: [`ConfigError::Task`], naming the list and where it came from.
     pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
-        let (key, count) = match task.role {
-            Role::Ps => ("cluster.ps", self.cluster.ps.len()),
-            Role::Worker => ("cluster.worker", self.cluster.worker.len()),
-        };
+        let (key, list) = self.addresses(task.role);
+        let count = list.len();
         if task.index < count {
             return Ok(());
         }
@@ -697,11 +681,18 @@ impl Config {
 
     /// `host:port` of a task.
     pub fn address(&self, task: TaskId) -> Option<&str> {
-        match task.role {
-            Role::Ps => self.cluster.ps.get(task.index),
-            Role::Worker => self.cluster.worker.get(task.index),
+        self.addresses(task.role)
+            .1
+            .get(task.index)
+            .map(String::as_str)
+    }
+
+    /// A role's key (`cluster.ps`, `cluster.worker`) and address list.
+    fn addresses(&self, role: Role) -> (&'static str, &[String]) {
+        match role {
+            Role::Ps => ("cluster.ps", &self.cluster.ps),
+            Role::Worker => ("cluster.worker", &self.cluster.worker),
         }
-        .map(String::as_str)
     }
 
     /// Sync: gradients per update (default: the number of workers).
