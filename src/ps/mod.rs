@@ -165,11 +165,22 @@ impl PsService {
     }
 }
 
-fn named(tensors: &[pb::Tensor]) -> Result<Vec<(String, ndarray::ArrayD<f32>)>, Status> {
-    tensors
+/// `tensors` checked as the shard's variables ([`Shard::arrange_bytes`]),
+/// copied out in model order.
+fn arranged(shard: &Shard, tensors: &[pb::Tensor]) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
+    let views = tensors
         .iter()
-        .map(|t| Ok((t.name.clone(), rpc::decode(t)?)))
-        .collect()
+        .map(rpc::view)
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = shard.arrange_bytes(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
+    Ok(bytes
+        .into_iter()
+        .zip(shard.specs())
+        .map(|(b, spec)| {
+            ndarray::ArrayD::from_shape_vec(spec.shape.as_slice(), bytemuck::pod_collect_to_vec(b))
+                .expect("arrange_bytes checked the shape")
+        })
+        .collect())
 }
 
 #[tonic::async_trait]
@@ -202,14 +213,12 @@ impl ParameterServer for PsService {
         req: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::InitializeResponse>, Status> {
         let req = req.into_inner();
-        let values = named(&req.variables)?;
-        let shadows = named(&req.shadows)?;
         let mut s = self.lock();
-        let values = s.arrange(values)?;
-        let shadows = if shadows.is_empty() {
+        let values = arranged(&s, &req.variables)?;
+        let shadows = if req.shadows.is_empty() {
             None
         } else {
-            Some(s.arrange(shadows)?)
+            Some(arranged(&s, &req.shadows)?)
         };
         let applied = s.initialize(values, shadows, req.global_step, req.force);
         if applied {

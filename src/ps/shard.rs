@@ -193,34 +193,10 @@ impl Shard {
         Ok(&self.shadows)
     }
 
-    /// Puts `named` tensors into model order, checking that each variable of
-    /// the shard appears exactly once with its shape and finite values.
-    pub fn arrange(
-        &self,
-        named: Vec<(String, ArrayD<f32>)>,
-    ) -> Result<Vec<ArrayD<f32>>, ShardError> {
-        // Arrays built by `rpc::decode` are contiguous; check them as bytes.
-        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = named
-            .iter()
-            .map(|(n, a)| {
-                (
-                    n.clone(),
-                    a.shape().to_vec(),
-                    a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                )
-            })
-            .collect();
-        let items = bytes
-            .iter()
-            .zip(named)
-            .map(|((n, shape, data), (_, a))| (n.as_str(), shape.as_slice(), data.as_slice(), a));
-        self.order(items)
-    }
-
-    /// [`Shard::arrange`] for gradients that stay in the request's bytes:
+    /// Puts tensors that stay in a request's bytes into model order:
     /// `(name, shape, little-endian f32 bytes)` in, the bytes in model order
-    /// out, after the same checks (each variable once, its shape, finite
-    /// values). Nothing is copied.
+    /// out, after checking that each variable of the shard appears exactly
+    /// once with its shape and finite values. Nothing is copied.
     pub fn arrange_bytes<'a>(
         &self,
         named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
@@ -232,7 +208,7 @@ impl Shard {
         )
     }
 
-    /// The checks behind [`Shard::arrange`] and [`Shard::arrange_bytes`]:
+    /// The checks behind [`Shard::arrange_bytes`]:
     /// each item is `(name, shape, f32 bytes, payload)`; the payloads come
     /// back in model order.
     fn order<'a, T>(
@@ -516,30 +492,40 @@ mod tests {
     #[test]
     fn arrange_checks_names_shapes_and_values() {
         let s = shard(Rule::Async);
-        let t = |n: &str, v: Vec<f32>| {
+        type Item = (&'static str, Vec<usize>, Vec<u8>);
+        let t = |n: &'static str, v: &[f32]| -> Item {
             (
-                n.to_string(),
-                ArrayD::from_shape_vec(IxDyn(&[v.len()]), v).unwrap(),
+                n,
+                vec![v.len()],
+                bytemuck::cast_slice::<f32, u8>(v).to_vec(),
             )
         };
+        let arrange = |items: &[Item]| {
+            s.arrange_bytes(
+                items
+                    .iter()
+                    .map(|(n, shape, d)| (*n, shape.as_slice(), d.as_slice())),
+            )
+            .map(|_| ())
+        };
         assert!(matches!(
-            s.arrange(vec![t("x", vec![1., 2.])]),
+            arrange(&[t("x", &[1., 2.])]),
             Err(ShardError::UnknownVariable { .. })
         ));
         assert!(matches!(
-            s.arrange(vec![t("w", vec![1.])]),
+            arrange(&[t("w", &[1.])]),
             Err(ShardError::Shape { .. })
         ));
         assert!(matches!(
-            s.arrange(vec![t("w", vec![1., f32::NAN])]),
+            arrange(&[t("w", &[1., f32::NAN])]),
             Err(ShardError::NonFinite { index: 1, .. })
         ));
-        assert!(matches!(s.arrange(vec![]), Err(ShardError::Missing { .. })));
+        assert!(matches!(arrange(&[]), Err(ShardError::Missing { .. })));
         assert!(matches!(
-            s.arrange(vec![t("w", vec![1., 2.]), t("w", vec![1., 2.])]),
+            arrange(&[t("w", &[1., 2.]), t("w", &[1., 2.])]),
             Err(ShardError::Duplicate { .. })
         ));
-        assert!(s.arrange(vec![t("w", vec![1., 2.])]).is_ok());
+        assert!(arrange(&[t("w", &[1., 2.])]).is_ok());
     }
 
     #[test]
