@@ -126,7 +126,7 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
-    fn io(path: &Path, action: &'static str, source: io::Error) -> Self {
+    pub(crate) fn io(path: &Path, action: &'static str, source: io::Error) -> Self {
         CheckpointError::Io {
             path: path.to_path_buf(),
             action,

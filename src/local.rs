@@ -57,6 +57,16 @@ pub enum LocalError {
     Setup(String),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
+    /// Every task exited 0, yet the newest checkpoint is short of the last
+    /// step: never report such a run as trained.
+    #[error(
+        "the newest checkpoint in {dir} is at step {step}, short of the last step {last_step}: the final checkpoint is missing"
+    )]
+    Incomplete {
+        dir: PathBuf,
+        step: u64,
+        last_step: u64,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalError {
@@ -293,6 +303,13 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Report, LocalError> {
     let ev: Evaluation = tokio::task::spawn_blocking(move || eval::evaluate(&dir, &data))
         .await
         .map_err(|e| LocalError::Setup(format!("evaluation task: {e}")))??;
+    if ev.global_step < cfg.train.last_step {
+        return Err(LocalError::Incomplete {
+            dir: cfg.checkpoint.dir,
+            step: ev.global_step,
+            last_step: cfg.train.last_step,
+        });
+    }
     Ok(Report {
         global_step: ev.global_step,
         test_accuracy: ev.accuracy,

@@ -77,6 +77,8 @@ pub struct Metrics {
     checkpoint_age: FloatGauge,
     /// `dtf_checkpoint_duration_seconds`: how long the latest checkpoint took to write.
     checkpoint_duration: FloatGauge,
+    /// `dtf_checkpoint_failures_total`: checkpoints the chief could not write.
+    checkpoint_failures: Counter,
     /// `dtf_reloads_total{result="ok|rejected"}`.
     reloads: Family<Labels, Counter>,
     /// Serializes the ps's refresh so two scrapes do not add a delta twice.
@@ -109,6 +111,7 @@ impl Metrics {
             checkpoint_at: Mutex::new(None),
             checkpoint_age: FloatGauge::default(),
             checkpoint_duration: FloatGauge::default(),
+            checkpoint_failures: Counter::default(),
             reloads: Family::default(),
             refresh: tokio::sync::Mutex::new(()),
         }
@@ -153,6 +156,11 @@ impl Metrics {
     pub fn checkpoint_written(&self, took: Duration) {
         *self.checkpoint_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
         self.checkpoint_duration.set(took.as_secs_f64());
+    }
+
+    /// The chief could not write a checkpoint.
+    pub fn checkpoint_failed(&self) {
+        self.checkpoint_failures.inc();
     }
 
     /// A reload was applied (`ok`) or rejected.
@@ -281,6 +289,11 @@ impl Metrics {
                         "dtf_checkpoint_duration_seconds",
                         "How long the latest checkpoint took to write",
                         self.checkpoint_duration.clone(),
+                    );
+                    r.register(
+                        "dtf_checkpoint_failures",
+                        "Checkpoints the chief could not write (full or read-only disk, ...)",
+                        self.checkpoint_failures.clone(),
                     );
                 }
             }

@@ -31,6 +31,10 @@ const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// A sync worker that sees no new step for this long gives up with an error
 /// (systemd restarts it), rather than waiting forever on a dead peer.
 const SYNC_STALL_LIMIT: Duration = Duration::from_secs(600);
+/// Attempts at the final checkpoint before the chief gives up with an error
+/// (a full disk may be freed meanwhile; systemd restarts the chief, which
+/// tries again, as the ps tasks still hold the variables).
+const FINAL_SAVE_ATTEMPTS: u32 = 3;
 
 /// Errors that stop a worker.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +51,17 @@ pub enum WorkerError {
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("no progress for {secs} s: {why}")]
     Stalled { secs: u64, why: String },
+    /// The chief could not make its last checkpoint durable: the run is not
+    /// complete (the ps tasks keep the variables; a restart tries again).
+    #[error(
+        "final checkpoint at step {step} not written after {attempts} attempts; the run is not complete and the ps tasks keep the variables: {source}"
+    )]
+    FinalCheckpoint {
+        step: u64,
+        attempts: u32,
+        #[source]
+        source: checkpoint::CheckpointError,
+    },
     /// Stopped (SIGTERM) while waiting for the ps tasks.
     #[error("stopped while waiting for the ps tasks")]
     Interrupted,
@@ -303,9 +318,10 @@ impl Worker {
             }
         }
         // A fresh start or a whole-cluster restore is saved at once, as TensorFlow does.
+        // A failure is logged and counted; the periodic and final saves try again.
         if all && !took.is_empty() {
             let shadows = shadows.unwrap_or_else(|| values.clone());
-            save_checkpoint(&cfg, &self.mlp, step, values, shadows).await;
+            let _ = save_checkpoint(&cfg, &self.mlp, step, values, shadows).await;
         }
         Ok(())
     }
@@ -540,7 +556,7 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             }
         };
-        save_checkpoint(&cfg, &self.mlp, step, values.clone(), shadows.clone()).await;
+        self.save_final(step, &values, &shadows).await?;
         if let Outcome::Finished { .. } = outcome {
             let test = Dataset::load(&cfg.data.dir, Split::Test)?;
             test.check_labels(self.mlp.classes())?;
@@ -563,19 +579,53 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// The final checkpoint, retried a few times: a run is complete only once
+    /// it is durable, so a failure here is the chief's error, never a skip.
+    async fn save_final(
+        &self,
+        step: u64,
+        values: &[ArrayD<f32>],
+        shadows: &[ArrayD<f32>],
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg();
+        let mut backoff = Backoff::new();
+        let mut attempt = 1;
+        loop {
+            match save_checkpoint(&cfg, &self.mlp, step, values.to_vec(), shadows.to_vec()).await {
+                Ok(_) => return Ok(()),
+                Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
+                    return Err(WorkerError::FinalCheckpoint {
+                        step,
+                        attempts: attempt,
+                        source,
+                    });
+                }
+                Err(e) => {
+                    attempt += 1;
+                    // The error is already logged by save_checkpoint.
+                    let _ = backoff.wait(&e.to_string(), &self.shutdown).await;
+                }
+            }
+        }
+    }
+}
+
 fn batches_fill(data: &Dataset, batches: &mut Batches, x: &mut Array2<f32>, y: &mut Vec<u8>) {
     let idx = batches.next_indices();
     data.batch(idx, x, y);
 }
 
-/// Writes a checkpoint off the hot path; a failure is logged, training goes on.
+/// Writes a checkpoint off the hot path. A failure is logged at ERROR and
+/// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
+/// saves go on training, the final one fails the run.
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
     step: u64,
     values: Vec<ArrayD<f32>>,
     shadows: Vec<ArrayD<f32>>,
-) {
+) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
     let specs = mlp.variables();
     let ckpt = Checkpoint {
         global_step: step,
@@ -584,17 +634,24 @@ async fn save_checkpoint(
     };
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt)).await;
-    match result {
-        Ok(Ok(path)) => {
+    let at = dir.clone();
+    let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt))
+        .await
+        .unwrap_or_else(|e| {
+            let e = std::io::Error::other(format!("the saving task failed: {e}"));
+            Err(checkpoint::CheckpointError::io(&at, "save", e))
+        });
+    match &result {
+        Ok(path) => {
             crate::metrics::global().checkpoint_written(started.elapsed());
             info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
         }
-        Ok(Err(e)) => {
-            tracing::error!(step, error = %e, "Checkpoint not written; training continues, the previous checkpoint stays.")
+        Err(e) => {
+            crate::metrics::global().checkpoint_failed();
+            tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.")
         }
-        Err(e) => tracing::error!(step, error = %e, "Checkpoint task failed."),
     }
+    result
 }
 
 /// The chief's periodic saver: a task of its own, so saving never stalls steps.
@@ -623,7 +680,8 @@ impl CheckpointTimer {
                 last = Instant::now();
                 match cluster.snapshot().await {
                     Ok((step, values, shadows)) => {
-                        save_checkpoint(&cfg, &mlp, step, values, shadows).await
+                        // Logged and counted there; training goes on.
+                        let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
                     }
                     Err(e) => {
                         warn!(error = %e, "Checkpoint skipped: could not read the variables.")

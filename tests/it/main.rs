@@ -6,6 +6,7 @@ mod config_errors;
 mod daemon;
 mod docs;
 mod faults;
+mod hardening;
 mod local;
 mod observability;
 mod package;

@@ -236,6 +236,11 @@ fn every_task_serves_metrics_on_its_own_address_and_global_step_increases() {
     assert!(sample(&chief, "dtf_sent_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_received_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_loss").unwrap().is_finite());
+    assert_eq!(
+        sample(&chief, "dtf_checkpoint_failures_total"),
+        Some(0.0),
+        "a healthy run loses no checkpoint"
+    );
     let age = sample(&chief, "dtf_checkpoint_age_seconds").unwrap();
     assert!(
         (0.0..60.0).contains(&age),
