@@ -6,12 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each layer's wall time is printed when the next one starts, and at the end.
+t0=$(date +%s)
+layer_start=$t0
+layer=
+step() {
+    local now
+    now=$(date +%s)
+    [ -z "$layer" ] || printf '==> %s: %d s\n' "$layer" $((now - layer_start))
+    layer=$*
+    layer_start=$now
+    printf '\n==> %s\n' "$*"
+}
 
 step "Installing test dependencies"
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-    ca-certificates dataset-fashion-mnist python3 python3-pip python3-numpy >/dev/null
+    ca-certificates dataset-fashion-mnist python3 python3-pip python3-numpy iproute2 >/dev/null
 # safetensors + numpy read checkpoints independently (tests/checkpoint_numpy.py);
 # TensorBoard's own reader checks the chief's events files (tests/read_events.py).
 if ! python3 -c 'import numpy, safetensors, tensorboard' 2>/dev/null; then
@@ -26,7 +37,7 @@ cargo fmt --check
 cargo clippy --all-targets --locked -q -- -D warnings
 
 step "Unit and integration tests"
-cargo nextest run --locked --no-fail-fast
+cargo nextest run --locked --no-fail-fast --final-status-level=slow
 
 if [ -x scripts/check-package.sh ]; then
     step "Package checks"
@@ -36,3 +47,5 @@ if [ -x tests/system/run.sh ]; then
     step "System test (systemd-nspawn)"
     tests/system/run.sh
 fi
+step "Done"
+printf '==> all layers: %d s\n' $(($(date +%s) - t0))

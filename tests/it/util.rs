@@ -294,13 +294,38 @@ impl Cluster {
         index: usize,
         env: &[(&str, &std::ffi::OsStr)],
     ) -> &mut Child {
+        self.start_wrapped(role, index, env, &[])
+    }
+
+    /// As [`Cluster::start`], inside network namespace `netns`
+    /// (`ip netns exec`, which execs the daemon: the child is the daemon).
+    pub fn start_in_netns(&mut self, role: &str, index: usize, netns: &str) -> &mut Child {
+        self.start_wrapped(role, index, &[], &["ip", "netns", "exec", netns])
+    }
+
+    /// Starts a daemon as `wrapper… dtf-<role> --config … --task index`.
+    fn start_wrapped(
+        &mut self,
+        role: &str,
+        index: usize,
+        env: &[(&str, &std::ffi::OsStr)],
+        wrapper: &[&str],
+    ) -> &mut Child {
         let name = format!("{role}:{index}");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path(&name))
             .unwrap();
-        let mut cmd = Command::new(bin(&format!("dtf-{role}")));
+        let daemon = bin(&format!("dtf-{role}"));
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(daemon);
+                c
+            }
+            None => Command::new(daemon),
+        };
         cmd.arg("--config")
             .arg(&self.config_path)
             .arg("--task")
