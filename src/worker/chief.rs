@@ -1,0 +1,266 @@
+//! The chief's duties (worker 0, TensorFlow's `is_chief`): initializing or
+//! restoring the variables on the ps tasks, the periodic checkpoint, the
+//! summaries, and the end of the run (final checkpoint, evaluation,
+//! completion). The step loop in [`super`] is the same for every worker and
+//! calls in here through [`Chief`].
+
+use super::backoff::Backoff;
+use super::client::Cluster;
+use super::{Outcome, Worker, WorkerError};
+use crate::checkpoint::{self, Checkpoint, Saver};
+use crate::config::Config;
+use crate::data::{Dataset, Split};
+use crate::model::Mlp;
+use crate::summary::Summaries;
+use ndarray::ArrayD;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Attempts at the final checkpoint before the chief gives up with an error
+/// (a full disk may be freed meanwhile; systemd restarts the chief, which
+/// tries again, as the ps tasks still hold the variables).
+const FINAL_SAVE_ATTEMPTS: u32 = 3;
+
+/// What the chief runs beside its steps: the checkpoint timer and the
+/// summaries. Built only on worker 0.
+pub(super) struct Chief {
+    /// Saves every `checkpoint.save_secs`, off the step loop.
+    timer: CheckpointTimer,
+    /// The TensorBoard events file (off after a write error).
+    summaries: Summaries,
+}
+
+impl Chief {
+    /// Starts the checkpoint timer and opens the events file.
+    pub(super) fn start(worker: &Worker) -> Self {
+        let cfg = worker.cfg();
+        Chief {
+            timer: CheckpointTimer::start(
+                worker.config.clone(),
+                worker.cluster.clone(),
+                worker.mlp.clone(),
+            ),
+            summaries: Summaries::open(&cfg.checkpoint.dir),
+        }
+    }
+
+    /// A step was computed at `step` (the step its parameters were read at).
+    pub(super) fn on_step(&mut self, cfg: &Config, step: u64, loss: f32, lr: f32) {
+        self.summaries
+            .on_step(step, cfg.train.save_summaries_steps, loss, lr);
+    }
+
+    /// The end of the run, however it ended: stops the timer, then the final
+    /// checkpoint, evaluation and (at `last_step`) completion.
+    pub(super) async fn finish(
+        mut self,
+        worker: &mut Worker,
+        outcome: &Outcome,
+        loss: f32,
+    ) -> Result<(), WorkerError> {
+        self.timer.stop().await;
+        worker.finish(outcome, loss, &mut self.summaries).await
+    }
+}
+
+impl Worker {
+    /// The chief fills the shards of `missing` ps tasks from the newest valid
+    /// checkpoint, or with fresh values when there is none.
+    /// With `force`, shards that are still live are overwritten too.
+    pub(super) async fn seed(
+        &mut self,
+        missing: &[usize],
+        all: bool,
+        force: bool,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg();
+        let specs = self.mlp.variables();
+        let dir = cfg.checkpoint.dir.clone();
+        let found =
+            tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
+        let (values, shadows, step, from) = match found {
+            Some((path, c)) => {
+                let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
+                let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
+                (values, Some(shadows), c.global_step, Some(path))
+            }
+            None => (self.mlp.init(cfg.train.seed), None, 0, None),
+        };
+        let took = self
+            .cluster
+            .initialize(missing, &values, shadows.as_deref(), step, force)
+            .await?;
+        match &from {
+            Some(path) => {
+                info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint.")
+            }
+            None => {
+                info!(ps = ?took, seed = cfg.train.seed, "Initialized the model with fresh values.")
+            }
+        }
+        // A fresh start or a whole-cluster restore is saved at once, as TensorFlow does.
+        // A failure is logged and counted; the periodic and final saves try again.
+        if all && !took.is_empty() {
+            let shadows = shadows.unwrap_or_else(|| values.clone());
+            let _ = save_checkpoint(&cfg, &self.mlp, step, values, shadows).await;
+        }
+        Ok(())
+    }
+
+    /// The chief's end of the run: final checkpoint, evaluation, and (at
+    /// `last_step`) telling the ps tasks the run is complete.
+    async fn finish(
+        &mut self,
+        outcome: &Outcome,
+        loss: f32,
+        summaries: &mut Summaries,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg();
+        // At the end of a run keep trying until a stop signal: the ps tasks
+        // must hear of it. On a stop, one attempt is all it gets.
+        let stopping = matches!(outcome, Outcome::Stopped { .. });
+        let mut backoff = Backoff::new();
+        let (step, values, shadows) = loop {
+            match self.cluster.snapshot().await {
+                Ok(s) => break s,
+                Err(e) if !stopping && (e.is_unavailable() || e.needs_pull()) => {
+                    backoff.wait(&e.to_string(), &self.shutdown).await?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        self.save_final(step, &values, &shadows).await?;
+        if let Outcome::Finished { .. } = outcome {
+            let test = Dataset::load(&cfg.data.dir, Split::Test)?;
+            test.check_labels(self.mlp.classes())?;
+            let (x, y) = test.all();
+            let acc = self.mlp.accuracy(&values, x.view(), &y);
+            let ema = self.mlp.accuracy(&shadows, x.view(), &y);
+            info!(
+                global_step = step,
+                loss,
+                test_accuracy = acc,
+                ema_test_accuracy = ema,
+                "Final evaluation."
+            );
+            summaries.on_eval(step, acc, ema);
+            self.cluster.complete(step).await?;
+        }
+        Ok(())
+    }
+
+    /// The final checkpoint, retried a few times: a run is complete only once
+    /// it is durable, so a failure here is the chief's error, never a skip.
+    async fn save_final(
+        &self,
+        step: u64,
+        values: &[ArrayD<f32>],
+        shadows: &[ArrayD<f32>],
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg();
+        let mut backoff = Backoff::new();
+        let mut attempt = 1;
+        loop {
+            match save_checkpoint(&cfg, &self.mlp, step, values.to_vec(), shadows.to_vec()).await {
+                Ok(_) => return Ok(()),
+                Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
+                    return Err(WorkerError::FinalCheckpoint {
+                        step,
+                        attempts: attempt,
+                        source,
+                    });
+                }
+                Err(e) => {
+                    attempt += 1;
+                    // The error is already logged by save_checkpoint.
+                    let _ = backoff.wait(&e.to_string(), &self.shutdown).await;
+                }
+            }
+        }
+    }
+}
+
+/// Writes a checkpoint off the hot path. A failure is logged at ERROR and
+/// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
+/// saves go on training, the final one fails the run.
+async fn save_checkpoint(
+    cfg: &Config,
+    mlp: &Mlp,
+    step: u64,
+    values: Vec<ArrayD<f32>>,
+    shadows: Vec<ArrayD<f32>>,
+) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
+    let specs = mlp.variables();
+    let ckpt = Checkpoint {
+        global_step: step,
+        variables: specs.iter().map(|s| s.name.clone()).zip(values).collect(),
+        shadows: specs.iter().map(|s| s.name.clone()).zip(shadows).collect(),
+    };
+    let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
+    let started = Instant::now();
+    let at = dir.clone();
+    let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt))
+        .await
+        .unwrap_or_else(|e| {
+            let e = std::io::Error::other(format!("the saving task failed: {e}"));
+            Err(checkpoint::CheckpointError::io(&at, "save", e))
+        });
+    match &result {
+        Ok(path) => {
+            crate::metrics::global().checkpoint_written(started.elapsed());
+            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
+        }
+        Err(e) => {
+            crate::metrics::global().checkpoint_failed();
+            tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.")
+        }
+    }
+    result
+}
+
+/// The chief's periodic saver: a task of its own, so saving never stalls steps.
+struct CheckpointTimer {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CheckpointTimer {
+    fn start(config: watch::Receiver<Arc<Config>>, cluster: Cluster, mlp: Mlp) -> Self {
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut last = Instant::now();
+            loop {
+                let cfg = config.borrow().clone();
+                let due = last + Duration::from_secs(cfg.checkpoint.save_secs);
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    // Re-read the interval at least every second: a reload may shorten it.
+                    _ = tokio::time::sleep_until(due.min(Instant::now() + Duration::from_secs(1)).into()) => {}
+                }
+                if Instant::now() < due {
+                    continue;
+                }
+                last = Instant::now();
+                match cluster.snapshot().await {
+                    Ok((step, values, shadows)) => {
+                        // Logged and counted there; training goes on.
+                        let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "Checkpoint skipped: could not read the variables.")
+                    }
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
