@@ -103,7 +103,7 @@ impl std::fmt::Display for Outcome {
                 local_steps,
             } => write!(
                 f,
-                "finished at global step {global_step} ({local_steps} steps computed here)"
+                "Finished at global step {global_step} ({local_steps} steps computed here)"
             ),
             Outcome::AlreadyComplete { global_step } => {
                 write!(
@@ -111,7 +111,7 @@ impl std::fmt::Display for Outcome {
                     "the run was already complete at global step {global_step}"
                 )
             }
-            Outcome::Stopped { global_step } => write!(f, "stopped at global step {global_step}"),
+            Outcome::Stopped { global_step } => write!(f, "Stopped at global step {global_step}"),
         }
     }
 }

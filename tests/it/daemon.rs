@@ -375,10 +375,12 @@ fn a_second_sigterm_exits_a_stuck_stop_at_once() {
     );
     let t = std::time::Instant::now();
     c.signal("worker:0", libc::SIGTERM);
-    let s = c.wait("worker:0", Duration::from_secs(2));
-    assert!(t.elapsed() < Duration::from_secs(2));
-    assert!(
-        !s.success(),
+    // At once: well inside the 30 s graceful drain, with room for a loaded machine.
+    let s = c.wait("worker:0", Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        s.code(),
+        Some(1),
         "a forced exit loses the final checkpoint and must not claim success: {s}"
     );
     assert!(

@@ -9,6 +9,7 @@
 //! `.It Cm <key>` per key, whose text has a line `Default: <TOML value>.` and
 //! a line `Reloads live.` or `Needs a restart.`.
 
+use crate::util::output_within;
 use clap::CommandFactory;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -143,10 +144,10 @@ fn daemon_man_pages_document_every_flag_and_subcommand() {
 
 /// Runs the `dtf` binary with `args` and returns its standard output.
 fn dtf_help(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_dtf"))
-        .args(args)
-        .output()
-        .expect("running dtf");
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_dtf")).args(args),
+        std::time::Duration::from_secs(60),
+    );
     assert!(
         out.status.success(),
         "dtf {args:?} failed: {}",

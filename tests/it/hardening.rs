@@ -230,23 +230,9 @@ fn step_in(c: &Cluster, netns: &str) -> Option<u64> {
     cmd.args(["netns", "exec", netns])
         .arg(bin("dtf"))
         .args(["status", "--json", "--config"])
-        .arg(&c.config_path)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped());
-    let mut child = cmd.spawn().ok()?;
-    let end = std::time::Instant::now() + Duration::from_secs(30);
-    while child.try_wait().ok()?.is_none() {
-        if std::time::Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("dtf status in {netns} still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = Vec::new();
-    std::io::Read::read_to_end(child.stdout.as_mut()?, &mut out).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out).ok()?;
+        .arg(&c.config_path);
+    let out = output_within(&mut cmd, Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     v["global_step"].as_u64()
 }
 

@@ -3,6 +3,7 @@
 use crate::util::*;
 use dtf::config::Mode;
 use std::process::Command;
+use std::time::Duration;
 
 /// `dtf ARGS` to completion (a test failure past 180 s), as [`run`] runs it.
 fn dtf(args: &[&str]) -> std::process::Output {
@@ -100,10 +101,10 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     assert_eq!(ours["global_step"], second["global_step"]);
     let file = ours["checkpoint"].as_str().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/checkpoint_numpy.py");
-    let out = Command::new("python3")
-        .args([script, file, data])
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("python3").args([script, file, data]),
+        Duration::from_secs(120),
+    );
     assert!(
         out.status.success(),
         "numpy reader failed: {}",

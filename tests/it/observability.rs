@@ -30,11 +30,10 @@ fn events_files(dir: &Path) -> Vec<PathBuf> {
 /// `tensorboard` Python package: CI installs it.
 fn read_events(path: &Path) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_events.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg(path)
-        .output()
-        .expect("python3 runs");
+    let out = output_within(
+        std::process::Command::new("python3").arg(script).arg(path),
+        Duration::from_secs(120),
+    );
     assert!(
         out.status.success(),
         "tests/read_events.py failed (needs `python3 -m pip install tensorboard`):\n{}",

@@ -157,22 +157,27 @@ async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
     }
 
     // No client certificate, or one from another CA: refused.
-    let e = tls_client(&addr, &ca, None, TOKEN).await.unwrap_err();
-    assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
+    // The same call with the cluster's certificate succeeded above (the
+    // control); without one it must fail. How depends on when rustls's alert
+    // arrives (Unknown, Cancelled or a broken pipe), so only that it fails is
+    // asserted: any error, never an answer.
+    let refused = |r: &Result<pb::StateResponse, tonic::Status>| r.is_err();
+    let answer = tls_client(&addr, &ca, None, TOKEN).await;
+    assert!(refused(&answer), "no client certificate got {answer:?}");
     let stranger = authority("another CA");
     let other = c.dir.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
     let (s_cert, s_key) = host_files(&stranger, &other, "stranger");
     let answer = tls_client(&addr, &ca, Some((&s_cert, &s_key)), TOKEN).await;
     assert!(
-        answer.is_err(),
+        refused(&answer),
         "a certificate of another CA got {answer:?}"
     );
 
     // A client that trusts another CA does not accept the ps.
     let answer = tls_client(&addr, &stranger, Some((&cert, &key)), TOKEN).await;
     assert!(
-        answer.is_err(),
+        refused(&answer),
         "a ps the client cannot verify answered {answer:?}"
     );
 

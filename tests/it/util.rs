@@ -226,6 +226,10 @@ pub async fn client(addr: &str, token: Option<&str>) -> PsClient {
     loop {
         match Channel::from_shared(format!("http://{addr}"))
             .unwrap()
+            // Every test RPC has a deadline: a hung ps fails the test, never
+            // stalls the suite (the ps's own waits are bounded at 1 s).
+            .timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
         {
@@ -556,15 +560,15 @@ impl Cluster {
         self.start_with_env(role, index, &env)
     }
 
-    /// Runs `dtf ARGS --config <this cluster's config>` to completion.
+    /// Runs `dtf ARGS --config <this cluster's config>` to completion
+    /// (at most 5 minutes).
     pub fn dtf(&self, args: &[&str]) -> std::process::Output {
-        Command::new(bin("dtf"))
-            .args(args)
+        let mut cmd = Command::new(bin("dtf"));
+        cmd.args(args)
             .arg("--config")
             .arg(&self.config_path)
-            .env_remove("TF_CONFIG")
-            .output()
-            .unwrap()
+            .env_remove("TF_CONFIG");
+        output_within(&mut cmd, Duration::from_secs(300))
     }
 }
 
@@ -604,4 +608,48 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
         }
     }
     Some(body.to_string())
+}
+
+/// `cmd.output()` with a deadline: the child is killed and the test fails
+/// (with what it printed to stderr) if it runs longer than `deadline`.
+pub fn output_within(cmd: &mut Command, deadline: Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} still running after {deadline:?}; stderr:\n{}",
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
