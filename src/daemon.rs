@@ -118,31 +118,6 @@ pub fn init_logging(level: &str) -> LogHandle {
     handle
 }
 
-/// Loads and validates the config, and checks the task index (and the token).
-///
-/// Errors: [`ConfigError`] naming the key and the file.
-pub fn load(path: &Path, task: Option<usize>, role: Role) -> Result<(Config, TaskId), ConfigError> {
-    let cfg = Config::load(path)?;
-    let index = match (task, config::task_from_env()?) {
-        (Some(i), _) => i,
-        (None, Some(t)) if t.role == role => t.index,
-        (None, Some(t)) => {
-            return Err(ConfigError::Invalid(format!(
-                "TF_CONFIG names a {} task, but this is the dtf-{role} daemon (pass --task N)",
-                t.role
-            )));
-        }
-        (None, None) => {
-            return Err(ConfigError::Invalid(
-                "no task index: pass --task N or set TF_CONFIG".into(),
-            ));
-        }
-    };
-    let id = TaskId { role, index };
-    cfg.check_task(id)?;
-    Ok((cfg, id))
-}
-
 /// The sources of [`Control`]: signal handlers and the config file watcher.
 struct Controls {
     /// What the signals and the watcher ask for.
@@ -459,16 +434,17 @@ pub enum DaemonCommand {
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
-    let (cfg, task, credentials) = match load(&args.config, args.task, role).and_then(|(c, t)| {
-        let credentials = Credentials::load(&c)?;
-        Ok((c, t, credentials))
-    }) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return std::process::ExitCode::from(EX_CONFIG);
-        }
-    };
+    let (cfg, task, credentials) =
+        match Config::load_task(&args.config, args.task, role).and_then(|(c, t)| {
+            let credentials = Credentials::load(&c)?;
+            Ok((c, t, credentials))
+        }) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::from(EX_CONFIG);
+            }
+        };
     if let Some(DaemonCommand::CheckConfig) = args.command {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.

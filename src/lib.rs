@@ -3,7 +3,8 @@
 //!
 //! Where things live:
 //!
-//! - [`config`] — `/etc/dtf/dtf.toml`: loading, validation, reload rules, `TF_CONFIG`.
+//! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, loading and `TF_CONFIG` (and which
+//!   task this is), validation per section, errors, live-reload keys, secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`data`] — IDX (MNIST-format) files and mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows, atomic save, restore.

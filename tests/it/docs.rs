@@ -448,3 +448,20 @@ fn man_flag_parser_reads_mdoc() {
         .into();
     assert_eq!(man_flags(src), want);
 }
+
+#[test]
+fn config_man_page_says_reloads_live_for_exactly_the_live_keys() {
+    let live: BTreeSet<&str> = dtf::config::LIVE_KEYS.iter().map(|k| k.key).collect();
+    for (key, doc) in documented_keys() {
+        assert_eq!(
+            doc.reloads_live(),
+            Some(live.contains(key.as_str())),
+            "man/dtf.toml.5: {key}: dtf::config::LIVE_KEYS says it {}",
+            if live.contains(key.as_str()) {
+                "reloads live"
+            } else {
+                "needs a restart"
+            }
+        );
+    }
+}

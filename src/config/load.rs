@@ -1,0 +1,391 @@
+//! Where a configuration comes from: figment layering (built-in defaults →
+//! file → `DTF_…` environment → `TF_CONFIG`'s cluster), and which task this
+//! process is (`--task N`, or `TF_CONFIG`'s task).
+
+use super::error::{ConfigError, describe_origin, figment_error};
+use super::schema::{Config, Role, Sources, TaskId, leaves};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::Deserialize;
+use std::path::Path;
+
+/// The environment variable holding the Kubeflow/TensorFlow cluster and task.
+/// The environment variable holding the Kubeflow/TensorFlow cluster and task.
+pub const TF_CONFIG: &str = "TF_CONFIG";
+
+/// Prefix of the environment variables that override the file:
+/// `DTF_<SECTION>__<KEY>`, e.g. `DTF_TRAIN__LAST_STEP=100`.
+pub const ENV_PREFIX: &str = "DTF_";
+
+impl Config {
+    /// Defaults → `path` → `DTF_<SECTION>__<KEY>` environment → `TF_CONFIG`'s
+    /// cluster, then [`Config::validate`].
+    ///
+    /// Only variables of the form `DTF_<SECTION>__<KEY>` are configuration;
+    /// other `DTF_…` variables (say `DTF_CONFIG` for the command line) are
+    /// left to their users. Values are parsed (`100` is an integer,
+    /// `[1, 2]` an array).
+    ///
+    /// Errors: [`ConfigError`] naming the key, the file (or environment
+    /// variable, or `TF_CONFIG`) and what was expected; [`ConfigError::Read`]
+    /// if the file cannot be read, [`ConfigError::Syntax`] if it is not TOML.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        // Read the file ourselves rather than with `Toml::file`: that one
+        // treats a missing file as empty and searches parent directories for
+        // a relative path, neither of which a daemon should do.
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let origin = path.display().to_string();
+        let tf_cluster = match std::env::var(TF_CONFIG) {
+            Ok(json) => parse_tf_config(&json)?.cluster,
+            Err(_) => None,
+        };
+        let figment = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&text))
+            .merge(
+                Env::prefixed(ENV_PREFIX)
+                    .filter(|key| key.as_str().contains("__"))
+                    .split("__"),
+            )
+            .merge(TfConfigCluster(tf_cluster));
+        extract(&figment, &origin)
+    }
+
+    /// Parses a TOML document over the defaults (no environment), then validates.
+    /// `origin` names the source in errors.
+    ///
+    /// Errors: as [`Config::load`].
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let figment =
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text));
+        extract(&figment, origin)
+    }
+
+    /// Loads `path` ([`Config::load`]) for the `role` daemon and resolves
+    /// which task this process is: `task` (the command line's `--task N`),
+    /// else `TF_CONFIG`'s task, which must be of `role`.
+    ///
+    /// Errors: as [`Config::load`]; [`ConfigError::WrongRole`],
+    /// [`ConfigError::NoTask`], or [`ConfigError::Task`] for an index
+    /// outside the cluster.
+    pub fn load_task(
+        path: &Path,
+        task: Option<usize>,
+        role: Role,
+    ) -> Result<(Config, TaskId), ConfigError> {
+        let cfg = Config::load(path)?;
+        let index = match (task, task_from_env()?) {
+            (Some(i), _) => i,
+            (None, Some(t)) if t.role == role => t.index,
+            (None, Some(t)) => {
+                return Err(ConfigError::WrongRole {
+                    named: t.role,
+                    daemon: role,
+                });
+            }
+            (None, None) => return Err(ConfigError::NoTask),
+        };
+        let id = TaskId { role, index };
+        cfg.check_task(id)?;
+        Ok((cfg, id))
+    }
+}
+
+/// The task named by `TF_CONFIG` (`{"task": {"type": "worker", "index": 1}}`), if set.
+///
+/// With a `chief` list in the cluster, the chief is worker 0 and `worker` i
+/// is worker i + (number of chiefs), matching how [`Config::load`] builds
+/// `cluster.worker`. Task types are `chief`, `worker` and `ps`.
+/// Errors: [`ConfigError::Syntax`] for malformed JSON, [`ConfigError::Key`]
+/// for an unknown task type.
+pub fn task_from_env() -> Result<Option<TaskId>, ConfigError> {
+    match std::env::var(TF_CONFIG) {
+        Ok(json) => task_from_tf_config(&json),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(ConfigError::Syntax {
+            origin: TF_CONFIG.into(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// [`task_from_env`] on a given `TF_CONFIG` value.
+///
+/// Errors: as [`task_from_env`].
+pub fn task_from_tf_config(json: &str) -> Result<Option<TaskId>, ConfigError> {
+    let tf = parse_tf_config(json)?;
+    let Some(task) = tf.task else { return Ok(None) };
+    let chiefs = tf.cluster.as_ref().map_or(0, |c| c.chief.len());
+    let bad_index = |count: usize, list: &str| ConfigError::Key {
+        origin: TF_CONFIG.into(),
+        key: "task.index".into(),
+        problem: format!(
+            "invalid value {}: the cluster has {count} {list} tasks",
+            task.index
+        ),
+    };
+    let id = match task.kind.as_str() {
+        "chief" => {
+            if tf.cluster.is_some() && task.index >= chiefs {
+                return Err(bad_index(chiefs, "chief"));
+            }
+            TaskId {
+                role: Role::Worker,
+                index: task.index,
+            }
+        }
+        "worker" => TaskId {
+            role: Role::Worker,
+            index: chiefs + task.index,
+        },
+        "ps" => TaskId {
+            role: Role::Ps,
+            index: task.index,
+        },
+        other => {
+            return Err(ConfigError::Key {
+                origin: TF_CONFIG.into(),
+                key: "task.type".into(),
+                problem: format!(
+                    "invalid value {other:?}: expected \"chief\", \"worker\" or \"ps\""
+                ),
+            });
+        }
+    };
+    Ok(Some(id))
+}
+
+/// `TF_CONFIG` as Kubeflow and TensorFlow write it; other fields
+/// (`environment`, `rpc_layer`, an `evaluator` list) are ignored.
+#[derive(Debug, Deserialize)]
+struct TfConfig {
+    #[serde(default)]
+    cluster: Option<TfCluster>,
+    #[serde(default)]
+    task: Option<TfTask>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TfCluster {
+    #[serde(default)]
+    ps: Vec<String>,
+    #[serde(default)]
+    worker: Vec<String>,
+    #[serde(default)]
+    chief: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TfTask {
+    #[serde(rename = "type")]
+    kind: String,
+    index: usize,
+}
+
+fn parse_tf_config(json: &str) -> Result<TfConfig, ConfigError> {
+    serde_json::from_str(json).map_err(|e| ConfigError::Syntax {
+        origin: TF_CONFIG.into(),
+        message: format!(
+            "{e}: expected JSON like {{\"cluster\": {{\"ps\": [\"host:port\"], \"worker\": [\"host:port\"]}}, \
+             \"task\": {{\"type\": \"worker\", \"index\": 0}}}}"
+        ),
+    })
+}
+
+/// The figment layer for `TF_CONFIG`'s cluster: `cluster.ps` and
+/// `cluster.worker` (chief ++ worker), each only if `TF_CONFIG` has it.
+struct TfConfigCluster(Option<TfCluster>);
+
+impl Provider for TfConfigCluster {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(TF_CONFIG)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut cluster = Dict::new();
+        if let Some(tf) = &self.0 {
+            if !tf.ps.is_empty() {
+                cluster.insert("ps".into(), Value::serialize(&tf.ps)?);
+            }
+            let workers: Vec<&String> = tf.chief.iter().chain(&tf.worker).collect();
+            if !workers.is_empty() {
+                cluster.insert("worker".into(), Value::serialize(&workers)?);
+            }
+        }
+        let mut dict = Dict::new();
+        if !cluster.is_empty() {
+            dict.insert("cluster".into(), cluster.into());
+        }
+        Ok(Profile::Default.collect(dict))
+    }
+}
+
+/// Extracts, records where each value came from, validates.
+fn extract(figment: &Figment, file: &str) -> Result<Config, ConfigError> {
+    let mut config: Config = figment
+        .extract()
+        .map_err(|e| figment_error(e, figment, file))?;
+    let keys = leaves(&config)
+        .into_keys()
+        .map(|key| {
+            let origin = describe_origin(figment.find_metadata(&key), &key, file);
+            (key, origin)
+        })
+        .collect();
+    config.sources = Sources {
+        fallback: file.to_owned(),
+        keys,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_util::*;
+    use crate::config::*;
+
+    #[test]
+    fn load_layers_file_env_and_tf_config() {
+        let _env = env_lock();
+        let (_dir, path) = write_config("[train]\nlast_step = 50\nbatch_size = 32\n");
+        let file = path.display().to_string();
+
+        // A missing file is an error naming it.
+        let missing = _dir.path().join("absent.toml");
+        let err = Config::load(&missing).unwrap_err().to_string();
+        assert!(err.contains("absent.toml"), "{err}");
+
+        let config = Config::load(&path).unwrap();
+        assert_eq!((config.train.last_step, config.train.batch_size), (50, 32));
+        assert_eq!(config.sources.origin("train.last_step"), file);
+
+        // The environment overrides the file; other DTF_ variables are not config.
+        set_env("DTF_TRAIN__LAST_STEP", "100");
+        set_env("DTF_LOG__LEVEL", "debug");
+        set_env("DTF_CONFIG", "/somewhere/else.toml");
+        set_env("DTF_CLUSTER__WORKER", "[\"h:2\", \"h:3\"]");
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.train.last_step, 100);
+        assert_eq!(config.train.batch_size, 32);
+        assert_eq!(config.log.level, "debug");
+        assert_eq!(config.cluster.worker, ["h:2", "h:3"]);
+        assert_eq!(
+            config.sources.origin("train.last_step"),
+            "environment variable DTF_TRAIN__LAST_STEP"
+        );
+
+        // Errors in the environment name the variable, not the file.
+        set_env("DTF_TRAIN__LAST_STEP", "0");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with("environment variable DTF_TRAIN__LAST_STEP: train.last_step:"),
+            "{err}"
+        );
+        set_env("DTF_TRAIN__LAST_STEP", "many");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("DTF_TRAIN__LAST_STEP"), "{err}");
+        assert!(err.contains("found a string"), "{err}");
+        remove_env("DTF_TRAIN__LAST_STEP");
+        set_env("DTF_TRAIN__BATCH_SISE", "1");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "environment variable DTF_TRAIN__BATCH_SISE: train.batch_sise: unknown key"
+            ),
+            "{err}"
+        );
+        remove_env("DTF_TRAIN__BATCH_SISE");
+        remove_env("DTF_LOG__LEVEL");
+        remove_env("DTF_CONFIG");
+        remove_env("DTF_CLUSTER__WORKER");
+
+        // TF_CONFIG without a chief: lists taken as they are.
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"ps": ["p:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 1}}"#,
+        );
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.cluster.ps, ["p:1"]);
+        assert_eq!(config.cluster.worker, ["w:1", "w:2"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 1
+            })
+        );
+        let err = config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 2,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(cluster.worker in TF_CONFIG)"), "{err}");
+
+        // With a chief: it becomes worker 0, the workers shift by one.
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"]},
+                "task": {"type": "worker", "index": 1}, "environment": "cloud"}"#,
+        );
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.cluster.worker, ["c:1", "w:1", "w:2"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 2
+            })
+        );
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"chief": ["c:1"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 0}}"#,
+        );
+        assert_eq!(Config::load(&path).unwrap().cluster.worker, ["c:1"]);
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Worker,
+                index: 0
+            })
+        );
+        set_env(
+            "TF_CONFIG",
+            r#"{"cluster": {"ps": ["p:1"], "worker": ["p:1"]}}"#,
+        );
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with("TF_CONFIG: cluster.worker[0]: duplicate address"),
+            "{err}"
+        );
+
+        // Malformed TF_CONFIG is an error naming it, for the cluster and the task.
+        set_env("TF_CONFIG", "{\"cluster\": ");
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        let err = task_from_env().unwrap_err().to_string();
+        assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        set_env(
+            "TF_CONFIG",
+            r#"{"task": {"type": "evaluator", "index": 0}}"#,
+        );
+        let err = task_from_env().unwrap_err().to_string();
+        assert!(
+            err.contains("task.type") && err.contains("evaluator"),
+            "{err}"
+        );
+
+        remove_env("TF_CONFIG");
+        assert_eq!(task_from_env().unwrap(), None);
+        assert_eq!(
+            Config::load(&path).unwrap().cluster,
+            ClusterConfig::default()
+        );
+    }
+}

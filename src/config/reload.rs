@@ -1,0 +1,151 @@
+//! Live reload: which keys may change while a task runs, what applies each,
+//! and the check that a new file changes nothing else.
+//!
+//! [`LIVE_KEYS`] is the one list: [`Config::reload`] accepts exactly these
+//! keys, and `dtf.toml(5)` must mark exactly these `Reloads live.` (a test
+//! in `tests/it/docs.rs` holds it to that).
+
+use super::error::ConfigError;
+use super::schema::{Config, leaves};
+
+/// What, in a running task, puts a changed live key into effect. Each
+/// reads the new value from the config `watch` channel the daemon's
+/// reload publishes to; nothing else needs telling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applier {
+    /// `daemon::reload` swaps the tracing filter.
+    LogFilter,
+    /// The worker's training loop (`worker::run`) re-reads it every step.
+    TrainingLoop,
+    /// The chief's checkpoint timer (`worker::CheckpointTimer`) re-reads it
+    /// at least every second and at each save.
+    CheckpointTimer,
+    /// `metrics::spawn` re-binds `/metrics` when the address changes.
+    MetricsServer,
+}
+
+/// A key that may change while the cluster runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveKey {
+    /// The dotted key, e.g. `train.last_step`.
+    pub key: &'static str,
+    /// What applies a new value.
+    pub applied_by: Applier,
+}
+
+/// Every key [`Config::reload`] applies to a running task; every other key
+/// needs a restart of the cluster.
+pub const LIVE_KEYS: &[LiveKey] = &[
+    live("log.level", Applier::LogFilter),
+    live("checkpoint.save_secs", Applier::CheckpointTimer),
+    live("checkpoint.max_to_keep", Applier::CheckpointTimer),
+    live("train.last_step", Applier::TrainingLoop),
+    live("train.learning_rate", Applier::TrainingLoop),
+    live("train.learning_rate_decay", Applier::TrainingLoop),
+    live("train.log_step_count_steps", Applier::TrainingLoop),
+    live("train.save_summaries_steps", Applier::TrainingLoop),
+    live("metrics.listen", Applier::MetricsServer),
+];
+
+/// A [`LiveKey`] (a `const fn`, so the table stays one line per key).
+const fn live(key: &'static str, applied_by: Applier) -> LiveKey {
+    LiveKey { key, applied_by }
+}
+
+/// Whether `key` (dotted) may change while the cluster runs.
+pub fn is_live(key: &str) -> bool {
+    LIVE_KEYS.iter().any(|live| live.key == key)
+}
+
+impl Config {
+    /// Validates `new` as a reload of `self`: an error names every key that
+    /// cannot change live (cluster, model, mode, ...); otherwise returns `new`.
+    ///
+    /// `new` must already be validated ([`Config::load`] does). The keys that
+    /// may differ are [`LIVE_KEYS`].
+    /// Errors: [`ConfigError::NotReloadable`] naming every such key.
+    pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
+        let keys: Vec<String> = self
+            .changed_keys(&new)
+            .into_iter()
+            .filter(|key| !is_live(key))
+            .collect();
+        if keys.is_empty() {
+            Ok(new)
+        } else {
+            Err(ConfigError::NotReloadable { keys })
+        }
+    }
+
+    /// The dotted keys (`section.key`) whose values differ between `self`
+    /// and `other`, sorted.
+    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+        let (a, b) = (leaves(self), leaves(other));
+        let mut keys: Vec<String> = a
+            .iter()
+            .filter(|(key, value)| b.get(*key) != Some(value))
+            .map(|(key, _)| key.clone())
+            .chain(b.keys().filter(|key| !a.contains_key(*key)).cloned())
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::*;
+
+    #[test]
+    fn reload_accepts_live_keys_only() {
+        let old = Config::default();
+        let mut new = old.clone();
+        new.train.last_step = 30000;
+        new.log.level = "debug".into();
+        new.checkpoint.save_secs = 10;
+        assert_eq!(
+            old.changed_keys(&new),
+            ["checkpoint.save_secs", "log.level", "train.last_step"]
+        );
+        assert_eq!(old.reload(new.clone()).unwrap(), new);
+
+        let rejected = |change: fn(&mut Config), key: &str| {
+            let mut new = old.clone();
+            change(&mut new);
+            let err = old.reload(new).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("{key} cannot change while running (restart the cluster to change it)")
+            );
+        };
+        rejected(|c| c.cluster.ps.push("h:9".into()), "cluster.ps");
+        rejected(|c| c.model.layers = vec![784, 10], "model.layers");
+        rejected(|c| c.train.mode = Mode::Sync, "train.mode");
+        rejected(
+            |c| c.train.replicas_to_aggregate = Some(1),
+            "train.replicas_to_aggregate",
+        );
+
+        let mut new = old.clone();
+        new.train.batch_size = 7;
+        new.train.seed = 1;
+        let err = old.reload(new).unwrap_err().to_string();
+        assert!(
+            err.starts_with("train.batch_size, train.seed cannot change"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reloadable_keys_are_real_keys() {
+        let keys = leaves(&Config::default());
+        for live in LIVE_KEYS {
+            assert!(
+                keys.contains_key(live.key),
+                "{} is not a config key",
+                live.key
+            );
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! The schema: every section and key of `dtf.toml`, with its default.
+//!
+//! Types only, and what can be read off them without I/O (a task's address,
+//! the effective sync replica counts). Loading is in `load`, checking in
+//! `validate`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where the daemons look when no `--config` is given.
+pub const DEFAULT_PATH: &str = "/etc/dtf/dtf.toml";
+
+/// The default `data.dir`: where Debian's `dataset-fashion-mnist` installs.
+pub const DEFAULT_DATA_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// A task's role in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Parameter server: holds a shard of the variables.
+    Ps,
+    /// Worker: computes gradients; worker 0 is the chief.
+    Worker,
+}
+
+/// One task of the cluster, e.g. `worker:1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    /// ps or worker.
+    pub role: Role,
+    /// Index into the role's address list.
+    pub index: usize,
+}
+
+/// Training mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Each push applied at once.
+    Async,
+    /// SyncReplicasOptimizer: gradients averaged per step.
+    Sync,
+}
+
+/// How variables are assigned to ps tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// `replica_device_setter`'s default: creation order, round-robin.
+    RoundRobin,
+    /// Largest variable first onto the ps with the fewest bytes.
+    Greedy,
+}
+
+/// The whole file. Every section has defaults; unknown keys are errors.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[cluster]`: task addresses and placement.
+    pub cluster: ClusterConfig,
+    /// `[train]`: hyperparameters, mode, run length.
+    pub train: TrainConfig,
+    /// `[model]`: the MLP's layer widths.
+    pub model: ModelConfig,
+    /// `[data]`: the dataset directory.
+    pub data: DataConfig,
+    /// `[checkpoint]`: where and how often the chief saves.
+    pub checkpoint: CheckpointConfig,
+    /// `[security]`: the shared token.
+    pub security: SecurityConfig,
+    /// `[metrics]`: the Prometheus endpoint.
+    pub metrics: MetricsConfig,
+    /// `[log]`: the log filter.
+    pub log: LogConfig,
+    /// Where each value came from, for error messages; not a setting (not
+    /// read from or written to TOML, ignored by `==`).
+    #[serde(skip)]
+    pub sources: Sources,
+}
+
+/// `[cluster]`: who is where. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// host:port of each ps task.
+    pub ps: Vec<String>,
+    /// host:port of each worker task; worker 0 is the chief.
+    pub worker: Vec<String>,
+    /// Variable placement strategy.
+    pub placement: Placement,
+    /// ps tasks exit 0 once the chief marks the run complete.
+    pub ps_exit_when_complete: bool,
+}
+
+/// `[train]`: hyperparameters and the run's length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// `async` (each push applied at once) or `sync` (averaged per step).
+    pub mode: Mode,
+    /// Examples per mini-batch, per worker step.
+    pub batch_size: usize,
+    /// Base learning rate (reloadable).
+    pub learning_rate: f32,
+    /// Decay per epoch (`decay_steps = train_examples / batch_size`) (reloadable).
+    pub learning_rate_decay: f32,
+    /// L2 weight on the weight matrices (`Σ‖W‖²/2`).
+    pub regularization_rate: f32,
+    /// Upper bound of the EMA decay of the shadow variables.
+    pub moving_average_decay: f32,
+    /// Training stops once `global_step` reaches this (reloadable).
+    pub last_step: u64,
+    /// Sync: gradients averaged per update; default the number of workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas_to_aggregate: Option<usize>,
+    /// Sync: workers taking part (extras are backups); default `replicas_to_aggregate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_num_replicas: Option<usize>,
+    /// Seeds init and each worker's shuffling.
+    pub seed: u64,
+    /// Progress line every this many local steps (reloadable).
+    pub log_step_count_steps: u64,
+    /// Summaries every this many global steps (reloadable).
+    pub save_summaries_steps: u64,
+}
+
+/// `[model]`: the MLP's shape. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Widths, input first, classes last.
+    pub layers: Vec<usize>,
+}
+
+/// `[data]`: where the IDX files are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Directory of `train-images-idx3-ubyte[.gz]` and the other IDX files.
+    pub dir: PathBuf,
+}
+
+/// `[checkpoint]`: the chief's checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint` index.
+    pub dir: PathBuf,
+    /// Seconds between saves (reloadable).
+    pub save_secs: u64,
+    /// Newest checkpoints kept (reloadable).
+    pub max_to_keep: usize,
+}
+
+/// `[security]`: authentication, and optional mutual TLS.
+///
+/// TLS is on when all three `tls_*` paths are set, off when none is; every
+/// task then presents `tls_cert` and accepts only peers whose certificate
+/// `tls_ca` signed. The paths are the same on every host, their contents each
+/// host's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// File holding the cluster's shared bearer token.
+    pub token_file: PathBuf,
+    /// PEM certificate chain of this host (its names: the hosts in `cluster.*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`, readable by owner and group only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificate(s) of the authority that signed every task's certificate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// `[metrics]`: Prometheus endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// host:port to serve /metrics on; empty: off.
+    pub listen: String,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `debug`, `dtf=debug,info` (reloadable).
+    pub level: String,
+}
+/// Where each value of a [`Config`] came from, so that errors found after
+/// loading (validation, [`Config::check_task`]) can name the file or the
+/// environment variable.
+///
+/// Provenance is not part of a configuration's value: two `Sources` always
+/// compare equal, so `Config`'s `==` compares settings only.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Origin of keys not in `keys` (the file; empty: `configuration`).
+    pub(super) fallback: String,
+    /// Dotted key (`train.batch_size`) → origin (`/etc/dtf/dtf.toml`, …).
+    pub(super) keys: BTreeMap<String, String>,
+}
+
+impl PartialEq for Sources {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Sources {
+    /// Where `key` (dotted, e.g. `cluster.worker` or `cluster.worker[1]`) came from.
+    pub fn origin(&self, key: &str) -> &str {
+        let key = key.split('[').next().unwrap_or(key);
+        match self.keys.get(key) {
+            Some(origin) => origin,
+            None if self.fallback.is_empty() => "configuration",
+            None => &self.fallback,
+        }
+    }
+}
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Ps => "ps",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+impl fmt::Display for TaskId {
+    /// `ps:0`, `worker:1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.role, self.index)
+    }
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            ps: vec!["127.0.0.1:2222".into()],
+            worker: vec!["127.0.0.1:2223".into()],
+            placement: Placement::RoundRobin,
+            ps_exit_when_complete: true,
+        }
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Async,
+            batch_size: 100,
+            learning_rate: 0.01,
+            learning_rate_decay: 0.99,
+            regularization_rate: 0.0001,
+            moving_average_decay: 0.99,
+            last_step: 20000,
+            replicas_to_aggregate: None,
+            total_num_replicas: None,
+            seed: 0,
+            log_step_count_steps: 100,
+            save_summaries_steps: 100,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            layers: vec![784, 500, 10],
+        }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            dir: DEFAULT_DATA_DIR.into(),
+        }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: "/var/lib/dtf/checkpoints".into(),
+            save_secs: 60,
+            max_to_keep: 5,
+        }
+    }
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        Self {
+            token_file: "/etc/dtf/token".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}
+
+impl Config {
+    /// The configuration as a TOML document that [`Config::from_toml_str`]
+    /// reads back to an equal `Config`; unset options are omitted.
+    pub fn to_toml(&self) -> String {
+        // Every section is a table of scalars and arrays of scalars, which
+        // TOML can always represent.
+        toml::to_string(self).expect("a Config is always representable as TOML")
+    }
+
+    /// `host:port` of a task.
+    pub fn address(&self, task: TaskId) -> Option<&str> {
+        self.addresses(task.role)
+            .1
+            .get(task.index)
+            .map(String::as_str)
+    }
+
+    /// A role's key (`cluster.ps`, `cluster.worker`) and address list.
+    pub(super) fn addresses(&self, role: Role) -> (&'static str, &[String]) {
+        match role {
+            Role::Ps => ("cluster.ps", &self.cluster.ps),
+            Role::Worker => ("cluster.worker", &self.cluster.worker),
+        }
+    }
+
+    /// Sync: gradients per update (default: the number of workers).
+    pub fn replicas_to_aggregate(&self) -> usize {
+        self.train
+            .replicas_to_aggregate
+            .unwrap_or(self.cluster.worker.len())
+    }
+
+    /// Sync: workers taking part (default: `replicas_to_aggregate`).
+    pub fn total_num_replicas(&self) -> usize {
+        self.train
+            .total_num_replicas
+            .unwrap_or_else(|| self.replicas_to_aggregate())
+    }
+
+    /// `security.tls_cert`, `tls_key` and `tls_ca` with their keys.
+    pub fn tls_paths(&self) -> [(&'static str, Option<&Path>); 3] {
+        let sec = &self.security;
+        [
+            ("security.tls_cert", sec.tls_cert.as_deref()),
+            ("security.tls_key", sec.tls_key.as_deref()),
+            ("security.tls_ca", sec.tls_ca.as_deref()),
+        ]
+    }
+}
+
+/// Every `section.key` of a config with its value.
+pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
+    let mut out = BTreeMap::new();
+    // A Config is plain data: serializing it to JSON cannot fail, and an
+    // error would only leave the map empty.
+    if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(config) {
+        for (section, table) in sections {
+            match table {
+                serde_json::Value::Object(fields) => out.extend(
+                    fields
+                        .into_iter()
+                        .map(|(field, value)| (format!("{section}.{field}"), value)),
+                ),
+                other => {
+                    out.insert(section, other);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_util::*;
+
+    #[test]
+    fn shipped_config_is_the_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/etc/dtf/dtf.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        assert_eq!(
+            Config::from_toml_str(&text, path).unwrap(),
+            Config::default()
+        );
+        // Every key is documented, the optional ones commented out.
+        for key in leaves(&Config::default()).keys() {
+            let field = key.split('.').nth(1).unwrap();
+            assert!(
+                text.contains(&format!("\n{field} = ")),
+                "{key} missing from {path}"
+            );
+        }
+        for key in [
+            "replicas_to_aggregate",
+            "total_num_replicas",
+            "tls_cert",
+            "tls_key",
+            "tls_ca",
+        ] {
+            assert!(
+                text.contains(&format!("\n# {key} = ")),
+                "{key} should be shown commented out"
+            );
+        }
+    }
+
+    #[test]
+    fn to_toml_round_trips_and_omits_none() {
+        let mut config = Config::from_toml_str(TWO_WORKERS, "f").unwrap();
+        let text = config.to_toml();
+        assert!(!text.contains("replicas_to_aggregate"), "{text}");
+        assert_eq!(Config::from_toml_str(&text, "f").unwrap(), config);
+        config.train.replicas_to_aggregate = Some(2);
+        config.train.mode = Mode::Sync;
+        config.cluster.placement = Placement::Greedy;
+        assert_eq!(
+            Config::from_toml_str(&config.to_toml(), "f").unwrap(),
+            config
+        );
+    }
+
+    #[test]
+    fn task_display() {
+        assert_eq!(
+            TaskId {
+                role: Role::Ps,
+                index: 0
+            }
+            .to_string(),
+            "ps:0"
+        );
+        assert_eq!(
+            TaskId {
+                role: Role::Worker,
+                index: 1
+            }
+            .to_string(),
+            "worker:1"
+        );
+    }
+}

@@ -1,0 +1,498 @@
+//! Validation: one function per section, each returning the first bad key
+//! as a [`ConfigError::Key`] that names it, where its value came from, and
+//! what would be right.
+
+use super::error::ConfigError;
+use super::schema::{Config, Role, TaskId};
+use std::collections::BTreeMap;
+use std::fmt;
+
+impl Config {
+    /// Checks values and cross-key rules (ranges, duplicate addresses, sync replica counts).
+    ///
+    /// Errors: [`ConfigError::Key`] for the first bad key, naming where it came from.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_cluster()?;
+        self.validate_train()?;
+        self.validate_sync()?;
+        self.validate_model()?;
+        self.validate_data()?;
+        self.validate_checkpoint()?;
+        self.validate_security()?;
+        self.validate_metrics()?;
+        self.validate_log()
+    }
+
+    /// Errors unless `task` indexes an address of its role.
+    ///
+    /// Errors: [`ConfigError::Task`], naming the list and where it came from.
+    pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
+        let (key, list) = self.addresses(task.role);
+        let count = list.len();
+        if task.index < count {
+            return Ok(());
+        }
+        Err(ConfigError::Task {
+            task,
+            count,
+            key: key.to_owned(),
+            origin: self.sources.origin(key).to_owned(),
+        })
+    }
+
+    /// The error for `key`, naming where its value came from.
+    fn bad(&self, key: &str, problem: String) -> ConfigError {
+        ConfigError::Key {
+            origin: self.sources.origin(key).to_owned(),
+            key: key.to_owned(),
+            problem,
+        }
+    }
+
+    /// `[cluster]`: non-empty lists of valid, distinct addresses.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let lists = [Role::Ps, Role::Worker].map(|role| self.addresses(role));
+        for (key, list) in lists {
+            if list.is_empty() {
+                return Err(self.bad(
+                    key,
+                    "is empty: expected at least one host:port address".into(),
+                ));
+            }
+            for (i, address) in list.iter().enumerate() {
+                if let Err(why) = check_address(address) {
+                    return Err(self.bad(
+                        &format!("{key}[{i}]"),
+                        format!("invalid address {address:?}: {why}"),
+                    ));
+                }
+            }
+        }
+        // Every task needs its own address; `seen` maps each to its first entry.
+        let entries = lists
+            .iter()
+            .flat_map(|&(key, list)| list.iter().enumerate().map(move |(i, a)| (key, i, a)));
+        let mut seen = BTreeMap::new();
+        for (key, i, address) in entries {
+            if let Some((first_key, first)) = seen.insert(address, (key, i)) {
+                return Err(self.bad(
+                    &format!("{key}[{i}]"),
+                    format!(
+                        "duplicate address {address:?} (also {first_key}[{first}]): \
+                         expected every task to have its own host:port"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[train]`: the hyperparameters and step counts.
+    fn validate_train(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        if t.batch_size < 1 {
+            return Err(self.bad(
+                "train.batch_size",
+                invalid(t.batch_size, "a positive integer"),
+            ));
+        }
+        if !(t.learning_rate.is_finite() && t.learning_rate > 0.0) {
+            return Err(self.bad(
+                "train.learning_rate",
+                invalid(t.learning_rate, "a finite number > 0"),
+            ));
+        }
+        if !(t.learning_rate_decay > 0.0 && t.learning_rate_decay <= 1.0) {
+            return Err(self.bad(
+                "train.learning_rate_decay",
+                invalid(t.learning_rate_decay, "a number in (0, 1]"),
+            ));
+        }
+        if !(t.regularization_rate.is_finite() && t.regularization_rate >= 0.0) {
+            return Err(self.bad(
+                "train.regularization_rate",
+                invalid(t.regularization_rate, "a finite number >= 0"),
+            ));
+        }
+        if !(t.moving_average_decay >= 0.0 && t.moving_average_decay < 1.0) {
+            return Err(self.bad(
+                "train.moving_average_decay",
+                invalid(t.moving_average_decay, "a number in [0, 1)"),
+            ));
+        }
+        for (key, value) in [
+            ("train.last_step", t.last_step),
+            ("train.log_step_count_steps", t.log_step_count_steps),
+            ("train.save_summaries_steps", t.save_summaries_steps),
+        ] {
+            if value < 1 {
+                return Err(self.bad(key, invalid(value, "a positive integer")));
+            }
+        }
+        Ok(())
+    }
+
+    /// `train.replicas_to_aggregate` and `train.total_num_replicas` against
+    /// the number of workers.
+    fn validate_sync(&self) -> Result<(), ConfigError> {
+        let workers = self.cluster.worker.len();
+        let replicas = self.replicas_to_aggregate();
+        if !(1..=workers).contains(&replicas) {
+            return Err(self.bad(
+                "train.replicas_to_aggregate",
+                invalid(replicas, &format!("1 to {workers} (the number of workers)")),
+            ));
+        }
+        let total = self.total_num_replicas();
+        if !(replicas..=workers).contains(&total) {
+            return Err(self.bad(
+                "train.total_num_replicas",
+                invalid(
+                    total,
+                    &format!(
+                        "{replicas} (train.replicas_to_aggregate) to {workers} (the number of workers)"
+                    ),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[model]`: at least two widths, none zero.
+    fn validate_model(&self) -> Result<(), ConfigError> {
+        let layers = &self.model.layers;
+        if layers.len() < 2 {
+            return Err(self.bad(
+                "model.layers",
+                format!(
+                    "invalid value {layers:?}: expected at least 2 widths (input first, classes last), \
+                     e.g. [784, 500, 10]"
+                ),
+            ));
+        }
+        if let Some(i) = layers.iter().position(|&w| w == 0) {
+            return Err(self.bad(
+                &format!("model.layers[{i}]"),
+                invalid(0, "a positive width"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[data]`: an empty `dir` would silently mean the working directory.
+    fn validate_data(&self) -> Result<(), ConfigError> {
+        if self.data.dir.as_os_str().is_empty() {
+            return Err(self.bad("data.dir", "is empty: expected a path".into()));
+        }
+        Ok(())
+    }
+
+    /// `[checkpoint]`: a directory and positive counts.
+    fn validate_checkpoint(&self) -> Result<(), ConfigError> {
+        let c = &self.checkpoint;
+        if c.dir.as_os_str().is_empty() {
+            return Err(self.bad("checkpoint.dir", "is empty: expected a path".into()));
+        }
+        if c.save_secs < 1 {
+            return Err(self.bad(
+                "checkpoint.save_secs",
+                invalid(c.save_secs, "a positive number of seconds"),
+            ));
+        }
+        if c.max_to_keep < 1 {
+            return Err(self.bad(
+                "checkpoint.max_to_keep",
+                invalid(c.max_to_keep, "a positive integer"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[security]`: a token path, and the TLS paths all set or none.
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        if self.security.token_file.as_os_str().is_empty() {
+            return Err(self.bad("security.token_file", "is empty: expected a path".into()));
+        }
+        let tls = self.tls_paths();
+        for (key, path) in tls {
+            if path.is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(self.bad(key, "is empty: expected a path (or leave it out)".into()));
+            }
+        }
+        if let Some((unset, _)) = tls.iter().find(|(_, p)| p.is_none())
+            && let Some((set, _)) = tls.iter().find(|(_, p)| p.is_some())
+        {
+            return Err(self.bad(
+                set,
+                format!(
+                    "is set but {unset} is not: TLS needs all of security.tls_cert, \
+                     security.tls_key and security.tls_ca (or none of them)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[metrics]`: empty (off) or an address.
+    fn validate_metrics(&self) -> Result<(), ConfigError> {
+        let listen = &self.metrics.listen;
+        if !listen.is_empty()
+            && let Err(why) = check_address(listen)
+        {
+            return Err(self.bad(
+                "metrics.listen",
+                format!("invalid address {listen:?}: {why} (or \"\" for off)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[log]`: a filter whose bare words are levels.
+    fn validate_log(&self) -> Result<(), ConfigError> {
+        if let Err(why) = check_log_filter(&self.log.level) {
+            return Err(self.bad(
+                "log.level",
+                format!("invalid value {:?}: {why}", self.log.level),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `invalid value <value>: expected <expected>`, the shape of every range error.
+fn invalid(value: impl fmt::Display, expected: &str) -> String {
+    format!("invalid value {value}: expected {expected}")
+}
+
+/// `host:port` with a non-empty host (a name, an IPv4 address or a
+/// bracketed IPv6 address) and a port in 1–65535.
+fn check_address(address: &str) -> Result<(), String> {
+    const EXPECTED: &str = "expected host:port with a port in 1-65535, e.g. 10.0.0.1:2222";
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err(format!("no port: {EXPECTED}"));
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p >= 1 => {}
+        _ => return Err(format!("bad port {port:?}: {EXPECTED}")),
+    }
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    };
+    if !host_ok {
+        return Err(format!(
+            "bad host {host:?}: {EXPECTED} (IPv6 in brackets: [::1]:2222)"
+        ));
+    }
+    Ok(())
+}
+
+/// A tracing filter. `EnvFilter` takes any bare word as a target name, so
+/// a misspelt level (`degub`) would quietly turn logging off; bare words
+/// must be levels.
+fn check_log_filter(filter: &str) -> Result<(), String> {
+    const EXPECTED: &str = "expected a level (off, error, warn, info, debug, trace) or directives like \"dtf=debug,info\"";
+    if filter.trim().is_empty() {
+        return Err(EXPECTED.into());
+    }
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let is_level = ["off", "error", "warn", "info", "debug", "trace"]
+            .iter()
+            .any(|l| l.eq_ignore_ascii_case(directive));
+        if !directive.contains(['=', '[', ':']) && !is_level {
+            return Err(format!("{directive:?} is not a level: {EXPECTED}"));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(drop)
+        .map_err(|e| format!("{e}: {EXPECTED}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_util::*;
+
+    #[test]
+    fn out_of_range_values_are_errors() {
+        let cases: &[(&str, &str)] = &[
+            ("[train]\nbatch_size = 0", "train.batch_size"),
+            ("[train]\nlearning_rate = 0.0", "train.learning_rate"),
+            ("[train]\nlearning_rate = -0.1", "train.learning_rate"),
+            ("[train]\nlearning_rate = inf", "train.learning_rate"),
+            ("[train]\nlearning_rate = nan", "train.learning_rate"),
+            (
+                "[train]\nlearning_rate_decay = 0.0",
+                "train.learning_rate_decay",
+            ),
+            (
+                "[train]\nlearning_rate_decay = 1.5",
+                "train.learning_rate_decay",
+            ),
+            (
+                "[train]\nregularization_rate = -1e-4",
+                "train.regularization_rate",
+            ),
+            (
+                "[train]\nmoving_average_decay = 1.0",
+                "train.moving_average_decay",
+            ),
+            (
+                "[train]\nmoving_average_decay = -0.5",
+                "train.moving_average_decay",
+            ),
+            ("[train]\nlast_step = 0", "train.last_step"),
+            (
+                "[train]\nlog_step_count_steps = 0",
+                "train.log_step_count_steps",
+            ),
+            (
+                "[train]\nsave_summaries_steps = 0",
+                "train.save_summaries_steps",
+            ),
+            ("[model]\nlayers = [784]", "model.layers"),
+            ("[model]\nlayers = [784, 0, 10]", "model.layers[1]"),
+            ("[cluster]\nps = []", "cluster.ps"),
+            ("[cluster]\nworker = []", "cluster.worker"),
+            ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
+            ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+            ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
+            ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
+            ("[log]\nlevel = \"degub\"", "log.level"),
+            ("[log]\nlevel = \"dtf=loud\"", "log.level"),
+            ("[log]\nlevel = \"\"", "log.level"),
+        ];
+        for (text, key) in cases {
+            let err = error_for(text, key);
+            assert!(err.contains("expected"), "{err}");
+        }
+    }
+
+    #[test]
+    fn sync_replica_counts_are_checked() {
+        let ok = format!(
+            "{TWO_WORKERS}[train]\nmode = \"sync\"\nreplicas_to_aggregate = 1\ntotal_num_replicas = 2\n"
+        );
+        let config = Config::from_toml_str(&ok, "f").unwrap();
+        assert_eq!(
+            (config.replicas_to_aggregate(), config.total_num_replicas()),
+            (1, 2)
+        );
+        let err = error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 3\n"),
+            "train.replicas_to_aggregate",
+        );
+        assert!(err.contains("1 to 2"), "{err}");
+        error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 0\n"),
+            "train.replicas_to_aggregate",
+        );
+        error_for(
+            &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 2\ntotal_num_replicas = 1\n"),
+            "train.total_num_replicas",
+        );
+        error_for(
+            &format!("{TWO_WORKERS}[train]\ntotal_num_replicas = 3\n"),
+            "train.total_num_replicas",
+        );
+    }
+
+    #[test]
+    fn addresses_are_checked() {
+        let err = error_for(
+            "[cluster]\nps = [\"a:1\"]\nworker = [\"b:2\", \"a:1\"]\n",
+            "cluster.worker[1]",
+        );
+        assert!(
+            err.contains("duplicate address \"a:1\" (also cluster.ps[0])"),
+            "{err}"
+        );
+        error_for(
+            "[cluster]\nworker = [\"b:2\", \"b:2\"]\n",
+            "cluster.worker[1]",
+        );
+        for bad in [
+            "host",
+            "host:0",
+            "host:65536",
+            ":80",
+            "ho st:1",
+            "::1:80",
+            "[nope]:80",
+            "h:x",
+        ] {
+            error_for(&format!("[cluster]\nps = [\"{bad}\"]\n"), "cluster.ps[0]");
+        }
+        for good in [
+            "10.0.0.1:2222",
+            "ps-0.dtf.svc.cluster.local:2222",
+            "[::1]:2222",
+            "h:65535",
+        ] {
+            Config::from_toml_str(&format!("[cluster]\nps = [\"{good}\"]\n"), "f").unwrap();
+        }
+    }
+
+    #[test]
+    fn task_outside_cluster() {
+        let config = Config::from_toml_str(TWO_WORKERS, "/etc/dtf/dtf.toml").unwrap();
+        config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 1,
+            })
+            .unwrap();
+        config
+            .check_task(TaskId {
+                role: Role::Ps,
+                index: 0,
+            })
+            .unwrap();
+        let err = config
+            .check_task(TaskId {
+                role: Role::Worker,
+                index: 3,
+            })
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "task worker:3: the cluster has 2 worker tasks (cluster.worker in /etc/dtf/dtf.toml)"
+        );
+        let err = config
+            .check_task(TaskId {
+                role: Role::Ps,
+                index: 1,
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("cluster.ps in /etc/dtf/dtf.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tls_needs_all_three_files_or_none() {
+        let base = "[security]\ntls_cert = \"/c\"\ntls_key = \"/k\"\ntls_ca = \"/a\"\n";
+        let all = Config::from_toml_str(&format!("{TWO_WORKERS}{base}"), "/etc/dtf/test.toml");
+        assert_eq!(all.unwrap().security.tls_key, Some("/k".into()));
+        let err = error_for(
+            &format!("{TWO_WORKERS}[security]\ntls_cert = \"/c\"\ntls_ca = \"/a\"\n"),
+            "security.tls_key",
+        );
+        assert!(err.contains("security.tls_cert"), "{err}");
+        error_for(
+            &format!("{TWO_WORKERS}{}", base.replace("\"/a\"", "\"\"")),
+            "security.tls_ca",
+        );
+        // A change of TLS files needs a restart.
+        let old = Config::default();
+        let mut new = old.clone();
+        new.security.tls_ca = Some("/a".into());
+        assert_eq!(old.changed_keys(&new), ["security.tls_ca"]);
+        assert!(old.reload(new).is_err());
+    }
+}
