@@ -7,7 +7,9 @@
 //!   task this is), validation per section, errors, live-reload keys, secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`data`] — IDX (MNIST-format) files and mini-batches.
-//! - [`checkpoint`] — safetensors checkpoints with EMA shadows, atomic save, restore.
+//! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
+//!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
+//!   newest valid one), `inspect`.
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its shard and the gRPC service.
 //! - [`worker`] — the worker task: the training loop; worker 0 is the chief.

@@ -1,0 +1,581 @@
+//! The file format: encoding a [`Checkpoint`] to two safetensors files, and
+//! decoding and verifying them.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use ndarray::{ArrayD, IxDyn};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use super::{
+    CRC_PREFIX, Checkpoint, CheckpointError, EMA_BYTES, EMA_SUFFIX, FORMAT, GLOBAL_STEP,
+    MODEL_BYTES, parse_step,
+};
+use crate::model::VarSpec;
+
+// ---------------------------------------------------------------------------
+// Encoding
+
+fn crc32(bytes: &[u8]) -> String {
+    let mut crc = flate2::Crc::new();
+    crc.update(bytes);
+    format!("{:08x}", crc.sum())
+}
+
+fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(a.len() * 4);
+    for x in a.iter() {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// Checks that `ckpt` would load back, so that a bad state (a diverged run's
+/// NaNs) is refused at save time instead of becoming the newest checkpoint.
+fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    if i64::try_from(ckpt.global_step).is_err() {
+        return Err(format!(
+            "global_step {} does not fit the on-disk int64",
+            ckpt.global_step
+        ));
+    }
+    let mut names = HashSet::new();
+    for (name, value) in &ckpt.variables {
+        if name == GLOBAL_STEP || name.ends_with(EMA_SUFFIX) || name.is_empty() {
+            return Err(format!(
+                "refusing to save a variable named {name:?}: the name is reserved"
+            ));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(format!("refusing to save: variable {name:?} appears twice"));
+        }
+        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: variable {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+    }
+    let shadows: HashMap<&str, &ArrayD<f32>> =
+        ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    if shadows.len() != ckpt.shadows.len() {
+        return Err("refusing to save: a shadow appears twice".into());
+    }
+    for (name, value) in &ckpt.variables {
+        let Some(shadow) = shadows.get(name.as_str()) else {
+            return Err(format!(
+                "refusing to save: variable {name:?} has no EMA shadow"
+            ));
+        };
+        if shadow.shape() != value.shape() {
+            return Err(format!(
+                "refusing to save: shadow of {name:?} has shape {:?}, the variable {:?}",
+                shadow.shape(),
+                value.shape()
+            ));
+        }
+        if let Some(i) = shadow.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: shadow of {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+    }
+    if let Some((name, _)) = ckpt
+        .shadows
+        .iter()
+        .find(|(n, _)| !names.contains(n.as_str()))
+    {
+        return Err(format!(
+            "refusing to save: shadow {name:?} belongs to no variable"
+        ));
+    }
+    Ok(())
+}
+
+/// Serializes a checkpoint to (model file bytes, EMA file bytes).
+pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+    check_saveable(ckpt)?;
+    encode(ckpt)
+}
+
+/// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
+pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let step = ckpt.global_step.to_string();
+    let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
+
+    let mut model: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
+        .variables
+        .iter()
+        .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a)))
+        .collect();
+    let step_i64 = i64::try_from(ckpt.global_step).map_err(|e| e.to_string())?;
+    model.push((
+        GLOBAL_STEP.to_string(),
+        Dtype::I64,
+        Vec::new(),
+        step_i64.to_le_bytes().to_vec(),
+    ));
+    let mut model_meta = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("global_step".to_string(), step.clone()),
+        ("kind".to_string(), "variables".to_string()),
+        (
+            "variables".to_string(),
+            serde_json::to_string(&var_names).map_err(|e| e.to_string())?,
+        ),
+    ]);
+
+    let by_name: HashMap<&str, &ArrayD<f32>> =
+        ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    let ema: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
+        .variables
+        .iter()
+        .filter_map(|(n, _)| by_name.get(n.as_str()).map(|a| (n, a)))
+        .map(|(n, a)| {
+            (
+                format!("{n}{EMA_SUFFIX}"),
+                Dtype::F32,
+                a.shape().to_vec(),
+                f32_bytes(a),
+            )
+        })
+        .collect();
+    let mut ema_meta = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("global_step".to_string(), step),
+        ("kind".to_string(), "ema".to_string()),
+    ]);
+
+    let encode_file = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+                       meta: &mut HashMap<String, String>|
+     -> Result<Vec<u8>, String> {
+        let mut views = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, bytes) in tensors {
+            meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
+            let view = TensorView::new(*dtype, shape.clone(), bytes)
+                .map_err(|e| format!("cannot encode tensor {name:?}: {e}"))?;
+            views.push((name.as_str(), view));
+        }
+        safetensors::serialize(views, Some(meta.clone())).map_err(|e| e.to_string())
+    };
+    Ok((
+        encode_file(&model, &mut model_meta)?,
+        encode_file(&ema, &mut ema_meta)?,
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Decoding and verification
+
+/// A parsed file: its tensors and metadata, checked for format, kind and CRCs.
+struct Parsed<'a> {
+    /// The file's tensors, borrowing its bytes.
+    tensors: SafeTensors<'a>,
+    /// Its `__metadata__` (empty if it has none).
+    meta: HashMap<String, String>,
+    /// The metadata's `global_step`, parsed.
+    global_step: u64,
+}
+
+/// Parses one file of a pair and checks what every dtf file carries: the
+/// format, the `kind` (`variables` or `ema`), the step, and a CRC per tensor.
+fn parse_file<'a>(bytes: &'a [u8], path: &Path, kind: &str) -> Result<Parsed<'a>, CheckpointError> {
+    let (tensors, meta) = parse_safetensors(bytes, path)?;
+    let global_step = check_identity(&meta, path, kind)?;
+    check_crcs(&tensors, &meta, path)?;
+    Ok(Parsed {
+        tensors,
+        meta,
+        global_step,
+    })
+}
+
+/// The safetensors structure of `bytes`: its tensors and its metadata.
+fn parse_safetensors<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+) -> Result<(SafeTensors<'a>, HashMap<String, String>), CheckpointError> {
+    let safetensors_error = |source| CheckpointError::Safetensors {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tensors = SafeTensors::deserialize(bytes).map_err(safetensors_error)?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(safetensors_error)?;
+    Ok((tensors, header.metadata().clone().unwrap_or_default()))
+}
+
+/// Checks the metadata's `format` and `kind`; returns its `global_step`.
+fn check_identity(
+    meta: &HashMap<String, String>,
+    path: &Path,
+    kind: &str,
+) -> Result<u64, CheckpointError> {
+    let get = |key: &str| meta.get(key).map(String::as_str);
+    match get("format") {
+        Some(FORMAT) => {}
+        other => {
+            return Err(CheckpointError::invalid(
+                path,
+                format!(
+                    "metadata format is {other:?}, expected \"{FORMAT}\" (not a dtf checkpoint?)"
+                ),
+            ));
+        }
+    }
+    if get("kind") != Some(kind) {
+        return Err(CheckpointError::invalid(
+            path,
+            format!("metadata kind is {:?}, expected \"{kind}\"", get("kind")),
+        ));
+    }
+    get("global_step").and_then(parse_step).ok_or_else(|| {
+        CheckpointError::invalid(
+            path,
+            format!(
+                "metadata global_step is {:?}, expected a non-negative integer",
+                get("global_step")
+            ),
+        )
+    })
+}
+
+/// Checks every tensor's bytes against its `crc32:<name>` in the metadata.
+fn check_crcs(
+    tensors: &SafeTensors<'_>,
+    meta: &HashMap<String, String>,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    for (name, view) in tensors.iter() {
+        let Some(want) = meta.get(&format!("{CRC_PREFIX}{name}")) else {
+            return Err(CheckpointError::invalid(
+                path,
+                format!("tensor {name:?} has no \"{CRC_PREFIX}{name}\" checksum in the metadata"),
+            ));
+        };
+        let got = crc32(view.data());
+        if *want != got {
+            return Err(CheckpointError::invalid(
+                path,
+                format!(
+                    "tensor {name:?} fails its checksum (crc32 {got}, metadata says {want}): the data is corrupted"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An F32 tensor's values, checked for dtype, shape and finiteness.
+fn read_f32(
+    parsed: &Parsed<'_>,
+    path: &Path,
+    tensor: &str,
+    shape: Option<&[usize]>,
+) -> Result<ArrayD<f32>, CheckpointError> {
+    let view = parsed
+        .tensors
+        .tensor(tensor)
+        .map_err(|_| CheckpointError::invalid(path, format!("tensor {tensor:?} is missing")))?;
+    if view.dtype() != Dtype::F32 {
+        return Err(CheckpointError::invalid(
+            path,
+            format!(
+                "tensor {tensor:?} has dtype {:?}, expected F32",
+                view.dtype()
+            ),
+        ));
+    }
+    if let Some(shape) = shape
+        && view.shape() != shape
+    {
+        return Err(CheckpointError::invalid(
+            path,
+            format!(
+                "tensor {tensor:?} has shape {:?}, the model expects {shape:?} (a checkpoint of a different model?)",
+                view.shape()
+            ),
+        ));
+    }
+    let values: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        return Err(CheckpointError::invalid(
+            path,
+            format!(
+                "tensor {tensor:?} holds a non-finite value ({}) at flat index {i}",
+                values[i]
+            ),
+        ));
+    }
+    ArrayD::from_shape_vec(IxDyn(view.shape()), values)
+        .map_err(|e| CheckpointError::invalid(path, format!("tensor {tensor:?}: {e}")))
+}
+
+/// Parses and verifies a model file and its EMA file as one checkpoint; see
+/// [`from_bytes`] for what is checked.
+pub(super) fn parse(
+    model: &[u8],
+    model_path: &Path,
+    ema: &[u8],
+    ema_path: &Path,
+    expected: Option<&[VarSpec]>,
+) -> Result<Checkpoint, CheckpointError> {
+    let m = parse_file(model, model_path, "variables")?;
+    let e = parse_file(ema, ema_path, "ema")?;
+    if m.global_step != e.global_step {
+        return Err(CheckpointError::invalid(
+            ema_path,
+            format!(
+                "EMA file is of global_step {}, its model file {} of {}: they must be a pair",
+                e.global_step,
+                model_path.display(),
+                m.global_step
+            ),
+        ));
+    }
+    check_step_tensor(&m, model_path)?;
+    let listed = listed_variables(&m, model_path)?;
+    let specs = read_plan(&listed, expected, model_path)?;
+
+    let mut variables = Vec::with_capacity(specs.len());
+    let mut shadows = Vec::with_capacity(specs.len());
+    for (name, shape) in &specs {
+        let value = read_f32(&m, model_path, name, *shape)?;
+        let shadow = read_f32(
+            &e,
+            ema_path,
+            &format!("{name}{EMA_SUFFIX}"),
+            Some(value.shape()),
+        )?;
+        variables.push((name.clone(), value));
+        shadows.push((name.clone(), shadow));
+    }
+    check_no_stray_shadows(&e, &specs, ema_path)?;
+    Ok(Checkpoint {
+        global_step: m.global_step,
+        variables,
+        shadows,
+    })
+}
+
+/// The model file's `global_step` tensor: an I64 scalar equal to its metadata.
+fn check_step_tensor(m: &Parsed<'_>, model_path: &Path) -> Result<(), CheckpointError> {
+    let step_view = m
+        .tensors
+        .tensor(GLOBAL_STEP)
+        .map_err(|_| CheckpointError::invalid(model_path, "tensor \"global_step\" is missing"))?;
+    if step_view.dtype() != Dtype::I64 || !step_view.shape().is_empty() {
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "tensor \"global_step\" is {:?} of shape {:?}, expected an I64 scalar (shape [])",
+                step_view.dtype(),
+                step_view.shape()
+            ),
+        ));
+    }
+    let step_bytes: [u8; 8] = step_view.data().try_into().map_err(|_| {
+        CheckpointError::invalid(model_path, "tensor \"global_step\" is not 8 bytes")
+    })?;
+    let step_value = i64::from_le_bytes(step_bytes);
+    if u64::try_from(step_value).ok() != Some(m.global_step) {
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "tensor global_step is {step_value}, the metadata says {}: they must agree",
+                m.global_step
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The metadata's `variables` list, checked to name every tensor of the model
+/// file but `global_step` exactly once.
+fn listed_variables(m: &Parsed<'_>, model_path: &Path) -> Result<Vec<String>, CheckpointError> {
+    let listed: Vec<String> = m
+        .meta
+        .get("variables")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .ok_or_else(|| {
+            CheckpointError::invalid(
+                model_path,
+                "metadata \"variables\" is missing or not a JSON list of names",
+            )
+        })?;
+    let in_file: HashSet<&str> = m
+        .tensors
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != GLOBAL_STEP)
+        .collect();
+    let listed_set: HashSet<&str> = listed.iter().map(String::as_str).collect();
+    if listed_set != in_file || listed_set.len() != listed.len() {
+        let mut extra: Vec<&&str> = in_file.difference(&listed_set).collect();
+        extra.sort();
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "metadata \"variables\" {listed:?} does not list the file's tensors exactly once (unlisted: {extra:?})"
+            ),
+        ));
+    }
+    Ok(listed)
+}
+
+/// A variable to read: its name, and its shape when the model is known.
+type Planned<'s> = (String, Option<&'s [usize]>);
+
+/// What to read, in which order, with which shapes: the model's variables
+/// when it is known (refusing any the model lacks), else the file's list.
+fn read_plan<'s>(
+    listed: &[String],
+    expected: Option<&'s [VarSpec]>,
+    model_path: &Path,
+) -> Result<Vec<Planned<'s>>, CheckpointError> {
+    let Some(expected) = expected else {
+        return Ok(listed.iter().map(|n| (n.clone(), None)).collect());
+    };
+    let want: HashSet<&str> = expected.iter().map(|v| v.name.as_str()).collect();
+    let mut extra: Vec<&str> = listed
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !want.contains(n))
+        .collect();
+    if !extra.is_empty() {
+        extra.sort_unstable();
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "holds variables {extra:?} the model does not have (a checkpoint of a different model?)"
+            ),
+        ));
+    }
+    Ok(expected
+        .iter()
+        .map(|v| (v.name.clone(), Some(v.shape.as_slice())))
+        .collect())
+}
+
+/// Refuses an EMA file with tensors beyond the shadows of `specs` (every
+/// shadow of `specs` has been read by then, so a count mismatch means extras).
+fn check_no_stray_shadows(
+    e: &Parsed<'_>,
+    specs: &[Planned<'_>],
+    ema_path: &Path,
+) -> Result<(), CheckpointError> {
+    if e.tensors.len() == specs.len() {
+        return Ok(());
+    }
+    let want: HashSet<String> = specs
+        .iter()
+        .map(|(n, _)| format!("{n}{EMA_SUFFIX}"))
+        .collect();
+    let mut extra: Vec<&str> = e
+        .tensors
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| !want.contains(*n))
+        .collect();
+    extra.sort_unstable();
+    Err(CheckpointError::invalid(
+        ema_path,
+        format!("holds tensors {extra:?} that shadow no variable of the model file"),
+    ))
+}
+
+/// Parses a checkpoint from the bytes of its model file and its EMA file —
+/// what [`load`] uses after reading the two files.
+///
+/// Verifies: both are safetensors with `format = "dtf-1"` and the right
+/// `kind`; every tensor's CRC-32; both files' `global_step` agree, with the
+/// model file's `global_step` tensor; all variables F32 and finite, each with
+/// a shadow of its shape. With `expected`, the variables are exactly those
+/// names with those shapes, returned in that order; without, in the order the
+/// file lists them.
+///
+/// Errors: [`CheckpointError::Safetensors`] or [`CheckpointError::Invalid`],
+/// with `<model bytes>` or `<ema bytes>` for the path. Never panics.
+pub fn from_bytes(
+    model: &[u8],
+    ema: &[u8],
+    expected: Option<&[VarSpec]>,
+) -> Result<Checkpoint, CheckpointError> {
+    parse(
+        model,
+        Path::new(MODEL_BYTES),
+        ema,
+        Path::new(EMA_BYTES),
+        expected,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_pair() -> (Vec<u8>, Vec<u8>) {
+        to_bytes(&sample(77, &SMALL)).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(model in proptest::collection::vec(any::<u8>(), 0..512),
+                                       ema in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let (good_model, good_ema) = valid_pair();
+            prop_assert!(from_bytes(&model, &ema, None).is_err());
+            prop_assert!(from_bytes(&model, &good_ema, Some(&small_specs())).is_err());
+            prop_assert!(from_bytes(&good_model, &ema, Some(&small_specs())).is_err());
+        }
+
+        #[test]
+        fn mutated_checkpoints_are_rejected_or_unchanged(
+            in_ema in any::<bool>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+        ) {
+            let (mut model, mut ema) = valid_pair();
+            let target = if in_ema { &mut ema } else { &mut model };
+            for (at, byte) in &flips {
+                let i = at.index(target.len());
+                target[i] = *byte;
+            }
+            if let Some(cut) = cut {
+                let len = cut.index(target.len());
+                target.truncate(len);
+            }
+            for expected in [None, Some(small_specs())] {
+                // Some header bytes are slack (padding spaces may become other
+                // whitespace): if it loads, the content must be the original.
+                if let Ok(c) = from_bytes(&model, &ema, expected.as_deref()) {
+                    prop_assert_eq!(c, sample(77, &SMALL));
+                }
+            }
+        }
+
+        #[test]
+        fn header_json_with_arbitrary_values_never_panics(
+            dtype in prop::sample::select(vec!["F32", "I64", "F16", "BOOL", "U8", "F4"]),
+            shape in proptest::collection::vec(0usize..6, 0..4),
+            step in prop::sample::select(vec!["77", "-1", "", "007", "99999999999999999999"]),
+        ) {
+            // A well-formed safetensors file whose content is wrong in various ways.
+            let n: usize = shape.iter().product();
+            let header = format!(
+                r#"{{"__metadata__":{{"format":"dtf-1","kind":"variables","global_step":"{step}","variables":"[\"layer1/weights\"]"}},"layer1/weights":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[0,{n}]}}}}"#
+            );
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend(header.as_bytes());
+            bytes.extend(std::iter::repeat_n(0u8, n));
+            let (_, ema) = valid_pair();
+            prop_assert!(from_bytes(&bytes, &ema, None).is_err());
+        }
+    }
+}

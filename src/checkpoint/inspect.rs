@@ -1,0 +1,193 @@
+//! What a checkpoint holds, for `dtf inspect`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use safetensors::SafeTensors;
+
+use super::restore::{ema_sibling, load, read, resolve};
+use super::{CRC_PREFIX, CheckpointError};
+
+// ---------------------------------------------------------------------------
+// Inspection
+
+/// One tensor as a file declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// Name in the file, e.g. `layer1/weights/ExponentialMovingAverage`.
+    pub name: String,
+    /// safetensors dtype, e.g. `F32`.
+    pub dtype: String,
+    /// Dimensions; `[]` for a scalar.
+    pub shape: Vec<usize>,
+}
+
+/// What one safetensors file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InspectedFile {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its `__metadata__`, including the `crc32:<tensor>` checksums.
+    pub metadata: BTreeMap<String, String>,
+    /// Its tensors, sorted by name.
+    pub tensors: Vec<TensorEntry>,
+}
+
+/// What a checkpoint holds, for `dtf inspect`; `Display` prints a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspection {
+    /// The model file.
+    pub model: InspectedFile,
+    /// The EMA file, or why it could not be read.
+    pub ema: Result<InspectedFile, String>,
+    /// `None` if the pair verifies as [`load`] checks it (without a model to
+    /// compare to); else what is wrong.
+    pub problem: Option<String>,
+}
+
+fn inspect_file(path: &Path) -> Result<InspectedFile, CheckpointError> {
+    let bytes = read(path)?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|source| CheckpointError::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let mut tensors: Vec<TensorEntry> = header
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| TensorEntry {
+            name,
+            dtype: format!("{:?}", info.dtype),
+            shape: info.shape.clone(),
+        })
+        .collect();
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(InspectedFile {
+        path: path.to_path_buf(),
+        bytes: bytes.len() as u64,
+        metadata: header
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        tensors,
+    })
+}
+
+/// What the checkpoint at `path` (a model file, or a directory as [`resolve`]
+/// takes it) holds: the tensors (name, dtype, shape) and metadata of both
+/// files, and whether they verify.
+///
+/// Errors: those of [`resolve`]; [`CheckpointError::Io`] or
+/// [`CheckpointError::Safetensors`] if the model file cannot be read or its
+/// header parsed. A damaged EMA file or failed verification is reported in
+/// the [`Inspection`], not as an error.
+pub fn inspect(path: &Path) -> Result<Inspection, CheckpointError> {
+    let path = resolve(path)?;
+    let (ema_path, _) = ema_sibling(&path)?;
+    let model = inspect_file(&path)?;
+    let ema = inspect_file(&ema_path).map_err(|e| e.to_string());
+    let problem = load(&path, None).err().map(|e| e.to_string());
+    Ok(Inspection {
+        model,
+        ema,
+        problem,
+    })
+}
+
+impl fmt::Display for InspectedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} ({} bytes)", self.path.display(), self.bytes)?;
+        let meta: Vec<String> = self
+            .metadata
+            .iter()
+            .filter(|(k, _)| !k.starts_with(CRC_PREFIX))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        writeln!(f, "  metadata: {}", meta.join(" "))?;
+        let width = self
+            .tensors
+            .iter()
+            .map(|t| t.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(4);
+        writeln!(
+            f,
+            "  {:<width$}  {:<5}  {:<12}  crc32",
+            "name", "dtype", "shape"
+        )?;
+        for t in &self.tensors {
+            let crc = self
+                .metadata
+                .get(&format!("{CRC_PREFIX}{}", t.name))
+                .map_or("-", String::as_str);
+            let shape = format!("{:?}", t.shape);
+            writeln!(
+                f,
+                "  {:<width$}  {:<5}  {shape:<12}  {crc}",
+                t.name, t.dtype
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Inspection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.model)?;
+        match &self.ema {
+            Ok(ema) => write!(f, "{ema}")?,
+            Err(e) => writeln!(f, "EMA file: {e}")?,
+        }
+        match &self.problem {
+            None => writeln!(f, "verification: ok"),
+            Some(p) => writeln!(f, "verification: FAILED: {p}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::GLOBAL_STEP;
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn inspect_lists_both_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        let ins = inspect(tmp.path()).unwrap();
+        assert_eq!(ins.problem, None);
+        assert_eq!(ins.model.metadata["global_step"], "200");
+        assert_eq!(ins.model.metadata["kind"], "variables");
+        let step = ins
+            .model
+            .tensors
+            .iter()
+            .find(|t| t.name == GLOBAL_STEP)
+            .unwrap();
+        assert_eq!(
+            (step.dtype.as_str(), step.shape.as_slice()),
+            ("I64", &[][..])
+        );
+        let ema = ins.ema.as_ref().unwrap();
+        assert_eq!(ema.tensors.len(), 4);
+        assert_eq!(ema.metadata["kind"], "ema");
+        let text = ins.to_string();
+        assert!(
+            text.contains("layer1/weights/ExponentialMovingAverage  F32    [4, 3]"),
+            "{text}"
+        );
+        assert!(text.contains("verification: ok"), "{text}");
+
+        damage(tmp.path(), Damage::MissingEma);
+        let ins = inspect(tmp.path()).unwrap();
+        assert!(ins.ema.is_err());
+        assert!(ins.to_string().contains("verification: FAILED"));
+    }
+}

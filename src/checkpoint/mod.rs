@@ -1,0 +1,297 @@
+//! Checkpoints: safetensors files of the variables and their EMA shadows,
+//! an index, atomic writes, retention, and restore of the newest valid one.
+//!
+//! A checkpoint at step `N` is two files in the checkpoint directory:
+//!
+//! - `model.ckpt-N.safetensors`: every variable as F32 plus `global_step` as
+//!   an I64 scalar (TensorFlow keeps the step as a variable too);
+//! - `model.ckpt-N.ema.safetensors`: the shadows, `<var>/ExponentialMovingAverage`.
+//!
+//! Both carry string metadata: `format = "dtf-1"`, `global_step`, `kind`
+//! (`variables` or `ema`), `crc32:<tensor>` (CRC-32 of the tensor's bytes, so
+//! that bit rot inside the data is caught, not only in the header), and in the
+//! model file `variables`, a JSON list of the variable names in model order
+//! (safetensors itself keeps no order). Any safetensors reader (Python
+//! `safetensors.numpy.load_file`, PyTorch) loads them as they are.
+//!
+//! The `checkpoint` index names the newest and all kept checkpoints, in the
+//! spirit of TensorFlow's file of that name. It is a convenience for people
+//! and for [`resolve`]; [`restore_latest`] does not trust it and scans the
+//! directory instead, because a crash can leave it stale.
+
+mod format;
+mod inspect;
+mod restore;
+mod save;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use ndarray::ArrayD;
+use safetensors::SafeTensorError;
+
+pub use format::from_bytes;
+pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
+pub use restore::{load, resolve, restore_latest};
+pub use save::Saver;
+
+/// Value of the `format` metadata key this module writes and accepts.
+pub const FORMAT: &str = "dtf-1";
+/// Name of the text index in a checkpoint directory.
+pub const INDEX_FILE: &str = "checkpoint";
+/// Name of the step tensor in the model file.
+pub const GLOBAL_STEP: &str = "global_step";
+/// Suffix of a shadow's tensor name in the EMA file (TensorFlow's naming).
+pub const EMA_SUFFIX: &str = "/ExponentialMovingAverage";
+
+const PREFIX: &str = "model.ckpt-";
+const MODEL_EXT: &str = ".safetensors";
+const EMA_EXT: &str = ".ema.safetensors";
+const CRC_PREFIX: &str = "crc32:";
+/// Stand-ins for file names when [`from_bytes`] parses buffers that came from nowhere.
+const MODEL_BYTES: &str = "<model bytes>";
+const EMA_BYTES: &str = "<ema bytes>";
+
+/// One training state: the step, every variable and every EMA shadow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The step the variables were read at.
+    pub global_step: u64,
+    /// Every variable, in model order, f32.
+    pub variables: Vec<(String, ArrayD<f32>)>,
+    /// EMA shadows keyed by the *variable's* name (on disk:
+    /// `<var>/ExponentialMovingAverage`), in the same order as `variables`.
+    pub shadows: Vec<(String, ArrayD<f32>)>,
+}
+
+/// What went wrong with a checkpoint; every variant names the file or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file system operation failed (missing file, ENOSPC, EACCES, ...).
+    #[error("checkpoint {path}: cannot {action}: {source}")]
+    Io {
+        /// The file or directory acted on.
+        path: PathBuf,
+        /// What was being done, e.g. "write", "rename into place".
+        action: &'static str,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The bytes are not a safetensors file (truncated, garbage header, bad offsets).
+    #[error(
+        "checkpoint {path}: not a readable safetensors file ({source}); \
+         expected a complete file written by dtf (truncated or corrupted?)"
+    )]
+    Safetensors {
+        /// The file that failed to parse.
+        path: PathBuf,
+        /// The parser's complaint.
+        source: SafeTensorError,
+    },
+    /// The file is a safetensors file, but not a valid dtf checkpoint or not
+    /// one of this model; `problem` says what was found and what was expected.
+    #[error("checkpoint {path}: {problem}")]
+    Invalid {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong and what would be right.
+        problem: String,
+    },
+    /// A path that should name a model checkpoint file does not.
+    #[error(
+        "checkpoint {path}: not a checkpoint file name; expected \
+         `model.ckpt-<step>.safetensors` (its EMA sibling is found from it)"
+    )]
+    BadFileName {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// A directory holds no checkpoint at all.
+    #[error("checkpoint directory {path}: no `model.ckpt-<step>.safetensors` file in it")]
+    NotFound {
+        /// The directory searched.
+        path: PathBuf,
+    },
+    /// A directory holds checkpoints but none of them verifies.
+    #[error(
+        "checkpoint directory {path}: none of its {count} checkpoints verifies \
+         (newest: {newest}); fix the configuration to match them, or move them \
+         away to start afresh"
+    )]
+    NoneValid {
+        /// The directory searched.
+        path: PathBuf,
+        /// How many candidates were tried.
+        count: usize,
+        /// Why the newest was rejected.
+        newest: Box<CheckpointError>,
+    },
+}
+
+impl CheckpointError {
+    pub(crate) fn io(path: &Path, action: &'static str, source: io::Error) -> Self {
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            action,
+            source,
+        }
+    }
+
+    pub(crate) fn invalid(path: &Path, problem: impl Into<String>) -> Self {
+        CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
+    }
+}
+
+pub(crate) fn model_file_name(step: u64) -> String {
+    format!("{PREFIX}{step}{MODEL_EXT}")
+}
+
+pub(crate) fn ema_file_name(step: u64) -> String {
+    format!("{PREFIX}{step}{EMA_EXT}")
+}
+
+/// The step in a canonical `model.ckpt-<step>.safetensors` name (no sign, no
+/// leading zeros, so one step has one name); `None` for anything else,
+/// including EMA files and temp files.
+pub fn parse_model_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(PREFIX)?.strip_suffix(MODEL_EXT)?;
+    parse_step(digits)
+}
+
+pub(crate) fn parse_ema_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(PREFIX)?.strip_suffix(EMA_EXT)?;
+    parse_step(digits)
+}
+
+pub(crate) fn parse_step(digits: &str) -> Option<u64> {
+    let n: u64 = digits.parse().ok()?;
+    (digits.bytes().all(|b| b.is_ascii_digit()) && n.to_string() == digits).then_some(n)
+}
+
+#[cfg(test)]
+mod fixtures {
+    //! What the tests of every part of the checkpoint module share: sample
+    //! checkpoints whose values depend on where they sit, and ways to damage one.
+    use super::format::encode;
+    use super::*;
+    use crate::model::VarSpec;
+    use ndarray::IxDyn;
+    use std::fs;
+
+    /// The variables of an MLP with these widths, built by hand (model.rs's
+    /// own `variables()` is not under test here).
+    pub(super) fn specs(layers: &[usize]) -> Vec<VarSpec> {
+        let mut out = Vec::new();
+        for (i, w) in layers.windows(2).enumerate() {
+            out.push(VarSpec {
+                name: format!("layer{}/weights", i + 1),
+                shape: vec![w[0], w[1]],
+            });
+            out.push(VarSpec {
+                name: format!("layer{}/biases", i + 1),
+                shape: vec![w[1]],
+            });
+        }
+        out
+    }
+
+    pub(super) const SMALL: [usize; 3] = [4, 3, 2];
+
+    /// A checkpoint whose every value depends on the step, the variable and
+    /// the position, so a mix-up of any of them shows.
+    pub(super) fn sample(step: u64, layers: &[usize]) -> Checkpoint {
+        let make = |k: usize, s: &VarSpec, offset: f32| {
+            let n: usize = s.shape.iter().product();
+            let v = (0..n)
+                .map(|i| step as f32 + k as f32 * 0.25 + i as f32 * 1e-3 + offset)
+                .collect();
+            ArrayD::from_shape_vec(IxDyn(&s.shape), v).unwrap()
+        };
+        let specs = specs(layers);
+        Checkpoint {
+            global_step: step,
+            variables: specs
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.name.clone(), make(k, s, 0.0)))
+                .collect(),
+            shadows: specs
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.name.clone(), make(k, s, -0.5)))
+                .collect(),
+        }
+    }
+
+    pub(super) fn small_specs() -> Vec<VarSpec> {
+        specs(&SMALL)
+    }
+
+    pub(super) fn saver(dir: &Path, keep: usize) -> Saver {
+        Saver::new(dir, keep).unwrap()
+    }
+
+    pub(super) fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Ways to damage the step-200 checkpoint of a directory that also holds a
+    /// good step-100 one.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) enum Damage {
+        Truncated,
+        GarbageHeader,
+        WrongShape,
+        MissingEma,
+        NonFinite,
+        BitFlipInData,
+        EmaOfOtherStep,
+    }
+
+    pub(super) fn damage(dir: &Path, how: Damage) {
+        let model = dir.join("model.ckpt-200.safetensors");
+        let ema = dir.join("model.ckpt-200.ema.safetensors");
+        match how {
+            Damage::Truncated => {
+                let bytes = fs::read(&model).unwrap();
+                fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+            }
+            Damage::GarbageHeader => {
+                let mut bytes = fs::read(&model).unwrap();
+                bytes[8..40].fill(b'#');
+                fs::write(&model, bytes).unwrap();
+            }
+            Damage::WrongShape => {
+                let (m, e) = encode(&sample(200, &[4, 5, 2])).unwrap();
+                fs::write(&model, m).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+            Damage::MissingEma => fs::remove_file(&ema).unwrap(),
+            Damage::NonFinite => {
+                let mut c = sample(200, &SMALL);
+                c.variables[1].1[[2]] = f32::NAN;
+                let (m, e) = encode(&c).unwrap();
+                fs::write(&model, m).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+            Damage::BitFlipInData => {
+                let mut bytes = fs::read(&ema).unwrap();
+                let at = bytes.len() - 3;
+                bytes[at] ^= 0x10;
+                fs::write(&ema, bytes).unwrap();
+            }
+            Damage::EmaOfOtherStep => {
+                let (_, e) = encode(&sample(100, &SMALL)).unwrap();
+                fs::write(&ema, e).unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! Writing checkpoints: [`Saver`], atomic writes, retention, the index.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::format::to_bytes;
+use super::restore::{Steps, scan_steps};
+use super::{Checkpoint, CheckpointError, INDEX_FILE, PREFIX, ema_file_name, model_file_name};
+
+/// Writes one byte buffer to an open file; a seam so tests can inject ENOSPC.
+type WriteFn = fn(&Path, &mut File, &[u8]) -> io::Result<()>;
+
+fn write_all(_path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    file.write_all(bytes)
+}
+
+/// Writes checkpoints into one directory and keeps the newest few.
+///
+/// [`Saver::save`] blocks on disk I/O and fsync; run it with
+/// `tokio::task::spawn_blocking`, off the training loop.
+#[derive(Debug, Clone)]
+pub struct Saver {
+    /// The checkpoint directory (created by [`Saver::new`]).
+    dir: PathBuf,
+    /// How many checkpoints to keep; 0 keeps all (as TensorFlow's `Saver`).
+    max_to_keep: usize,
+    /// How bytes reach a temp file; [`write_all`] except in fault-injection tests.
+    write: WriteFn,
+}
+
+impl Saver {
+    /// A saver for `dir`, creating it (mode 0750) if missing.
+    /// `max_to_keep == 0` keeps every checkpoint.
+    ///
+    /// Errors: [`CheckpointError::Io`] if the directory cannot be created or
+    /// `dir` exists and is not a directory.
+    pub fn new(dir: &Path, max_to_keep: usize) -> Result<Self, CheckpointError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|e| CheckpointError::io(dir, "create directory", e))?;
+        Ok(Saver {
+            dir: dir.to_path_buf(),
+            max_to_keep,
+            write: write_all,
+        })
+    }
+
+    /// Writes `model.ckpt-<step>.ema.safetensors`, then
+    /// `model.ckpt-<step>.safetensors`, then the `checkpoint` index, each
+    /// atomically (temp file, fsync, rename, fsync the directory); then deletes
+    /// both files of every checkpoint beyond the newest `max_to_keep` by step
+    /// (the one just written is always kept). Returns the model file's path.
+    ///
+    /// Both temp files are written and synced before either is renamed, so a
+    /// failed write (ENOSPC, EACCES) changes nothing but leaving no temp file.
+    /// Re-saving an existing step replaces its two files one after the other;
+    /// a crash between the two renames leaves a pair from the same step.
+    ///
+    /// Errors: [`CheckpointError::Invalid`] if `ckpt` would not load back
+    /// (non-finite value, a variable without a shadow, a duplicate name, a
+    /// step beyond i64); [`CheckpointError::Io`] naming the file that failed.
+    pub fn save(&self, ckpt: &Checkpoint) -> Result<PathBuf, CheckpointError> {
+        let model_name = model_file_name(ckpt.global_step);
+        let model_path = self.dir.join(&model_name);
+        let ema_path = self.dir.join(ema_file_name(ckpt.global_step));
+        let (model_bytes, ema_bytes) =
+            to_bytes(ckpt).map_err(|p| CheckpointError::invalid(&model_path, p))?;
+
+        self.remove_stale_temps();
+        let model_existed = model_path.exists();
+        let ema_tmp = self.write_temp(&ema_path, &ema_bytes)?;
+        let model_tmp = match self.write_temp(&model_path, &model_bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = fs::remove_file(&ema_tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = fs::rename(&ema_tmp, &ema_path) {
+            let _ = fs::remove_file(&ema_tmp);
+            let _ = fs::remove_file(&model_tmp);
+            return Err(CheckpointError::io(&ema_path, "rename into place", e));
+        }
+        if let Err(e) = fs::rename(&model_tmp, &model_path) {
+            let _ = fs::remove_file(&model_tmp);
+            if !model_existed {
+                // An EMA file without its model file is never a candidate, but
+                // would confuse an operator; it is ours to remove.
+                let _ = fs::remove_file(&ema_path);
+            }
+            return Err(CheckpointError::io(&model_path, "rename into place", e));
+        }
+        sync_dir(&self.dir)?;
+
+        let steps = scan_steps(&self.dir)?;
+        let (kept, pruned) = retention(&steps, ckpt.global_step, self.max_to_keep);
+        let index = index_text(&model_name, &kept);
+        self.write_atomically(&self.dir.join(INDEX_FILE), index.as_bytes())?;
+
+        for step in pruned {
+            for path in [
+                self.dir.join(model_file_name(step)),
+                self.dir.join(ema_file_name(step)),
+            ] {
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    // The new checkpoint is safe; a file we could not prune is
+                    // only a disk-usage problem, retried at the next save.
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "Cannot delete old checkpoint file.")
+                    }
+                }
+            }
+        }
+        tracing::debug!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
+        Ok(model_path)
+    }
+
+    /// Writes `bytes` to a temp file beside `path`, synced; returns the temp path.
+    /// On failure the temp file is removed.
+    fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, CheckpointError> {
+        let tmp = temp_path(path);
+        let result = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o640)
+                .open(&tmp)
+                .map_err(|e| CheckpointError::io(&tmp, "create", e))?;
+            (self.write)(&tmp, &mut file, bytes)
+                .map_err(|e| CheckpointError::io(&tmp, "write", e))?;
+            file.sync_all()
+                .map_err(|e| CheckpointError::io(&tmp, "fsync", e))
+        })();
+        match result {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Temp file, fsync, rename over `path`, fsync the directory.
+    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let tmp = self.write_temp(path, bytes)?;
+        if let Err(e) = fs::rename(&tmp, path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(CheckpointError::io(path, "rename into place", e));
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Removes temp files left by a crashed writer: those of a process that no
+    /// longer exists (a live one may be mid-write).
+    fn remove_stale_temps(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let me = std::process::id();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(pid) = temp_owner(name) else {
+                continue;
+            };
+            if pid != me && !Path::new("/proc").join(pid.to_string()).exists() {
+                let path = entry.path();
+                match fs::remove_file(&path) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "Removed a temp file left by a crash.")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "Cannot remove stale temp file.")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `.<name>.tmp-<pid>` beside `path`: hidden, and never matching a checkpoint name.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("checkpoint");
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// The pid in a temp file name written by [`temp_path`] for a checkpoint file.
+fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    if !(rest.starts_with(PREFIX) || rest.starts_with(INDEX_FILE)) {
+        return None;
+    }
+    let (_, pid) = rest.rsplit_once(".tmp-")?;
+    pid.parse().ok()
+}
+
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| CheckpointError::io(dir, "fsync directory", e))
+}
+
+/// (kept model steps ascending, steps whose files to delete). `current` is
+/// always kept; the other places go to the newest steps. EMA files whose
+/// model file is gone and that are not kept are deleted too.
+fn retention(steps: &Steps, current: u64, max_to_keep: usize) -> (Vec<u64>, Vec<u64>) {
+    let mut kept: Vec<u64> = if max_to_keep == 0 {
+        steps.model.clone()
+    } else {
+        let others = steps.model.iter().rev().filter(|&&s| s != current);
+        std::iter::once(current)
+            .chain(others.take(max_to_keep - 1).copied())
+            .collect()
+    };
+    if !kept.contains(&current) {
+        kept.push(current);
+    }
+    kept.sort_unstable();
+    let keep: HashSet<u64> = kept.iter().copied().collect();
+    let mut pruned: Vec<u64> = steps
+        .model
+        .iter()
+        .chain(&steps.ema)
+        .copied()
+        .filter(|s| !keep.contains(s))
+        .collect();
+    pruned.sort_unstable();
+    pruned.dedup();
+    (kept, pruned)
+}
+
+fn index_text(newest: &str, kept: &[u64]) -> String {
+    let mut text = format!("model_checkpoint_path: \"{newest}\"\n");
+    for &step in kept {
+        text.push_str(&format!(
+            "all_model_checkpoint_paths: \"{}\"\n",
+            model_file_name(step)
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::{GLOBAL_STEP, load, resolve, restore_latest};
+    use super::*;
+    use safetensors::{Dtype, SafeTensors};
+    use std::time::Instant;
+
+    #[test]
+    fn round_trip_preserves_values_step_and_shadows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = sample(1200, &SMALL);
+        let path = saver(tmp.path(), 5).save(&ckpt).unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-1200.safetensors"));
+        assert!(tmp.path().join("model.ckpt-1200.ema.safetensors").is_file());
+
+        let loaded = load(&path, Some(&small_specs())).unwrap();
+        assert_eq!(loaded, ckpt);
+        // Without a model to compare to, the file's own order is kept.
+        assert_eq!(load(&path, None).unwrap(), ckpt);
+        // The on-disk names are TensorFlow's.
+        let ema = fs::read(tmp.path().join("model.ckpt-1200.ema.safetensors")).unwrap();
+        let ema = SafeTensors::deserialize(&ema).unwrap();
+        let mut names = ema.names();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "layer1/biases/ExponentialMovingAverage",
+                "layer1/weights/ExponentialMovingAverage",
+                "layer2/biases/ExponentialMovingAverage",
+                "layer2/weights/ExponentialMovingAverage"
+            ]
+        );
+        let model = fs::read(&path).unwrap();
+        let model = SafeTensors::deserialize(&model).unwrap();
+        let step = model.tensor(GLOBAL_STEP).unwrap();
+        assert_eq!(step.dtype(), Dtype::I64);
+        assert!(step.shape().is_empty());
+        assert_eq!(step.data(), 1200i64.to_le_bytes());
+    }
+
+    #[test]
+    fn save_creates_dir_with_mode_0750() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        saver(&dir, 5);
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        // umask may only take bits away.
+        assert_eq!(mode & !0o750, 0, "mode {mode:o}");
+    }
+
+    #[test]
+    fn index_names_newest_and_all_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(1000, &SMALL)).unwrap();
+        s.save(&sample(1200, &SMALL)).unwrap();
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert_eq!(
+            index,
+            "model_checkpoint_path: \"model.ckpt-1200.safetensors\"\n\
+             all_model_checkpoint_paths: \"model.ckpt-1000.safetensors\"\n\
+             all_model_checkpoint_paths: \"model.ckpt-1200.safetensors\"\n"
+        );
+        assert_eq!(
+            resolve(tmp.path()).unwrap(),
+            tmp.path().join("model.ckpt-1200.safetensors")
+        );
+    }
+
+    #[test]
+    fn retention_keeps_newest_two_of_four() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 2);
+        for step in [10, 20, 30, 40] {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        assert_eq!(
+            names_in(tmp.path()),
+            [
+                "checkpoint",
+                "model.ckpt-30.ema.safetensors",
+                "model.ckpt-30.safetensors",
+                "model.ckpt-40.ema.safetensors",
+                "model.ckpt-40.safetensors"
+            ]
+        );
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert!(!index.contains("ckpt-20"), "{index}");
+        assert!(index.contains("all_model_checkpoint_paths: \"model.ckpt-30.safetensors\""));
+    }
+
+    #[test]
+    fn retention_always_keeps_the_checkpoint_just_written() {
+        // A newer (say damaged) checkpoint is kept for the operator, and the
+        // one just written, older by step, must survive it.
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(1000, &SMALL)).unwrap();
+        saver(tmp.path(), 1).save(&sample(800, &SMALL)).unwrap();
+        assert!(tmp.path().join("model.ckpt-800.safetensors").is_file());
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert!(index.starts_with("model_checkpoint_path: \"model.ckpt-800.safetensors\""));
+        assert_eq!(
+            names_in(tmp.path()),
+            [
+                "checkpoint",
+                "model.ckpt-800.ema.safetensors",
+                "model.ckpt-800.safetensors"
+            ]
+        );
+    }
+
+    #[test]
+    fn max_to_keep_zero_keeps_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 0);
+        for step in 1..=7 {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        assert_eq!(
+            scan_steps(tmp.path()).unwrap().model,
+            (1..=7).collect::<Vec<_>>()
+        );
+    }
+
+    fn fail_model_write(path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        if name.starts_with(".model.ckpt-") && !name.contains(".ema.") {
+            file.write_all(&bytes[..bytes.len() / 2])?;
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        file.write_all(bytes)
+    }
+
+    fn fail_index_write(path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+        if path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(".checkpoint")
+        {
+            return Err(io::Error::from_raw_os_error(libc::EACCES));
+        }
+        file.write_all(bytes)
+    }
+
+    #[test]
+    fn failed_write_changes_nothing_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = saver(tmp.path(), 1);
+        good.save(&sample(100, &SMALL)).unwrap();
+        let index = fs::read(tmp.path().join(INDEX_FILE)).unwrap();
+        let before = names_in(tmp.path());
+
+        let failing = Saver {
+            write: fail_model_write,
+            ..good.clone()
+        };
+        let err = failing.save(&sample(200, &SMALL)).unwrap_err();
+        match &err {
+            CheckpointError::Io { path, source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+                assert!(
+                    path.to_str()
+                        .unwrap()
+                        .contains("model.ckpt-200.safetensors"),
+                    "{err}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(names_in(tmp.path()), before);
+        assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
+        let (path, ckpt) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(
+            (path.file_name().unwrap().to_str().unwrap(), ckpt),
+            ("model.ckpt-100.safetensors", sample(100, &SMALL))
+        );
+    }
+
+    #[test]
+    fn failed_index_write_keeps_old_index_and_prunes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = saver(tmp.path(), 1);
+        good.save(&sample(100, &SMALL)).unwrap();
+        let index = fs::read(tmp.path().join(INDEX_FILE)).unwrap();
+        let failing = Saver {
+            write: fail_index_write,
+            ..good.clone()
+        };
+        let err = failing.save(&sample(200, &SMALL)).unwrap_err();
+        assert!(err.to_string().contains(".checkpoint.tmp-"), "{err}");
+        assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
+        // Nothing pruned before the index is written: both steps are there.
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [100, 200]);
+        assert!(!names_in(tmp.path()).iter().any(|n| n.contains(".tmp-")));
+        // The next good save tidies up.
+        good.save(&sample(300, &SMALL)).unwrap();
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [300]);
+    }
+
+    #[test]
+    fn next_save_removes_temp_files_of_dead_processes_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dead = tmp.path().join(".model.ckpt-5.safetensors.tmp-4000000000");
+        let live = tmp.path().join(format!(".checkpoint.tmp-{}", 1));
+        let unrelated = tmp.path().join(".hidden.tmp-4000000000");
+        for p in [&dead, &live, &unrelated] {
+            fs::write(p, b"x").unwrap();
+        }
+        saver(tmp.path(), 5).save(&sample(7, &SMALL)).unwrap();
+        assert!(!dead.exists());
+        assert!(live.exists(), "pid 1 is alive: its temp file may be in use");
+        assert!(unrelated.exists());
+    }
+
+    #[test]
+    fn save_refuses_what_would_not_load() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        let mut nan = sample(1, &SMALL);
+        nan.shadows[0].1[[0, 0]] = f32::INFINITY;
+        let mut unshadowed = sample(1, &SMALL);
+        unshadowed.shadows.pop();
+        let mut reserved = sample(1, &SMALL);
+        reserved.variables[0].0 = GLOBAL_STEP.into();
+        let mut huge = sample(1, &SMALL);
+        huge.global_step = u64::MAX;
+        for bad in [nan, unshadowed, reserved, huge] {
+            assert!(
+                matches!(s.save(&bad), Err(CheckpointError::Invalid { .. })),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(names_in(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn full_size_save_and_load_round_trips() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layers = [784, 500, 10];
+        let ckpt = sample(20000, &layers);
+        let s = saver(tmp.path(), 5);
+        let t = Instant::now();
+        let path = s.save(&ckpt).unwrap();
+        let saved = t.elapsed();
+        let t = Instant::now();
+        let (_, loaded) = restore_latest(tmp.path(), &specs(&layers))
+            .unwrap()
+            .unwrap();
+        let restored = t.elapsed();
+        assert_eq!(loaded, ckpt);
+        eprintln!(
+            "784-500-10: save {saved:?}, restore {restored:?}, {} bytes",
+            fs::metadata(path).unwrap().len()
+        );
+    }
+}
