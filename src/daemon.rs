@@ -36,10 +36,26 @@ pub enum Control {
 /// A daemon's failure, with the exit code it maps to.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The configuration cannot work (exit 78).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{0}")]
-    Runtime(String),
+    /// A signal handler could not be installed.
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// The ps's address cannot be bound (in use, not local, no permission).
+    #[error("ps:{task} cannot listen on {addr} (cluster.ps[{task}]): {source}")]
+    Listen {
+        task: usize,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ps's server failed.
+    #[error(transparent)]
+    Ps(#[from] crate::ps::PsError),
+    /// The worker stopped with an error.
+    #[error(transparent)]
+    Worker(#[from] worker::WorkerError),
 }
 
 impl DaemonError {
@@ -47,7 +63,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> u8 {
         match self {
             DaemonError::Config(_) => EX_CONFIG,
-            DaemonError::Runtime(_) => EX_FAILURE,
+            _ => EX_FAILURE,
         }
     }
 }
@@ -134,8 +150,7 @@ struct Controls {
 fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::unbounded_channel();
-    let sig =
-        |k: SignalKind| signal(k).map_err(|e| DaemonError::Runtime(format!("signal handler: {e}")));
+    let sig = |k: SignalKind| signal(k).map_err(DaemonError::Signals);
     let (mut term, mut int, mut hup) = (
         sig(SignalKind::terminate())?,
         sig(SignalKind::interrupt())?,
@@ -318,10 +333,14 @@ fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
     notifier.stopping();
 }
 
-/// `dtf-ps`: serves ps task `task` until the run is complete or it is stopped.
+/// `dtf-ps` and `dtf-worker`: one lifecycle for both roles. Installs the
+/// control sources, says so and exits at once on a complete run, serves
+/// metrics, then runs the role's job under [`supervise`] (reload, graceful
+/// stop, watchdog) until it ends.
 ///
-/// Errors: [`DaemonError::Config`] (exit 78) or [`DaemonError::Runtime`].
-pub async fn run_ps(
+/// Errors: [`DaemonError`]: exit 78 for configuration, 1 for the rest.
+pub async fn run(
+    role: Role,
     path: PathBuf,
     cfg: Config,
     task: TaskId,
@@ -330,74 +349,57 @@ pub async fn run_ps(
 ) -> Result<(), DaemonError> {
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
-    let addr = cfg.address(task).unwrap_or_default().to_string();
-    if let Some(step) = worker::completed_run(&cfg) {
-        info!(
-            global_step = step,
-            "The run is already complete (final checkpoint present); exiting."
-        );
-        announce_complete(&notifier, task, step);
-        return Ok(());
-    }
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
-        DaemonError::Runtime(format!(
-            "ps:{} cannot listen on {addr} (cluster.ps[{}]): {e}",
-            task.index, task.index
-        ))
-    })?;
-    let shutdown = CancellationToken::new();
-    let (tx, _rx) = watch::channel(Arc::new(cfg.clone()));
-    let _metrics = crate::metrics::spawn(Role::Ps, task.index, tx.subscribe());
-    notifier.ready(&format!("ps:{} serving on {addr}", task.index));
-    info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
-    let served = supervise(
-        controls,
-        &path,
-        tx,
-        log,
-        &notifier,
-        shutdown.clone(),
-        crate::ps::serve(&cfg, task.index, &credentials, listener, shutdown.clone()),
-    )
-    .await;
-    notifier.stopping();
-    match served {
-        Some(result) => result.map_err(|e| DaemonError::Runtime(e.to_string())),
-        None => Ok(()),
-    }
-}
-
-/// `dtf-worker`: trains as worker `task` until `last_step` or stopped.
-///
-/// Errors: [`DaemonError::Config`] (exit 78) or [`DaemonError::Runtime`].
-pub async fn run_worker(
-    path: PathBuf,
-    cfg: Config,
-    task: TaskId,
-    credentials: Credentials,
-    log: LogHandle,
-) -> Result<Outcome, DaemonError> {
-    let notifier = Notifier::default();
-    let controls = control_sources(&path)?;
-    // Any worker that can see the final checkpoint (the chief; others on
-    // its host) knows the run is over without asking ps tasks that have
-    // exited since.
+    // Any task that can see the final checkpoint (the chief; others on its
+    // host) knows the run is over without asking ps tasks that have exited.
     if let Some(step) = worker::completed_run(&cfg) {
         info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
         announce_complete(&notifier, task, step);
-        return Ok(Outcome::AlreadyComplete { global_step: step });
+        return Ok(());
     }
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
-    let _metrics = crate::metrics::spawn(Role::Worker, task.index, tx.subscribe());
-    let work = worker::run(rx, task.index, &credentials, shutdown.clone(), &notifier);
-    let out = supervise(controls, &path, tx, log, &notifier, shutdown, work).await;
-    let out = out.unwrap_or(Ok(Outcome::Stopped { global_step: 0 }));
-    if let Ok(Outcome::AlreadyComplete { global_step }) = out {
-        announce_complete(&notifier, task, global_step);
-    }
+    let _metrics = crate::metrics::spawn(role, task.index, tx.subscribe());
+    let job = async {
+        match role {
+            Role::Ps => serve_ps(rx, task, &credentials, &notifier, shutdown.clone()).await,
+            Role::Worker => {
+                let out =
+                    worker::run(rx, task.index, &credentials, shutdown.clone(), &notifier).await?;
+                if let Outcome::AlreadyComplete { global_step } = out {
+                    announce_complete(&notifier, task, global_step);
+                }
+                Ok(())
+            }
+        }
+    };
+    let out = supervise(controls, &path, tx, log, &notifier, shutdown.clone(), job).await;
     notifier.stopping();
-    out.map_err(|e| DaemonError::Runtime(e.to_string()))
+    // None: stopped before the task was ready, with nothing to drain.
+    out.unwrap_or(Ok(()))
+}
+
+/// The ps's job: listen on its address, say `READY=1`, serve until the run
+/// is complete or `shutdown`.
+async fn serve_ps(
+    config: watch::Receiver<Arc<Config>>,
+    task: TaskId,
+    credentials: &Credentials,
+    notifier: &Notifier,
+    shutdown: CancellationToken,
+) -> Result<(), DaemonError> {
+    let cfg = config.borrow().clone();
+    let addr = cfg.address(task).unwrap_or_default().to_string();
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            task: task.index,
+            addr: addr.clone(),
+            source,
+        })?;
+    notifier.ready(&format!("ps:{} serving on {addr}", task.index));
+    info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
+    crate::ps::serve(&cfg, task.index, credentials, listener, shutdown).await?;
+    Ok(())
 }
 
 /// A worker's progress, reported to systemd.
@@ -470,14 +472,7 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(EX_FAILURE);
         }
     };
-    let result = rt.block_on(async {
-        match role {
-            Role::Ps => run_ps(args.config, cfg, task, credentials, log).await,
-            Role::Worker => run_worker(args.config, cfg, task, credentials, log)
-                .await
-                .map(|_| ()),
-        }
-    });
+    let result = rt.block_on(run(role, args.config, cfg, task, credentials, log));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
