@@ -126,21 +126,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             json,
         } => {
-            let _log = dtf::daemon::init_logging("warn");
-            let base = match config {
-                Some(p) => Config::load(&p)?,
-                None => Config::default(),
-            };
-            let exe = std::env::current_exe().context("locating the dtf binary")?;
-            let bin_dir = exe
-                .parent()
-                .context("the dtf binary has no directory")?
-                .to_path_buf();
-            let mode = match mode {
-                ModeArg::Async => Mode::Async,
-                ModeArg::Sync => Mode::Sync,
-            };
-            let opts = dtf::local::Options {
+            let opts = LocalArgs {
                 ps,
                 workers,
                 steps,
@@ -148,34 +134,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 data,
                 checkpoint_dir,
                 save_secs,
-                bin_dir,
-                progress: std::io::stderr().is_terminal(),
-                base,
+                config,
             };
-            let run_dir = tempfile::Builder::new()
-                .prefix("dtf-local-")
-                .tempdir()
-                .context("creating a run directory")?
-                .keep();
-            eprintln!(
-                "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
-                run_dir.display()
-            );
-            let rt = tokio::runtime::Runtime::new()?;
-            let report = rt.block_on(dtf::local::run(&opts, &run_dir))?;
-            println!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
-                report.global_step,
-                report.test_accuracy,
-                report.ema_test_accuracy,
-                report.steps_per_sec,
-                report.seconds
-            );
-            println!("checkpoints: {}", report.checkpoint_dir.display());
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            }
-            Ok(ExitCode::SUCCESS)
+            local(opts, json)
         }
         Command::Eval { path, data, json } => {
             let ev = dtf::eval::evaluate(&path, &data)?;
@@ -243,4 +204,108 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         },
     }
+}
+
+/// `dtf local`'s options, as given on the command line.
+struct LocalArgs {
+    /// `--ps`.
+    ps: usize,
+    /// `--workers`.
+    workers: usize,
+    /// `--steps`.
+    steps: u64,
+    /// `--mode`.
+    mode: ModeArg,
+    /// `--data`.
+    data: Option<PathBuf>,
+    /// `--checkpoint-dir`.
+    checkpoint_dir: Option<PathBuf>,
+    /// `--save-secs`.
+    save_secs: Option<u64>,
+    /// `--config`.
+    config: Option<PathBuf>,
+}
+
+/// `dtf local`: exit 0 when trained, 130/143 when stopped by SIGINT/SIGTERM.
+fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
+    let _log = dtf::daemon::init_logging("warn");
+    let base = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let exe = std::env::current_exe().context("locating the dtf binary")?;
+    let bin_dir = exe
+        .parent()
+        .context("the dtf binary has no directory")?
+        .to_path_buf();
+    let mode = match args.mode {
+        ModeArg::Async => Mode::Async,
+        ModeArg::Sync => Mode::Sync,
+    };
+    let (ps, workers, steps) = (args.ps, args.workers, args.steps);
+    let opts = dtf::local::Options {
+        ps,
+        workers,
+        steps,
+        mode,
+        data: args.data,
+        checkpoint_dir: args.checkpoint_dir,
+        save_secs: args.save_secs,
+        bin_dir,
+        progress: std::io::stderr().is_terminal(),
+        base,
+        base_path: args.config,
+    };
+    let run_dir = tempfile::Builder::new()
+        .prefix("dtf-local-")
+        .tempdir()
+        .context("creating a run directory")?
+        .keep();
+    eprintln!(
+        "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
+        run_dir.display()
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
+    let say = |line: String| println!("{line}");
+    let code = match &outcome {
+        dtf::local::Outcome::Trained(report) => {
+            say(format!(
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
+                report.global_step,
+                report.test_accuracy,
+                report.ema_test_accuracy,
+                report.steps_per_sec,
+                report.seconds
+            ));
+            say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            ExitCode::SUCCESS
+        }
+        dtf::local::Outcome::Stopped(s) => {
+            for p in &s.problems {
+                eprintln!("warning: {p}");
+            }
+            let how = if s.forced { "killed" } else { "stopped" };
+            match (&s.global_step, &s.checkpoint) {
+                (Some(step), Some(path)) => say(format!(
+                    "{how} by {} at global step {step} of {}; newest checkpoint {}",
+                    s.signal.name(),
+                    s.last_step,
+                    path.display()
+                )),
+                _ => say(format!(
+                    "{how} by {} before any checkpoint was written (last step {})",
+                    s.signal.name(),
+                    s.last_step
+                )),
+            }
+            say(format!("logs: {}", s.run_dir.join("logs").display()));
+            say(format!("resume: {}", s.resume));
+            ExitCode::from(s.signal.exit_code())
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    }
+    Ok(code)
 }
