@@ -43,7 +43,7 @@ enum Command {
         /// Hyperparameters from this config file (cluster and paths are replaced).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Print one JSON object as the last line of stdout.
+        /// Print one JSON object on stdout, and the summary on stderr.
         #[arg(long)]
         json: bool,
     },
@@ -62,6 +62,9 @@ enum Command {
     Inspect {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Ask a running cluster: every task, its step, the newest checkpoint; exit 1 if a ps does not answer.
     Status {
@@ -172,9 +175,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Inspect { path } => {
+        Command::Inspect { path, json } => {
             let file = dtf::checkpoint::resolve(&path)?;
-            print!("{}", dtf::checkpoint::inspect(&file)?);
+            let inspection = dtf::checkpoint::inspect(&file)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&InspectJson::from(&inspection))?
+                );
+            } else {
+                print!("{inspection}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { config, json } => {
@@ -267,7 +278,14 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
-    let say = |line: String| println!("{line}");
+    // With --json, stdout holds the JSON alone; the lines for people go to stderr.
+    let say = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     let code = match &outcome {
         dtf::local::Outcome::Trained(report) => {
             say(format!(
@@ -309,3 +327,74 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
     }
     Ok(code)
 }
+
+/// `dtf inspect --json`: what [`dtf::checkpoint::Inspection`] holds, as one object.
+#[derive(serde::Serialize)]
+struct InspectJson<'a> {
+    /// The model file.
+    model: FileJson<'a>,
+    /// The EMA file, when it could be read.
+    ema: Option<FileJson<'a>>,
+    /// Why the EMA file could not be read.
+    ema_error: Option<&'a str>,
+    /// The pair verifies (checksums, shapes, names).
+    verified: bool,
+    /// What is wrong, when it does not.
+    problem: Option<&'a str>,
+}
+
+/// One safetensors file in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct FileJson<'a> {
+    /// Its path.
+    path: &'a std::path::Path,
+    /// Its size in bytes.
+    bytes: u64,
+    /// Its metadata (strings, as the file has them: `global_step` included).
+    metadata: &'a std::collections::BTreeMap<String, String>,
+    /// Its tensors, sorted by name.
+    tensors: Vec<TensorJson<'a>>,
+}
+
+/// One tensor in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct TensorJson<'a> {
+    /// Its name.
+    name: &'a str,
+    /// Its safetensors dtype (`F32`, `I64`).
+    dtype: &'a str,
+    /// Its dimensions; `[]` for a scalar.
+    shape: &'a [usize],
+}
+
+impl<'a> From<&'a dtf::checkpoint::InspectedFile> for FileJson<'a> {
+    fn from(f: &'a dtf::checkpoint::InspectedFile) -> Self {
+        FileJson {
+            path: &f.path,
+            bytes: f.bytes,
+            metadata: &f.metadata,
+            tensors: f
+                .tensors
+                .iter()
+                .map(|t| TensorJson {
+                    name: &t.name,
+                    dtype: &t.dtype,
+                    shape: &t.shape,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a dtf::checkpoint::Inspection> for InspectJson<'a> {
+    fn from(i: &'a dtf::checkpoint::Inspection) -> Self {
+        InspectJson {
+            model: FileJson::from(&i.model),
+            ema: i.ema.as_ref().ok().map(FileJson::from),
+            ema_error: i.ema.as_ref().err().map(String::as_str),
+            verified: i.problem.is_none(),
+            problem: i.problem.as_deref(),
+        }
+    }
+}
+

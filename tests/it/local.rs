@@ -16,6 +16,17 @@ fn dtf(args: &[&str]) -> std::process::Output {
     }
 }
 
+/// The whole of stdout as one JSON value: with `--json`, dtf prints nothing else there.
+fn sole_json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON value ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 fn last_json(out: &std::process::Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
@@ -56,7 +67,12 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let first = last_json(&out);
+    let first = sole_json(&out);
+    assert_eq!(first["outcome"], "trained", "{first}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("test accuracy"),
+        "with --json the summary goes to stderr"
+    );
     for key in [
         "global_step",
         "test_accuracy",
@@ -77,7 +93,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "second dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let second = last_json(&out);
+    let second = sole_json(&out);
     assert!(
         (200..=201).contains(&second["global_step"].as_u64().unwrap()),
         "{second}"
@@ -97,7 +113,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ours = last_json(&out);
+    let ours = sole_json(&out);
     assert_eq!(ours["global_step"], second["global_step"]);
     let file = ours["checkpoint"].as_str().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/checkpoint_numpy.py");
@@ -133,6 +149,28 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
             "inspect output lacks {needle}:\n{text}"
         );
     }
+    let out = dtf(&["inspect", ckpt_s, "--json"]);
+    assert!(out.status.success());
+    let json = sole_json(&out);
+    assert_eq!(json["verified"], true, "{json}");
+    assert_eq!(
+        json["model"]["metadata"]["global_step"],
+        second["global_step"].to_string().as_str(),
+        "{json}"
+    );
+    let tensors = json["model"]["tensors"].as_array().unwrap();
+    assert!(
+        tensors
+            .iter()
+            .any(|t| t["name"] == "layer1/weights" && t["dtype"] == "F32"),
+        "{json}"
+    );
+    let ema = json["ema"]["tensors"].as_array().unwrap();
+    assert!(
+        ema.iter()
+            .any(|t| t["name"] == "layer1/weights/ExponentialMovingAverage"),
+        "{json}"
+    );
 }
 
 #[test]
@@ -181,7 +219,7 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
         "dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let run_dir = last_json(&out)["run_dir"].as_str().unwrap().to_owned();
+    let run_dir = sole_json(&out)["run_dir"].as_str().unwrap().to_owned();
     for (k, log) in ["ps-0", "worker-0", "worker-1"].iter().enumerate() {
         let text = std::fs::read_to_string(format!("{run_dir}/logs/{log}.log")).unwrap();
         let port = base + k as u16;
@@ -392,9 +430,13 @@ fn sigterm_stops_local_with_a_final_checkpoint() {
     let (status, stdout) = run.wait(Duration::from_secs(90));
     let stderr = run.stderr();
     let step = assert_stopped_cleanly(status, &run_dir, &ckpt, libc::SIGTERM, &stderr);
-    let line = stdout.lines().last().unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("{e}: stdout:\n{stdout}\nstderr:\n{stderr}"));
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON value ({e}):\n{stdout}\nstderr:\n{stderr}")
+    });
+    assert!(
+        stderr.contains("stopped by SIGTERM") && stderr.contains("resume: dtf local"),
+        "with --json the summary goes to stderr:\n{stderr}"
+    );
     assert_eq!(json["outcome"], "stopped", "{json}");
     assert_eq!(json["signal"], "SIGTERM", "{json}");
     assert_eq!(json["forced"], false, "{json}");
