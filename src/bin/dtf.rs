@@ -8,8 +8,15 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Every flag may be given again, the last one winning, as most Unix tools
+/// do: a wrapper such as scripts/local.sh passes its defaults first and the
+/// user's arguments after them.
 #[derive(Parser)]
-#[command(version, about = "Distributed training with parameter servers")]
+#[command(
+    version,
+    about = "Distributed training with parameter servers",
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -398,3 +405,32 @@ impl<'a> From<&'a dtf::checkpoint::Inspection> for InspectJson<'a> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let cli = Cli::try_parse_from([
+            "dtf",
+            "local",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--steps",
+            "20000",
+            "--steps",
+            "500",
+            "--workers",
+            "3",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::Local {
+                ps, workers, steps, ..
+            } => assert_eq!((ps, workers, steps), (1, 3, 500)),
+            _ => panic!("not dtf local"),
+        }
+    }
+}
