@@ -456,3 +456,45 @@ fn local_tasks_die_with_a_killed_dtf_local() {
             .then_some(())
     });
 }
+
+/// The pid of `dtf local`'s task `bin` (`dtf-worker`) `index`, found by its command line.
+fn task_pid(run_dir: &std::path::Path, bin: &str, index: usize) -> i32 {
+    let config = run_dir.join("dtf.toml");
+    let wanted = format!("/{bin}\0--config\0{}\0--task\0{index}\0", config.display());
+    processes_with(config.to_str().unwrap())
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&wanted))
+        })
+        .unwrap_or_else(|| panic!("no {bin} {index} running"))
+}
+
+#[test]
+fn a_second_ctrl_c_kills_every_local_task_at_once() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, _) = training_local(&c, true);
+    // A worker that cannot act on SIGTERM keeps the graceful stop waiting
+    // (up to 35 s); only the second signal can end it sooner.
+    let frozen = task_pid(&run_dir, "dtf-worker", 1);
+    // SAFETY: a process of this test's dtf local, alive (just found).
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    let group = -(run.child.id() as i32);
+    // SAFETY: a process group this test created.
+    unsafe { libc::kill(group, libc::SIGINT) };
+    until(
+        Duration::from_secs(10),
+        "dtf local to begin its stop",
+        || run.stderr().contains("stopping the workers").then_some(()),
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(group, libc::SIGINT) };
+    let (status, stdout) = run.wait(Duration::from_secs(10));
+    let stderr = run.stderr();
+    assert_eq!(status.code(), Some(130), "stderr:\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}):\n{stdout}"));
+    assert_eq!(json["forced"], true, "{json}");
+    let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
+    assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
+}
