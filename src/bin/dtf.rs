@@ -319,7 +319,7 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
                     path.display()
                 )),
                 _ => say(format!(
-                    "{how} by {} before any checkpoint was written (last step {})",
+                    "{how} by {} with no usable checkpoint yet (last step {}); a new run starts afresh",
                     s.signal.name(),
                     s.last_step
                 )),
