@@ -596,8 +596,11 @@ async fn terminate(mut tasks: Vec<&mut Task>, limit: Duration) -> Vec<String> {
     for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
         match tokio::time::timeout_at(deadline, t.child.wait()).await {
             Ok(Ok(status)) => {
+                use std::os::unix::process::ExitStatusExt;
                 t.status = Some(status);
-                if !status.success() {
+                // A task that had not yet installed its handlers (just
+                // started) dies of the SIGTERM itself: that is the stop asked for.
+                if !status.success() && status.signal() != Some(libc::SIGTERM) {
                     problems.push(format!(
                         "{} exited with {status} while stopping; its log: {}",
                         t.name,
