@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # dtf's main job on a Debian 12 machine, as root: installs the Fashion-MNIST
 # data set, builds dtf, and trains the reference 784-500-10 MLP on a local
-# cluster (1 ps + 2 workers) to step 20000. Extra arguments go to `dtf local`.
+# cluster (1 ps + 2 workers) to step 20000. Extra arguments go to `dtf local`
+# after these defaults, and the last of a repeated flag wins, so they override
+# them: ./scripts/local.sh --steps 2000 --workers 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive

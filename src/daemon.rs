@@ -412,19 +412,83 @@ impl Reporter for Notifier {
     }
 }
 
-/// The command line both daemons share.
+/// The command line both daemons share; [`Args::parse_for`] fits its help
+/// to one of them. `--task_index` and `--job_name` are TensorFlow's spelling
+/// (`tf.app.flags` in the reference program), so its launch scripts work.
 #[derive(Debug, clap::Parser)]
 #[command(version, about)]
 pub struct Args {
     /// The cluster configuration file.
     #[arg(long, short = 'c', default_value = config::DEFAULT_PATH, env = "DTF_CONFIG")]
     pub config: PathBuf,
-    /// This task's index in its role's address list (the unit instance: dtf-ps@N).
+    /// This task's index in its role's address list (the N of the unit instance).
     /// Default: TF_CONFIG's task.
-    #[arg(long, short = 't')]
+    #[arg(long, short = 't', visible_alias = "task_index")]
     pub task: Option<usize>,
+    /// TensorFlow's job name: accepted when it is this daemon's role.
+    #[arg(long = "job_name", value_name = "ROLE")]
+    pub job_name: Option<String>,
+    /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<DaemonCommand>,
+}
+
+impl Args {
+    /// Parses the command line of the daemon for `role`, exiting with usage
+    /// (2) on a bad one; the help names that daemon and its unit.
+    pub fn parse_for(role: Role) -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let (name, about) = match role {
+            Role::Ps => (
+                "dtf-ps",
+                "A parameter-server task of a dtf cluster (dtf-ps@N.service)",
+            ),
+            Role::Worker => (
+                "dtf-worker",
+                "A worker task of a dtf cluster (dtf-worker@N.service); worker 0 is the chief",
+            ),
+        };
+        let command = Args::command()
+            .name(name)
+            .about(about)
+            .mut_arg("task", |a| {
+                a.help(format!(
+                    "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
+                ))
+            })
+            .mut_arg("job_name", |a| {
+                a.help(format!(
+                    "TensorFlow's --job_name; must be \"{role}\" for {name} (exit 78 otherwise)"
+                ))
+            });
+        Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// TensorFlow starts every task from one program with `--job_name`; here
+/// each role has its own daemon, so a job name that is not this daemon's role
+/// is a mistake in the unit or script, caught before it serves as the wrong
+/// kind of task.
+///
+/// Errors: [`ConfigError::Key`] naming the daemon to use instead.
+pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigError> {
+    let Some(job) = job_name else {
+        return Ok(());
+    };
+    if job == role.to_string() {
+        return Ok(());
+    }
+    let instead = match job {
+        "ps" => "use dtf-ps for ps tasks".to_string(),
+        "worker" => "use dtf-worker for worker tasks".to_string(),
+        "chief" => "the chief is worker 0: dtf-worker --task 0".to_string(),
+        _ => "dtf's job names are ps and worker".to_string(),
+    };
+    Err(ConfigError::Key {
+        origin: "command line".into(),
+        key: format!("--job_name {job}"),
+        problem: format!("this is dtf-{role}, which runs {role} tasks only ({instead})"),
+    })
 }
 
 /// Subcommands of the daemons.
@@ -436,17 +500,19 @@ pub enum DaemonCommand {
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
-    let (cfg, task, credentials) =
-        match Config::load_task(&args.config, args.task, role).and_then(|(c, t)| {
+    let loaded = check_job_name(role, args.job_name.as_deref())
+        .and_then(|()| Config::load_task(&args.config, args.task, role))
+        .and_then(|(c, t)| {
             let credentials = Credentials::load(&c)?;
             Ok((c, t, credentials))
-        }) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return std::process::ExitCode::from(EX_CONFIG);
-            }
-        };
+        });
+    let (cfg, task, credentials) = match loaded {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(EX_CONFIG);
+        }
+    };
     if let Some(DaemonCommand::CheckConfig) = args.command {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.

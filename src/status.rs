@@ -32,7 +32,9 @@ pub struct TaskStatus {
     pub reachable: Option<bool>,
     /// Why it did not answer.
     pub error: Option<String>,
-    /// Changes on every ps start.
+    /// Changes on every ps start. A string in JSON: a random 64-bit id
+    /// loses its low bits as a JSON number read into a double (JavaScript, jq).
+    #[serde(serialize_with = "as_decimal_string")]
     pub incarnation: Option<u64>,
     /// The shard holds values.
     pub initialized: Option<bool>,
@@ -42,6 +44,14 @@ pub struct TaskStatus {
     pub examples_per_sec: Option<f64>,
     /// The chief declared the run complete.
     pub complete: Option<bool>,
+}
+
+/// Serializes a 64-bit id as its decimal string (`null` when absent).
+fn as_decimal_string<S: serde::Serializer>(id: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match id {
+        Some(id) => s.collect_str(id),
+        None => s.serialize_none(),
+    }
 }
 
 /// The newest checkpoint in `checkpoint.dir`, when that is readable from here.

@@ -8,8 +8,15 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Every flag may be given again, the last one winning, as most Unix tools
+/// do: a wrapper such as scripts/local.sh passes its defaults first and the
+/// user's arguments after them.
 #[derive(Parser)]
-#[command(version, about = "Distributed training with parameter servers")]
+#[command(
+    version,
+    about = "Distributed training with parameter servers",
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -43,7 +50,7 @@ enum Command {
         /// Hyperparameters from this config file (cluster and paths are replaced).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Print one JSON object as the last line of stdout.
+        /// Print one JSON object on stdout, and the summary on stderr.
         #[arg(long)]
         json: bool,
     },
@@ -62,6 +69,9 @@ enum Command {
     Inspect {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Ask a running cluster: every task, its step, the newest checkpoint; exit 1 if a ps does not answer.
     Status {
@@ -126,21 +136,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             json,
         } => {
-            let _log = dtf::daemon::init_logging("warn");
-            let base = match config {
-                Some(p) => Config::load(&p)?,
-                None => Config::default(),
-            };
-            let exe = std::env::current_exe().context("locating the dtf binary")?;
-            let bin_dir = exe
-                .parent()
-                .context("the dtf binary has no directory")?
-                .to_path_buf();
-            let mode = match mode {
-                ModeArg::Async => Mode::Async,
-                ModeArg::Sync => Mode::Sync,
-            };
-            let opts = dtf::local::Options {
+            let opts = LocalArgs {
                 ps,
                 workers,
                 steps,
@@ -148,34 +144,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 data,
                 checkpoint_dir,
                 save_secs,
-                bin_dir,
-                progress: std::io::stderr().is_terminal(),
-                base,
+                config,
             };
-            let run_dir = tempfile::Builder::new()
-                .prefix("dtf-local-")
-                .tempdir()
-                .context("creating a run directory")?
-                .keep();
-            eprintln!(
-                "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
-                run_dir.display()
-            );
-            let rt = tokio::runtime::Runtime::new()?;
-            let report = rt.block_on(dtf::local::run(&opts, &run_dir))?;
-            println!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
-                report.global_step,
-                report.test_accuracy,
-                report.ema_test_accuracy,
-                report.steps_per_sec,
-                report.seconds
-            );
-            println!("checkpoints: {}", report.checkpoint_dir.display());
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            }
-            Ok(ExitCode::SUCCESS)
+            local(opts, json)
         }
         Command::Eval { path, data, json } => {
             let ev = dtf::eval::evaluate(&path, &data)?;
@@ -211,9 +182,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Inspect { path } => {
+        Command::Inspect { path, json } => {
             let file = dtf::checkpoint::resolve(&path)?;
-            print!("{}", dtf::checkpoint::inspect(&file)?);
+            let inspection = dtf::checkpoint::inspect(&file)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&InspectJson::from(&inspection))?
+                );
+            } else {
+                print!("{inspection}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { config, json } => {
@@ -242,5 +221,216 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
             }
         },
+    }
+}
+
+/// `dtf local`'s options, as given on the command line.
+struct LocalArgs {
+    /// `--ps`.
+    ps: usize,
+    /// `--workers`.
+    workers: usize,
+    /// `--steps`.
+    steps: u64,
+    /// `--mode`.
+    mode: ModeArg,
+    /// `--data`.
+    data: Option<PathBuf>,
+    /// `--checkpoint-dir`.
+    checkpoint_dir: Option<PathBuf>,
+    /// `--save-secs`.
+    save_secs: Option<u64>,
+    /// `--config`.
+    config: Option<PathBuf>,
+}
+
+/// `dtf local`: exit 0 when trained, 130/143 when stopped by SIGINT/SIGTERM.
+fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
+    let _log = dtf::daemon::init_logging("warn");
+    let base = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let exe = std::env::current_exe().context("locating the dtf binary")?;
+    let bin_dir = exe
+        .parent()
+        .context("the dtf binary has no directory")?
+        .to_path_buf();
+    let mode = match args.mode {
+        ModeArg::Async => Mode::Async,
+        ModeArg::Sync => Mode::Sync,
+    };
+    let (ps, workers, steps) = (args.ps, args.workers, args.steps);
+    let opts = dtf::local::Options {
+        ps,
+        workers,
+        steps,
+        mode,
+        data: args.data,
+        checkpoint_dir: args.checkpoint_dir,
+        save_secs: args.save_secs,
+        bin_dir,
+        progress: std::io::stderr().is_terminal(),
+        base,
+        base_path: args.config,
+    };
+    let run_dir = tempfile::Builder::new()
+        .prefix("dtf-local-")
+        .tempdir()
+        .context("creating a run directory")?
+        .keep();
+    eprintln!(
+        "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
+        run_dir.display()
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
+    // With --json, stdout holds the JSON alone; the lines for people go to stderr.
+    let say = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let code = match &outcome {
+        dtf::local::Outcome::Trained(report) => {
+            say(format!(
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
+                report.global_step,
+                report.test_accuracy,
+                report.ema_test_accuracy,
+                report.steps_per_sec,
+                report.seconds
+            ));
+            say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            ExitCode::SUCCESS
+        }
+        dtf::local::Outcome::Stopped(s) => {
+            for p in &s.problems {
+                eprintln!("warning: {p}");
+            }
+            let how = if s.forced { "killed" } else { "stopped" };
+            match (&s.global_step, &s.checkpoint) {
+                (Some(step), Some(path)) => say(format!(
+                    "{how} by {} at global step {step} of {}; newest checkpoint {}",
+                    s.signal.name(),
+                    s.last_step,
+                    path.display()
+                )),
+                _ => say(format!(
+                    "{how} by {} with no usable checkpoint yet (last step {}); a new run starts afresh",
+                    s.signal.name(),
+                    s.last_step
+                )),
+            }
+            say(format!("logs: {}", s.run_dir.join("logs").display()));
+            say(format!("resume: {}", s.resume));
+            ExitCode::from(s.signal.exit_code())
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    }
+    Ok(code)
+}
+
+/// `dtf inspect --json`: what [`dtf::checkpoint::Inspection`] holds, as one object.
+#[derive(serde::Serialize)]
+struct InspectJson<'a> {
+    /// The model file.
+    model: FileJson<'a>,
+    /// The EMA file, when it could be read.
+    ema: Option<FileJson<'a>>,
+    /// Why the EMA file could not be read.
+    ema_error: Option<&'a str>,
+    /// The pair verifies (checksums, shapes, names).
+    verified: bool,
+    /// What is wrong, when it does not.
+    problem: Option<&'a str>,
+}
+
+/// One safetensors file in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct FileJson<'a> {
+    /// Its path.
+    path: &'a std::path::Path,
+    /// Its size in bytes.
+    bytes: u64,
+    /// Its metadata (strings, as the file has them: `global_step` included).
+    metadata: &'a std::collections::BTreeMap<String, String>,
+    /// Its tensors, sorted by name.
+    tensors: Vec<TensorJson<'a>>,
+}
+
+/// One tensor in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct TensorJson<'a> {
+    /// Its name.
+    name: &'a str,
+    /// Its safetensors dtype (`F32`, `I64`).
+    dtype: &'a str,
+    /// Its dimensions; `[]` for a scalar.
+    shape: &'a [usize],
+}
+
+impl<'a> From<&'a dtf::checkpoint::InspectedFile> for FileJson<'a> {
+    fn from(f: &'a dtf::checkpoint::InspectedFile) -> Self {
+        FileJson {
+            path: &f.path,
+            bytes: f.bytes,
+            metadata: &f.metadata,
+            tensors: f
+                .tensors
+                .iter()
+                .map(|t| TensorJson {
+                    name: &t.name,
+                    dtype: &t.dtype,
+                    shape: &t.shape,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a dtf::checkpoint::Inspection> for InspectJson<'a> {
+    fn from(i: &'a dtf::checkpoint::Inspection) -> Self {
+        InspectJson {
+            model: FileJson::from(&i.model),
+            ema: i.ema.as_ref().ok().map(FileJson::from),
+            ema_error: i.ema.as_ref().err().map(String::as_str),
+            verified: i.problem.is_none(),
+            problem: i.problem.as_deref(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let cli = Cli::try_parse_from([
+            "dtf",
+            "local",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--steps",
+            "20000",
+            "--steps",
+            "500",
+            "--workers",
+            "3",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::Local {
+                ps, workers, steps, ..
+            } => assert_eq!((ps, workers, steps), (1, 3, 500)),
+            _ => panic!("not dtf local"),
+        }
     }
 }

@@ -289,7 +289,12 @@ fn sigterm_mid_run_finishes_the_step_and_the_chief_checkpoints() {
             }
         },
     ));
-    let before = checkpoint_steps(&c.cfg.checkpoint.dir);
+    // The initial checkpoint is written off the training path: under load it
+    // may land after step 50.
+    let before = until(SOON, "the initial checkpoint", || {
+        let steps = checkpoint_steps(&c.cfg.checkpoint.dir);
+        (!steps.is_empty()).then_some(steps)
+    });
     assert_eq!(before, vec![0], "only the initial checkpoint so far");
 
     c.signal("worker:1", libc::SIGTERM);
@@ -388,4 +393,68 @@ fn a_second_sigterm_exits_a_stuck_stop_at_once() {
         "{}",
         c.log("worker:0")
     );
+}
+
+/// `dtf-ROLE ARGS` to completion.
+fn daemon(role: &str, args: &[&str]) -> Ran {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    run(&format!("dtf-{role}"), &args, &[], Duration::from_secs(30))
+}
+
+#[test]
+fn daemons_take_tensorflow_job_name_and_task_index() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let config = c.config_path.to_str().unwrap();
+    for (role, index) in [("ps", "0"), ("worker", "1")] {
+        let job = format!("--job_name={role}");
+        let ran = daemon(
+            role,
+            &["-c", config, &job, "--task_index", index, "check-config"],
+        );
+        assert!(
+            ran.status.success() && ran.stdout.contains(&format!("valid for {role}:{index}")),
+            "dtf-{role} {job} --task_index {index}: {}\n{}",
+            ran.status,
+            ran.stderr
+        );
+    }
+    // A job name that is not the daemon's role is a configuration error.
+    let ran = daemon(
+        "worker",
+        &[
+            "-c",
+            config,
+            "--job_name",
+            "ps",
+            "--task_index",
+            "0",
+            "check-config",
+        ],
+    );
+    assert_eq!(ran.status.code(), Some(78), "stderr:\n{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("--job_name ps") && ran.stderr.contains("use dtf-ps"),
+        "the message names the flag and the daemon to use:\n{}",
+        ran.stderr
+    );
+    let ran = daemon(
+        "ps",
+        &["-c", config, "--job_name", "worker", "--task_index", "0"],
+    );
+    assert_eq!(ran.status.code(), Some(78), "stderr:\n{}", ran.stderr);
+}
+
+#[test]
+fn each_daemon_help_names_its_own_unit() {
+    for (role, other) in [("ps", "worker"), ("worker", "ps")] {
+        let ran = daemon(role, &["--help"]);
+        assert!(ran.status.success(), "{}", ran.stderr);
+        assert!(
+            ran.stdout.contains(&format!("dtf-{role}@N"))
+                && !ran.stdout.contains(&format!("dtf-{other}@")),
+            "dtf-{role} --help:\n{}",
+            ran.stdout
+        );
+        assert!(ran.stdout.contains("--task_index"), "{}", ran.stdout);
+    }
 }

@@ -96,6 +96,10 @@ fn clap_flags(cmd: &clap::Command) -> BTreeSet<String> {
         if let Some(l) = arg.get_long() {
             flags.insert(format!("--{l}"));
         }
+        // A visible alias is part of the interface (`--task_index`).
+        for alias in arg.get_visible_aliases().unwrap_or_default() {
+            flags.insert(format!("--{alias}"));
+        }
     }
     flags
 }

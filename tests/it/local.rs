@@ -16,6 +16,17 @@ fn dtf(args: &[&str]) -> std::process::Output {
     }
 }
 
+/// The whole of stdout as one JSON value: with `--json`, dtf prints nothing else there.
+fn sole_json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON value ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 fn last_json(out: &std::process::Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
@@ -56,7 +67,12 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let first = last_json(&out);
+    let first = sole_json(&out);
+    assert_eq!(first["outcome"], "trained", "{first}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("test accuracy"),
+        "with --json the summary goes to stderr"
+    );
     for key in [
         "global_step",
         "test_accuracy",
@@ -77,7 +93,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "second dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let second = last_json(&out);
+    let second = sole_json(&out);
     assert!(
         (200..=201).contains(&second["global_step"].as_u64().unwrap()),
         "{second}"
@@ -97,7 +113,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ours = last_json(&out);
+    let ours = sole_json(&out);
     assert_eq!(ours["global_step"], second["global_step"]);
     let file = ours["checkpoint"].as_str().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/checkpoint_numpy.py");
@@ -133,6 +149,28 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
             "inspect output lacks {needle}:\n{text}"
         );
     }
+    let out = dtf(&["inspect", ckpt_s, "--json"]);
+    assert!(out.status.success());
+    let json = sole_json(&out);
+    assert_eq!(json["verified"], true, "{json}");
+    assert_eq!(
+        json["model"]["metadata"]["global_step"],
+        second["global_step"].to_string().as_str(),
+        "{json}"
+    );
+    let tensors = json["model"]["tensors"].as_array().unwrap();
+    assert!(
+        tensors
+            .iter()
+            .any(|t| t["name"] == "layer1/weights" && t["dtype"] == "F32"),
+        "{json}"
+    );
+    let ema = json["ema"]["tensors"].as_array().unwrap();
+    assert!(
+        ema.iter()
+            .any(|t| t["name"] == "layer1/weights/ExponentialMovingAverage"),
+        "{json}"
+    );
 }
 
 #[test]
@@ -181,7 +219,7 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
         "dtf local failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let run_dir = last_json(&out)["run_dir"].as_str().unwrap().to_owned();
+    let run_dir = sole_json(&out)["run_dir"].as_str().unwrap().to_owned();
     for (k, log) in ["ps-0", "worker-0", "worker-1"].iter().enumerate() {
         let text = std::fs::read_to_string(format!("{run_dir}/logs/{log}.log")).unwrap();
         let port = base + k as u16;
@@ -191,4 +229,272 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
         );
         assert!(!text.contains("Cannot serve metrics"), "{log}:\n{text}");
     }
+}
+
+/// A `dtf local` started in the background, its output collected as it comes.
+struct Background {
+    /// The `dtf local` process.
+    child: std::process::Child,
+    /// What it printed on stdout so far.
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    /// What it printed on stderr so far.
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Background {
+    /// Starts `dtf ARGS` in a process group of its own, as a shell starts a
+    /// foreground job: a signal to the group is then what Ctrl-C sends.
+    fn start(args: &[&str]) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(bin("dtf"))
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("TF_CONFIG")
+            .env_remove("DTF_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let collect = |mut r: Box<dyn std::io::Read + Send>| {
+            let buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let b = buf.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = r.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    b.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
+                }
+            });
+            buf
+        };
+        let stdout = collect(Box::new(child.stdout.take().unwrap()));
+        let stderr = collect(Box::new(child.stderr.take().unwrap()));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The run directory `dtf local` announces on stderr.
+    fn run_dir(&self) -> std::path::PathBuf {
+        until(
+            Duration::from_secs(30),
+            "dtf local to name its run directory",
+            || {
+                let err = self.stderr();
+                let line = err.lines().find(|l| l.contains("run directory "))?;
+                Some(line.rsplit_once("run directory ")?.1.trim().into())
+            },
+        )
+    }
+
+    /// Waits for it to exit (test failure past `deadline`); its status and stdout.
+    fn wait(&mut self, deadline: Duration) -> (std::process::ExitStatus, String) {
+        let status = until(deadline, "dtf local to exit", || {
+            self.child.try_wait().unwrap()
+        });
+        // The readers finish once the pipes close, shortly after the exit.
+        let out = until(Duration::from_secs(10), "dtf local's output to end", || {
+            (std::sync::Arc::strong_count(&self.stdout) == 1
+                && std::sync::Arc::strong_count(&self.stderr) == 1)
+                .then(|| self.stdout.lock().unwrap().clone())
+        });
+        (status, out)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pids of the live processes whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// A long `dtf local` on the tiny data set whose only periodic checkpoint is
+/// the initial one (save_secs is an hour), running until the chief has
+/// trained a while: returns it, its run directory and its checkpoint dir.
+fn training_local(c: &Cluster, json: bool) -> (Background, std::path::PathBuf, std::path::PathBuf) {
+    let ckpt = c.dir.path().join("kept");
+    let mut args = vec![
+        "local",
+        "--config",
+        c.config_path.to_str().unwrap(),
+        "--steps",
+        "100000000",
+        "--save-secs",
+        "3600",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ];
+    if json {
+        args.push("--json");
+    }
+    let run = Background::start(&args);
+    let run_dir = run.run_dir();
+    let chief = run_dir.join("logs/worker-0.log");
+    until(
+        Duration::from_secs(60),
+        "the chief to make progress",
+        || {
+            let log = std::fs::read_to_string(&chief).ok()?;
+            log.contains("Progress.").then_some(())
+        },
+    );
+    assert_eq!(
+        processes_with(run_dir.join("dtf.toml").to_str().unwrap()).len(),
+        3,
+        "one ps and two workers run"
+    );
+    (run, run_dir, ckpt)
+}
+
+/// What a stop by `sig` must leave: the children gone, a final checkpoint
+/// past the initial one, exit 128 + `sig`.
+fn assert_stopped_cleanly(
+    status: std::process::ExitStatus,
+    run_dir: &std::path::Path,
+    ckpt: &std::path::Path,
+    sig: i32,
+    stderr: &str,
+) -> u64 {
+    assert_eq!(status.code(), Some(128 + sig), "stderr:\n{stderr}");
+    let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
+    assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
+    let steps = checkpoint_steps(ckpt);
+    let last = steps.last().copied().unwrap_or(0);
+    assert!(
+        last > 0 && steps.len() >= 2,
+        "a final checkpoint past the initial one, found steps {steps:?}; chief's log:\n{}",
+        std::fs::read_to_string(run_dir.join("logs/worker-0.log")).unwrap_or_default()
+    );
+    last
+}
+
+#[test]
+fn ctrl_c_stops_local_with_a_final_checkpoint_and_says_how_to_resume() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, ckpt) = training_local(&c, false);
+    // Ctrl-C: SIGINT to the whole foreground process group.
+    // SAFETY: a process group this test created.
+    unsafe { libc::kill(-(run.child.id() as i32), libc::SIGINT) };
+    let (status, stdout) = run.wait(Duration::from_secs(90));
+    let stderr = run.stderr();
+    let step = assert_stopped_cleanly(status, &run_dir, &ckpt, libc::SIGINT, &stderr);
+    assert!(
+        stdout.contains(&format!("stopped by SIGINT at global step {step}")),
+        "the summary names the step of the final checkpoint; stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let resume = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("resume: "))
+        .unwrap_or_else(|| panic!("no resume line in:\n{stdout}"));
+    assert!(
+        resume.starts_with("dtf local ")
+            && resume.contains(&format!("--checkpoint-dir {}", ckpt.display()))
+            && resume.contains("--steps 100000000"),
+        "{resume}"
+    );
+}
+
+#[test]
+fn sigterm_stops_local_with_a_final_checkpoint() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, ckpt) = training_local(&c, true);
+    // SAFETY: a pid this test spawned and has not reaped.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGTERM) };
+    let (status, stdout) = run.wait(Duration::from_secs(90));
+    let stderr = run.stderr();
+    let step = assert_stopped_cleanly(status, &run_dir, &ckpt, libc::SIGTERM, &stderr);
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON value ({e}):\n{stdout}\nstderr:\n{stderr}")
+    });
+    assert!(
+        stderr.contains("stopped by SIGTERM") && stderr.contains("resume: dtf local"),
+        "with --json the summary goes to stderr:\n{stderr}"
+    );
+    assert_eq!(json["outcome"], "stopped", "{json}");
+    assert_eq!(json["signal"], "SIGTERM", "{json}");
+    assert_eq!(json["forced"], false, "{json}");
+    assert_eq!(json["global_step"].as_u64(), Some(step), "{json}");
+}
+
+#[test]
+fn local_tasks_die_with_a_killed_dtf_local() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, _) = training_local(&c, false);
+    run.child.kill().unwrap();
+    run.child.wait().unwrap();
+    let config = run_dir.join("dtf.toml");
+    until(Duration::from_secs(10), "every task to exit", || {
+        processes_with(config.to_str().unwrap())
+            .is_empty()
+            .then_some(())
+    });
+}
+
+/// The pid of `dtf local`'s task `bin` (`dtf-worker`) `index`, found by its command line.
+fn task_pid(run_dir: &std::path::Path, bin: &str, index: usize) -> i32 {
+    let config = run_dir.join("dtf.toml");
+    let wanted = format!("/{bin}\0--config\0{}\0--task\0{index}\0", config.display());
+    processes_with(config.to_str().unwrap())
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&wanted))
+        })
+        .unwrap_or_else(|| panic!("no {bin} {index} running"))
+}
+
+#[test]
+fn a_second_ctrl_c_kills_every_local_task_at_once() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, _) = training_local(&c, true);
+    // A worker that cannot act on SIGTERM keeps the graceful stop waiting
+    // (up to 35 s); only the second signal can end it sooner.
+    let frozen = task_pid(&run_dir, "dtf-worker", 1);
+    // SAFETY: a process of this test's dtf local, alive (just found).
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    let group = -(run.child.id() as i32);
+    // SAFETY: a process group this test created.
+    unsafe { libc::kill(group, libc::SIGINT) };
+    until(
+        Duration::from_secs(10),
+        "dtf local to begin its stop",
+        || run.stderr().contains("stopping the workers").then_some(()),
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(group, libc::SIGINT) };
+    let (status, stdout) = run.wait(Duration::from_secs(10));
+    let stderr = run.stderr();
+    assert_eq!(status.code(), Some(130), "stderr:\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}):\n{stdout}"));
+    assert_eq!(json["forced"], true, "{json}");
+    let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
+    assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
 }

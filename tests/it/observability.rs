@@ -309,7 +309,13 @@ fn status_lists_every_task_and_fails_when_a_ps_is_down() {
         assert_eq!(t["address"], addr.as_str());
     }
     assert_eq!(tasks[0]["reachable"], true);
-    assert!(tasks[0]["incarnation"].as_u64().is_some());
+    // A string: a 64-bit id would lose bits as a JSON number read into a double.
+    let incarnation = tasks[0]["incarnation"].as_str().unwrap_or_default();
+    assert!(
+        incarnation.parse::<u64>().is_ok(),
+        "incarnation {:?} is not a decimal string",
+        tasks[0]["incarnation"]
+    );
     assert_eq!(
         tasks[2]["reachable"],
         Value::Null,
