@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
-use super::restore::{ema_sibling, load, read, resolve};
+use super::restore::{Limit, ema_sibling, load, read, resolve};
 use super::{CRC_PREFIX, CheckpointError};
 
 // ---------------------------------------------------------------------------
@@ -49,7 +49,7 @@ pub struct Inspection {
 }
 
 fn inspect_file(path: &Path) -> Result<InspectedFile, CheckpointError> {
-    let bytes = read(path)?;
+    let bytes = read(path, Limit::ANY)?;
     let (_, header) =
         SafeTensors::read_metadata(&bytes).map_err(|source| CheckpointError::Safetensors {
             path: path.to_path_buf(),

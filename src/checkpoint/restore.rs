@@ -2,15 +2,20 @@
 //! the directory scan they share with retention.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::format::parse;
 use super::{
-    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MODEL_EXT, model_file_name, parse_ema_name,
-    parse_model_name,
+    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MAX_FILE_BYTES, MAX_HEADER_BYTES, MODEL_EXT,
+    model_file_name, parse_ema_name, parse_model_name,
 };
 use crate::model::VarSpec;
+
+/// The most bytes of the `checkpoint` index read: about 60 bytes a line, so
+/// some 17,000 kept checkpoints (`max_to_keep = 0` keeps all).
+const MAX_INDEX_BYTES: u64 = 1 << 20;
 
 /// Steps found in `dir`: (model files, EMA files), each ascending.
 pub(super) struct Steps {
@@ -69,8 +74,110 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
     ))
 }
 
-pub(super) fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    fs::read(path).map_err(|e| CheckpointError::io(path, "read", e))
+/// Reads a checkpoint file, refusing what is not a regular file or is larger
+/// than `limit` bytes — the one way checkpoint files are read.
+///
+/// `O_NONBLOCK` makes `open` return at once on a FIFO (it would otherwise wait
+/// for a writer, before the daemon has logged anything and deaf to SIGTERM);
+/// the checks run on the opened descriptor (`fstat`), so a file swapped after
+/// a `stat` of the path cannot slip past them. Reads at most `limit` bytes
+/// even if the file grows meanwhile. (On a regular file `O_NONBLOCK` changes
+/// nothing.)
+///
+/// Errors: [`CheckpointError::Io`], [`CheckpointError::NotRegular`],
+/// [`CheckpointError::TooLarge`].
+pub(super) fn read(path: &Path, limit: Limit) -> Result<Vec<u8>, CheckpointError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| CheckpointError::io(path, "open", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| CheckpointError::io(path, "stat", e))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Err(CheckpointError::NotRegular {
+            path: path.to_path_buf(),
+            what: describe(kind),
+        });
+    }
+    if meta.len() > limit.bytes {
+        return Err(CheckpointError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit: limit.bytes,
+            allowed: limit.allowed,
+        });
+    }
+    // The size is within `limit`, which may be 8 GiB: allocate as we read.
+    let mut bytes = Vec::new();
+    file.take(limit.bytes)
+        .read_to_end(&mut bytes)
+        .map_err(|e| CheckpointError::io(path, "read", e))?;
+    Ok(bytes)
+}
+
+/// What a non-regular file is, for [`CheckpointError::NotRegular`].
+fn describe(kind: fs::FileType) -> &'static str {
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The most bytes [`read`] takes from one file.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limit {
+    /// The bound itself.
+    pub(super) bytes: u64,
+    /// What the bound allows, for [`CheckpointError::TooLarge`].
+    pub(super) allowed: &'static str,
+}
+
+impl Limit {
+    /// For a model unknown here: [`MAX_FILE_BYTES`].
+    pub(super) const ANY: Limit = Limit {
+        bytes: MAX_FILE_BYTES,
+        allowed: "dtf reads as a checkpoint file when the model is not known",
+    };
+
+    /// For the `checkpoint` index: a line per kept checkpoint.
+    pub(super) const INDEX: Limit = Limit {
+        bytes: MAX_INDEX_BYTES,
+        allowed: "a checkpoint index may have",
+    };
+
+    /// (model file, EMA file) bounds: with the model known, exactly its f32
+    /// tensors (and the model file's 8-byte `global_step`), 8 bytes of header
+    /// length and at most [`MAX_HEADER_BYTES`] of header.
+    pub(super) fn pair(expected: Option<&[VarSpec]>) -> (Limit, Limit) {
+        let Some(expected) = expected else {
+            return (Limit::ANY, Limit::ANY);
+        };
+        let tensors = expected.iter().fold(0u64, |sum, v| {
+            let n = v
+                .shape
+                .iter()
+                .fold(1u64, |n, &d| n.saturating_mul(d as u64));
+            sum.saturating_add(n.saturating_mul(4))
+        });
+        let bound = |data: u64| Limit {
+            bytes: data.saturating_add(8 + MAX_HEADER_BYTES),
+            allowed: "a checkpoint file of this model can take (its tensors \
+                      and a header of at most 1 MiB): not a checkpoint of this model?",
+        };
+        (bound(tensors.saturating_add(8)), bound(tensors))
+    }
 }
 
 /// Loads `path` (a `model.ckpt-<N>.safetensors` file) and its
@@ -78,13 +185,18 @@ pub(super) fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
 /// and that the step is `N`. (A differently named `<x>.safetensors` loads with
 /// its `<x>.ema.safetensors`, without the name check.)
 ///
+/// Only regular files are read, and at most as many bytes as a checkpoint of
+/// `expected` can have ([`MAX_FILE_BYTES`] without a model).
+///
 /// Errors: [`CheckpointError::BadFileName`], [`CheckpointError::Io`] (either
-/// file missing or unreadable), [`CheckpointError::Safetensors`],
+/// file missing or unreadable), [`CheckpointError::NotRegular`] (a FIFO, a
+/// device...), [`CheckpointError::TooLarge`], [`CheckpointError::Safetensors`],
 /// [`CheckpointError::Invalid`].
 pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
-    let model = read(path)?;
-    let ema = read(&ema_path)?;
+    let (model_limit, ema_limit) = Limit::pair(expected);
+    let model = read(path, model_limit)?;
+    let ema = read(&ema_path, ema_limit)?;
     let ckpt = parse(&model, path, &ema, &ema_path, expected)?;
     if let Some(n) = named_step
         && n != ckpt.global_step
@@ -154,7 +266,8 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if !meta.is_dir() {
         return Ok(path.to_path_buf());
     }
-    if let Ok(text) = fs::read_to_string(path.join(INDEX_FILE))
+    if let Ok(bytes) = read(&path.join(INDEX_FILE), Limit::INDEX)
+        && let Ok(text) = String::from_utf8(bytes)
         && let Some(newest) = index_newest(&text)
     {
         let candidate = path.join(newest);
@@ -176,6 +289,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
 mod tests {
     use super::super::fixtures::*;
     use super::*;
+    use std::fs::File;
 
     #[test]
     fn restore_skips_damaged_newest_and_leaves_it_in_place() {
@@ -370,5 +484,88 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(tmp.path().join("model.ckpt-200.safetensors").exists());
+    }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    }
+
+    /// Runs `f` on a thread, failing the test if it has not returned within
+    /// 10 s (a blocked `open` would otherwise hang the test run).
+    fn within_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("blocked: still running after 10 s")
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_checkpoint_is_skipped_not_waited_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        let fifo = tmp.path().join("model.ckpt-200.safetensors");
+        mkfifo(&fifo);
+        let dir = tmp.path().to_path_buf();
+        let (path, ckpt) = within_deadline(move || restore_latest(&dir, &small_specs()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-100.safetensors"));
+        assert_eq!(ckpt.global_step, 100);
+
+        let err = within_deadline(move || load(&fifo, None)).unwrap_err();
+        assert!(matches!(err, CheckpointError::NotRegular { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model.ckpt-200.safetensors")
+                && msg.contains("a FIFO, not a regular file"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_symlinked_to_dev_zero_is_refused_not_read_forever() {
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("model.ckpt-200.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let err = within_deadline(move || load(&link, None)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a character device, not a regular file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_larger_than_the_model_allows_is_refused_unread() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        // A sparse file: its size is what counts, not what it holds.
+        let big = tmp.path().join("model.ckpt-200.safetensors");
+        File::options()
+            .write(true)
+            .open(&big)
+            .unwrap()
+            .set_len(MAX_HEADER_BYTES + 4096)
+            .unwrap();
+        let err = load(&big, Some(&small_specs())).unwrap_err();
+        match &err {
+            CheckpointError::TooLarge { size, limit, .. } => {
+                assert_eq!(*size, MAX_HEADER_BYTES + 4096);
+                assert!(*limit < *size, "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("of this model"), "{err}");
+        let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-100.safetensors"));
+        // Without a model to compare to, only the sane maximum applies.
+        assert!(matches!(
+            load(&big, None),
+            Err(CheckpointError::Safetensors { .. })
+        ));
     }
 }

@@ -1,0 +1,57 @@
+//! What the daemons and `dtf eval`/`dtf inspect` do with hostile or stale
+//! contents of `checkpoint.dir`: FIFOs, devices, huge headers, an index that
+//! points elsewhere or lags behind.
+
+use crate::util::*;
+use dtf::config::Mode;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// `dtf ARGS` to completion, failing the test past [`DEADLINE`].
+fn dtf(args: &[&OsStr]) -> Ran {
+    run("dtf", args, &[], DEADLINE)
+}
+
+#[test]
+fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 50);
+    let fifo = dir.join("model.ckpt-100.safetensors");
+    mkfifo(&fifo);
+
+    // Both daemons read checkpoint.dir before anything else (is the run
+    // complete?): a blocked open() would keep them from ever getting here.
+    c.start("ps", 0);
+    c.wait_log("ps:0", "Parameter server ready.", 1, DEADLINE);
+    c.signal("ps:0", libc::SIGTERM);
+    let status = c.wait("ps:0", DEADLINE);
+    assert!(status.success(), "ps:0 {status}; log:\n{}", c.log("ps:0"));
+
+    let ran = dtf(&[OsStr::new("inspect"), fifo.as_os_str()]);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains("model.ckpt-100.safetensors")
+            && ran.stderr.contains("a FIFO, not a regular file"),
+        "{}",
+        ran.stderr
+    );
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        fifo.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+    ]);
+    assert!(!ran.status.success());
+    assert!(ran.stderr.contains("a FIFO"), "{}", ran.stderr);
+}
