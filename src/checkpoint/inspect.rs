@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
+use super::format::check_header_len;
 use super::restore::{Limit, ema_sibling, load, read, resolve};
 use super::{CRC_PREFIX, CheckpointError};
 
@@ -50,6 +51,7 @@ pub struct Inspection {
 
 fn inspect_file(path: &Path) -> Result<InspectedFile, CheckpointError> {
     let bytes = read(path, Limit::ANY)?;
+    check_header_len(&bytes, path)?;
     let (_, header) =
         SafeTensors::read_metadata(&bytes).map_err(|source| CheckpointError::Safetensors {
             path: path.to_path_buf(),

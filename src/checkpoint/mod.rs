@@ -133,6 +133,19 @@ pub enum CheckpointError {
         /// What may be that large, and why, for the message.
         allowed: &'static str,
     },
+    /// A file's safetensors header is larger than dtf ever writes; refused
+    /// before parsing, which would cost seconds and gigabytes.
+    #[error(
+        "checkpoint {path}: its header claims {bytes} bytes, more than the \
+         {MAX_HEADER_BYTES} a dtf checkpoint's header may have (not a dtf \
+         checkpoint, or corrupted)"
+    )]
+    HeaderTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The header length its first 8 bytes claim.
+        bytes: u64,
+    },
     /// A path that should name a model checkpoint file does not.
     #[error(
         "checkpoint {path}: not a checkpoint file name; expected \

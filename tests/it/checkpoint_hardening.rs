@@ -55,3 +55,30 @@ fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
     assert!(!ran.status.success());
     assert!(ran.stderr.contains("a FIFO"), "{}", ran.stderr);
 }
+
+#[test]
+fn a_huge_safetensors_header_is_refused_by_inspect_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 30 MB of header (the issue's was 99 MB: 32 s and 1.4 GB to parse).
+    let len: usize = 30_000_000;
+    let head = r#"{"__metadata__":{"pad":""#;
+    let tail = r#""}}"#;
+    let mut bytes = (len as u64).to_le_bytes().to_vec();
+    bytes.extend(head.as_bytes());
+    bytes.resize(8 + len - tail.len(), b'x');
+    bytes.extend(tail.as_bytes());
+    let file = tmp.path().join("model.ckpt-5.safetensors");
+    std::fs::write(&file, &bytes).unwrap();
+    drop(bytes);
+
+    let started = std::time::Instant::now();
+    let ran = dtf(&[OsStr::new("inspect"), file.as_os_str()]);
+    let took = started.elapsed();
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains("its header claims 30000000 bytes"),
+        "{}",
+        ran.stderr
+    );
+    eprintln!("dtf inspect refused a 30 MB header in {took:?}");
+}
