@@ -46,6 +46,18 @@ pub(super) fn scan_steps(dir: &Path) -> Result<Steps, CheckpointError> {
     Ok(steps)
 }
 
+/// Whether an index entry is a plain file name — the only kind honoured: the
+/// index is a file anyone with write access to the directory can edit, and
+/// `../x` or `/x` would make `dtf eval` read outside `checkpoint.dir`.
+/// Anything else is ignored with a warning, and the directory scan decides.
+fn index_entry_is_plain(dir: &Path, entry: &str) -> bool {
+    let plain = !entry.is_empty() && !entry.contains('/') && entry != "." && entry != "..";
+    if !plain {
+        tracing::warn!(index = %dir.join(INDEX_FILE).display(), entry, "Checkpoint index names a path, not a file name in the directory; ignoring it.");
+    }
+    plain
+}
+
 /// The `model_checkpoint_path` of an index file's text, if it has one.
 fn index_newest(text: &str) -> Option<&str> {
     text.lines().find_map(|line| {
@@ -256,8 +268,9 @@ pub fn restore_latest(
 }
 
 /// For `dtf eval` and `dtf inspect`: a file resolves to itself; a directory to
-/// its newest checkpoint — the index's `model_checkpoint_path` if that file
-/// exists, else the highest-step `model.ckpt-<N>.safetensors`.
+/// its newest checkpoint — the index's `model_checkpoint_path` if that is a
+/// plain file name (no `/`, no `..`) and the file exists, else the
+/// highest-step `model.ckpt-<N>.safetensors`.
 ///
 /// Errors: [`CheckpointError::Io`] if `path` does not exist or cannot be
 /// listed; [`CheckpointError::NotFound`] for a directory without checkpoints.
@@ -269,6 +282,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if let Ok(bytes) = read(&path.join(INDEX_FILE), Limit::INDEX)
         && let Ok(text) = String::from_utf8(bytes)
         && let Some(newest) = index_newest(&text)
+        && index_entry_is_plain(path, newest)
     {
         let candidate = path.join(newest);
         if candidate.is_file() {
@@ -288,6 +302,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
+    use super::super::inspect;
     use super::*;
     use std::fs::File;
 
@@ -567,5 +582,30 @@ mod tests {
             load(&big, None),
             Err(CheckpointError::Safetensors { .. })
         ));
+    }
+
+    #[test]
+    fn an_index_pointing_outside_the_directory_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, elsewhere) = (tmp.path().join("ckpt"), tmp.path().join("other"));
+        saver(&dir, 5).save(&sample(100, &SMALL)).unwrap();
+        saver(&elsewhere, 5).save(&sample(500, &SMALL)).unwrap();
+        let outside = elsewhere.join("model.ckpt-500.safetensors");
+        for entry in [
+            "../other/model.ckpt-500.safetensors".to_string(),
+            outside.display().to_string(),
+        ] {
+            fs::write(
+                dir.join(INDEX_FILE),
+                format!("model_checkpoint_path: \"{entry}\"\n"),
+            )
+            .unwrap();
+            assert_eq!(
+                resolve(&dir).unwrap(),
+                dir.join("model.ckpt-100.safetensors"),
+                "{entry}"
+            );
+            assert_eq!(inspect(&dir).unwrap().model.metadata["global_step"], "100");
+        }
     }
 }

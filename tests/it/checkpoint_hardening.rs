@@ -82,3 +82,39 @@ fn a_huge_safetensors_header_is_refused_by_inspect_at_once() {
     );
     eprintln!("dtf inspect refused a 30 MB header in {took:?}");
 }
+
+#[test]
+fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect() {
+    let c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 100);
+    let mut other = c.cfg.clone();
+    other.checkpoint.dir = c.dir.path().join("other");
+    let outside = write_checkpoint(&other, 500);
+    std::fs::write(
+        dir.join("checkpoint"),
+        "model_checkpoint_path: \"../other/model.ckpt-500.safetensors\"\n",
+    )
+    .unwrap();
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        dir.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(ran.stdout.contains("\"global_step\":100"), "{}", ran.stdout);
+    std::fs::write(
+        dir.join("checkpoint"),
+        format!("model_checkpoint_path: \"{}\"\n", outside.display()),
+    )
+    .unwrap();
+    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("model.ckpt-100.safetensors") && !ran.stdout.contains("500"),
+        "{}",
+        ran.stdout
+    );
+}
