@@ -16,8 +16,9 @@
 //!
 //! The `checkpoint` index names the newest and all kept checkpoints, in the
 //! spirit of TensorFlow's file of that name. It is a convenience for people
-//! and for [`resolve`]; [`restore_latest`] does not trust it and scans the
-//! directory instead, because a crash can leave it stale.
+//! and a hint, never an override: [`restore_latest`] and [`resolve`] both
+//! scan the directory and take the highest step that verifies, because a
+//! crash can leave the index stale (and anyone can edit it).
 
 mod format;
 mod inspect;

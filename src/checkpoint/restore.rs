@@ -267,10 +267,17 @@ pub fn restore_latest(
     }
 }
 
-/// For `dtf eval` and `dtf inspect`: a file resolves to itself; a directory to
-/// its newest checkpoint — the index's `model_checkpoint_path` if that is a
-/// plain file name (no `/`, no `..`) and the file exists, else the
-/// highest-step `model.ckpt-<N>.safetensors`.
+/// For `dtf eval`, `dtf inspect` and `dtf status`: a file resolves to itself;
+/// a directory to its newest checkpoint by the rule [`restore_latest`] uses —
+/// the highest step among the `model.ckpt-<N>.safetensors` files that verify
+/// (as [`load`] checks them, with no model to compare to) — so the tools and
+/// a restarting chief never disagree. If none verifies, the highest step, so
+/// that the tools report what is wrong with it.
+///
+/// The index is a hint, never an override: after a crash (a double SIGTERM
+/// between the model file's rename and the index's) it can name an older
+/// checkpoint than the newest valid one. When it names another file than the
+/// one chosen, a warning says so.
 ///
 /// Errors: [`CheckpointError::Io`] if `path` does not exist or cannot be
 /// listed; [`CheckpointError::NotFound`] for a directory without checkpoints.
@@ -279,24 +286,34 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if !meta.is_dir() {
         return Ok(path.to_path_buf());
     }
-    if let Ok(bytes) = read(&path.join(INDEX_FILE), Limit::INDEX)
-        && let Ok(text) = String::from_utf8(bytes)
-        && let Some(newest) = index_newest(&text)
-        && index_entry_is_plain(path, newest)
-    {
-        let candidate = path.join(newest);
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-        tracing::warn!(index = %path.join(INDEX_FILE).display(), missing = %candidate.display(), "Checkpoint index is stale; using the newest file instead.");
-    }
     let steps = scan_steps(path)?;
-    match steps.model.last() {
-        Some(&n) => Ok(path.join(model_file_name(n))),
-        None => Err(CheckpointError::NotFound {
+    let Some(&highest) = steps.model.last() else {
+        return Err(CheckpointError::NotFound {
             path: path.to_path_buf(),
-        }),
+        });
+    };
+    let newest = steps
+        .model
+        .iter()
+        .rev()
+        .map(|&n| path.join(model_file_name(n)))
+        .find(|file| load(file, None).is_ok())
+        .unwrap_or_else(|| path.join(model_file_name(highest)));
+    if let Some(entry) = index_entry(path)
+        && newest.file_name().and_then(|n| n.to_str()) != Some(entry.as_str())
+    {
+        tracing::warn!(index = %path.join(INDEX_FILE).display(), names = entry, using = %newest.display(), "Checkpoint index does not name the newest checkpoint that verifies; using that one.");
     }
+    Ok(newest)
+}
+
+/// The index's `model_checkpoint_path` in `dir`, if the index is readable
+/// and the entry a plain file name.
+fn index_entry(dir: &Path) -> Option<String> {
+    let bytes = read(&dir.join(INDEX_FILE), Limit::INDEX).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let entry = index_newest(&text)?;
+    index_entry_is_plain(dir, entry).then(|| entry.to_string())
 }
 
 #[cfg(test)]
@@ -422,12 +439,8 @@ mod tests {
         fs::write(tmp.path().join(INDEX_FILE), index).unwrap();
         let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
         assert_eq!(path, tmp.path().join("model.ckpt-200.safetensors"));
-        // resolve trusts an index whose file exists: that is what an operator's
-        // `dtf eval DIR` sees, documented as "the index's newest".
-        assert_eq!(
-            resolve(tmp.path()).unwrap(),
-            tmp.path().join("model.ckpt-100.safetensors")
-        );
+        // `dtf eval DIR` agrees: the index is a hint, not an override.
+        assert_eq!(resolve(tmp.path()).unwrap(), path);
     }
 
     #[test]
@@ -607,5 +620,18 @@ mod tests {
             );
             assert_eq!(inspect(&dir).unwrap().model.metadata["global_step"], "100");
         }
+    }
+
+    #[test]
+    fn resolve_takes_the_newest_valid_checkpoint_not_the_newest_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(100, &SMALL)).unwrap();
+        s.save(&sample(200, &SMALL)).unwrap();
+        damage(tmp.path(), Damage::BitFlipInData);
+        let valid = tmp.path().join("model.ckpt-100.safetensors");
+        assert_eq!(resolve(tmp.path()).unwrap(), valid);
+        let (restored, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(restored, valid);
     }
 }

@@ -118,3 +118,41 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
         ran.stdout
     );
 }
+
+#[test]
+fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
+    // What a double SIGTERM can leave: the step-200 pair renamed into place,
+    // the index still naming step 100.
+    let c = Cluster::new(1, 1, 1000, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 100);
+    let index = std::fs::read(dir.join("checkpoint")).unwrap();
+    write_checkpoint(&c.cfg, 200);
+    std::fs::write(dir.join("checkpoint"), index).unwrap();
+
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        dir.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(ran.stdout.contains("\"global_step\":200"), "{}", ran.stdout);
+
+    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("model.ckpt-200.safetensors") && ran.stdout.contains("global_step=200"),
+        "{}",
+        ran.stdout
+    );
+
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let (path, ckpt) = dtf::checkpoint::restore_latest(&dir, &specs)
+        .unwrap()
+        .unwrap();
+    assert_eq!(ckpt.global_step, 200, "{}", path.display());
+}
