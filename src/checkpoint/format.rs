@@ -10,7 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::{
     CRC_PREFIX, Checkpoint, CheckpointError, EMA_BYTES, EMA_SUFFIX, FORMAT, GLOBAL_STEP,
-    MODEL_BYTES, parse_step,
+    MAX_HEADER_BYTES, MODEL_BYTES, parse_step,
 };
 use crate::model::VarSpec;
 
@@ -95,7 +95,18 @@ fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
 pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
     check_saveable(ckpt)?;
-    encode(ckpt)
+    let (model, ema) = encode(ckpt)?;
+    // What would not load back must not be written: readers refuse headers
+    // beyond the bound (thousands of tensors fit in it).
+    for bytes in [&model, &ema] {
+        if let Some(n) = header_len(bytes).filter(|&n| n > MAX_HEADER_BYTES) {
+            return Err(format!(
+                "refusing to save: the header would be {n} bytes, more than the \
+                 {MAX_HEADER_BYTES} readers accept (too many variables)"
+            ));
+        }
+    }
+    Ok((model, ema))
 }
 
 /// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
@@ -199,9 +210,28 @@ fn parse_safetensors<'a>(
         path: path.to_path_buf(),
         source,
     };
+    check_header_len(bytes, path)?;
     let tensors = SafeTensors::deserialize(bytes).map_err(safetensors_error)?;
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(safetensors_error)?;
     Ok((tensors, header.metadata().clone().unwrap_or_default()))
+}
+
+/// The header length a safetensors file declares (its first 8 bytes, little
+/// endian), if it has 8 bytes.
+pub(super) fn header_len(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+}
+
+/// Refuses a header longer than [`MAX_HEADER_BYTES`] before anything parses
+/// it. (A file too short to have a length is left to the parser's error.)
+pub(super) fn check_header_len(bytes: &[u8], path: &Path) -> Result<(), CheckpointError> {
+    match header_len(bytes) {
+        Some(n) if n > MAX_HEADER_BYTES => Err(CheckpointError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            bytes: n,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Checks the metadata's `format` and `kind`; returns its `global_step`.
@@ -577,5 +607,53 @@ mod tests {
             let (_, ema) = valid_pair();
             prop_assert!(from_bytes(&bytes, &ema, None).is_err());
         }
+    }
+
+    /// A well-formed safetensors file (no tensors) whose header is padded
+    /// with JSON metadata to `len` bytes.
+    fn with_header_of(len: usize) -> Vec<u8> {
+        let head = r#"{"__metadata__":{"pad":""#;
+        let tail = r#""}}"#;
+        let pad = len - head.len() - tail.len();
+        let mut header = String::with_capacity(len);
+        header.push_str(head);
+        header.extend(std::iter::repeat_n('x', pad));
+        header.push_str(tail);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_huge_header_is_refused_before_parsing() {
+        let (_, ema) = valid_pair();
+        let huge = with_header_of(MAX_HEADER_BYTES as usize + 1);
+        match from_bytes(&huge, &ema, None) {
+            Err(CheckpointError::HeaderTooLarge { bytes, .. }) => {
+                assert_eq!(bytes, MAX_HEADER_BYTES + 1)
+            }
+            other => panic!("{other:?}"),
+        }
+        // At the bound it parses (and fails later, for what it lacks).
+        let at_bound = with_header_of(MAX_HEADER_BYTES as usize);
+        assert!(matches!(
+            from_bytes(&at_bound, &ema, None),
+            Err(CheckpointError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_header_too_large_to_load_is_refused_at_save_time() {
+        // Long names, so a few thousand variables pass the bound.
+        let n = 3000;
+        let name = |i: usize| format!("{}/{i}", "v".repeat(300));
+        let one = || ArrayD::from_shape_vec(IxDyn(&[1]), vec![0.5f32]).unwrap();
+        let ckpt = Checkpoint {
+            global_step: 1,
+            variables: (0..n).map(|i| (name(i), one())).collect(),
+            shadows: (0..n).map(|i| (name(i), one())).collect(),
+        };
+        let err = to_bytes(&ckpt).unwrap_err();
+        assert!(err.contains("header would be"), "{err}");
     }
 }

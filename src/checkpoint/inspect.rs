@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
-use super::restore::{ema_sibling, load, read, resolve};
+use super::format::check_header_len;
+use super::restore::{Limit, ema_sibling, load, read, resolve};
 use super::{CRC_PREFIX, CheckpointError};
 
 // ---------------------------------------------------------------------------
@@ -49,7 +50,8 @@ pub struct Inspection {
 }
 
 fn inspect_file(path: &Path) -> Result<InspectedFile, CheckpointError> {
-    let bytes = read(path)?;
+    let bytes = read(path, Limit::ANY)?;
+    check_header_len(&bytes, path)?;
     let (_, header) =
         SafeTensors::read_metadata(&bytes).map_err(|source| CheckpointError::Safetensors {
             path: path.to_path_buf(),

@@ -16,8 +16,9 @@
 //!
 //! The `checkpoint` index names the newest and all kept checkpoints, in the
 //! spirit of TensorFlow's file of that name. It is a convenience for people
-//! and for [`resolve`]; [`restore_latest`] does not trust it and scans the
-//! directory instead, because a crash can leave it stale.
+//! and a hint, never an override: [`restore_latest`] and [`resolve`] both
+//! scan the directory and take the highest step that verifies, because a
+//! crash can leave the index stale (and anyone can edit it).
 
 mod format;
 mod inspect;
@@ -48,6 +49,18 @@ const PREFIX: &str = "model.ckpt-";
 const MODEL_EXT: &str = ".safetensors";
 const EMA_EXT: &str = ".ema.safetensors";
 const CRC_PREFIX: &str = "crc32:";
+/// The most bytes a checkpoint file's safetensors header may declare. dtf's
+/// own headers are small (per tensor: its entry and its CRC, plus the variable
+/// list: about 150 bytes each, so this allows thousands of tensors); the
+/// safetensors crate alone allows 100 MB, which costs seconds and gigabytes to
+/// parse, so the bound is checked before parsing (and at save time).
+pub const MAX_HEADER_BYTES: u64 = 1 << 20;
+/// The largest checkpoint file read when the model is not known (`dtf eval`,
+/// `dtf inspect`): a bound on memory, far above any model dtf trains on one
+/// machine. With the model known, the bound is its exact size (see
+/// [`restore_latest`]).
+pub const MAX_FILE_BYTES: u64 = 8 << 30;
+
 /// Stand-ins for file names when [`from_bytes`] parses buffers that came from nowhere.
 const MODEL_BYTES: &str = "<model bytes>";
 const EMA_BYTES: &str = "<ema bytes>";
@@ -96,6 +109,43 @@ pub enum CheckpointError {
         path: PathBuf,
         /// What is wrong and what would be right.
         problem: String,
+    },
+    /// A checkpoint path is something other than a regular file: reading a
+    /// FIFO blocks forever, and a device (`/dev/zero`) never ends.
+    #[error(
+        "checkpoint {path}: is {what}, not a regular file; only regular files \
+         are read as checkpoints (move it out of the checkpoint directory)"
+    )]
+    NotRegular {
+        /// The path, as given or found in the directory.
+        path: PathBuf,
+        /// What it is instead, e.g. "a FIFO".
+        what: &'static str,
+    },
+    /// A file is larger than a checkpoint file can be here.
+    #[error("checkpoint {path}: is {size} bytes, more than the {limit} bytes {allowed}")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The most it may be.
+        limit: u64,
+        /// What may be that large, and why, for the message.
+        allowed: &'static str,
+    },
+    /// A file's safetensors header is larger than dtf ever writes; refused
+    /// before parsing, which would cost seconds and gigabytes.
+    #[error(
+        "checkpoint {path}: its header claims {bytes} bytes, more than the \
+         {MAX_HEADER_BYTES} a dtf checkpoint's header may have (not a dtf \
+         checkpoint, or corrupted)"
+    )]
+    HeaderTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The header length its first 8 bytes claim.
+        bytes: u64,
     },
     /// A path that should name a model checkpoint file does not.
     #[error(

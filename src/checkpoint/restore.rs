@@ -2,15 +2,20 @@
 //! the directory scan they share with retention.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::format::parse;
 use super::{
-    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MODEL_EXT, model_file_name, parse_ema_name,
-    parse_model_name,
+    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MAX_FILE_BYTES, MAX_HEADER_BYTES, MODEL_EXT,
+    model_file_name, parse_ema_name, parse_model_name,
 };
 use crate::model::VarSpec;
+
+/// The most bytes of the `checkpoint` index read: about 60 bytes a line, so
+/// some 17,000 kept checkpoints (`max_to_keep = 0` keeps all).
+const MAX_INDEX_BYTES: u64 = 1 << 20;
 
 /// Steps found in `dir`: (model files, EMA files), each ascending.
 pub(super) struct Steps {
@@ -41,6 +46,18 @@ pub(super) fn scan_steps(dir: &Path) -> Result<Steps, CheckpointError> {
     Ok(steps)
 }
 
+/// Whether an index entry is a plain file name — the only kind honoured: the
+/// index is a file anyone with write access to the directory can edit, and
+/// `../x` or `/x` would make `dtf eval` read outside `checkpoint.dir`.
+/// Anything else is ignored with a warning, and the directory scan decides.
+fn index_entry_is_plain(dir: &Path, entry: &str) -> bool {
+    let plain = !entry.is_empty() && !entry.contains('/') && entry != "." && entry != "..";
+    if !plain {
+        tracing::warn!(index = %dir.join(INDEX_FILE).display(), entry, "Checkpoint index names a path, not a file name in the directory; ignoring it.");
+    }
+    plain
+}
+
 /// The `model_checkpoint_path` of an index file's text, if it has one.
 fn index_newest(text: &str) -> Option<&str> {
     text.lines().find_map(|line| {
@@ -69,8 +86,110 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
     ))
 }
 
-pub(super) fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    fs::read(path).map_err(|e| CheckpointError::io(path, "read", e))
+/// Reads a checkpoint file, refusing what is not a regular file or is larger
+/// than `limit` bytes — the one way checkpoint files are read.
+///
+/// `O_NONBLOCK` makes `open` return at once on a FIFO (it would otherwise wait
+/// for a writer, before the daemon has logged anything and deaf to SIGTERM);
+/// the checks run on the opened descriptor (`fstat`), so a file swapped after
+/// a `stat` of the path cannot slip past them. Reads at most `limit` bytes
+/// even if the file grows meanwhile. (On a regular file `O_NONBLOCK` changes
+/// nothing.)
+///
+/// Errors: [`CheckpointError::Io`], [`CheckpointError::NotRegular`],
+/// [`CheckpointError::TooLarge`].
+pub(super) fn read(path: &Path, limit: Limit) -> Result<Vec<u8>, CheckpointError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| CheckpointError::io(path, "open", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| CheckpointError::io(path, "stat", e))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Err(CheckpointError::NotRegular {
+            path: path.to_path_buf(),
+            what: describe(kind),
+        });
+    }
+    if meta.len() > limit.bytes {
+        return Err(CheckpointError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit: limit.bytes,
+            allowed: limit.allowed,
+        });
+    }
+    // The size is within `limit`, which may be 8 GiB: allocate as we read.
+    let mut bytes = Vec::new();
+    file.take(limit.bytes)
+        .read_to_end(&mut bytes)
+        .map_err(|e| CheckpointError::io(path, "read", e))?;
+    Ok(bytes)
+}
+
+/// What a non-regular file is, for [`CheckpointError::NotRegular`].
+fn describe(kind: fs::FileType) -> &'static str {
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The most bytes [`read`] takes from one file.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limit {
+    /// The bound itself.
+    pub(super) bytes: u64,
+    /// What the bound allows, for [`CheckpointError::TooLarge`].
+    pub(super) allowed: &'static str,
+}
+
+impl Limit {
+    /// For a model unknown here: [`MAX_FILE_BYTES`].
+    pub(super) const ANY: Limit = Limit {
+        bytes: MAX_FILE_BYTES,
+        allowed: "dtf reads as a checkpoint file when the model is not known",
+    };
+
+    /// For the `checkpoint` index: a line per kept checkpoint.
+    pub(super) const INDEX: Limit = Limit {
+        bytes: MAX_INDEX_BYTES,
+        allowed: "a checkpoint index may have",
+    };
+
+    /// (model file, EMA file) bounds: with the model known, exactly its f32
+    /// tensors (and the model file's 8-byte `global_step`), 8 bytes of header
+    /// length and at most [`MAX_HEADER_BYTES`] of header.
+    pub(super) fn pair(expected: Option<&[VarSpec]>) -> (Limit, Limit) {
+        let Some(expected) = expected else {
+            return (Limit::ANY, Limit::ANY);
+        };
+        let tensors = expected.iter().fold(0u64, |sum, v| {
+            let n = v
+                .shape
+                .iter()
+                .fold(1u64, |n, &d| n.saturating_mul(d as u64));
+            sum.saturating_add(n.saturating_mul(4))
+        });
+        let bound = |data: u64| Limit {
+            bytes: data.saturating_add(8 + MAX_HEADER_BYTES),
+            allowed: "a checkpoint file of this model can take (its tensors \
+                      and a header of at most 1 MiB): not a checkpoint of this model?",
+        };
+        (bound(tensors.saturating_add(8)), bound(tensors))
+    }
 }
 
 /// Loads `path` (a `model.ckpt-<N>.safetensors` file) and its
@@ -78,13 +197,18 @@ pub(super) fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
 /// and that the step is `N`. (A differently named `<x>.safetensors` loads with
 /// its `<x>.ema.safetensors`, without the name check.)
 ///
+/// Only regular files are read, and at most as many bytes as a checkpoint of
+/// `expected` can have ([`MAX_FILE_BYTES`] without a model).
+///
 /// Errors: [`CheckpointError::BadFileName`], [`CheckpointError::Io`] (either
-/// file missing or unreadable), [`CheckpointError::Safetensors`],
+/// file missing or unreadable), [`CheckpointError::NotRegular`] (a FIFO, a
+/// device...), [`CheckpointError::TooLarge`], [`CheckpointError::Safetensors`],
 /// [`CheckpointError::Invalid`].
 pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
-    let model = read(path)?;
-    let ema = read(&ema_path)?;
+    let (model_limit, ema_limit) = Limit::pair(expected);
+    let model = read(path, model_limit)?;
+    let ema = read(&ema_path, ema_limit)?;
     let ckpt = parse(&model, path, &ema, &ema_path, expected)?;
     if let Some(n) = named_step
         && n != ckpt.global_step
@@ -143,9 +267,17 @@ pub fn restore_latest(
     }
 }
 
-/// For `dtf eval` and `dtf inspect`: a file resolves to itself; a directory to
-/// its newest checkpoint — the index's `model_checkpoint_path` if that file
-/// exists, else the highest-step `model.ckpt-<N>.safetensors`.
+/// For `dtf eval`, `dtf inspect` and `dtf status`: a file resolves to itself;
+/// a directory to its newest checkpoint by the rule [`restore_latest`] uses —
+/// the highest step among the `model.ckpt-<N>.safetensors` files that verify
+/// (as [`load`] checks them, with no model to compare to) — so the tools and
+/// a restarting chief never disagree. If none verifies, the highest step, so
+/// that the tools report what is wrong with it.
+///
+/// The index is a hint, never an override: after a crash (a double SIGTERM
+/// between the model file's rename and the index's) it can name an older
+/// checkpoint than the newest valid one. When it names another file than the
+/// one chosen, a warning says so.
 ///
 /// Errors: [`CheckpointError::Io`] if `path` does not exist or cannot be
 /// listed; [`CheckpointError::NotFound`] for a directory without checkpoints.
@@ -154,28 +286,42 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if !meta.is_dir() {
         return Ok(path.to_path_buf());
     }
-    if let Ok(text) = fs::read_to_string(path.join(INDEX_FILE))
-        && let Some(newest) = index_newest(&text)
-    {
-        let candidate = path.join(newest);
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-        tracing::warn!(index = %path.join(INDEX_FILE).display(), missing = %candidate.display(), "Checkpoint index is stale; using the newest file instead.");
-    }
     let steps = scan_steps(path)?;
-    match steps.model.last() {
-        Some(&n) => Ok(path.join(model_file_name(n))),
-        None => Err(CheckpointError::NotFound {
+    let Some(&highest) = steps.model.last() else {
+        return Err(CheckpointError::NotFound {
             path: path.to_path_buf(),
-        }),
+        });
+    };
+    let newest = steps
+        .model
+        .iter()
+        .rev()
+        .map(|&n| path.join(model_file_name(n)))
+        .find(|file| load(file, None).is_ok())
+        .unwrap_or_else(|| path.join(model_file_name(highest)));
+    if let Some(entry) = index_entry(path)
+        && newest.file_name().and_then(|n| n.to_str()) != Some(entry.as_str())
+    {
+        tracing::warn!(index = %path.join(INDEX_FILE).display(), names = entry, using = %newest.display(), "Checkpoint index does not name the newest checkpoint that verifies; using that one.");
     }
+    Ok(newest)
+}
+
+/// The index's `model_checkpoint_path` in `dir`, if the index is readable
+/// and the entry a plain file name.
+fn index_entry(dir: &Path) -> Option<String> {
+    let bytes = read(&dir.join(INDEX_FILE), Limit::INDEX).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let entry = index_newest(&text)?;
+    index_entry_is_plain(dir, entry).then(|| entry.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
+    use super::super::inspect;
     use super::*;
+    use std::fs::File;
 
     #[test]
     fn restore_skips_damaged_newest_and_leaves_it_in_place() {
@@ -293,12 +439,8 @@ mod tests {
         fs::write(tmp.path().join(INDEX_FILE), index).unwrap();
         let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
         assert_eq!(path, tmp.path().join("model.ckpt-200.safetensors"));
-        // resolve trusts an index whose file exists: that is what an operator's
-        // `dtf eval DIR` sees, documented as "the index's newest".
-        assert_eq!(
-            resolve(tmp.path()).unwrap(),
-            tmp.path().join("model.ckpt-100.safetensors")
-        );
+        // `dtf eval DIR` agrees: the index is a hint, not an override.
+        assert_eq!(resolve(tmp.path()).unwrap(), path);
     }
 
     #[test]
@@ -370,5 +512,126 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(tmp.path().join("model.ckpt-200.safetensors").exists());
+    }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    }
+
+    /// Runs `f` on a thread, failing the test if it has not returned within
+    /// 10 s (a blocked `open` would otherwise hang the test run).
+    fn within_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("blocked: still running after 10 s")
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_checkpoint_is_skipped_not_waited_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        let fifo = tmp.path().join("model.ckpt-200.safetensors");
+        mkfifo(&fifo);
+        let dir = tmp.path().to_path_buf();
+        let (path, ckpt) = within_deadline(move || restore_latest(&dir, &small_specs()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-100.safetensors"));
+        assert_eq!(ckpt.global_step, 100);
+
+        let err = within_deadline(move || load(&fifo, None)).unwrap_err();
+        assert!(matches!(err, CheckpointError::NotRegular { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model.ckpt-200.safetensors")
+                && msg.contains("a FIFO, not a regular file"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_symlinked_to_dev_zero_is_refused_not_read_forever() {
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("model.ckpt-200.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let err = within_deadline(move || load(&link, None)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a character device, not a regular file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_larger_than_the_model_allows_is_refused_unread() {
+        let tmp = tempfile::tempdir().unwrap();
+        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
+        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        // A sparse file: its size is what counts, not what it holds.
+        let big = tmp.path().join("model.ckpt-200.safetensors");
+        File::options()
+            .write(true)
+            .open(&big)
+            .unwrap()
+            .set_len(MAX_HEADER_BYTES + 4096)
+            .unwrap();
+        let err = load(&big, Some(&small_specs())).unwrap_err();
+        match &err {
+            CheckpointError::TooLarge { size, limit, .. } => {
+                assert_eq!(*size, MAX_HEADER_BYTES + 4096);
+                assert!(*limit < *size, "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("of this model"), "{err}");
+        let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(path, tmp.path().join("model.ckpt-100.safetensors"));
+        // Without a model to compare to, only the sane maximum applies.
+        assert!(matches!(
+            load(&big, None),
+            Err(CheckpointError::Safetensors { .. })
+        ));
+    }
+
+    #[test]
+    fn an_index_pointing_outside_the_directory_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, elsewhere) = (tmp.path().join("ckpt"), tmp.path().join("other"));
+        saver(&dir, 5).save(&sample(100, &SMALL)).unwrap();
+        saver(&elsewhere, 5).save(&sample(500, &SMALL)).unwrap();
+        let outside = elsewhere.join("model.ckpt-500.safetensors");
+        for entry in [
+            "../other/model.ckpt-500.safetensors".to_string(),
+            outside.display().to_string(),
+        ] {
+            fs::write(
+                dir.join(INDEX_FILE),
+                format!("model_checkpoint_path: \"{entry}\"\n"),
+            )
+            .unwrap();
+            assert_eq!(
+                resolve(&dir).unwrap(),
+                dir.join("model.ckpt-100.safetensors"),
+                "{entry}"
+            );
+            assert_eq!(inspect(&dir).unwrap().model.metadata["global_step"], "100");
+        }
+    }
+
+    #[test]
+    fn resolve_takes_the_newest_valid_checkpoint_not_the_newest_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample(100, &SMALL)).unwrap();
+        s.save(&sample(200, &SMALL)).unwrap();
+        damage(tmp.path(), Damage::BitFlipInData);
+        let valid = tmp.path().join("model.ckpt-100.safetensors");
+        assert_eq!(resolve(tmp.path()).unwrap(), valid);
+        let (restored, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(restored, valid);
     }
 }

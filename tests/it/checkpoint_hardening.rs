@@ -1,0 +1,158 @@
+//! What the daemons and `dtf eval`/`dtf inspect` do with hostile or stale
+//! contents of `checkpoint.dir`: FIFOs, devices, huge headers, an index that
+//! points elsewhere or lags behind.
+
+use crate::util::*;
+use dtf::config::Mode;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// `dtf ARGS` to completion, failing the test past [`DEADLINE`].
+fn dtf(args: &[&OsStr]) -> Ran {
+    run("dtf", args, &[], DEADLINE)
+}
+
+#[test]
+fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 50);
+    let fifo = dir.join("model.ckpt-100.safetensors");
+    mkfifo(&fifo);
+
+    // Both daemons read checkpoint.dir before anything else (is the run
+    // complete?): a blocked open() would keep them from ever getting here.
+    c.start("ps", 0);
+    c.wait_log("ps:0", "Parameter server ready.", 1, DEADLINE);
+    c.signal("ps:0", libc::SIGTERM);
+    let status = c.wait("ps:0", DEADLINE);
+    assert!(status.success(), "ps:0 {status}; log:\n{}", c.log("ps:0"));
+
+    let ran = dtf(&[OsStr::new("inspect"), fifo.as_os_str()]);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains("model.ckpt-100.safetensors")
+            && ran.stderr.contains("a FIFO, not a regular file"),
+        "{}",
+        ran.stderr
+    );
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        fifo.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+    ]);
+    assert!(!ran.status.success());
+    assert!(ran.stderr.contains("a FIFO"), "{}", ran.stderr);
+}
+
+#[test]
+fn a_huge_safetensors_header_is_refused_by_inspect_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 30 MB of header (the issue's was 99 MB: 32 s and 1.4 GB to parse).
+    let len: usize = 30_000_000;
+    let head = r#"{"__metadata__":{"pad":""#;
+    let tail = r#""}}"#;
+    let mut bytes = (len as u64).to_le_bytes().to_vec();
+    bytes.extend(head.as_bytes());
+    bytes.resize(8 + len - tail.len(), b'x');
+    bytes.extend(tail.as_bytes());
+    let file = tmp.path().join("model.ckpt-5.safetensors");
+    std::fs::write(&file, &bytes).unwrap();
+    drop(bytes);
+
+    let started = std::time::Instant::now();
+    let ran = dtf(&[OsStr::new("inspect"), file.as_os_str()]);
+    let took = started.elapsed();
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains("its header claims 30000000 bytes"),
+        "{}",
+        ran.stderr
+    );
+    eprintln!("dtf inspect refused a 30 MB header in {took:?}");
+}
+
+#[test]
+fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect() {
+    let c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 100);
+    let mut other = c.cfg.clone();
+    other.checkpoint.dir = c.dir.path().join("other");
+    let outside = write_checkpoint(&other, 500);
+    std::fs::write(
+        dir.join("checkpoint"),
+        "model_checkpoint_path: \"../other/model.ckpt-500.safetensors\"\n",
+    )
+    .unwrap();
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        dir.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(ran.stdout.contains("\"global_step\":100"), "{}", ran.stdout);
+    std::fs::write(
+        dir.join("checkpoint"),
+        format!("model_checkpoint_path: \"{}\"\n", outside.display()),
+    )
+    .unwrap();
+    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("model.ckpt-100.safetensors") && !ran.stdout.contains("500"),
+        "{}",
+        ran.stdout
+    );
+}
+
+#[test]
+fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
+    // What a double SIGTERM can leave: the step-200 pair renamed into place,
+    // the index still naming step 100.
+    let c = Cluster::new(1, 1, 1000, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    write_checkpoint(&c.cfg, 100);
+    let index = std::fs::read(dir.join("checkpoint")).unwrap();
+    write_checkpoint(&c.cfg, 200);
+    std::fs::write(dir.join("checkpoint"), index).unwrap();
+
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        dir.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(ran.stdout.contains("\"global_step\":200"), "{}", ran.stdout);
+
+    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("model.ckpt-200.safetensors") && ran.stdout.contains("global_step=200"),
+        "{}",
+        ran.stdout
+    );
+
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let (path, ckpt) = dtf::checkpoint::restore_latest(&dir, &specs)
+        .unwrap()
+        .unwrap();
+    assert_eq!(ckpt.global_step, 200, "{}", path.display());
+}
