@@ -4,6 +4,7 @@
 
 use super::error::{ConfigError, describe_origin, figment_error};
 use super::schema::{Config, Role, Sources, TaskId, leaves};
+use super::secret::{FileProblem, MAX_CONFIG_FILE_BYTES, read_regular};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -29,15 +30,24 @@ impl Config {
     ///
     /// Errors: [`ConfigError`] naming the key, the file (or environment
     /// variable, or `TF_CONFIG`) and what was expected; [`ConfigError::Read`]
-    /// if the file cannot be read, [`ConfigError::Syntax`] if it is not TOML.
+    /// if the file cannot be read, is not a regular file (a FIFO would block,
+    /// `/dev/zero` never end) or is over [`MAX_CONFIG_FILE_BYTES`];
+    /// [`ConfigError::Syntax`] if it is not TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         // Read the file ourselves rather than with `Toml::file`: that one
         // treats a missing file as empty and searches parent directories for
         // a relative path, neither of which a daemon should do.
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_regular(path, MAX_CONFIG_FILE_BYTES, false)
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|e| FileProblem::Io {
+                    action: "read",
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                })
+            })
+            .map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
         let origin = path.display().to_string();
         let tf_cluster = match std::env::var(TF_CONFIG) {
             Ok(json) => parse_tf_config(&json)?.cluster,
@@ -387,5 +397,26 @@ mod tests {
             Config::load(&path).unwrap().cluster,
             ClusterConfig::default()
         );
+    }
+
+    #[test]
+    fn a_fifo_or_dev_zero_as_config_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dtf.toml");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("FIFO") && err.contains("dtf.toml"), "{err}");
+        let err = Config::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/dev/zero") && err.contains("character device"),
+            "{err}"
+        );
+        let (_dir, big) = write_config(&"#".repeat(MAX_CONFIG_FILE_BYTES as usize + 1));
+        let err = Config::load(&big).unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
     }
 }

@@ -27,7 +27,7 @@ pub use schema::{
     MetricsConfig, Mode, ModelConfig, Placement, Role, SecurityConfig, Sources, TaskId,
     TrainConfig,
 };
-pub use secret::read_file;
+pub use secret::{FileProblem, MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
 
 /// What the unit tests of every room share: the environment lock, temp
 /// config files, and the check that an error names its key and file.
