@@ -106,10 +106,13 @@ impl Config {
                 ),
             ));
         }
-        if !(t.learning_rate.is_finite() && t.learning_rate > 0.0) {
+        if !(t.learning_rate > 0.0 && t.learning_rate <= MAX_LEARNING_RATE) {
             return Err(self.bad(
                 "train.learning_rate",
-                invalid(t.learning_rate, "a finite number > 0"),
+                invalid(
+                    t.learning_rate,
+                    &format!("a number in (0, {MAX_LEARNING_RATE}]"),
+                ),
             ));
         }
         if !(t.learning_rate_decay > 0.0 && t.learning_rate_decay <= 1.0) {
@@ -118,10 +121,26 @@ impl Config {
                 invalid(t.learning_rate_decay, "a number in (0, 1]"),
             ));
         }
-        if !(t.regularization_rate.is_finite() && t.regularization_rate >= 0.0) {
+        if !(t.regularization_rate >= 0.0 && t.regularization_rate <= MAX_REGULARIZATION_RATE) {
             return Err(self.bad(
                 "train.regularization_rate",
-                invalid(t.regularization_rate, "a finite number >= 0"),
+                invalid(
+                    t.regularization_rate,
+                    &format!("a number in [0, {MAX_REGULARIZATION_RATE}]"),
+                ),
+            ));
+        }
+        // The L2 term alone updates every weight by `w -= lr·reg·w`: with
+        // lr·reg > 2 each step multiplies the weights by a factor below -1,
+        // and they grow to infinity whatever the data.
+        if f64::from(t.learning_rate) * f64::from(t.regularization_rate) > 2.0 {
+            return Err(self.bad(
+                "train.regularization_rate",
+                format!(
+                    "invalid value {}: with train.learning_rate = {} the weight decay alone \
+                     diverges: expected learning_rate × regularization_rate <= 2",
+                    t.regularization_rate, t.learning_rate
+                ),
             ));
         }
         if !(t.moving_average_decay >= 0.0 && t.moving_average_decay < 1.0) {
@@ -317,6 +336,15 @@ impl Config {
 /// The largest `train.batch_size`: a worker holds a batch's activations for
 /// every layer, and no data set dtf reads has more examples than this.
 pub const MAX_BATCH_SIZE: usize = 1_000_000;
+
+/// The largest `train.learning_rate`. The reference program uses 0.8; plain
+/// SGD far above that sends every variable to infinity within steps (1e30
+/// did at once), which the ps would then serve to every worker.
+pub const MAX_LEARNING_RATE: f32 = 10.0;
+
+/// The largest `train.regularization_rate` (the reference uses 1e-4): at 1,
+/// the L2 term already outweighs any cross-entropy gradient.
+pub const MAX_REGULARIZATION_RATE: f32 = 1.0;
 
 /// Memory assumed when `/proc/meminfo` cannot be read: large enough for any
 /// model that trains in reasonable time, small enough to refuse the absurd.
@@ -668,5 +696,26 @@ mod tests {
         assert_eq!(parse_mem_total("MemTotal: 12 MB\n"), None);
         assert_eq!(parse_mem_total(""), None);
         assert!(memory_bytes() > 0);
+    }
+
+    #[test]
+    fn a_huge_learning_rate_is_refused_naming_the_range() {
+        let err = error_for("[train]\nlearning_rate = 1e30", "train.learning_rate");
+        assert!(err.contains("expected a number in (0, 10]"), "{err}");
+        let err = error_for(
+            "[train]\nregularization_rate = 1e30",
+            "train.regularization_rate",
+        );
+        assert!(err.contains("[0, 1]"), "{err}");
+        let err = error_for(
+            "[train]\nlearning_rate = 5.0\nregularization_rate = 0.5",
+            "train.regularization_rate",
+        );
+        assert!(err.contains("train.learning_rate = 5"), "{err}");
+        Config::from_toml_str(
+            "[train]\nlearning_rate = 0.8\nregularization_rate = 0.0001",
+            "/f",
+        )
+        .unwrap();
     }
 }
