@@ -69,20 +69,29 @@ impl Config {
                 }
             }
         }
-        // Every task needs its own address; `seen` maps each to its first entry.
+        // Every task needs its own address; `seen` maps each endpoint to its
+        // first entry, so `localhost:X` meets `127.0.0.1:X`.
         let entries = lists
             .iter()
             .flat_map(|&(key, list)| list.iter().enumerate().map(move |(i, a)| (key, i, a)));
         let mut seen = BTreeMap::new();
         for (key, i, address) in entries {
-            if let Some((first_key, first)) = seen.insert(address, (key, i)) {
-                return Err(self.bad(
-                    &format!("{key}[{i}]"),
-                    format!(
-                        "duplicate address {address:?} (also {first_key}[{first}]): \
-                         expected every task to have its own host:port"
-                    ),
-                ));
+            for endpoint in endpoints(address) {
+                if let Some((first_key, first, earlier)) = seen.insert(endpoint, (key, i, address))
+                {
+                    let same = if earlier == address {
+                        String::new()
+                    } else {
+                        format!(", {earlier:?}, the same endpoint")
+                    };
+                    return Err(self.bad(
+                        &format!("{key}[{i}]"),
+                        format!(
+                            "duplicate address {address:?} (also {first_key}[{first}]{same}): \
+                             expected every task to have its own host:port"
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -403,6 +412,43 @@ fn model_bytes(layers: &[usize], batch: usize) -> Option<ModelBytes> {
     })
 }
 
+/// The endpoints a valid `host:port` names, for the duplicate check: an IP
+/// literal as its socket address (`[::ffff:127.0.0.1]` and `127.0.0.1` are
+/// one), `localhost` as both loopback addresses, any other name as itself,
+/// lowercased (DNS names are case-insensitive).
+///
+/// Other names are not resolved: validation runs in `check-config` and at
+/// every start and reload, and a resolver that waits on an unreachable DNS
+/// server would hang it. Two different names for one host are not caught;
+/// the second task then fails to bind, naming its address.
+fn endpoints(address: &str) -> Vec<String> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return vec![address.to_owned()];
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let socket = |ip: IpAddr| {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        port.parse().map_or_else(
+            |_| address.to_owned(),
+            |p| SocketAddr::new(ip, p).to_string(),
+        )
+    };
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        vec![socket(ip)]
+    } else if bare.eq_ignore_ascii_case("localhost") {
+        vec![
+            socket(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            socket(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+        ]
+    } else {
+        vec![address.to_ascii_lowercase()]
+    }
+}
+
 /// `invalid value <value>: expected <expected>`, the shape of every range error.
 fn invalid(value: impl fmt::Display, expected: &str) -> String {
     format!("invalid value {value}: expected {expected}")
@@ -714,6 +760,33 @@ mod tests {
         assert!(err.contains("train.learning_rate = 5"), "{err}");
         Config::from_toml_str(
             "[train]\nlearning_rate = 0.8\nregularization_rate = 0.0001",
+            "/f",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn localhost_and_127_0_0_1_on_one_port_are_a_duplicate() {
+        let err = error_for(
+            "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7000\"]\n",
+            "cluster.worker[0]",
+        );
+        assert!(
+            err.contains("also cluster.ps[0], \"localhost:7000\", the same endpoint"),
+            "{err}"
+        );
+        for (a, b) in [
+            ("[::1]:7000", "localhost:7000"),
+            ("[::ffff:10.0.0.1]:7000", "10.0.0.1:7000"),
+            ("Host-A:7000", "host-a:7000"),
+        ] {
+            error_for(
+                &format!("[cluster]\nps = [\"{a}\"]\nworker = [\"{b}\"]\n"),
+                "cluster.worker[0]",
+            );
+        }
+        Config::from_toml_str(
+            "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7001\"]\n",
             "/f",
         )
         .unwrap();
