@@ -186,6 +186,10 @@ struct TfCluster {
     worker: Vec<String>,
     #[serde(default)]
     chief: Vec<String>,
+    /// TensorFlow 1.x's older name for the chief; read only to refuse a
+    /// second chief, which would leave two tasks each thinking it is worker 0.
+    #[serde(default)]
+    master: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -195,7 +199,35 @@ struct TfTask {
     index: usize,
 }
 
+/// Parses `TF_CONFIG`, refusing more than one chief.
+///
+/// Errors: [`ConfigError::Syntax`] for malformed JSON; [`ConfigError::Key`]
+/// naming `TF_CONFIG` for two chiefs (`chief` and `master` count together).
 fn parse_tf_config(json: &str) -> Result<TfConfig, ConfigError> {
+    let tf: TfConfig = parse_tf_json(json)?;
+    if let Some(cluster) = &tf.cluster {
+        let chiefs: Vec<&String> = cluster.chief.iter().chain(&cluster.master).collect();
+        if chiefs.len() > 1 {
+            let key = if cluster.chief.len() > 1 {
+                "cluster.chief"
+            } else {
+                "cluster.master"
+            };
+            return Err(ConfigError::Key {
+                origin: TF_CONFIG.into(),
+                key: key.into(),
+                problem: format!(
+                    "{} chiefs {chiefs:?} (cluster.chief and cluster.master together): \
+                     expected at most one chief, the task that is worker 0",
+                    chiefs.len()
+                ),
+            });
+        }
+    }
+    Ok(tf)
+}
+
+fn parse_tf_json(json: &str) -> Result<TfConfig, ConfigError> {
     serde_json::from_str(json).map_err(|e| ConfigError::Syntax {
         origin: TF_CONFIG.into(),
         message: format!(
@@ -418,5 +450,31 @@ mod tests {
         let (_dir, big) = write_config(&"#".repeat(MAX_CONFIG_FILE_BYTES as usize + 1));
         let err = Config::load(&big).unwrap_err().to_string();
         assert!(err.contains("larger than"), "{err}");
+    }
+
+    #[test]
+    fn tf_config_with_two_chiefs_is_refused() {
+        for (json, key) in [
+            (
+                r#"{"cluster": {"chief": ["c:1", "c:2"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 1}}"#,
+                "cluster.chief",
+            ),
+            (
+                r#"{"cluster": {"chief": ["c:1"], "master": ["m:1"], "ps": ["p:1"]}, "task": {"type": "ps", "index": 0}}"#,
+                "cluster.master",
+            ),
+        ] {
+            let err = task_from_tf_config(json).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("TF_CONFIG: {key}: 2 chiefs")),
+                "{err}"
+            );
+            let _env = env_lock();
+            let (_dir, path) = write_config("");
+            set_env("TF_CONFIG", json);
+            let err = Config::load(&path).unwrap_err().to_string();
+            remove_env("TF_CONFIG");
+            assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        }
     }
 }
