@@ -3,6 +3,7 @@
 mod auth;
 mod cluster;
 mod config_errors;
+mod config_hardening;
 mod daemon;
 mod docs;
 mod faults;
