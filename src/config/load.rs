@@ -345,6 +345,12 @@ mod tests {
         remove_env("DTF_LOG__LEVEL");
         remove_env("DTF_CONFIG");
         remove_env("DTF_CLUSTER__WORKER");
+    }
+
+    #[test]
+    fn load_takes_the_cluster_and_task_from_tf_config() {
+        let _env = env_lock();
+        let (_dir, path) = write_config("[train]\nlast_step = 50\nbatch_size = 32\n");
 
         // TF_CONFIG without a chief: lists taken as they are.
         set_env(
