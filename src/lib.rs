@@ -4,7 +4,8 @@
 //! Where things live:
 //!
 //! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, loading and `TF_CONFIG` (and which
-//!   task this is), validation per section, errors, live-reload keys, secret files.
+//!   task this is), validation per section, the model-size bound, errors, live-reload keys,
+//!   secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`data`] — IDX (MNIST-format) files and mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,

@@ -4,6 +4,7 @@
 
 use super::load::{ENV_PREFIX, TF_CONFIG};
 use super::schema::{Role, TaskId};
+use super::secret::FileProblem;
 use figment::error::{Actual, Kind};
 use figment::{Figment, Metadata};
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ pub enum ConfigError {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        source: FileProblem,
     },
     /// A document is not valid TOML (or `TF_CONFIG` not valid JSON).
     #[error("{origin}: {message}")]

@@ -4,6 +4,7 @@
 
 use super::error::{ConfigError, describe_origin, figment_error};
 use super::schema::{Config, Role, Sources, TaskId, leaves};
+use super::secret::{FileProblem, MAX_CONFIG_FILE_BYTES, read_regular};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -29,15 +30,24 @@ impl Config {
     ///
     /// Errors: [`ConfigError`] naming the key, the file (or environment
     /// variable, or `TF_CONFIG`) and what was expected; [`ConfigError::Read`]
-    /// if the file cannot be read, [`ConfigError::Syntax`] if it is not TOML.
+    /// if the file cannot be read, is not a regular file (a FIFO would block,
+    /// `/dev/zero` never end) or is over [`MAX_CONFIG_FILE_BYTES`];
+    /// [`ConfigError::Syntax`] if it is not TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         // Read the file ourselves rather than with `Toml::file`: that one
         // treats a missing file as empty and searches parent directories for
         // a relative path, neither of which a daemon should do.
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_regular(path, MAX_CONFIG_FILE_BYTES, false)
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|e| FileProblem::Io {
+                    action: "read",
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                })
+            })
+            .map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
         let origin = path.display().to_string();
         let tf_cluster = match std::env::var(TF_CONFIG) {
             Ok(json) => parse_tf_config(&json)?.cluster,
@@ -176,6 +186,10 @@ struct TfCluster {
     worker: Vec<String>,
     #[serde(default)]
     chief: Vec<String>,
+    /// TensorFlow 1.x's older name for the chief; read only to refuse a
+    /// second chief, which would leave two tasks each thinking it is worker 0.
+    #[serde(default)]
+    master: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,7 +199,35 @@ struct TfTask {
     index: usize,
 }
 
+/// Parses `TF_CONFIG`, refusing more than one chief.
+///
+/// Errors: [`ConfigError::Syntax`] for malformed JSON; [`ConfigError::Key`]
+/// naming `TF_CONFIG` for two chiefs (`chief` and `master` count together).
 fn parse_tf_config(json: &str) -> Result<TfConfig, ConfigError> {
+    let tf: TfConfig = parse_tf_json(json)?;
+    if let Some(cluster) = &tf.cluster {
+        let chiefs: Vec<&String> = cluster.chief.iter().chain(&cluster.master).collect();
+        if chiefs.len() > 1 {
+            let key = if cluster.chief.len() > 1 {
+                "cluster.chief"
+            } else {
+                "cluster.master"
+            };
+            return Err(ConfigError::Key {
+                origin: TF_CONFIG.into(),
+                key: key.into(),
+                problem: format!(
+                    "{} chiefs {chiefs:?} (cluster.chief and cluster.master together): \
+                     expected at most one chief, the task that is worker 0",
+                    chiefs.len()
+                ),
+            });
+        }
+    }
+    Ok(tf)
+}
+
+fn parse_tf_json(json: &str) -> Result<TfConfig, ConfigError> {
     serde_json::from_str(json).map_err(|e| ConfigError::Syntax {
         origin: TF_CONFIG.into(),
         message: format!(
@@ -303,6 +345,12 @@ mod tests {
         remove_env("DTF_LOG__LEVEL");
         remove_env("DTF_CONFIG");
         remove_env("DTF_CLUSTER__WORKER");
+    }
+
+    #[test]
+    fn load_takes_the_cluster_and_task_from_tf_config() {
+        let _env = env_lock();
+        let (_dir, path) = write_config("[train]\nlast_step = 50\nbatch_size = 32\n");
 
         // TF_CONFIG without a chief: lists taken as they are.
         set_env(
@@ -387,5 +435,52 @@ mod tests {
             Config::load(&path).unwrap().cluster,
             ClusterConfig::default()
         );
+    }
+
+    #[test]
+    fn a_fifo_or_dev_zero_as_config_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dtf.toml");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(err.contains("FIFO") && err.contains("dtf.toml"), "{err}");
+        let err = Config::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/dev/zero") && err.contains("character device"),
+            "{err}"
+        );
+        let (_dir, big) = write_config(&"#".repeat(MAX_CONFIG_FILE_BYTES as usize + 1));
+        let err = Config::load(&big).unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
+    }
+
+    #[test]
+    fn tf_config_with_two_chiefs_is_refused() {
+        for (json, key) in [
+            (
+                r#"{"cluster": {"chief": ["c:1", "c:2"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 1}}"#,
+                "cluster.chief",
+            ),
+            (
+                r#"{"cluster": {"chief": ["c:1"], "master": ["m:1"], "ps": ["p:1"]}, "task": {"type": "ps", "index": 0}}"#,
+                "cluster.master",
+            ),
+        ] {
+            let err = task_from_tf_config(json).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("TF_CONFIG: {key}: 2 chiefs")),
+                "{err}"
+            );
+            let _env = env_lock();
+            let (_dir, path) = write_config("");
+            set_env("TF_CONFIG", json);
+            let err = Config::load(&path).unwrap_err().to_string();
+            remove_env("TF_CONFIG");
+            assert!(err.starts_with("TF_CONFIG: "), "{err}");
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! - `schema` — the sections and keys, with their defaults.
 //! - `load` — figment layering, `TF_CONFIG`, and which task this process is.
 //! - `validate` — one check per section; the first bad key is the error.
+//! - `size` — the model-size bound: what a model and a batch need against `MemTotal`.
 //! - `error` — [`ConfigError`], and figment's errors turned into ones that
 //!   name the key, its origin and what was expected.
 //! - `reload` — [`LIVE_KEYS`]: what may change while running, and what applies it.
@@ -17,6 +18,7 @@ mod load;
 mod reload;
 mod schema;
 mod secret;
+mod size;
 mod validate;
 
 pub use error::ConfigError;
@@ -27,7 +29,9 @@ pub use schema::{
     MetricsConfig, Mode, ModelConfig, Placement, Role, SecurityConfig, Sources, TaskId,
     TrainConfig,
 };
-pub use secret::read_file;
+pub use secret::{FileProblem, MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
+pub use size::{FALLBACK_MEMORY_BYTES, memory_bytes};
+pub use validate::{MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_REGULARIZATION_RATE};
 
 /// What the unit tests of every room share: the environment lock, temp
 /// config files, and the check that an error names its key and file.

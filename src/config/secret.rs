@@ -1,26 +1,87 @@
-//! Files the configuration names and that hold secrets or keys: the token
-//! and the TLS files, read once at start.
+//! Files the configuration names: the configuration file itself, and the
+//! token and TLS files, read once at start.
+//!
+//! Only regular files are read, and only up to a bound: a FIFO would block
+//! `open()` (and `check-config`, and a daemon's start) until a writer came,
+//! and `/dev/zero` would be read until memory ran out.
 
 use super::error::ConfigError;
 use super::schema::Config;
+use std::io::Read;
 use std::path::Path;
 
+/// The largest token or PEM file read: a PEM chain is a few KiB, a token
+/// tens of bytes; anything near this is not what the key should name.
+pub const MAX_SECRET_FILE_BYTES: u64 = 1 << 20;
+
+/// The largest configuration file read; the shipped one is about 4 KiB.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+/// Why a file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FileProblem {
+    /// Opening, inspecting or reading it failed.
+    #[error("cannot {action}: {source}")]
+    Io {
+        /// `open`, `stat` or `read`.
+        action: &'static str,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// A FIFO, socket, device or directory.
+    #[error("it is {kind}, not a regular file: expected a file with the content")]
+    NotRegular {
+        /// What it is instead, e.g. `a FIFO (named pipe)`.
+        kind: &'static str,
+    },
+    /// Over the size bound.
+    #[error("it is larger than {limit} bytes: expected a small text file")]
+    TooLarge {
+        /// The bound, in bytes.
+        limit: u64,
+    },
+    /// A secret that other users may read.
+    #[error(
+        "the file has mode {mode:04o}, which lets other users read a secret: \
+         run `chmod 640 {path}` (readable by its owner and group only)"
+    )]
+    OthersMayRead {
+        /// The permission bits.
+        mode: u32,
+        /// The file, for the command to run.
+        path: String,
+    },
+}
+
 impl Config {
+    /// Reads the bearer token, refusing a file others may read.
     ///
     /// Returns the file's content without surrounding whitespace.
-    /// Errors: [`ConfigError::File`] if the file cannot be read, grants any
-    /// permission to others (mode & 0o007), or holds only whitespace.
+    /// Errors: [`ConfigError::File`] if the file cannot be read, is not a
+    /// regular file, is over [`MAX_SECRET_FILE_BYTES`], grants any
+    /// permission to others (mode & 0o007), holds only whitespace, or holds
+    /// a control character (a second line) inside the token: it travels in
+    /// an HTTP header, where a worker could not send it.
     pub fn read_token(&self) -> Result<String, ConfigError> {
         let key = "security.token_file";
         let path = &self.security.token_file;
         let text = read_file(key, path, true)?;
         let token = String::from_utf8_lossy(&text).trim().to_owned();
+        let fail = |problem: String| ConfigError::File {
+            key,
+            path: path.clone(),
+            problem,
+        };
         if token.is_empty() {
-            return Err(ConfigError::File {
-                key,
-                path: path.clone(),
-                problem: "the file is empty: expected the cluster's shared token".into(),
-            });
+            return Err(fail(
+                "the file is empty: expected the cluster's shared token".into(),
+            ));
+        }
+        if let Some((at, c)) = token.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(fail(format!(
+                "the token holds the control character {c:?} at byte {at}: \
+                 expected the token on one line (a trailing newline is fine)"
+            )));
         }
         Ok(token)
     }
@@ -29,38 +90,73 @@ impl Config {
 /// The content of `path` (named by `key`); if `secret`, refused when the
 /// file grants any permission to others (mode & 0o007).
 ///
-/// Errors: [`ConfigError::File`], saying what to do.
+/// Errors: [`ConfigError::File`], saying what to do: see [`FileProblem`].
 pub fn read_file(key: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>, ConfigError> {
-    use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
-
-    let fail = |problem: String| ConfigError::File {
+    read_regular(path, MAX_SECRET_FILE_BYTES, secret).map_err(|problem| ConfigError::File {
         key,
         path: path.to_owned(),
-        problem,
-    };
-    let mut file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-    if secret {
-        // Check the mode of the file we opened, not of the path: no race
-        // with a rename between the check and the read.
-        let mode = file
-            .metadata()
-            .map_err(|e| fail(format!("cannot stat: {e}")))?
-            .permissions()
-            .mode();
-        if mode & 0o007 != 0 {
-            return Err(fail(format!(
-                "the file has mode {:04o}, which lets other users read a secret: \
-                 run `chmod 640 {}` (readable by its owner and group only)",
-                mode & 0o7777,
-                path.display()
-            )));
-        }
+        problem: problem.to_string(),
+    })
+}
+
+/// Reads `path` if it is a regular file (symlinks followed) of at most
+/// `limit` bytes; if `secret`, only if others have no permission on it.
+///
+/// Errors: [`FileProblem`].
+pub(super) fn read_regular(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, FileProblem> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |action| move |source| FileProblem::Io { action, source };
+    // Refuse special files before opening: opening a FIFO for reading
+    // blocks until a writer appears.
+    regular(&std::fs::metadata(path).map_err(io("stat"))?)?;
+    // O_NONBLOCK as well, for a path swapped for a FIFO after the check;
+    // on a regular file it changes nothing.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io("open"))?;
+    // Check what was opened, not the path: no race with a rename.
+    let meta = file.metadata().map_err(io("stat"))?;
+    regular(&meta)?;
+    let mode = meta.permissions().mode();
+    if secret && mode & 0o007 != 0 {
+        return Err(FileProblem::OthersMayRead {
+            mode: mode & 0o7777,
+            path: path.display().to_string(),
+        });
     }
     let mut content = Vec::new();
-    file.read_to_end(&mut content)
-        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    // One byte past the limit tells "at the limit" from "over it".
+    file.take(limit + 1)
+        .read_to_end(&mut content)
+        .map_err(io("read"))?;
+    if content.len() as u64 > limit {
+        return Err(FileProblem::TooLarge { limit });
+    }
     Ok(content)
+}
+
+/// Errors unless `meta` is a regular file's.
+fn regular(meta: &std::fs::Metadata) -> Result<(), FileProblem> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        return Ok(());
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "a special file"
+    };
+    Err(FileProblem::NotRegular { kind })
 }
 
 #[cfg(test)]
@@ -95,5 +191,77 @@ mod tests {
         config.security.token_file = dir.path().join("absent");
         let err = config.read_token().unwrap_err().to_string();
         assert!(err.contains("absent"), "{err}");
+    }
+
+    /// A FIFO at `dir/name`.
+    fn fifo(dir: &Path, name: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        path
+    }
+
+    #[test]
+    fn a_fifo_as_token_file_is_refused_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.security.token_file = fifo(dir.path(), "token");
+        let err = config.read_token().unwrap_err().to_string();
+        assert!(
+            err.contains("FIFO") && err.contains("security.token_file"),
+            "{err}"
+        );
+        let err = read_file("security.tls_ca", &fifo(dir.path(), "ca"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("FIFO") && err.contains("security.tls_ca"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_device_or_directory_as_token_file_is_refused() {
+        for (path, kind) in [("/dev/zero", "character device"), ("/", "directory")] {
+            let err = read_file("security.tls_cert", Path::new(path), false)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(kind), "{path}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_token_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = "x".repeat(MAX_SECRET_FILE_BYTES as usize + 1);
+        let err = token_config(dir.path(), &big, 0o600)
+            .read_token()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("larger than 1048576 bytes"), "{err}");
+        let exact = "x".repeat(MAX_SECRET_FILE_BYTES as usize);
+        assert_eq!(
+            token_config(dir.path(), &exact, 0o600)
+                .read_token()
+                .unwrap(),
+            exact
+        );
+    }
+
+    #[test]
+    fn a_token_with_an_embedded_newline_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in ["abc\ndef\n", "abc\r\ndef", "a\tb", "a\u{7f}b"] {
+            let config = token_config(dir.path(), bad, 0o600);
+            let err = config.read_token().unwrap_err().to_string();
+            assert!(
+                err.contains("security.token_file") && err.contains("control character"),
+                "{bad:?}: {err}"
+            );
+            assert!(err.contains(&dir.path().join("token").display().to_string()));
+        }
+        let config = token_config(dir.path(), "abc def\r\n", 0o600);
+        assert_eq!(config.read_token().unwrap(), "abc def");
     }
 }

@@ -4,6 +4,7 @@
 
 use super::error::ConfigError;
 use super::schema::{Config, Role, TaskId};
+use super::size::memory_bytes;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -16,6 +17,7 @@ impl Config {
         self.validate_train()?;
         self.validate_sync()?;
         self.validate_model()?;
+        self.check_fits(memory_bytes())?;
         self.validate_data()?;
         self.validate_checkpoint()?;
         self.validate_security()?;
@@ -41,7 +43,7 @@ impl Config {
     }
 
     /// The error for `key`, naming where its value came from.
-    fn bad(&self, key: &str, problem: String) -> ConfigError {
+    pub(super) fn bad(&self, key: &str, problem: String) -> ConfigError {
         ConfigError::Key {
             origin: self.sources.origin(key).to_owned(),
             key: key.to_owned(),
@@ -68,20 +70,29 @@ impl Config {
                 }
             }
         }
-        // Every task needs its own address; `seen` maps each to its first entry.
+        // Every task needs its own address; `seen` maps each endpoint to its
+        // first entry, so `localhost:X` meets `127.0.0.1:X`.
         let entries = lists
             .iter()
             .flat_map(|&(key, list)| list.iter().enumerate().map(move |(i, a)| (key, i, a)));
         let mut seen = BTreeMap::new();
         for (key, i, address) in entries {
-            if let Some((first_key, first)) = seen.insert(address, (key, i)) {
-                return Err(self.bad(
-                    &format!("{key}[{i}]"),
-                    format!(
-                        "duplicate address {address:?} (also {first_key}[{first}]): \
-                         expected every task to have its own host:port"
-                    ),
-                ));
+            for endpoint in endpoints(address) {
+                if let Some((first_key, first, earlier)) = seen.insert(endpoint, (key, i, address))
+                {
+                    let same = if earlier == address {
+                        String::new()
+                    } else {
+                        format!(", {earlier:?}, the same endpoint")
+                    };
+                    return Err(self.bad(
+                        &format!("{key}[{i}]"),
+                        format!(
+                            "duplicate address {address:?} (also {first_key}[{first}]{same}): \
+                             expected every task to have its own host:port"
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -96,10 +107,22 @@ impl Config {
                 invalid(t.batch_size, "a positive integer"),
             ));
         }
-        if !(t.learning_rate.is_finite() && t.learning_rate > 0.0) {
+        if t.batch_size > MAX_BATCH_SIZE {
+            return Err(self.bad(
+                "train.batch_size",
+                invalid(
+                    t.batch_size,
+                    &format!("an integer from 1 to {MAX_BATCH_SIZE}"),
+                ),
+            ));
+        }
+        if !(t.learning_rate > 0.0 && t.learning_rate <= MAX_LEARNING_RATE) {
             return Err(self.bad(
                 "train.learning_rate",
-                invalid(t.learning_rate, "a finite number > 0"),
+                invalid(
+                    t.learning_rate,
+                    &format!("a number in (0, {MAX_LEARNING_RATE}]"),
+                ),
             ));
         }
         if !(t.learning_rate_decay > 0.0 && t.learning_rate_decay <= 1.0) {
@@ -108,10 +131,26 @@ impl Config {
                 invalid(t.learning_rate_decay, "a number in (0, 1]"),
             ));
         }
-        if !(t.regularization_rate.is_finite() && t.regularization_rate >= 0.0) {
+        if !(t.regularization_rate >= 0.0 && t.regularization_rate <= MAX_REGULARIZATION_RATE) {
             return Err(self.bad(
                 "train.regularization_rate",
-                invalid(t.regularization_rate, "a finite number >= 0"),
+                invalid(
+                    t.regularization_rate,
+                    &format!("a number in [0, {MAX_REGULARIZATION_RATE}]"),
+                ),
+            ));
+        }
+        // The L2 term alone updates every weight by `w -= lr·reg·w`: with
+        // lr·reg > 2 each step multiplies the weights by a factor below -1,
+        // and they grow to infinity whatever the data.
+        if f64::from(t.learning_rate) * f64::from(t.regularization_rate) > 2.0 {
+            return Err(self.bad(
+                "train.regularization_rate",
+                format!(
+                    "invalid value {}: with train.learning_rate = {} the weight decay alone \
+                     diverges: expected learning_rate × regularization_rate <= 2",
+                    t.regularization_rate, t.learning_rate
+                ),
             ));
         }
         if !(t.moving_average_decay >= 0.0 && t.moving_average_decay < 1.0) {
@@ -256,6 +295,56 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// The largest `train.batch_size`: a worker holds a batch's activations for
+/// every layer, and no data set dtf reads has more examples than this.
+pub const MAX_BATCH_SIZE: usize = 1_000_000;
+
+/// The largest `train.learning_rate`. The reference program uses 0.8; plain
+/// SGD far above that sends every variable to infinity within steps (1e30
+/// did at once), which the ps would then serve to every worker.
+pub const MAX_LEARNING_RATE: f32 = 10.0;
+
+/// The largest `train.regularization_rate` (the reference uses 1e-4): at 1,
+/// the L2 term already outweighs any cross-entropy gradient.
+pub const MAX_REGULARIZATION_RATE: f32 = 1.0;
+
+/// The endpoints a valid `host:port` names, for the duplicate check: an IP
+/// literal as its socket address (`[::ffff:127.0.0.1]` and `127.0.0.1` are
+/// one), `localhost` as both loopback addresses, any other name as itself,
+/// lowercased (DNS names are case-insensitive).
+///
+/// Other names are not resolved: validation runs in `check-config` and at
+/// every start and reload, and a resolver that waits on an unreachable DNS
+/// server would hang it. Two different names for one host are not caught;
+/// the second task then fails to bind, naming its address.
+fn endpoints(address: &str) -> Vec<String> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return vec![address.to_owned()];
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let socket = |ip: IpAddr| {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        port.parse().map_or_else(
+            |_| address.to_owned(),
+            |p| SocketAddr::new(ip, p).to_string(),
+        )
+    };
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        vec![socket(ip)]
+    } else if bare.eq_ignore_ascii_case("localhost") {
+        vec![
+            socket(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            socket(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+        ]
+    } else {
+        vec![address.to_ascii_lowercase()]
     }
 }
 
@@ -494,5 +583,53 @@ mod tests {
         new.security.tls_ca = Some("/a".into());
         assert_eq!(old.changed_keys(&new), ["security.tls_ca"]);
         assert!(old.reload(new).is_err());
+    }
+
+    #[test]
+    fn a_huge_learning_rate_is_refused_naming_the_range() {
+        let err = error_for("[train]\nlearning_rate = 1e30", "train.learning_rate");
+        assert!(err.contains("expected a number in (0, 10]"), "{err}");
+        let err = error_for(
+            "[train]\nregularization_rate = 1e30",
+            "train.regularization_rate",
+        );
+        assert!(err.contains("[0, 1]"), "{err}");
+        let err = error_for(
+            "[train]\nlearning_rate = 5.0\nregularization_rate = 0.5",
+            "train.regularization_rate",
+        );
+        assert!(err.contains("train.learning_rate = 5"), "{err}");
+        Config::from_toml_str(
+            "[train]\nlearning_rate = 0.8\nregularization_rate = 0.0001",
+            "/f",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn localhost_and_127_0_0_1_on_one_port_are_a_duplicate() {
+        let err = error_for(
+            "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7000\"]\n",
+            "cluster.worker[0]",
+        );
+        assert!(
+            err.contains("also cluster.ps[0], \"localhost:7000\", the same endpoint"),
+            "{err}"
+        );
+        for (a, b) in [
+            ("[::1]:7000", "localhost:7000"),
+            ("[::ffff:10.0.0.1]:7000", "10.0.0.1:7000"),
+            ("Host-A:7000", "host-a:7000"),
+        ] {
+            error_for(
+                &format!("[cluster]\nps = [\"{a}\"]\nworker = [\"{b}\"]\n"),
+                "cluster.worker[0]",
+            );
+        }
+        Config::from_toml_str(
+            "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7001\"]\n",
+            "/f",
+        )
+        .unwrap();
     }
 }

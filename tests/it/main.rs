@@ -4,6 +4,7 @@ mod auth;
 mod checkpoint_hardening;
 mod cluster;
 mod config_errors;
+mod config_hardening;
 mod daemon;
 mod docs;
 mod faults;
