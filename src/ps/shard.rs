@@ -4,6 +4,7 @@
 //! what makes every push atomic for the shard.
 
 use crate::model::{self, VarSpec};
+use crate::rpc::{Dims, Short};
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;
 
@@ -14,23 +15,31 @@ pub enum ShardError {
         "ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet"
     )]
     NotInitialized { ps: usize },
-    #[error("ps:{ps} does not hold variable {name:?} (it holds {held:?})")]
+    #[error("ps:{ps} does not hold variable {} (it holds {held:?})", Short(name))]
     UnknownVariable {
         ps: usize,
         name: String,
         held: Vec<String>,
     },
-    #[error("variable {name}: shape {got:?}, expected {expected:?}")]
+    #[error(
+        "variable {}: shape {}, expected {}",
+        Short(name),
+        Dims(got),
+        Dims(expected)
+    )]
     Shape {
         name: String,
         expected: Vec<usize>,
         got: Vec<usize>,
     },
-    #[error("variable {name} given twice")]
+    #[error("variable {} given twice", Short(name))]
     Duplicate { name: String },
     #[error("variable {name} missing: every variable of ps:{ps} is required")]
     Missing { ps: usize, name: String },
-    #[error("{name} has a non-finite value (NaN or infinity) at flat index {index}")]
+    #[error(
+        "{} has a non-finite value (NaN or infinity) at flat index {index}",
+        Short(name)
+    )]
     NonFinite { name: String, index: usize },
     #[error("learning rate {0} is not a finite positive number; state unchanged")]
     LearningRate(f32),
@@ -39,6 +48,9 @@ pub enum ShardError {
     /// poison every worker that pulls afterwards.
     #[error("learning rate {lr:e} × gradient overflows {name}; state unchanged")]
     Overflow { lr: f32, name: String },
+    /// Checkpoints store the step as i64.
+    #[error("global step {0} is above {max}, the largest a checkpoint can hold", max = i64::MAX)]
+    StepRange(u64),
     #[error("worker {worker} already pushed a gradient for step {step}")]
     DuplicatePush { worker: u32, step: u64 },
     #[error("gradient for step {step}, but ps:{ps} is at step {current}: pull again")]
@@ -50,19 +62,21 @@ pub enum ShardError {
 impl From<ShardError> for tonic::Status {
     fn from(e: ShardError) -> Self {
         use ShardError::*;
-        let msg = e.to_string();
-        match e {
-            NotInitialized { .. } | FutureStep { .. } => tonic::Status::failed_precondition(msg),
-            UnknownVariable { .. } => tonic::Status::not_found(msg),
-            DuplicatePush { .. } => tonic::Status::already_exists(msg),
+        use tonic::Code;
+        let code = match e {
+            NotInitialized { .. } | FutureStep { .. } => Code::FailedPrecondition,
+            UnknownVariable { .. } => Code::NotFound,
+            DuplicatePush { .. } => Code::AlreadyExists,
             Shape { .. }
             | Duplicate { .. }
             | Missing { .. }
             | NonFinite { .. }
             | LearningRate(_)
             | Overflow { .. }
-            | UnknownWorker { .. } => tonic::Status::invalid_argument(msg),
-        }
+            | StepRange(_)
+            | UnknownWorker { .. } => Code::InvalidArgument,
+        };
+        crate::rpc::status(code, e)
     }
 }
 

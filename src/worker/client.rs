@@ -29,11 +29,13 @@ pub struct PsCallError {
 }
 
 impl PsCallError {
-    /// The ps is down or unreachable: wait and try again.
+    /// The ps is down, unreachable or busy (`RESOURCE_EXHAUSTED`: over one
+    /// of its limits, `ps::limits`): wait and try again.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.status.code(),
             Code::Unavailable
+                | Code::ResourceExhausted
                 | Code::Unknown
                 | Code::DeadlineExceeded
                 | Code::Cancelled

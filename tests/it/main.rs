@@ -9,6 +9,7 @@ mod faults;
 mod local;
 mod observability;
 mod package;
+mod ps_limits;
 mod requests;
 mod sync;
 mod tls;
