@@ -252,6 +252,19 @@ impl AsyncWrite for Conn {
         self.closing(cx)?;
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
+    // Forwarded: without them hyper copies every response into one buffer
+    // instead of handing the socket its pieces (writev).
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.closing(cx)?;
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_flush(cx)
     }
