@@ -356,3 +356,21 @@ impl Cluster {
         .map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_ps_is_retried_and_a_refusal_is_not() {
+        let err = |code| PsCallError {
+            ps: 0,
+            status: Status::new(code, "x"),
+        };
+        // ps::limits answers RESOURCE_EXHAUSTED past a limit: back off, retry.
+        assert!(err(Code::ResourceExhausted).is_unavailable());
+        assert!(err(Code::Unavailable).is_unavailable());
+        assert!(!err(Code::InvalidArgument).is_unavailable());
+        assert!(!err(Code::Unauthenticated).is_unavailable());
+    }
+}
