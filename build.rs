@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .bytes(".dtf.v1.Tensor.data")
+        // prost's codec, but a request that does not parse is
+        // INVALID_ARGUMENT rather than INTERNAL (see `rpc::Codec`).
+        .codec_path("crate::rpc::Codec")
         .compile_fds(fds)?;
     let events = ["proto/tensorboard/event.proto"];
     let fds = protox::compile(events, ["proto"])?;

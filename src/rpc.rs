@@ -4,6 +4,9 @@
 use crate::pb;
 use bytes::Bytes;
 use ndarray::{ArrayD, IxDyn};
+use std::fmt;
+use std::marker::PhantomData;
+use tonic::codec::{DecodeBuf, Decoder};
 
 // Tensors go on the wire as the in-memory f32 bytes: only right on little-endian hosts.
 #[cfg(not(target_endian = "little"))]
@@ -13,10 +16,14 @@ compile_error!("dtf's wire format assumes a little-endian host");
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
     /// Only f32 tensors travel between tasks.
-    #[error("tensor {name}: dtype {dtype}, expected DATA_TYPE_F32")]
+    #[error("tensor {}: dtype {dtype}, expected DATA_TYPE_F32", Short(name))]
     DType { name: String, dtype: i32 },
     /// The byte count does not match the shape.
-    #[error("tensor {name}: shape {shape:?} needs {expected} bytes, got {got}")]
+    #[error(
+        "tensor {}: shape {} needs {expected} bytes, got {got}",
+        Short(name),
+        Dims(shape)
+    )]
     Length {
         name: String,
         shape: Vec<u64>,
@@ -24,13 +31,124 @@ pub enum TensorError {
         got: usize,
     },
     /// A dimension too large for this host.
-    #[error("tensor {name}: shape {shape:?} is too large")]
+    #[error("tensor {}: shape {} is too large", Short(name), Dims(shape))]
     TooLarge { name: String, shape: Vec<u64> },
 }
 
 impl From<TensorError> for tonic::Status {
     fn from(e: TensorError) -> Self {
-        tonic::Status::invalid_argument(e.to_string())
+        status(tonic::Code::InvalidArgument, e)
+    }
+}
+
+/// Longest status message a task sends. A status travels in an HTTP/2
+/// header: one echoing a 100,000-dimension shape or a megabyte name would
+/// exceed the peer's header limit and reach it as a broken response instead.
+pub const MAX_STATUS_MESSAGE: usize = 1024;
+
+/// Dimensions shown of a shape in a message; the rest are counted.
+const SHOWN_DIMS: usize = 8;
+
+/// Characters shown of a name in a message.
+const SHOWN_NAME: usize = 128;
+
+/// The one place the ps makes a status: `message` cut to
+/// [`MAX_STATUS_MESSAGE`] bytes (at a character boundary, saying so).
+pub fn status(code: tonic::Code, message: impl fmt::Display) -> tonic::Status {
+    let mut message = message.to_string();
+    if message.len() > MAX_STATUS_MESSAGE {
+        let tail = format!("… (cut from {} bytes)", message.len());
+        let mut end = MAX_STATUS_MESSAGE - tail.len();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(&tail);
+    }
+    tonic::Status::new(code, message)
+}
+
+/// A shape for a message: `[784, 10]`, or `[1, 1, …, 100000 dims]` when long.
+pub struct Dims<'a, T>(pub &'a [T]);
+
+impl<T: fmt::Display> fmt::Display for Dims<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().take(SHOWN_DIMS).enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        if self.0.len() > SHOWN_DIMS {
+            write!(f, ", … {} dims", self.0.len())?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// A name for a message, cut (and then quoted) past [`SHOWN_NAME`] characters.
+pub struct Short<'a>(pub &'a str);
+
+impl fmt::Display for Short<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.char_indices().nth(SHOWN_NAME) {
+            None => f.write_str(self.0),
+            Some((end, _)) => write!(f, "{:?}… ({} bytes)", &self.0[..end], self.0.len()),
+        }
+    }
+}
+
+/// The gRPC codec of dtf's services: prost, except that a message that
+/// does not parse is `INVALID_ARGUMENT` (the sender's fault; a worker treats
+/// it as fatal) rather than prost's `INTERNAL`. Named in `build.rs`.
+pub struct Codec<T, U>(PhantomData<fn(T) -> U>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = CheckedDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic::codec::Codec::encoder(&mut tonic_prost::ProstCodec::<T, U>::default())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        CheckedDecoder(tonic::codec::Codec::decoder(
+            &mut tonic_prost::ProstCodec::<T, U>::default(),
+        ))
+    }
+}
+
+/// prost's decoder, with parse errors as `INVALID_ARGUMENT`.
+pub struct CheckedDecoder<U>(tonic_prost::ProstDecoder<U>);
+
+impl<U: prost::Message + Default> Decoder for CheckedDecoder<U> {
+    type Item = U;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, tonic::Status> {
+        self.0.decode(buf).map_err(|e| {
+            status(
+                tonic::Code::InvalidArgument,
+                format_args!("malformed protobuf message: {}", e.message()),
+            )
+        })
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
     }
 }
 
@@ -193,6 +311,32 @@ mod tests {
         let mut t = encode("w", &a);
         t.shape = vec![3];
         assert!(matches!(view(&t), Err(TensorError::Length { .. })));
+    }
+
+    #[test]
+    fn status_messages_are_bounded() {
+        let dims = vec![1u64; 100_000];
+        let e = TensorError::Length {
+            name: "w".repeat(100_000),
+            shape: dims,
+            expected: 4,
+            got: 0,
+        };
+        let s = tonic::Status::from(e);
+        assert!(
+            s.message().len() <= MAX_STATUS_MESSAGE,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().contains("100000 dims"), "{}", s.message());
+        let s = status(tonic::Code::Internal, "é".repeat(5000));
+        assert!(s.message().len() <= MAX_STATUS_MESSAGE);
+        assert!(
+            s.message().ends_with("(cut from 10000 bytes)"),
+            "{}",
+            s.message()
+        );
+        assert_eq!(Dims(&[784u64, 10]).to_string(), "[784, 10]");
     }
 
     #[test]

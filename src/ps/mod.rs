@@ -3,6 +3,7 @@
 //! [`serve`] is the entry point (an already-bound listener and a shutdown
 //! token, so tests bind port 0). [`shard`] holds the update rules.
 
+pub mod limits;
 pub mod shard;
 
 use crate::auth::Credentials;
@@ -54,6 +55,10 @@ struct Inner {
     rate: Mutex<(Instant, u64, f64)>,
     /// Examples per push (`train.batch_size`), for the rate.
     batch_size: u64,
+    /// Response bytes pulls may have in flight.
+    budget: limits::Budget,
+    /// Refused calls, logged per peer.
+    refusals: Arc<limits::RefusalLog>,
 }
 
 /// The gRPC service of one ps task.
@@ -81,6 +86,10 @@ impl PsService {
                 total: config.total_num_replicas(),
             },
         };
+        let shard_bytes = specs
+            .iter()
+            .map(|s| 4 * s.shape.iter().product::<usize>())
+            .sum();
         let shard = Shard::new(task, specs, rule, config.train.moving_average_decay);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -91,6 +100,8 @@ impl PsService {
                 complete: CancellationToken::new(),
                 rate: Mutex::new((Instant::now(), 0, 0.0)),
                 batch_size: config.train.batch_size as u64,
+                budget: limits::Budget::new(shard_bytes),
+                refusals: Arc::new(limits::RefusalLog::default()),
             }),
         })
     }
@@ -98,6 +109,17 @@ impl PsService {
     /// The token cancelled when the run is complete.
     pub fn completed(&self) -> CancellationToken {
         self.inner.complete.clone()
+    }
+
+    /// Reserves response bytes for `snapshots` snapshots of the shard,
+    /// logging a refusal with the caller's address.
+    ///
+    /// Errors: `RESOURCE_EXHAUSTED` when [`limits::RESPONSE_BUDGET`] is spent.
+    fn reserve<T>(&self, req: &Request<T>, snapshots: u32) -> Result<limits::Reserved, Status> {
+        self.inner.budget.reserve(snapshots).inspect_err(|e| {
+            let peer = limits::peer(req.extensions());
+            self.inner.refusals.refused(peer, e.message());
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Shard> {
@@ -213,6 +235,9 @@ impl ParameterServer for PsService {
         req: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::InitializeResponse>, Status> {
         let req = req.into_inner();
+        if i64::try_from(req.global_step).is_err() {
+            return Err(shard::ShardError::StepRange(req.global_step).into());
+        }
         let mut s = self.lock();
         let values = arranged(&s, &req.variables)?;
         let shadows = if req.shadows.is_empty() {
@@ -239,31 +264,43 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::PullRequest>,
     ) -> Result<Response<pb::PullResponse>, Status> {
+        let reserved = self.reserve(&req, 1 + u32::from(req.get_ref().with_shadows))?;
         let req = req.into_inner();
         if req.min_step > 0 {
             self.wait_for_step(req.min_step).await;
         }
         let s = self.lock();
         let (variables, shadows) = self.snapshot(&s, &req.names, req.with_shadows)?;
-        Ok(Response::new(pb::PullResponse {
+        let mut res = Response::new(pb::PullResponse {
             variables,
             shadows,
             global_step: s.step(),
             incarnation: self.inner.incarnation,
             complete: s.is_complete(),
-        }))
+        });
+        res.extensions_mut().insert(reserved);
+        Ok(res)
     }
 
     async fn push(
         &self,
         req: Request<pb::PushRequest>,
     ) -> Result<Response<pb::PushResponse>, Status> {
+        // Reserved before anything is applied: a refused push changes nothing.
+        let reserved = if req.get_ref().pull {
+            Some(self.reserve(&req, 1)?)
+        } else {
+            None
+        };
         let req = req.into_inner();
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
-            return Err(Status::failed_precondition(format!(
-                "ps:{} restarted since the parameters were pulled (incarnation {} ≠ {}): pull again",
-                self.inner.task, req.incarnation, self.inner.incarnation
-            )));
+            return Err(rpc::status(
+                tonic::Code::FailedPrecondition,
+                format_args!(
+                    "ps:{} restarted since the parameters were pulled (incarnation {} ≠ {}): pull again",
+                    self.inner.task, req.incarnation, self.inner.incarnation
+                ),
+            ));
         }
         // Applied straight from the request's bytes: no gradient array is built.
         let grads = req
@@ -296,13 +333,17 @@ impl ParameterServer for PsService {
         } else {
             Vec::new()
         };
-        Ok(Response::new(pb::PushResponse {
+        let mut res = Response::new(pb::PushResponse {
             variables,
             global_step: s.step(),
             incarnation: self.inner.incarnation,
             complete: s.is_complete(),
             stale: outcome == Some(Pushed::Stale),
-        }))
+        });
+        if let Some(r) = reserved {
+            res.extensions_mut().insert(r);
+        }
+        Ok(res)
     }
 
     async fn complete(
@@ -373,7 +414,12 @@ pub async fn serve(
     let svc = ParameterServerServer::new(service.clone())
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, credentials.check_token());
+    let refusals = service.inner.refusals.clone();
+    // The token is checked first: a call without it never takes a place.
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        limits::Admission::new(svc, refusals.clone()),
+        limits::Guard::new(credentials.check_token(), refusals.clone()),
+    );
 
     let stop = shutdown.child_token();
     let linger = {
@@ -391,9 +437,11 @@ pub async fn serve(
             }
         })
     };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = limits::incoming(listener, refusals);
     let result = credentials
         .server()?
+        .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
         .initial_stream_window_size(window(limit))
         .initial_connection_window_size(window(limit))
         .max_frame_size(FRAME)

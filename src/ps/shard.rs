@@ -4,6 +4,7 @@
 //! what makes every push atomic for the shard.
 
 use crate::model::{self, VarSpec};
+use crate::rpc::{Dims, Short};
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;
 
@@ -14,26 +15,42 @@ pub enum ShardError {
         "ps:{ps} is not initialized: the chief (worker 0) has not initialized or restored it yet"
     )]
     NotInitialized { ps: usize },
-    #[error("ps:{ps} does not hold variable {name:?} (it holds {held:?})")]
+    #[error("ps:{ps} does not hold variable {} (it holds {held:?})", Short(name))]
     UnknownVariable {
         ps: usize,
         name: String,
         held: Vec<String>,
     },
-    #[error("variable {name}: shape {got:?}, expected {expected:?}")]
+    #[error(
+        "variable {}: shape {}, expected {}",
+        Short(name),
+        Dims(got),
+        Dims(expected)
+    )]
     Shape {
         name: String,
         expected: Vec<usize>,
         got: Vec<usize>,
     },
-    #[error("variable {name} given twice")]
+    #[error("variable {} given twice", Short(name))]
     Duplicate { name: String },
     #[error("variable {name} missing: every variable of ps:{ps} is required")]
     Missing { ps: usize, name: String },
-    #[error("{name} has a non-finite value (NaN or infinity) at flat index {index}")]
+    #[error(
+        "{} has a non-finite value (NaN or infinity) at flat index {index}",
+        Short(name)
+    )]
     NonFinite { name: String, index: usize },
-    #[error("learning rate {0} is not a finite non-negative number")]
+    #[error("learning rate {0} is not a finite positive number; state unchanged")]
     LearningRate(f32),
+    /// The update would leave a variable or its shadow NaN or infinite
+    /// although every input was finite: refused, so one bad push cannot
+    /// poison every worker that pulls afterwards.
+    #[error("learning rate {lr:e} × gradient overflows {name}; state unchanged")]
+    Overflow { lr: f32, name: String },
+    /// Checkpoints store the step as i64.
+    #[error("global step {0} is above {max}, the largest a checkpoint can hold", max = i64::MAX)]
+    StepRange(u64),
     #[error("worker {worker} already pushed a gradient for step {step}")]
     DuplicatePush { worker: u32, step: u64 },
     #[error("gradient for step {step}, but ps:{ps} is at step {current}: pull again")]
@@ -45,18 +62,21 @@ pub enum ShardError {
 impl From<ShardError> for tonic::Status {
     fn from(e: ShardError) -> Self {
         use ShardError::*;
-        let msg = e.to_string();
-        match e {
-            NotInitialized { .. } | FutureStep { .. } => tonic::Status::failed_precondition(msg),
-            UnknownVariable { .. } => tonic::Status::not_found(msg),
-            DuplicatePush { .. } => tonic::Status::already_exists(msg),
+        use tonic::Code;
+        let code = match e {
+            NotInitialized { .. } | FutureStep { .. } => Code::FailedPrecondition,
+            UnknownVariable { .. } => Code::NotFound,
+            DuplicatePush { .. } => Code::AlreadyExists,
             Shape { .. }
             | Duplicate { .. }
             | Missing { .. }
             | NonFinite { .. }
             | LearningRate(_)
-            | UnknownWorker { .. } => tonic::Status::invalid_argument(msg),
-        }
+            | Overflow { .. }
+            | StepRange(_)
+            | UnknownWorker { .. } => Code::InvalidArgument,
+        };
+        crate::rpc::status(code, e)
     }
 }
 
@@ -128,6 +148,10 @@ pub struct Shard {
     ema: f32,
     /// Sync accumulator.
     pending: Pending,
+    /// Where an update is computed before it replaces `values` and
+    /// `shadows` (swapped, not copied): a refused update leaves the shard
+    /// untouched, and the double buffer costs no extra pass.
+    scratch: (Vec<ArrayD<f32>>, Vec<ArrayD<f32>>),
     /// For `State`.
     counters: Counters,
     /// Loss of the latest push.
@@ -136,10 +160,13 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(ps: usize, specs: Vec<VarSpec>, rule: Rule, moving_average_decay: f32) -> Self {
-        let sum = specs
-            .iter()
-            .map(|s| ArrayD::zeros(IxDyn(&s.shape)))
-            .collect();
+        let zeros = || -> Vec<ArrayD<f32>> {
+            specs
+                .iter()
+                .map(|s| ArrayD::zeros(IxDyn(&s.shape)))
+                .collect()
+        };
+        let (sum, scratch) = (zeros(), (zeros(), zeros()));
         Self {
             ps,
             specs,
@@ -153,6 +180,7 @@ impl Shard {
                 workers: BTreeSet::new(),
                 sum,
             },
+            scratch,
             counters: Counters::default(),
             last_loss: f32::NAN,
         }
@@ -306,7 +334,7 @@ impl Shard {
         worker: u32,
         loss: f32,
     ) -> Result<Pushed, ShardError> {
-        if !(lr.is_finite() && lr >= 0.0) {
+        if !(lr.is_finite() && lr > 0.0) {
             return Err(ShardError::LearningRate(lr));
         }
         self.values()?;
@@ -315,7 +343,7 @@ impl Shard {
         }
         match self.rule {
             Rule::Async => {
-                self.apply(grads, lr, step, 1.0);
+                self.apply(grads, lr, step, 1.0)?;
                 self.counters.pushes_applied += 1;
                 Ok(Pushed::Applied)
             }
@@ -358,8 +386,14 @@ impl Shard {
                         )
                     })
                     .collect();
-                self.apply(&bytes, lr, step, 1.0 / replicas as f32);
+                let applied = self.apply(&bytes, lr, step, 1.0 / replicas as f32);
                 self.pending.sum = sum;
+                if applied.is_err() {
+                    // The sum cannot be taken apart again: the step's
+                    // gradients are dropped and its replicas push anew.
+                    self.clear_pending();
+                }
+                applied?;
                 self.counters.updates_applied += 1;
                 self.counters.gradients_aggregated += replicas as u64;
                 self.clear_pending();
@@ -371,24 +405,59 @@ impl Shard {
     /// `w -= lr · scale · g`, then the EMA step, then `step += 1`, reading
     /// `g` as little-endian f32 bytes (unaligned is fine: they come
     /// straight from the request).
-    fn apply(&mut self, grads: &[&[u8]], lr: f32, step: u64, scale: f32) {
+    ///
+    /// Computed into `scratch`, then swapped in only when every new value
+    /// and shadow is finite: finite inputs can still overflow (lr 3e38).
+    ///
+    /// Errors: [`ShardError::Overflow`] naming the first variable that
+    /// would become non-finite; nothing changed.
+    fn apply(&mut self, grads: &[&[u8]], lr: f32, step: u64, scale: f32) -> Result<(), ShardError> {
+        const EXP: u32 = 0x7f80_0000;
         let decay = model::ema_decay(self.ema, step);
         let values = self.values.as_mut().expect("checked by caller");
         let (k, rate) = (lr * scale, 1.0 - decay);
-        for ((w, g), shadow) in values.iter_mut().zip(grads).zip(self.shadows.iter_mut()) {
-            let w = w
-                .as_slice_mut()
-                .expect("arrays built by dtf are contiguous");
-            let shadow = shadow
-                .as_slice_mut()
-                .expect("arrays built by dtf are contiguous");
-            // Plain slices: one vectorized pass over the three arrays.
-            for ((w, s), g) in w.iter_mut().zip(shadow.iter_mut()).zip(g.chunks_exact(4)) {
-                *w -= k * le_f32(g);
-                *s -= rate * (*s - *w);
+        let (new_w, new_s) = &mut self.scratch;
+        let arrays = values
+            .iter()
+            .zip(self.shadows.iter())
+            .zip(grads)
+            .zip(new_w.iter_mut().zip(new_s.iter_mut()));
+        for (i, (((w, s), g), (nw, ns))) in arrays.enumerate() {
+            let contiguous = "arrays built by dtf are contiguous";
+            let (w, s) = (
+                w.as_slice().expect(contiguous),
+                s.as_slice().expect(contiguous),
+            );
+            let (nw, ns) = (
+                nw.as_slice_mut().expect(contiguous),
+                ns.as_slice_mut().expect(contiguous),
+            );
+            // Plain slices and a branch-free check on the exponent bits: one
+            // vectorized pass over the five arrays.
+            let mut bad = 0u32;
+            let lanes = w
+                .iter()
+                .zip(s)
+                .zip(g.chunks_exact(4))
+                .zip(nw.iter_mut().zip(ns));
+            for (((w, s), g), (nw, ns)) in lanes {
+                let w2 = w - k * le_f32(g);
+                let s2 = s - rate * (s - w2);
+                *nw = w2;
+                *ns = s2;
+                bad |= u32::from(w2.to_bits() & EXP == EXP) | u32::from(s2.to_bits() & EXP == EXP);
+            }
+            if bad != 0 {
+                return Err(ShardError::Overflow {
+                    lr,
+                    name: self.specs[i].name.clone(),
+                });
             }
         }
+        std::mem::swap(values, new_w);
+        std::mem::swap(&mut self.shadows, new_s);
         self.step += 1;
+        Ok(())
     }
 
     fn clear_pending(&mut self) {
@@ -568,6 +637,56 @@ mod tests {
         let grads = s.arrange_bytes([("w", two, &buf[1..])]).unwrap();
         assert_eq!(s.push_bytes(&grads, 0.5, 0, 0, 1.0), Ok(Pushed::Applied));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-0.5, -1.0]);
+    }
+
+    #[test]
+    fn an_update_that_would_overflow_is_refused_and_changes_nothing() {
+        let mut s = shard(Rule::Async);
+        assert_eq!(s.push(g(1., 2.), 0.5, 0, 0, 1.0), Ok(Pushed::Applied));
+        let before = (s.values().unwrap().to_vec(), s.shadows().unwrap().to_vec());
+        // Finite lr and gradient, but lr · g is -inf for the second element.
+        let err = s.push(g(0., 3.), 3e38, 1, 0, 1.0).unwrap_err();
+        assert_eq!(
+            err,
+            ShardError::Overflow {
+                lr: 3e38,
+                name: "w".into()
+            }
+        );
+        assert!(err.to_string().contains("3e38"), "{err}");
+        assert_eq!(s.values().unwrap(), &before.0[..]);
+        assert_eq!(s.shadows().unwrap(), &before.1[..]);
+        assert_eq!(s.step(), 1);
+        for lr in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(
+                s.push(g(1., 1.), lr, 1, 0, 1.0),
+                Err(ShardError::LearningRate(_))
+            ));
+        }
+        assert_eq!(s.values().unwrap(), &before.0[..]);
+        // The shard still takes a sane update.
+        assert_eq!(s.push(g(1., 1.), 0.5, 1, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-1.0, -1.5]);
+    }
+
+    #[test]
+    fn sync_overflow_drops_the_step_aggregate() {
+        let mut s = shard(Rule::Sync {
+            replicas: 2,
+            total: 2,
+        });
+        assert_eq!(s.push(g(3e38, 0.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
+        // The sum of two finite gradients overflows.
+        assert!(matches!(
+            s.push(g(3e38, 0.), 1.0, 0, 1, 1.0),
+            Err(ShardError::Overflow { .. })
+        ));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[0.0, 0.0]);
+        assert_eq!(s.step(), 0);
+        // Both replicas may push the step again.
+        assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
+        assert_eq!(s.push(g(3., 5.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
     }
 
     #[test]

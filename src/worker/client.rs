@@ -29,11 +29,13 @@ pub struct PsCallError {
 }
 
 impl PsCallError {
-    /// The ps is down or unreachable: wait and try again.
+    /// The ps is down, unreachable or busy (`RESOURCE_EXHAUSTED`: over one
+    /// of its limits, `ps::limits`): wait and try again.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.status.code(),
             Code::Unavailable
+                | Code::ResourceExhausted
                 | Code::Unknown
                 | Code::DeadlineExceeded
                 | Code::Cancelled
@@ -352,5 +354,23 @@ impl Cluster {
         }))
         .await
         .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_ps_is_retried_and_a_refusal_is_not() {
+        let err = |code| PsCallError {
+            ps: 0,
+            status: Status::new(code, "x"),
+        };
+        // ps::limits answers RESOURCE_EXHAUSTED past a limit: back off, retry.
+        assert!(err(Code::ResourceExhausted).is_unavailable());
+        assert!(err(Code::Unavailable).is_unavailable());
+        assert!(!err(Code::InvalidArgument).is_unavailable());
+        assert!(!err(Code::Unauthenticated).is_unavailable());
     }
 }

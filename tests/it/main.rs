@@ -12,6 +12,7 @@ mod hardening;
 mod local;
 mod observability;
 mod package;
+mod ps_limits;
 mod requests;
 mod sync;
 mod tls;

@@ -220,3 +220,27 @@ fn package_ships_every_man_page_unit_and_script() {
         );
     }
 }
+
+#[test]
+fn units_raise_the_descriptor_limit() {
+    // The default soft limit of 1024 is what an idle-connection flood
+    // exhausted first (issue 15); the ps caps connections well below this.
+    for (unit, _) in UNITS {
+        let values = unit_values(&read(&format!("packaging/debian/{unit}")));
+        let limit: Vec<u64> = values
+            .get("LimitNOFILE")
+            .into_iter()
+            .flatten()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|e| panic!("{unit}: LimitNOFILE={v}: {e}"))
+            })
+            .collect();
+        assert_eq!(limit.len(), 1, "{unit}: one LimitNOFILE=, got {limit:?}");
+        assert!(
+            limit[0] >= 4 * dtf::ps::limits::MAX_CONNECTIONS as u64,
+            "{unit}: LimitNOFILE={} leaves no room above the connection cap",
+            limit[0]
+        );
+    }
+}

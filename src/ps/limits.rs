@@ -1,0 +1,606 @@
+//! What keeps a ps serving its workers when a client, authenticated or not,
+//! opens connections or sends requests faster than it can serve them
+//! (issue 15): every bound the ps enforces, in one place.
+//!
+//! - Connections: at most [`MAX_CONNECTIONS`] (less when the descriptor limit
+//!   is lower). Past it the oldest connection that has not yet made an
+//!   authenticated call is closed to make room; when every connection is
+//!   authenticated the new one is closed at once.
+//! - A connection that makes no authenticated call within
+//!   [`UNAUTHENTICATED_IDLE`] is closed; HTTP/2 keepalive pings find dead peers.
+//! - At most [`MAX_REQUESTS`] calls in progress, and response bytes reserved
+//!   from a budget of [`RESPONSE_BUDGET`] shard snapshots; past either, the call
+//!   gets `RESOURCE_EXHAUSTED` (the worker backs off and retries).
+//! - Every refused call or connection is logged with the peer's address, at
+//!   most once per peer per [`REFUSAL_LOG_INTERVAL`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
+use tonic::service::Interceptor;
+use tonic::transport::server::Connected;
+use tracing::{info, warn};
+
+/// Open connections a ps accepts: far above any real cluster (one per
+/// worker, plus `dtf status`), far below what exhausts its memory.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Descriptors kept free of connections: checkpoints, logs, the metrics
+/// endpoint, connections being closed.
+const FD_RESERVE: usize = 64;
+
+/// Connections the ps lets linger past [`MAX_CONNECTIONS`] while those it
+/// shed are still closing; beyond it, new ones are closed at once.
+const SHED_SLACK: usize = 32;
+
+/// How long a connection may stay open without an authenticated call. A
+/// worker calls within milliseconds of connecting.
+pub const UNAUTHENTICATED_IDLE: Duration = Duration::from_secs(10);
+
+/// HTTP/2 keepalive: a ping after this long without frames…
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// …and the connection is closed when the ping is not answered within this.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Calls in progress at once, all connections together (a sync push waits up
+/// to a second for its step, so a large sync cluster holds one per worker).
+pub const MAX_REQUESTS: usize = 64;
+
+/// Response bytes in flight, in shard snapshots: a pull or fused push-pull
+/// reserves one (two with shadows) from when it arrives until its response
+/// has been sent or dropped.
+pub const RESPONSE_BUDGET: usize = 32;
+
+/// A peer's refusals are logged at most once per this interval; the next
+/// line counts those left out.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Peers the refusal log remembers; beyond, entries older than the interval
+/// are forgotten (so a scan from many addresses cannot grow it without end).
+const REFUSAL_LOG_PEERS: usize = 4096;
+
+/// Logs refusals with the peer's address, rate-limited per peer address.
+#[derive(Default)]
+pub struct RefusalLog {
+    /// Per peer IP (None: unknown): when its last line was written, and how
+    /// many refusals were left out since.
+    peers: Mutex<HashMap<Option<IpAddr>, (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// Records a refusal of `peer` for `reason`, logging it unless this peer's
+    /// last line is more recent than [`REFUSAL_LOG_INTERVAL`].
+    pub fn refused(&self, peer: Option<SocketAddr>, reason: &str) {
+        let now = Instant::now();
+        let suppressed = {
+            let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            if peers.len() >= REFUSAL_LOG_PEERS {
+                peers.retain(|_, (last, _)| now.duration_since(*last) < REFUSAL_LOG_INTERVAL);
+            }
+            match peers.get_mut(&peer.map(|p| p.ip())) {
+                Some((last, left_out)) if now.duration_since(*last) < REFUSAL_LOG_INTERVAL => {
+                    *left_out += 1;
+                    return;
+                }
+                Some((last, left_out)) => {
+                    *last = now;
+                    std::mem::take(left_out)
+                }
+                None => {
+                    if peers.len() >= REFUSAL_LOG_PEERS {
+                        // Every remembered peer is recent: a flood from
+                        // many addresses. Log, but remember no more.
+                        0
+                    } else {
+                        peers.insert(peer.map(|p| p.ip()), (now, 0));
+                        0
+                    }
+                }
+            }
+        };
+        let peer = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+        warn!(peer = %peer, reason = %reason, suppressed, "Refused.");
+    }
+}
+
+/// The open connections, and those not yet authenticated by age.
+struct Registry {
+    /// Connections open (accepted and not yet dropped).
+    open: AtomicUsize,
+    /// Not yet authenticated, oldest first: cancelling a token closes its
+    /// connection.
+    unauthenticated: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Source of connection ids (increasing: the smallest is the oldest).
+    next_id: AtomicU64,
+    /// Connections allowed before shedding.
+    cap: usize,
+}
+
+impl Registry {
+    fn forget(&self, id: u64) {
+        self.unauthenticated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// What a request knows of its connection (a request extension, through
+/// [`Connected`]).
+#[derive(Clone)]
+pub struct ConnInfo {
+    /// The peer's address.
+    remote: Option<SocketAddr>,
+    /// Set by the first authenticated call.
+    authenticated: Arc<AtomicBool>,
+    /// This connection's key in the registry.
+    id: u64,
+    /// The registry, to leave its unauthenticated list.
+    registry: Arc<Registry>,
+}
+
+impl ConnInfo {
+    /// The peer's address.
+    pub fn remote_addr(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+
+    /// Marks the connection as used by a cluster member: it is no longer
+    /// closed for idling or shed for newcomers.
+    fn authenticate(&self) {
+        if !self.authenticated.swap(true, Ordering::AcqRel) {
+            self.registry.forget(self.id);
+        }
+    }
+}
+
+/// The connection of a request, plain or under TLS.
+fn conn_info(ext: &http::Extensions) -> Option<&ConnInfo> {
+    ext.get::<ConnInfo>().or_else(|| {
+        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+            .map(|t| t.get_ref())
+    })
+}
+
+/// The peer's address of a request that came through [`incoming`].
+pub fn peer(ext: &http::Extensions) -> Option<SocketAddr> {
+    conn_info(ext).and_then(|c| c.remote)
+}
+
+/// An accepted connection: closed when it idles unauthenticated or is shed.
+pub struct Conn {
+    /// The socket.
+    stream: TcpStream,
+    /// Shared with the connection's requests.
+    info: ConnInfo,
+    /// Fires [`UNAUTHENTICATED_IDLE`] after accept.
+    idle: Pin<Box<Sleep>>,
+    /// Completes when the connection is shed for a newer one.
+    shed: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl Conn {
+    /// An error once the connection must close. Polled on every read: the
+    /// server always has one pending, so the timers wake it.
+    fn closing(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.info.authenticated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.shed.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room: too many connections",
+            ));
+        }
+        if self.idle.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no authenticated call: idle connection closed",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.info.registry.forget(self.info.id);
+        self.info.registry.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.closing(cx)?;
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.closing(cx)?;
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    // Forwarded: without them hyper copies every response into one buffer
+    // instead of handing the socket its pieces (writev).
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.closing(cx)?;
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one (the units set
+/// `LimitNOFILE=`; elsewhere the soft default of 1024 would be the first
+/// bound hit) and returns the connections that fit under it.
+fn connection_cap() -> usize {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+        let soft = unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return MAX_CONNECTIONS;
+            }
+            if lim.rlim_cur < lim.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: lim.rlim_max,
+                    rlim_max: lim.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    lim = raised;
+                }
+            }
+            usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+        };
+        MAX_CONNECTIONS.min(soft.saturating_sub(FD_RESERVE + SHED_SLACK).max(1))
+    }
+    #[cfg(not(unix))]
+    MAX_CONNECTIONS
+}
+
+/// Accepts connections on `listener` within the connection limits, for
+/// `Server::serve_with_incoming_shutdown`.
+pub fn incoming(
+    listener: TcpListener,
+    log: Arc<RefusalLog>,
+) -> impl futures::Stream<Item = io::Result<Conn>> + Send + 'static {
+    let cap = connection_cap();
+    info!(
+        max_connections = cap,
+        idle_secs = UNAUTHENTICATED_IDLE.as_secs(),
+        max_requests = MAX_REQUESTS,
+        "Connection limits."
+    );
+    let registry = Arc::new(Registry {
+        open: AtomicUsize::new(0),
+        unauthenticated: Mutex::new(BTreeMap::new()),
+        next_id: AtomicU64::new(0),
+        cap,
+    });
+    futures::stream::unfold(
+        (listener, registry, log),
+        |(listener, registry, log)| async move {
+            loop {
+                let (stream, remote) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors (EMFILE/ENFILE) or a connection
+                        // reset before accept: keep serving those open; a
+                        // pause so a full table does not spin the loop.
+                        log.refused(None, &format!("accept failed: {e}"));
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if let Some(conn) = admit(&registry, stream, remote, &log) {
+                    return Some((Ok(conn), (listener, registry, log)));
+                }
+            }
+        },
+    )
+}
+
+/// Registers an accepted connection, shedding the oldest unauthenticated
+/// one when at the cap; None (the socket closed) when nothing can be shed.
+fn admit(
+    registry: &Arc<Registry>,
+    stream: TcpStream,
+    remote: SocketAddr,
+    log: &RefusalLog,
+) -> Option<Conn> {
+    let open = registry.open.load(Ordering::Acquire);
+    if open >= registry.cap {
+        let oldest = registry
+            .unauthenticated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_first();
+        match oldest {
+            Some((_, shed)) if open < registry.cap + SHED_SLACK => shed.cancel(),
+            _ => {
+                log.refused(
+                    Some(remote),
+                    &format!("too many connections ({open} open, limit {})", registry.cap),
+                );
+                return None;
+            }
+        }
+    }
+    let _ = stream.set_nodelay(true);
+    let id = registry.next_id.fetch_add(1, Ordering::Relaxed);
+    let shed = CancellationToken::new();
+    registry
+        .unauthenticated
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, shed.clone());
+    registry.open.fetch_add(1, Ordering::AcqRel);
+    Some(Conn {
+        stream,
+        info: ConnInfo {
+            remote: Some(remote),
+            authenticated: Arc::new(AtomicBool::new(false)),
+            id,
+            registry: registry.clone(),
+        },
+        idle: Box::pin(tokio::time::sleep(UNAUTHENTICATED_IDLE)),
+        shed: Box::pin(shed.cancelled_owned()),
+    })
+}
+
+/// The token check ([`crate::auth::CheckToken`]) that also marks the
+/// connection authenticated, and logs refusals with the peer.
+#[derive(Clone)]
+pub struct Guard {
+    /// The cluster token check.
+    check: crate::auth::CheckToken,
+    /// Where refusals go.
+    log: Arc<RefusalLog>,
+}
+
+impl Guard {
+    pub fn new(check: crate::auth::CheckToken, log: Arc<RefusalLog>) -> Self {
+        Self { check, log }
+    }
+}
+
+impl Interceptor for Guard {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let conn = conn_info(req.extensions()).cloned();
+        match self.check.call(req) {
+            Ok(req) => {
+                if let Some(c) = conn {
+                    c.authenticate();
+                }
+                Ok(req)
+            }
+            Err(status) => {
+                self.log
+                    .refused(conn.and_then(|c| c.remote), status.message());
+                Err(status)
+            }
+        }
+    }
+}
+
+/// Response bytes a call reserved ([`Budget`]), handed from the handler to
+/// [`Admission`] in the response's extensions, released with the body.
+#[derive(Clone)]
+pub struct Reserved {
+    /// Returned to the budget when the last clone is dropped.
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
+/// The response budget of one ps: [`RESPONSE_BUDGET`] snapshots of its
+/// shard, in KiB (a semaphore counts in u32).
+pub struct Budget {
+    /// KiB available.
+    kib: Arc<Semaphore>,
+    /// KiB of one snapshot of the shard's values.
+    snapshot_kib: u32,
+}
+
+impl Budget {
+    /// A budget for a shard of `shard_bytes` bytes of values.
+    pub fn new(shard_bytes: usize) -> Self {
+        let snapshot_kib = u32::try_from(shard_bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let total = (snapshot_kib as usize)
+            .saturating_mul(RESPONSE_BUDGET)
+            .min(Semaphore::MAX_PERMITS);
+        Self {
+            kib: Arc::new(Semaphore::new(total)),
+            snapshot_kib,
+        }
+    }
+
+    /// Reserves `snapshots` snapshots' worth of response bytes.
+    ///
+    /// Errors: `RESOURCE_EXHAUSTED` when the budget is spent.
+    pub fn reserve(&self, snapshots: u32) -> Result<Reserved, tonic::Status> {
+        let kib = self.snapshot_kib.saturating_mul(snapshots);
+        match self.kib.clone().try_acquire_many_owned(kib) {
+            Ok(p) => Ok(Reserved {
+                _permit: Arc::new(p),
+            }),
+            Err(_) => Err(crate::rpc::status(
+                tonic::Code::ResourceExhausted,
+                format!(
+                    "ps busy: {RESPONSE_BUDGET} snapshots of the shard already in flight; retry later"
+                ),
+            )),
+        }
+    }
+}
+
+/// Admits at most [`MAX_REQUESTS`] calls at once to the service it wraps;
+/// each holds its place (and its [`Reserved`] response bytes) until its
+/// response body has been sent or dropped.
+#[derive(Clone)]
+pub struct Admission<S> {
+    /// The gRPC service.
+    inner: S,
+    /// Places for calls in progress.
+    requests: Arc<Semaphore>,
+    /// Where refusals go.
+    log: Arc<RefusalLog>,
+}
+
+impl<S> Admission<S> {
+    pub fn new(inner: S, log: Arc<RefusalLog>) -> Self {
+        Self {
+            inner,
+            requests: Arc::new(Semaphore::new(MAX_REQUESTS)),
+            log,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Admission<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for Admission<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let Ok(place) = self.requests.clone().try_acquire_owned() else {
+            let reason = format!("{MAX_REQUESTS} calls already in progress");
+            self.log.refused(peer(req.extensions()), &reason);
+            let status = crate::rpc::status(
+                tonic::Code::ResourceExhausted,
+                format!("ps busy: {reason}; retry later"),
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        };
+        // The generated server is always ready: a clone may take the call.
+        let mut inner = self.inner.clone();
+        std::mem::swap(&mut inner, &mut self.inner);
+        Box::pin(async move {
+            let res = inner.call(req).await?;
+            let (mut parts, body) = res.into_parts();
+            let reserved = parts.extensions.remove::<Reserved>();
+            let body = Body::new(Held {
+                body,
+                _held: (place, reserved),
+            });
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// A response body that keeps its call's place and reserved bytes until it
+/// is dropped: sent, or abandoned by a peer that went away.
+struct Held {
+    /// The response.
+    body: Body,
+    /// Released on drop.
+    _held: (OwnedSemaphorePermit, Option<Reserved>),
+}
+
+impl tonic::codegen::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        tonic::codegen::Body::is_end_stream(&self.body)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        tonic::codegen::Body::size_hint(&self.body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refuses_past_its_snapshots_and_frees_on_drop() {
+        let b = Budget::new(4096);
+        let held: Vec<_> = (0..RESPONSE_BUDGET)
+            .map(|_| b.reserve(1).unwrap())
+            .collect();
+        let err = b.reserve(1).err().unwrap();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        drop(held);
+        assert!(b.reserve(2).is_ok());
+    }
+
+    #[test]
+    fn refusals_are_counted_per_peer() {
+        let log = RefusalLog::default();
+        let a: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        for _ in 0..5 {
+            log.refused(Some(a), "wrong token");
+        }
+        let peers = log.peers.lock().unwrap();
+        assert_eq!(peers.get(&Some(a.ip())).map(|e| e.1), Some(4));
+    }
+}
