@@ -58,7 +58,7 @@ impl Backoff {
             warn!(
                 waited_secs = self.since.elapsed().as_secs(),
                 reason = explained.as_deref().unwrap_or(why),
-                "Waiting for the ps tasks."
+                "Waiting for the ps tasks (if the run is already complete they have exited, and this worker can be stopped)."
             );
         }
         tokio::select! {
