@@ -142,12 +142,10 @@ impl Dataset {
         })
     }
 
-    /// From raw parts (tests, synthetic data). `images.len()` must be `labels.len() · features`.
-    ///
-    /// # Panics
-    ///
-    /// When the lengths disagree: parts are built by code, not read from input.
-    pub fn from_parts(images: Vec<u8>, labels: Vec<u8>, features: usize) -> Self {
+    /// From raw parts, for the tests below. `images.len()` must be
+    /// `labels.len() · features`.
+    #[cfg(test)]
+    fn from_parts(images: Vec<u8>, labels: Vec<u8>, features: usize) -> Self {
         assert_eq!(
             images.len(),
             labels.len() * features,

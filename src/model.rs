@@ -8,7 +8,7 @@
 //! GEMM), which is where nearly all the time of a training step is spent.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2, Ix1, Ix2, Zip, s};
+use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2, Ix1, Ix2, s};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -499,16 +499,12 @@ pub fn ema_decay(moving_average_decay: f32, step: u64) -> f32 {
     f64::from(moving_average_decay).min(warmup) as f32
 }
 
-/// `shadow -= (1 − decay)(shadow − var)`, in place.
-///
-/// # Panics
-///
-/// When the shapes differ (both come from the same [`VarSpec`]).
-pub fn ema_update(shadow: &mut ArrayD<f32>, var: &ArrayD<f32>, decay: f32) {
-    let rate = 1.0 - decay;
-    Zip::from(shadow)
-        .and(var)
-        .for_each(|s, &v| *s -= rate * (*s - v));
+/// The EMA rule, TensorFlow's `shadow -= (1 − decay)(shadow − var)`, for one
+/// value: `rate` is `1 − decay` (computed once per update by the caller).
+/// The ps applies it to every shadow; this is its one definition.
+#[inline(always)]
+pub fn ema_step(shadow: f32, var: f32, rate: f32) -> f32 {
+    shadow - rate * (shadow - var)
 }
 
 #[cfg(test)]
@@ -727,14 +723,12 @@ mod tests {
     }
 
     #[test]
-    fn ema_update_moves_shadow_towards_var() {
-        let mut shadow = ArrayD::from_shape_vec(vec![2], vec![1.0f32, -1.0]).unwrap();
-        let var = ArrayD::from_shape_vec(vec![2], vec![3.0f32, 1.0]).unwrap();
-        ema_update(&mut shadow, &var, 0.75);
-        // 1 − 0.25·(1 − 3) = 1.5; −1 − 0.25·(−1 − 1) = −0.5
-        assert_eq!(shadow.as_slice().unwrap(), [1.5, -0.5]);
-        ema_update(&mut shadow, &var, 0.0);
-        assert_eq!(shadow, var);
+    fn ema_step_moves_shadow_towards_var() {
+        // decay 0.75: 1 − 0.25·(1 − 3) = 1.5; −1 − 0.25·(−1 − 1) = −0.5
+        assert_eq!(ema_step(1.0, 3.0, 0.25), 1.5);
+        assert_eq!(ema_step(-1.0, 1.0, 0.25), -0.5);
+        // decay 0: the shadow becomes the variable.
+        assert_eq!(ema_step(1.5, 3.0, 1.0), 3.0);
     }
 
     /// Two Gaussian blobs per class on a 4-d input: SGD must fit them.

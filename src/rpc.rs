@@ -3,7 +3,7 @@
 
 use crate::pb;
 use bytes::Bytes;
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
 use std::fmt;
 use std::marker::PhantomData;
 use tonic::codec::{DecodeBuf, Decoder};
@@ -251,13 +251,13 @@ pub fn keep_freed_buffers() {
     }
 }
 
-/// Decodes a proto tensor into a new array.
-///
-/// Errors: [`TensorError`] as [`checked_shape`].
-pub fn decode(t: &pb::Tensor) -> Result<ArrayD<f32>, TensorError> {
+/// Decodes a proto tensor into a new array (the tests' reference for
+/// [`decode_into`], which the ps and workers use).
+#[cfg(test)]
+fn decode(t: &pb::Tensor) -> Result<ArrayD<f32>, TensorError> {
     let shape = checked_shape(t)?;
     let values: Vec<f32> = bytemuck::pod_collect_to_vec(&t.data);
-    Ok(ArrayD::from_shape_vec(IxDyn(&shape), values).expect("length checked above"))
+    Ok(ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values).expect("length checked above"))
 }
 
 /// Decodes into an existing array of the same shape, without allocating.
@@ -283,6 +283,7 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndarray::IxDyn;
 
     #[test]
     fn round_trip() {

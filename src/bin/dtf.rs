@@ -123,6 +123,7 @@ fn main() -> ExitCode {
     }
 }
 
+/// One small function per subcommand (ripgrep's `main → try_main → mode`).
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Local {
@@ -148,79 +149,95 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             local(opts, json)
         }
-        Command::Eval { path, data, json } => {
-            let ev = dtf::eval::evaluate(&path, &data)?;
-            if json {
-                println!("{}", serde_json::to_string(&ev)?);
-            } else {
-                println!("checkpoint    {}", ev.checkpoint.display());
-                println!("global_step   {}", ev.global_step);
-                println!("accuracy      {:.4}", ev.accuracy);
-                println!("ema_accuracy  {:.4}", ev.ema_accuracy);
-                println!("examples      {}", ev.examples);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Eval { path, data, json } => eval(&path, &data, json),
         Command::Bench {
             data,
             widths,
             rounds,
             json,
-        } => {
-            let opts = dtf::bench::Options {
-                data,
-                widths,
-                batch: 100,
-                rounds,
-                round_secs: 0.5,
-            };
-            let report = dtf::bench::run(&opts)?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                print!("{}", dtf::bench::table(&report));
-            }
+        } => bench(data, widths, rounds, json),
+        Command::Inspect { path, json } => inspect(&path, json),
+        Command::Status { config, json } => status(&config, json),
+        Command::CheckConfig { config } => check_config(&config),
+    }
+}
+
+/// `dtf eval`: the accuracy of a checkpoint, raw and EMA.
+fn eval(path: &std::path::Path, data: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let ev = dtf::eval::evaluate(path, data)?;
+    if json {
+        println!("{}", serde_json::to_string(&ev)?);
+    } else {
+        println!("checkpoint    {}", ev.checkpoint.display());
+        println!("global_step   {}", ev.global_step);
+        println!("accuracy      {:.4}", ev.accuracy);
+        println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        println!("examples      {}", ev.examples);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf bench`: the compute limit and width scaling on this machine.
+fn bench(data: PathBuf, widths: Vec<usize>, rounds: usize, json: bool) -> Result<ExitCode> {
+    let opts = dtf::bench::Options {
+        data,
+        widths,
+        batch: 100,
+        rounds,
+        round_secs: 0.5,
+    };
+    let report = dtf::bench::run(&opts)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", dtf::bench::table(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf inspect`: what a checkpoint holds.
+fn inspect(path: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let file = dtf::checkpoint::resolve(path)?;
+    let inspection = dtf::checkpoint::inspect(&file)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&InspectJson::from(&inspection))?
+        );
+    } else {
+        print!("{inspection}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf status`: every task's state; exit 1 if a ps does not answer.
+fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let cfg = Config::load(config)?;
+    let credentials = dtf::auth::Credentials::load(&cfg)?;
+    let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
+    if json {
+        println!("{}", serde_json::to_string(&status)?);
+    } else {
+        print!("{}", status.table());
+    }
+    Ok(if status.all_ps_reachable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `dtf check-config`: exit 78 naming what is wrong.
+fn check_config(config: &std::path::Path) -> Result<ExitCode> {
+    match Config::load(config) {
+        Ok(_) => {
+            println!("{}: valid", config.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Inspect { path, json } => {
-            let file = dtf::checkpoint::resolve(&path)?;
-            let inspection = dtf::checkpoint::inspect(&file)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&InspectJson::from(&inspection))?
-                );
-            } else {
-                print!("{inspection}");
-            }
-            Ok(ExitCode::SUCCESS)
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
         }
-        Command::Status { config, json } => {
-            let cfg = Config::load(&config)?;
-            let credentials = dtf::auth::Credentials::load(&cfg)?;
-            let status =
-                tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
-            if json {
-                println!("{}", serde_json::to_string(&status)?);
-            } else {
-                print!("{}", status.table());
-            }
-            Ok(if status.all_ps_reachable {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Command::CheckConfig { config } => match Config::load(&config) {
-            Ok(_) => {
-                println!("{}: valid", config.display());
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
-            }
-        },
     }
 }
 

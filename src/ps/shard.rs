@@ -305,9 +305,9 @@ impl Shard {
         true
     }
 
-    /// Applies (async) or aggregates (sync) a gradient computed at `step` by `worker`.
-    /// `grads` must come from [`Shard::arrange`].
-    pub fn push(
+    /// [`Shard::push_bytes`] from arrays, for the tests below.
+    #[cfg(test)]
+    fn push(
         &mut self,
         grads: Vec<ArrayD<f32>>,
         lr: f32,
@@ -324,7 +324,8 @@ impl Shard {
         self.push_bytes(&bytes, lr, step, worker, loss)
     }
 
-    /// [`Shard::push`] from little-endian f32 bytes, as [`Shard::arrange_bytes`]
+    /// Applies (async) or aggregates (sync) a gradient computed at `step` by
+    /// `worker`, from little-endian f32 bytes as [`Shard::arrange_bytes`]
     /// returns them: the ps applies a request's gradients without copying them.
     pub fn push_bytes(
         &mut self,
@@ -442,7 +443,7 @@ impl Shard {
                 .zip(nw.iter_mut().zip(ns));
             for (((w, s), g), (nw, ns)) in lanes {
                 let w2 = w - k * le_f32(g);
-                let s2 = s - rate * (s - w2);
+                let s2 = model::ema_step(*s, w2, rate);
                 *nw = w2;
                 *ns = s2;
                 bad |= u32::from(w2.to_bits() & EXP == EXP) | u32::from(s2.to_bits() & EXP == EXP);
