@@ -226,79 +226,85 @@ impl Metrics {
             self.reloads.clone(),
         );
         match role {
-            Role::Ps => {
-                r.register(
-                    "dtf_initialized",
-                    "1 once this ps's shard holds values",
-                    self.initialized.clone(),
-                );
-                r.register(
-                    "dtf_steps",
-                    "Updates this ps applied (async: pushes; sync: aggregated steps)",
-                    self.steps.clone(),
-                );
-                r.register(
-                    "dtf_stale_gradients",
-                    "Sync: gradients dropped because they were computed on an old step",
-                    self.stale_gradients.clone(),
-                );
-            }
-            Role::Worker => {
-                r.register(
-                    "dtf_steps",
-                    "Training steps this worker computed",
-                    self.steps.clone(),
-                );
-                r.register(
-                    "dtf_examples",
-                    "Training examples this worker processed",
-                    self.examples.clone(),
-                );
-                r.register(
-                    "dtf_learning_rate",
-                    "Learning rate of the latest step",
-                    self.learning_rate.clone(),
-                );
-                r.register(
-                    "dtf_push_seconds",
-                    "Round trip of a push (with the fused pull) to every ps",
-                    self.push_seconds.clone(),
-                );
-                r.register(
-                    "dtf_pull_seconds",
-                    "Round trip of a pull from every ps (sync: includes waiting for the step)",
-                    self.pull_seconds.clone(),
-                );
-                r.register(
-                    "dtf_sent_bytes",
-                    "Tensor bytes sent to the ps tasks",
-                    self.sent_bytes.clone(),
-                );
-                r.register(
-                    "dtf_received_bytes",
-                    "Tensor bytes received from the ps tasks",
-                    self.received_bytes.clone(),
-                );
-                if task == 0 {
-                    r.register(
-                        "dtf_checkpoint_age_seconds",
-                        "Seconds since the chief last wrote a checkpoint",
-                        self.checkpoint_age.clone(),
-                    );
-                    r.register(
-                        "dtf_checkpoint_duration_seconds",
-                        "How long the latest checkpoint took to write",
-                        self.checkpoint_duration.clone(),
-                    );
-                    r.register(
-                        "dtf_checkpoint_failures",
-                        "Checkpoints the chief could not write (full or read-only disk, ...)",
-                        self.checkpoint_failures.clone(),
-                    );
-                }
-            }
+            Role::Ps => self.register_ps(&mut r),
+            Role::Worker => self.register_worker(&mut r, task == 0),
         }
         r
+    }
+
+    /// The ps's own metrics (read from its `State` at scrape time).
+    fn register_ps(&self, r: &mut Registry) {
+        r.register(
+            "dtf_initialized",
+            "1 once this ps's shard holds values",
+            self.initialized.clone(),
+        );
+        r.register(
+            "dtf_steps",
+            "Updates this ps applied (async: pushes; sync: aggregated steps)",
+            self.steps.clone(),
+        );
+        r.register(
+            "dtf_stale_gradients",
+            "Sync: gradients dropped because they were computed on an old step",
+            self.stale_gradients.clone(),
+        );
+    }
+
+    /// A worker's metrics; the chief's checkpoints too.
+    fn register_worker(&self, r: &mut Registry, chief: bool) {
+        r.register(
+            "dtf_steps",
+            "Training steps this worker computed",
+            self.steps.clone(),
+        );
+        r.register(
+            "dtf_examples",
+            "Training examples this worker processed",
+            self.examples.clone(),
+        );
+        r.register(
+            "dtf_learning_rate",
+            "Learning rate of the latest step",
+            self.learning_rate.clone(),
+        );
+        r.register(
+            "dtf_push_seconds",
+            "Round trip of a push (with the fused pull) to every ps",
+            self.push_seconds.clone(),
+        );
+        r.register(
+            "dtf_pull_seconds",
+            "Round trip of a pull from every ps (sync: includes waiting for the step)",
+            self.pull_seconds.clone(),
+        );
+        r.register(
+            "dtf_sent_bytes",
+            "Tensor bytes sent to the ps tasks",
+            self.sent_bytes.clone(),
+        );
+        r.register(
+            "dtf_received_bytes",
+            "Tensor bytes received from the ps tasks",
+            self.received_bytes.clone(),
+        );
+        if chief {
+            r.register(
+                "dtf_checkpoint_age_seconds",
+                "Seconds since the chief last wrote a checkpoint",
+                self.checkpoint_age.clone(),
+            );
+            r.register(
+                "dtf_checkpoint_duration_seconds",
+                "How long the latest checkpoint took to write",
+                self.checkpoint_duration.clone(),
+            );
+            r.register(
+                "dtf_checkpoint_failures",
+                "Checkpoints the chief could not write (full or read-only disk, ...)",
+                self.checkpoint_failures.clone(),
+            );
+        }
     }
 }
 

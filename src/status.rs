@@ -231,18 +231,7 @@ impl Status {
                 opt(&t.complete),
             ]);
         }
-        let widths: Vec<usize> = (0..rows[0].len())
-            .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-            .collect();
-        let mut out = String::new();
-        for r in &rows {
-            let line: Vec<String> = r
-                .iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect();
-            let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        }
+        let mut out = grid(&rows);
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -283,6 +272,23 @@ impl Status {
         }
         out
     }
+}
+
+/// `rows` as left-aligned columns two spaces apart.
+fn grid(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
 }
 
 #[cfg(test)]

@@ -302,7 +302,17 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
-    // With --json, stdout holds the JSON alone; the lines for people go to stderr.
+    let code = summary(&outcome, json);
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    }
+    Ok(code)
+}
+
+/// Prints how a local run ended and returns its exit code: 0 when trained,
+/// 130/143 when stopped by SIGINT/SIGTERM. With --json, stdout holds the
+/// JSON alone; the lines for people go to stderr.
+fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
     let say = |line: String| {
         if json {
             eprintln!("{line}");
@@ -310,7 +320,7 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
             println!("{line}");
         }
     };
-    let code = match &outcome {
+    match outcome {
         dtf::local::Outcome::Trained(report) => {
             say(format!(
                 "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
@@ -345,11 +355,7 @@ fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
             say(format!("resume: {}", s.resume));
             ExitCode::from(s.signal.exit_code())
         }
-    };
-    if json {
-        println!("{}", serde_json::to_string(&outcome)?);
     }
-    Ok(code)
 }
 
 /// `dtf inspect --json`: what [`dtf::checkpoint::Inspection`] holds, as one object.

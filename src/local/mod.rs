@@ -18,8 +18,12 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+use stop::{StopSignals, stop, stop_all};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{Signal, SignalKind, signal};
+
+mod stop;
+
+pub use stop::{StopSignal, Stopped};
 
 /// How long the workers get, after SIGTERM, to finish their step and (the
 /// chief) write the final checkpoint. The daemons give up on their own
@@ -102,63 +106,6 @@ pub enum Outcome {
     Trained(Report),
     /// Stopped by a signal before the end.
     Stopped(Stopped),
-}
-
-/// The signal that stopped a local run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum StopSignal {
-    /// Ctrl-C.
-    #[serde(rename = "SIGINT")]
-    Interrupt,
-    /// `kill`, or a service manager stopping it.
-    #[serde(rename = "SIGTERM")]
-    Terminate,
-}
-
-impl StopSignal {
-    /// Its name, as `kill -l` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            StopSignal::Interrupt => "SIGINT",
-            StopSignal::Terminate => "SIGTERM",
-        }
-    }
-
-    /// What a shell reports for a program killed by it (128 + its number),
-    /// so scripts can tell an interrupted run from a failed one.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            StopSignal::Interrupt => 130,
-            StopSignal::Terminate => 143,
-        }
-    }
-}
-
-/// Where a stopped run stands, and how to go on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Stopped {
-    /// The signal that stopped it.
-    pub signal: StopSignal,
-    /// A second signal came: the tasks were killed without waiting for the
-    /// chief's final checkpoint.
-    pub forced: bool,
-    /// The step of the newest valid checkpoint: where a resumed run starts.
-    pub global_step: Option<u64>,
-    /// The newest valid checkpoint's model file.
-    pub checkpoint: Option<PathBuf>,
-    /// `train.last_step` of this run.
-    pub last_step: u64,
-    /// Wall-clock seconds of the whole run.
-    pub seconds: f64,
-    /// Where the checkpoints are.
-    pub checkpoint_dir: PathBuf,
-    /// Where the configuration and the tasks' logs are.
-    pub run_dir: PathBuf,
-    /// The command that continues this run from its newest checkpoint.
-    pub resume: String,
-    /// Tasks that did not stop cleanly (killed at a deadline, or failed),
-    /// each with its log.
-    pub problems: Vec<String>,
 }
 
 /// What a trained run reports.
@@ -339,32 +286,6 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// SIGINT and SIGTERM, caught from the start of a run so that neither kills
-/// `dtf local` while its tasks still run.
-struct StopSignals {
-    /// SIGINT.
-    int: Signal,
-    /// SIGTERM.
-    term: Signal,
-}
-
-impl StopSignals {
-    fn install() -> Result<Self, LocalError> {
-        Ok(StopSignals {
-            int: signal(SignalKind::interrupt()).map_err(io("catching SIGINT"))?,
-            term: signal(SignalKind::terminate()).map_err(io("catching SIGTERM"))?,
-        })
-    }
-
-    /// The next stop signal.
-    async fn recv(&mut self) -> StopSignal {
-        tokio::select! {
-            _ = self.int.recv() => StopSignal::Interrupt,
-            _ = self.term.recv() => StopSignal::Terminate,
-        }
-    }
-}
-
 /// What one look at the tasks found.
 enum Watch {
     /// Still training.
@@ -385,25 +306,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     // with its tasks left behind.
     let mut signals = StopSignals::install()?;
     let (config_path, cfg) = prepare(opts, run_dir)?;
-    let roles = (0..opts.ps)
-        .map(|i| ("dtf-ps", i, format!("ps:{i}")))
-        .chain((0..opts.workers).map(|i| ("dtf-worker", i, format!("worker:{i}"))));
-    let metrics = metrics_addresses(&cfg.metrics.listen, opts.ps + opts.workers);
-    let mut tasks = Vec::new();
-    for (k, (bin, i, name)) in roles.enumerate() {
-        let listen = metrics.as_ref().map(|m| m[k].as_str());
-        if let Some(listen) = listen {
-            eprintln!("{name}: metrics on http://{listen}/metrics");
-        }
-        tasks.push(spawn(
-            &opts.bin_dir.join(bin),
-            &config_path,
-            i,
-            name,
-            listen,
-            run_dir,
-        )?);
-    }
+    let mut tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
     let credentials = Credentials::load(&cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
     let specs = Mlp::new(&cfg.model.layers)
         .map_err(|e| LocalError::Setup(e.to_string()))?
@@ -411,55 +314,17 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     let cluster = Cluster::new(&cfg, specs, &credentials).map_err(LocalError::Setup)?;
 
     let bar = progress_bar(opts);
-    let (mut first, mut last) = (None::<(Instant, u64)>, (Instant::now(), 0u64));
+    let mut rate = StepRate::default();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         // One look at the tasks and the cluster, abandoned as soon as a stop
         // signal comes (a ps that does not answer must not delay the stop).
-        let look = async {
-            tick.tick().await;
-            for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-                if let Some(status) = t
-                    .child
-                    .try_wait()
-                    .map_err(io(format!("waiting for {}", t.name)))?
-                {
-                    t.status = Some(status);
-                    if !status.success() {
-                        return Err(LocalError::Task {
-                            task: t.name.clone(),
-                            status,
-                            log: t.log.clone(),
-                            tail: tail(&t.log, 20),
-                        });
-                    }
-                }
-            }
-            if tasks.iter().all(|t| t.status.is_some()) {
-                return Ok(Watch::Done);
-            }
-            if let Ok(states) = cluster.states().await {
-                let s = &states[0];
-                if s.initialized {
-                    let now = Instant::now();
-                    if first.is_none() && s.global_step > 0 {
-                        first = Some((now, s.global_step));
-                    }
-                    if s.global_step > last.1 {
-                        last = (now, s.global_step);
-                    }
-                    bar.set_position(s.global_step.min(opts.steps));
-                    bar.set_message(format!(
-                        "loss {:.4} · {:.0} examples/s",
-                        s.last_loss, s.examples_per_sec
-                    ));
-                }
-            }
-            Ok(Watch::Running)
-        };
         let looked = tokio::select! {
             sig = signals.recv() => Err(sig),
-            r = look => Ok(r),
+            r = async {
+                tick.tick().await;
+                look(&mut tasks, &cluster, &bar, &mut rate, opts.steps).await
+            } => Ok(r),
         };
         match looked {
             Ok(Ok(Watch::Running)) => {}
@@ -480,10 +345,6 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         }
     }
     bar.finish_and_clear();
-    let steps_per_sec = match first {
-        Some((t0, s0)) if last.0 > t0 => (last.1 - s0) as f64 / (last.0 - t0).as_secs_f64(),
-        _ => 0.0,
-    };
     let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.dir.clone());
     let evaluation = tokio::task::spawn_blocking(move || eval::evaluate(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
@@ -508,178 +369,114 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         global_step: ev.global_step,
         test_accuracy: ev.accuracy,
         ema_test_accuracy: ev.ema_accuracy,
-        steps_per_sec,
+        steps_per_sec: rate.per_sec(),
         seconds: started.elapsed().as_secs_f64(),
         checkpoint_dir: cfg.checkpoint.dir,
         run_dir: run_dir.to_path_buf(),
     }))
 }
 
-/// The stop that `sig` asked for: SIGTERM to the workers, which finish
-/// their step (the chief then writes a final checkpoint, the ps tasks still
-/// serving), up to [`WORKER_STOP_LIMIT`]; then SIGTERM to the ps tasks, up to
-/// [`PS_STOP_LIMIT`]; SIGKILL to any task past its deadline. A second signal
-/// kills every task at once. Returns where the run stands (`seconds` unset).
-async fn stop(
+/// Starts every ps task, then every worker, each with its own metrics port
+/// when `metrics.listen` is set.
+fn spawn_all(
     opts: &Options,
     cfg: &Config,
+    config_path: &Path,
     run_dir: &Path,
+) -> Result<Vec<Task>, LocalError> {
+    let roles = (0..opts.ps)
+        .map(|i| ("dtf-ps", i, format!("ps:{i}")))
+        .chain((0..opts.workers).map(|i| ("dtf-worker", i, format!("worker:{i}"))));
+    let metrics = metrics_addresses(&cfg.metrics.listen, opts.ps + opts.workers);
+    let mut tasks = Vec::new();
+    for (k, (bin, i, name)) in roles.enumerate() {
+        let listen = metrics.as_ref().map(|m| m[k].as_str());
+        if let Some(listen) = listen {
+            eprintln!("{name}: metrics on http://{listen}/metrics");
+        }
+        tasks.push(spawn(
+            &opts.bin_dir.join(bin),
+            config_path,
+            i,
+            name,
+            listen,
+            run_dir,
+        )?);
+    }
+    Ok(tasks)
+}
+
+/// Global steps per second while training, from ps 0's step as watched.
+#[derive(Default)]
+struct StepRate {
+    /// When a step above 0 was first seen, and that step.
+    first: Option<(Instant, u64)>,
+    /// When the highest step so far was first seen, and that step.
+    last: Option<(Instant, u64)>,
+}
+
+impl StepRate {
+    fn saw(&mut self, step: u64) {
+        let now = Instant::now();
+        if self.first.is_none() && step > 0 {
+            self.first = Some((now, step));
+        }
+        if self.last.is_none_or(|(_, s)| step > s) {
+            self.last = Some((now, step));
+        }
+    }
+
+    fn per_sec(&self) -> f64 {
+        match (self.first, self.last) {
+            (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
+                (s1 - s0) as f64 / (t1 - t0).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+/// Reaps the tasks that exited (a failure ends the run with that task's
+/// log) and shows ps 0's progress on the bar.
+async fn look(
     tasks: &mut [Task],
-    sig: StopSignal,
-    signals: &mut StopSignals,
-) -> Stopped {
-    eprintln!(
-        "dtf local: {}: stopping the workers (the chief writes a final checkpoint), then the ps tasks; {} again to stop at once",
-        sig.name(),
-        match sig {
-            StopSignal::Interrupt => "Ctrl-C",
-            StopSignal::Terminate => "SIGTERM",
-        }
-    );
-    let mut problems = Vec::new();
-    let graceful = async {
-        let mut problems = Vec::new();
-        for (workers, limit) in [(true, WORKER_STOP_LIMIT), (false, PS_STOP_LIMIT)] {
-            let group = tasks.iter_mut().filter(|t| t.worker == workers);
-            problems.extend(terminate(group.collect(), limit).await);
-        }
-        problems
-    };
-    let forced = tokio::select! {
-        p = graceful => {
-            problems = p;
-            false
-        }
-        _ = signals.recv() => true,
-    };
-    if forced {
-        eprintln!("dtf local: second signal: killing every task");
-        for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-            // Reaped, so that none is left behind when dtf local exits.
-            let _ = t.child.kill().await;
-            t.status = t.child.try_wait().ok().flatten();
-        }
-    }
-    let (global_step, checkpoint) = match newest_checkpoint(cfg) {
-        Ok(Some((path, step))) => (Some(step), Some(path)),
-        Ok(None) => (None, None),
-        Err(e) => {
-            problems.push(format!("no usable checkpoint: {e}"));
-            (None, None)
-        }
-    };
-    Stopped {
-        signal: sig,
-        forced,
-        global_step,
-        checkpoint,
-        last_step: cfg.train.last_step,
-        seconds: 0.0,
-        checkpoint_dir: cfg.checkpoint.dir.clone(),
-        run_dir: run_dir.to_path_buf(),
-        resume: resume_command(opts, &cfg.checkpoint.dir),
-        problems,
-    }
-}
-
-/// SIGTERM to each of `tasks` still running, then waits for them until
-/// `limit`, then SIGKILL. Returns a line per task that did not stop cleanly.
-async fn terminate(mut tasks: Vec<&mut Task>, limit: Duration) -> Vec<String> {
+    cluster: &Cluster,
+    bar: &indicatif::ProgressBar,
+    rate: &mut StepRate,
+    steps: u64,
+) -> Result<Watch, LocalError> {
     for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-        if let Some(pid) = t.child.id() {
-            // SAFETY: kill(2) on a pid we spawned and have not reaped.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-    }
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut problems = Vec::new();
-    for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
-        match tokio::time::timeout_at(deadline, t.child.wait()).await {
-            Ok(Ok(status)) => {
-                use std::os::unix::process::ExitStatusExt;
-                t.status = Some(status);
-                // A task that had not yet installed its handlers (just
-                // started) dies of the SIGTERM itself: that is the stop asked for.
-                if !status.success() && status.signal() != Some(libc::SIGTERM) {
-                    problems.push(format!(
-                        "{} exited with {status} while stopping; its log: {}",
-                        t.name,
-                        t.log.display()
-                    ));
-                }
-            }
-            Ok(Err(e)) => problems.push(format!("waiting for {}: {e}", t.name)),
-            Err(_) => {
-                let _ = t.child.kill().await;
-                t.status = t.child.try_wait().ok().flatten();
-                problems.push(format!(
-                    "{} did not stop within {} s and was killed; its log: {}",
-                    t.name,
-                    limit.as_secs(),
-                    t.log.display()
-                ));
+        if let Some(status) = t
+            .child
+            .try_wait()
+            .map_err(io(format!("waiting for {}", t.name)))?
+        {
+            t.status = Some(status);
+            if !status.success() {
+                return Err(LocalError::Task {
+                    task: t.name.clone(),
+                    status,
+                    log: t.log.clone(),
+                    tail: tail(&t.log, 20),
+                });
             }
         }
     }
-    problems
-}
-
-/// The newest checkpoint of `cfg` that verifies, and its step.
-fn newest_checkpoint(cfg: &Config) -> Result<Option<(PathBuf, u64)>, LocalError> {
-    let specs = Mlp::new(&cfg.model.layers)
-        .map_err(|e| LocalError::Setup(e.to_string()))?
-        .variables();
-    let newest = checkpoint::restore_latest(&cfg.checkpoint.dir, &specs)
-        .map_err(|e| LocalError::Eval(e.into()))?;
-    Ok(newest.map(|(path, c)| (path, c.global_step)))
-}
-
-/// `dtf local …` that continues this run: the same cluster, base config and
-/// data, on this run's checkpoints.
-fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
-    let mut args = vec![
-        "dtf".to_string(),
-        "local".into(),
-        "--ps".into(),
-        opts.ps.to_string(),
-        "--workers".into(),
-        opts.workers.to_string(),
-        "--mode".into(),
-        match opts.mode {
-            Mode::Async => "async".into(),
-            Mode::Sync => "sync".into(),
-        },
-    ];
-    let paths = [
-        ("--config", opts.base_path.as_deref()),
-        ("--data", opts.data.as_deref()),
-        ("--checkpoint-dir", Some(checkpoint_dir)),
-    ];
-    for (flag, path) in paths {
-        if let Some(p) = path {
-            args.push(flag.into());
-            args.push(p.display().to_string());
-        }
+    if tasks.iter().all(|t| t.status.is_some()) {
+        return Ok(Watch::Done);
     }
-    if let Some(s) = opts.save_secs {
-        args.extend(["--save-secs".into(), s.to_string()]);
+    if let Ok(states) = cluster.states().await
+        && states[0].initialized
+    {
+        let s = &states[0];
+        rate.saw(s.global_step);
+        bar.set_position(s.global_step.min(steps));
+        bar.set_message(format!(
+            "loss {:.4} · {:.0} examples/s",
+            s.last_loss, s.examples_per_sec
+        ));
     }
-    args.extend(["--steps".into(), opts.steps.to_string()]);
-    args.iter()
-        .map(|a| shell_quote(a))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `word` as a POSIX shell reads it back: as is when it holds only safe
-/// characters, else in single quotes (a `'` written as `'\''`).
-fn shell_quote(word: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "_-+=/.,:@%".contains(c);
-    if !word.is_empty() && word.chars().all(safe) {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
+    Ok(Watch::Running)
 }
 
 fn progress_bar(opts: &Options) -> indicatif::ProgressBar {
@@ -695,26 +492,9 @@ fn progress_bar(opts: &Options) -> indicatif::ProgressBar {
     bar
 }
 
-/// After a task failed: SIGTERM to every task still running, then SIGKILL
-/// to any that lingers past [`PS_STOP_LIMIT`].
-async fn stop_all(tasks: &mut [Task]) {
-    terminate(tasks.iter_mut().collect(), PS_STOP_LIMIT).await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn resume_command_quotes_what_a_shell_would_split() {
-        assert_eq!(
-            shell_quote("/tmp/dtf-local-x/checkpoints"),
-            "/tmp/dtf-local-x/checkpoints"
-        );
-        assert_eq!(shell_quote("my dir"), "'my dir'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
-    }
 
     #[test]
     fn every_local_task_gets_its_own_metrics_port() {
