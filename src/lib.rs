@@ -18,6 +18,7 @@
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine.
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`files`] — only regular files are read from outside, each bounded.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
 //! - [`status`] — `dtf status`: every task's state in one table.
@@ -30,6 +31,7 @@ pub mod config;
 pub mod daemon;
 pub mod data;
 pub mod eval;
+pub mod files;
 pub mod local;
 pub mod metrics;
 pub mod model;

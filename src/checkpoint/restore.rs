@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::format::parse;
@@ -107,11 +107,10 @@ pub(super) fn read(path: &Path, limit: Limit) -> Result<Vec<u8>, CheckpointError
     let meta = file
         .metadata()
         .map_err(|e| CheckpointError::io(path, "stat", e))?;
-    let kind = meta.file_type();
-    if !kind.is_file() {
+    if let Some(what) = crate::files::special_kind(meta.file_type()) {
         return Err(CheckpointError::NotRegular {
             path: path.to_path_buf(),
-            what: describe(kind),
+            what,
         });
     }
     if meta.len() > limit.bytes {
@@ -128,23 +127,6 @@ pub(super) fn read(path: &Path, limit: Limit) -> Result<Vec<u8>, CheckpointError
         .read_to_end(&mut bytes)
         .map_err(|e| CheckpointError::io(path, "read", e))?;
     Ok(bytes)
-}
-
-/// What a non-regular file is, for [`CheckpointError::NotRegular`].
-fn describe(kind: fs::FileType) -> &'static str {
-    if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file"
-    }
 }
 
 /// The most bytes [`read`] takes from one file.

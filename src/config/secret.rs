@@ -31,7 +31,7 @@ pub enum FileProblem {
     /// A FIFO, socket, device or directory.
     #[error("it is {kind}, not a regular file: expected a file with the content")]
     NotRegular {
-        /// What it is instead, e.g. `a FIFO (named pipe)`.
+        /// What it is instead, e.g. `a FIFO`.
         kind: &'static str,
     },
     /// Over the size bound.
@@ -139,24 +139,10 @@ pub(super) fn read_regular(path: &Path, limit: u64, secret: bool) -> Result<Vec<
 
 /// Errors unless `meta` is a regular file's.
 fn regular(meta: &std::fs::Metadata) -> Result<(), FileProblem> {
-    use std::os::unix::fs::FileTypeExt;
-    let t = meta.file_type();
-    let kind = if t.is_file() {
-        return Ok(());
-    } else if t.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_dir() {
-        "a directory"
-    } else {
-        "a special file"
-    };
-    Err(FileProblem::NotRegular { kind })
+    match crate::files::special_kind(meta.file_type()) {
+        None => Ok(()),
+        Some(kind) => Err(FileProblem::NotRegular { kind }),
+    }
 }
 
 #[cfg(test)]
