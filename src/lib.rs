@@ -13,10 +13,13 @@
 //!   newest valid one), `inspect`.
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its shard and the gRPC service.
-//! - [`worker`] — the worker task: the training loop; worker 0 is the chief.
+//! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
+//!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
+//!   `backoff`, `client` (the ps tasks).
 //! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle.
 //! - [`auth`] — the cluster token on every RPC.
-//! - [`local`] — `dtf local`: a whole cluster of processes on this machine.
+//! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
+//!   (signals, the ordered stop, how to resume).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
 //! - [`files`] — only regular files are read from outside, each bounded.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
