@@ -148,7 +148,19 @@ async fn concurrent_pulls_beyond_the_limits_get_resource_exhausted() {
         .await
         .expect("a pull after");
     ps.state(pb::StateRequest {}).await.expect("State after");
-    c.wait_log("ps:0", "ps busy", 1, Duration::from_secs(5));
+    // Which limit refuses first (calls in progress or snapshots in flight)
+    // depends on timing, and the log says the reason once per peer per 10 s:
+    // wait for the refusal, whichever it was.
+    let log = c.wait_log(
+        "ps:0",
+        "Refused. peer=127.0.0.1:",
+        1,
+        Duration::from_secs(5),
+    );
+    assert!(
+        log.contains("calls already in progress") || log.contains("in flight"),
+        "the refusal names the limit:\n{log}"
+    );
     assert!(c.child("ps:0").try_wait().unwrap().is_none(), "ps exited");
 }
 
