@@ -25,35 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train on a whole cluster of local processes (127.0.0.1), then print the test accuracy.
-    Local {
-        /// Number of ps tasks.
-        #[arg(long, default_value_t = 1)]
-        ps: usize,
-        /// Number of worker tasks (worker 0 is the chief).
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
-        /// Train until this global step (train.last_step).
-        #[arg(long, default_value_t = 20000)]
-        steps: u64,
-        /// async or sync.
-        #[arg(long, value_enum, default_value = "async")]
-        mode: ModeArg,
-        /// Directory of the IDX files (default: data.dir, /usr/share/datasets/fashion-mnist).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// Keep checkpoints here (default: a fresh directory, printed at the end).
-        #[arg(long)]
-        checkpoint_dir: Option<PathBuf>,
-        /// Seconds between checkpoints (checkpoint.save_secs).
-        #[arg(long)]
-        save_secs: Option<u64>,
-        /// Hyperparameters from this config file (cluster and paths are replaced).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Print one JSON object on stdout, and the summary on stderr.
-        #[arg(long)]
-        json: bool,
-    },
+    Local(LocalArgs),
     /// Test accuracy of a checkpoint (a file, or a directory: its newest), raw and EMA.
     Eval {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
@@ -126,29 +98,7 @@ fn main() -> ExitCode {
 /// One small function per subcommand (ripgrep's `main → try_main → mode`).
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Local {
-            ps,
-            workers,
-            steps,
-            mode,
-            data,
-            checkpoint_dir,
-            save_secs,
-            config,
-            json,
-        } => {
-            let opts = LocalArgs {
-                ps,
-                workers,
-                steps,
-                mode,
-                data,
-                checkpoint_dir,
-                save_secs,
-                config,
-            };
-            local(opts, json)
-        }
+        Command::Local(args) => local(args),
         Command::Eval { path, data, json } => eval(&path, &data, json),
         Command::Bench {
             data,
@@ -242,27 +192,40 @@ fn check_config(config: &std::path::Path) -> Result<ExitCode> {
 }
 
 /// `dtf local`'s options, as given on the command line.
+#[derive(clap::Args)]
 struct LocalArgs {
-    /// `--ps`.
+    /// Number of ps tasks.
+    #[arg(long, default_value_t = 1)]
     ps: usize,
-    /// `--workers`.
+    /// Number of worker tasks (worker 0 is the chief).
+    #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// `--steps`.
+    /// Train until this global step (train.last_step).
+    #[arg(long, default_value_t = 20000)]
     steps: u64,
-    /// `--mode`.
+    /// async or sync.
+    #[arg(long, value_enum, default_value = "async")]
     mode: ModeArg,
-    /// `--data`.
+    /// Directory of the IDX files (default: data.dir, /usr/share/datasets/fashion-mnist).
+    #[arg(long)]
     data: Option<PathBuf>,
-    /// `--checkpoint-dir`.
+    /// Keep checkpoints here (default: a fresh directory, printed at the end).
+    #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
-    /// `--save-secs`.
+    /// Seconds between checkpoints (checkpoint.save_secs).
+    #[arg(long)]
     save_secs: Option<u64>,
-    /// `--config`.
+    /// Hyperparameters from this config file (cluster and paths are replaced).
+    #[arg(long)]
     config: Option<PathBuf>,
+    /// Print one JSON object on stdout, and the summary on stderr.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `dtf local`: exit 0 when trained, 130/143 when stopped by SIGINT/SIGTERM.
-fn local(args: LocalArgs, json: bool) -> Result<ExitCode> {
+fn local(args: LocalArgs) -> Result<ExitCode> {
+    let json = args.json;
     let _log = dtf::daemon::init_logging("warn");
     let base = match &args.config {
         Some(p) => Config::load(p)?,
@@ -450,9 +413,7 @@ mod tests {
         ])
         .unwrap_or_else(|e| panic!("{e}"));
         match cli.command {
-            Command::Local {
-                ps, workers, steps, ..
-            } => assert_eq!((ps, workers, steps), (1, 3, 500)),
+            Command::Local(a) => assert_eq!((a.ps, a.workers, a.steps), (1, 3, 500)),
             _ => panic!("not dtf local"),
         }
     }
