@@ -96,15 +96,7 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
         "model_checkpoint_path: \"../other/model.ckpt-500.safetensors\"\n",
     )
     .unwrap();
-    let ran = dtf(&[
-        OsStr::new("eval"),
-        dir.as_os_str(),
-        OsStr::new("--data"),
-        c.cfg.data.dir.as_os_str(),
-        OsStr::new("--json"),
-    ]);
-    assert!(ran.status.success(), "{}", ran.stderr);
-    assert!(ran.stdout.contains("\"global_step\":100"), "{}", ran.stdout);
+    assert_eval_step(&c, &dir, 100);
     std::fs::write(
         dir.join("checkpoint"),
         format!("model_checkpoint_path: \"{}\"\n", outside.display()),
@@ -119,6 +111,20 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
     );
 }
 
+/// `dtf eval DIR --json` succeeds on the checkpoint at `step`.
+fn assert_eval_step(c: &Cluster, dir: &Path, step: u64) {
+    let ran = dtf(&[
+        OsStr::new("eval"),
+        dir.as_os_str(),
+        OsStr::new("--data"),
+        c.cfg.data.dir.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    let want = format!("\"global_step\":{step},");
+    assert!(ran.stdout.contains(&want), "{}", ran.stdout);
+}
+
 #[test]
 fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
     // What a double SIGTERM can leave: the step-200 pair renamed into place,
@@ -130,15 +136,7 @@ fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
     write_checkpoint(&c.cfg, 200);
     std::fs::write(dir.join("checkpoint"), index).unwrap();
 
-    let ran = dtf(&[
-        OsStr::new("eval"),
-        dir.as_os_str(),
-        OsStr::new("--data"),
-        c.cfg.data.dir.as_os_str(),
-        OsStr::new("--json"),
-    ]);
-    assert!(ran.status.success(), "{}", ran.stderr);
-    assert!(ran.stdout.contains("\"global_step\":200"), "{}", ran.stdout);
+    assert_eval_step(&c, &dir, 200);
 
     let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
     assert!(ran.status.success(), "{}", ran.stderr);

@@ -34,20 +34,22 @@ fn refused_everywhere(what: &str, edit: impl FnOnce(&mut Config), names: &[&str]
     std::fs::write(&c.config_path, cfg.to_toml()).unwrap();
     let file = c.config_path.display().to_string();
     let names: Vec<&str> = names.iter().copied().chain([file.as_str()]).collect();
-    assert_config_error(
-        &format!("dtf-ps, {what}"),
-        &ps(&c.config_path, 0, &[]),
-        &names,
-    );
-    assert_config_error(
-        &format!("dtf-worker check-config, {what}"),
-        &worker_check(&c.config_path, Some(0), &[]),
-        &names,
-    );
+    refused_by_daemons(&c.config_path, &names);
     assert_config_error(
         &format!("dtf check-config, {what}"),
         &dtf_check(&c.config_path),
         &names,
+    );
+}
+
+/// `dtf-ps` (starting) and `dtf-worker check-config` on `config` exit 78
+/// naming every one of `names`.
+fn refused_by_daemons(config: &Path, names: &[&str]) {
+    assert_config_error("dtf-ps", &ps(config, 0, &[]), names);
+    assert_config_error(
+        "dtf-worker check-config",
+        &worker_check(config, Some(0), &[]),
+        names,
     );
 }
 
@@ -119,12 +121,7 @@ fn a_fifo_as_token_file_exits_78_instead_of_hanging() {
     std::fs::remove_file(token).unwrap();
     mkfifo(token);
     let names = ["security.token_file", &token.display().to_string(), "FIFO"];
-    assert_config_error("dtf-ps", &ps(&c.config_path, 0, &[]), &names);
-    assert_config_error(
-        "dtf-worker check-config",
-        &worker_check(&c.config_path, Some(0), &[]),
-        &names,
-    );
+    refused_by_daemons(&c.config_path, &names);
 }
 
 #[test]
@@ -137,12 +134,7 @@ fn a_fifo_or_dev_zero_as_config_file_exits_78_instead_of_hanging() {
         (Path::new("/dev/zero"), "character device"),
     ] {
         let name = path.display().to_string();
-        assert_config_error("dtf-ps", &ps(path, 0, &[]), &[&name, kind]);
-        assert_config_error(
-            "dtf-worker check-config",
-            &worker_check(path, Some(0), &[]),
-            &[&name, kind],
-        );
+        refused_by_daemons(path, &[&name, kind]);
         assert_config_error("dtf check-config", &dtf_check(path), &[&name, kind]);
     }
 }
@@ -158,12 +150,7 @@ fn a_token_with_an_embedded_newline_exits_78_naming_it() {
         &token.display().to_string(),
         "control character",
     ];
-    assert_config_error("dtf-ps", &ps(&c.config_path, 0, &[]), &names);
-    assert_config_error(
-        "dtf-worker check-config",
-        &worker_check(&c.config_path, Some(0), &[]),
-        &names,
-    );
+    refused_by_daemons(&c.config_path, &names);
 }
 
 #[test]

@@ -50,19 +50,6 @@ fn push(values: &[(String, ArrayD<f32>)], g: f32, learning_rate: f32) -> pb::Pus
     }
 }
 
-/// Values and shadows, as the bytes on the wire.
-async fn snapshot(ps: &mut PsClient) -> (u64, Vec<pb::Tensor>) {
-    let r = ps
-        .pull(pb::PullRequest {
-            with_shadows: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (r.global_step, [r.variables, r.shadows].concat())
-}
-
 /// Reads until the ps closes the connection; false past `deadline`.
 async fn closed_by_peer(mut s: tokio::net::TcpStream, deadline: Instant) -> bool {
     let mut buf = [0u8; 4096];

@@ -52,18 +52,6 @@ fn push(gradients: Vec<pb::Tensor>) -> pb::PushRequest {
     }
 }
 
-async fn snapshot(ps: &mut PsClient) -> (u64, Vec<pb::Tensor>) {
-    let r = ps
-        .pull(pb::PullRequest {
-            with_shadows: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (r.global_step, [r.variables, r.shadows].concat())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_pushes_are_rejected_and_change_nothing() {
     let (_c, mut ps, values) = live_ps(Mode::Async).await;

@@ -454,7 +454,6 @@ pub struct Ran {
 /// Runs one of the binaries to completion with `args` and `env` (control
 /// variables not inherited), failing the test if it takes longer than `deadline`.
 pub fn run(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)], deadline: Duration) -> Ran {
-    use std::io::Read;
     let mut cmd = Command::new(bin(name));
     cmd.args(args);
     for var in INHERITED_CONTROL_VARS {
@@ -463,43 +462,11 @@ pub fn run(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)], deadline
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let end = Instant::now() + deadline;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{name} {args:?} still running after {deadline:?}; stderr:\n{}",
-                err.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let out = output_within(&mut cmd, deadline);
     Ran {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 
@@ -652,4 +619,18 @@ pub fn output_within(cmd: &mut Command, deadline: Duration) -> std::process::Out
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
     }
+}
+
+/// A ps's step and its values and shadows, as the bytes on the wire: equal
+/// snapshots mean nothing changed, bit for bit.
+pub async fn snapshot(ps: &mut PsClient) -> (u64, Vec<dtf::pb::Tensor>) {
+    let r = ps
+        .pull(dtf::pb::PullRequest {
+            with_shadows: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (r.global_step, [r.variables, r.shadows].concat())
 }
