@@ -113,6 +113,12 @@ impl Credentials {
         CheckToken::new(&self.token)
     }
 
+    /// What a shared-memory client presents (`transport::shm`): the same
+    /// `Bearer <token>` bytes as the gRPC header.
+    pub fn bearer(&self) -> Vec<u8> {
+        format!("Bearer {}", self.token).into_bytes()
+    }
+
     /// The client's token header.
     ///
     /// Errors: the token has characters a header cannot carry.
@@ -192,6 +198,12 @@ impl CheckToken {
             expected: format!("Bearer {token}").into_bytes().into(),
         }
     }
+
+    /// Whether `got` is `Bearer <token>`, compared in constant time: the
+    /// comparison must not reveal how much of a guess was right.
+    pub fn matches(&self, got: &[u8]) -> bool {
+        bool::from(got.ct_eq(&self.expected))
+    }
 }
 
 impl Interceptor for CheckToken {
@@ -201,8 +213,7 @@ impl Interceptor for CheckToken {
                 "missing authorization: Bearer <token> (security.token_file)",
             ));
         };
-        // Constant time: the comparison must not reveal how much of a guess was right.
-        if bool::from(got.as_bytes().ct_eq(&self.expected)) {
+        if self.matches(got.as_bytes()) {
             Ok(req)
         } else {
             Err(Status::unauthenticated(

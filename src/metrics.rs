@@ -19,8 +19,6 @@
 
 use crate::config::{Config, Role};
 use crate::pb;
-use crate::pb::parameter_server_server::ParameterServer;
-use crate::ps::PsService;
 use axum::Router;
 use axum::extract::State;
 use axum::http::header;
@@ -81,6 +79,11 @@ pub struct Metrics {
     checkpoint_failures: Counter,
     /// `dtf_reloads_total{result="ok|rejected"}`.
     reloads: Family<Labels, Counter>,
+    /// `dtf_ps_transport{ps,transport}`: worker: 1 for the transport its
+    /// latest call to each ps took (`shm` or `tcp`), 0 for the other.
+    ps_transport: Family<Labels, Gauge>,
+    /// `dtf_shm_connections`: ps: open shared-memory connections (the rest are TCP).
+    shm_connections: Gauge,
     /// Serializes the ps's refresh so two scrapes do not add a delta twice.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -113,6 +116,8 @@ impl Metrics {
             checkpoint_duration: FloatGauge::default(),
             checkpoint_failures: Counter::default(),
             reloads: Family::default(),
+            ps_transport: Family::default(),
+            shm_connections: Gauge::default(),
             refresh: tokio::sync::Mutex::new(()),
         }
     }
@@ -158,6 +163,20 @@ impl Metrics {
         self.checkpoint_duration.set(took.as_secs_f64());
     }
 
+    /// A worker's transport to each ps (index order), as `Cluster::transports` says.
+    pub fn transports(&self, via: &[crate::transport::Via]) {
+        for (ps, via) in via.iter().enumerate() {
+            for name in ["shm", "tcp"] {
+                self.ps_transport
+                    .get_or_create(&vec![
+                        ("ps".into(), ps.to_string()),
+                        ("transport".into(), name.into()),
+                    ])
+                    .set(i64::from(via.to_string() == name));
+            }
+        }
+    }
+
     /// The chief could not write a checkpoint.
     pub fn checkpoint_failed(&self) {
         self.checkpoint_failures.inc();
@@ -179,13 +198,8 @@ impl Metrics {
                 .set(at.elapsed().unwrap_or_default().as_secs_f64());
         }
         let Some(ps) = PS.get() else { return };
-        let Ok(s) = ps
-            .state(tonic::Request::new(pb::StateRequest {}))
-            .await
-            .map(|r| r.into_inner())
-        else {
-            return;
-        };
+        let s = ps();
+        self.shm_connections.set(i64::from(s.shm_connections));
         self.global_step.set(s.global_step as i64);
         self.initialized.set(i64::from(s.initialized));
         self.loss.set(f64::from(s.last_loss));
@@ -249,6 +263,11 @@ impl Metrics {
             "Sync: gradients dropped because they were computed on an old step",
             self.stale_gradients.clone(),
         );
+        r.register(
+            "dtf_shm_connections",
+            "Open shared-memory connections (tasks on this host); the others use TCP",
+            self.shm_connections.clone(),
+        );
     }
 
     /// A worker's metrics; the chief's checkpoints too.
@@ -267,6 +286,11 @@ impl Metrics {
             "dtf_learning_rate",
             "Learning rate of the latest step",
             self.learning_rate.clone(),
+        );
+        r.register(
+            "dtf_ps_transport",
+            "1 for the transport this worker's latest call to each ps took (shm: shared memory; tcp)",
+            self.ps_transport.clone(),
         );
         r.register(
             "dtf_push_seconds",
@@ -308,12 +332,17 @@ impl Metrics {
     }
 }
 
-/// The ps whose `State` the ps metrics are read from.
-static PS: OnceLock<PsService> = OnceLock::new();
+/// Reads the ps's `State`: what the ps metrics come from.
+type StateFn = Box<dyn Fn() -> pb::StateResponse + Send + Sync>;
 
-/// Makes `service` the source of this process's ps metrics (the first one wins).
-pub fn observe_ps(service: PsService) {
-    let _ = PS.set(service);
+/// The ps whose `State` the ps metrics are read from.
+static PS: OnceLock<StateFn> = OnceLock::new();
+
+/// Makes `state` (the ps's plain accessor) the source of this process's ps
+/// metrics (the first one wins). A function, so that `metrics` needs nothing
+/// from `ps`.
+pub fn observe_ps(state: impl Fn() -> pb::StateResponse + Send + Sync + 'static) {
+    let _ = PS.set(Box::new(state));
 }
 
 impl Metrics {

@@ -9,7 +9,8 @@ use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::pb;
-use crate::pb::parameter_server_client::ParameterServerClient;
+use crate::model::Mlp;
+use crate::transport::{Cluster, Via};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -44,6 +45,10 @@ pub struct TaskStatus {
     pub examples_per_sec: Option<f64>,
     /// The chief declared the run complete.
     pub complete: Option<bool>,
+    /// How `dtf status` reached this ps: `shm` (shared memory, same host) or `tcp`.
+    pub transport: Option<String>,
+    /// The ps's open shared-memory connections (tasks on its host); the rest use TCP.
+    pub shm_connections: Option<u32>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -84,47 +89,56 @@ pub struct Status {
     pub all_ps_reachable: bool,
 }
 
-async fn ask(
-    addr: &str,
-    credentials: &Credentials,
-    limit: usize,
-) -> Result<pb::StateResponse, String> {
-    let auth = credentials.add_token()?;
-    let ep = credentials
-        .endpoint(addr)?
-        .connect_timeout(TIMEOUT)
-        .timeout(TIMEOUT);
-    // Connected by the call, so that a connection error is a Status too.
-    let mut c = ParameterServerClient::with_interceptor(ep.connect_lazy(), auth)
-        .max_decoding_message_size(limit);
-    let status = match c.state(pb::StateRequest {}).await {
-        Ok(r) => return Ok(r.into_inner()),
-        Err(s) => crate::auth::explain_tls_mismatch(s),
-    };
+/// Why a ps did not answer, said plainly when the two ends disagree about TLS.
+async fn explain(addr: &str, credentials: &Credentials, status: tonic::Status) -> String {
+    let status = crate::auth::explain_tls_mismatch(status);
     // A TLS ps breaks a plaintext connection in one of several ways; ask it.
     let broken = matches!(
         status.code(),
         Code::Cancelled | Code::Unknown | Code::Internal
     );
     if broken && !credentials.tls() && crate::auth::answers_with_tls(addr).await {
-        return Err(format!(
+        return format!(
             "{}: {} (the ps answers with TLS, which is not set here; {})",
             status.code(),
             status.message(),
             crate::auth::TLS_ADVICE
-        ));
+        );
     }
-    Err(format!("{}: {}", status.code(), status.message()))
+    format!("{}: {}", status.code(), status.message())
+}
+
+/// Every ps's `State` (or why not) and the transport it was asked over.
+async fn ask_all(
+    config: &Config,
+    credentials: &Credentials,
+) -> Vec<(Result<pb::StateResponse, String>, Option<Via>)> {
+    // The placement names each shard's variables, which a shared-memory
+    // connection checks; a model that does not build leaves TCP alone.
+    let specs = Mlp::new(&config.model.layers)
+        .map(|m| m.variables())
+        .unwrap_or_default();
+    let cluster = match Cluster::with_timeout(config, specs, credentials, TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => return config.cluster.ps.iter().map(|_| (Err(e.clone()), None)).collect(),
+    };
+    let answers = cluster.each_state().await;
+    let via = cluster.transports();
+    let mut out = Vec::new();
+    for ((addr, answer), via) in config.cluster.ps.iter().zip(answers).zip(via) {
+        match answer {
+            Ok(s) => out.push((Ok(s), Some(via))),
+            Err(status) => out.push((Err(explain(addr, credentials, status).await), Some(via))),
+        }
+    }
+    out
 }
 
 /// Asks every ps in `config` (with the cluster's `credentials`) and reads the newest checkpoint.
 pub async fn query(config: &Config, credentials: &Credentials) -> Status {
-    let limit = crate::ps::message_limit(config);
-    let answers =
-        futures::future::join_all(config.cluster.ps.iter().map(|a| ask(a, credentials, limit)))
-            .await;
+    let answers = ask_all(config, credentials).await;
     let mut tasks = Vec::new();
-    for (i, (addr, answer)) in config.cluster.ps.iter().zip(answers).enumerate() {
+    for (i, (addr, (answer, via))) in config.cluster.ps.iter().zip(answers).enumerate() {
         let s = answer.as_ref().ok();
         tasks.push(TaskStatus {
             task: format!("ps:{i}"),
@@ -137,6 +151,8 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             global_step: s.map(|s| s.global_step),
             examples_per_sec: s.map(|s| s.examples_per_sec),
             complete: s.map(|s| s.complete),
+            transport: via.map(|v| v.to_string()),
+            shm_connections: s.map(|s| s.shm_connections),
         });
     }
     for (i, addr) in config.cluster.worker.iter().enumerate() {
@@ -208,6 +224,7 @@ impl Status {
                 "STEP",
                 "EXAMPLES/S",
                 "COMPLETE",
+                "TRANSPORT",
             ]
             .map(String::from)
             .to_vec(),
@@ -229,6 +246,10 @@ impl Status {
                 t.examples_per_sec
                     .map_or_else(|| "-".into(), |r| format!("{r:.0}")),
                 opt(&t.complete),
+                match (&t.transport, t.shm_connections) {
+                    (Some(via), Some(n)) => format!("{via} (ps has {n} shm)"),
+                    (via, _) => opt(via),
+                },
             ]);
         }
         let mut out = grid(&rows);

@@ -92,6 +92,21 @@ pub struct ClusterConfig {
     pub placement: Placement,
     /// ps tasks exit 0 once the chief marks the run complete.
     pub ps_exit_when_complete: bool,
+    /// How a task reaches each ps: shared memory on this host, or TCP.
+    pub transport: Transport,
+    /// Directory of the ps tasks' shared-memory sockets; empty: the default
+    /// (`$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/dtf`, else `/tmp/dtf-<uid>`).
+    pub runtime_dir: String,
+}
+
+/// `cluster.transport`: how a task reaches a ps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Shared memory to a ps on this host, gRPC over TCP to the others.
+    Auto,
+    /// gRPC over TCP to every ps (benchmarks, debugging).
+    Tcp,
 }
 
 /// `[train]`: hyperparameters and the run's length.
@@ -245,6 +260,8 @@ impl Default for ClusterConfig {
             worker: vec!["127.0.0.1:2223".into()],
             placement: Placement::RoundRobin,
             ps_exit_when_complete: true,
+            transport: Transport::Auto,
+            runtime_dir: String::new(),
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
-use crate::worker::client::Cluster;
+use crate::transport::Cluster;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;

@@ -5,14 +5,17 @@
 
 pub mod limits;
 pub mod shard;
+mod shm;
 
 use crate::auth::Credentials;
-use crate::config::{Config, Mode, Role, TaskId};
+use crate::config::{Config, Mode, Role, TaskId, Transport};
 use crate::model::Mlp;
 use crate::pb;
 use crate::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
-use crate::{placement, rpc};
+use crate::transport::{self, proto as rpc, tcp};
+use crate::placement;
 use shard::{Pushed, Rule, Shard};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -59,6 +62,8 @@ struct Inner {
     budget: limits::Budget,
     /// Refused calls, logged per peer.
     refusals: Arc<limits::RefusalLog>,
+    /// Open shared-memory connections ([`shm`]), for `State` and metrics.
+    shm_connections: AtomicU32,
 }
 
 /// The gRPC service of one ps task.
@@ -102,6 +107,7 @@ impl PsService {
                 batch_size: config.train.batch_size as u64,
                 budget: limits::Budget::new(shard_bytes),
                 refusals: Arc::new(limits::RefusalLog::default()),
+                shm_connections: AtomicU32::new(0),
             }),
         })
     }
@@ -205,16 +211,14 @@ fn arranged(shard: &Shard, tensors: &[pb::Tensor]) -> Result<Vec<ndarray::ArrayD
         .collect())
 }
 
-#[tonic::async_trait]
-impl ParameterServer for PsService {
-    async fn state(
-        &self,
-        _: Request<pb::StateRequest>,
-    ) -> Result<Response<pb::StateResponse>, Status> {
+impl PsService {
+    /// This task's state and counters: what `State` answers on either
+    /// transport, and the plain accessor the metrics read.
+    pub fn state_now(&self) -> pb::StateResponse {
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
-        Ok(Response::new(pb::StateResponse {
+        pb::StateResponse {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
             initialized: s.is_initialized(),
@@ -227,14 +231,18 @@ impl ParameterServer for PsService {
             pushes_applied: c.pushes_applied,
             last_loss: s.last_loss(),
             examples_per_sec: rate,
-        }))
+            shm_connections: self.inner.shm_connections.load(Ordering::Relaxed),
+        }
     }
 
-    async fn initialize(
+    /// `Initialize` on either transport.
+    ///
+    /// Errors: `INVALID_ARGUMENT` for a step out of range or tensors that are
+    /// not the shard's variables.
+    pub fn initialize_from(
         &self,
-        req: Request<pb::InitializeRequest>,
-    ) -> Result<Response<pb::InitializeResponse>, Status> {
-        let req = req.into_inner();
+        req: pb::InitializeRequest,
+    ) -> Result<pb::InitializeResponse, Status> {
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());
         }
@@ -254,45 +262,53 @@ impl ParameterServer for PsService {
             );
             self.inner.step_tx.send_replace(req.global_step);
         }
-        Ok(Response::new(pb::InitializeResponse {
+        Ok(pb::InitializeResponse {
             applied,
             incarnation: self.inner.incarnation,
-        }))
+        })
     }
 
-    async fn pull(
+    /// `Pull` on either transport: waits (bounded) for `min_step`, then
+    /// `read`s the shard under its lock (a consistent snapshot). The answer
+    /// carries no tensors: `read` put them where its transport wants them.
+    ///
+    /// Errors: whatever `read` returns (`FAILED_PRECONDITION` before the
+    /// chief initialized the shard).
+    pub async fn pull_with<T>(
         &self,
-        req: Request<pb::PullRequest>,
-    ) -> Result<Response<pb::PullResponse>, Status> {
-        let reserved = self.reserve(&req, 1 + u32::from(req.get_ref().with_shadows))?;
-        let req = req.into_inner();
-        if req.min_step > 0 {
-            self.wait_for_step(req.min_step).await;
+        min_step: u64,
+        read: impl FnOnce(&Shard) -> Result<T, Status>,
+    ) -> Result<(T, pb::PullResponse), Status> {
+        if min_step > 0 {
+            self.wait_for_step(min_step).await;
         }
         let s = self.lock();
-        let (variables, shadows) = self.snapshot(&s, &req.names, req.with_shadows)?;
-        let mut res = Response::new(pb::PullResponse {
-            variables,
-            shadows,
-            global_step: s.step(),
-            incarnation: self.inner.incarnation,
-            complete: s.is_complete(),
-        });
-        res.extensions_mut().insert(reserved);
-        Ok(res)
+        let values = read(&s)?;
+        Ok((
+            values,
+            pb::PullResponse {
+                variables: Vec::new(),
+                shadows: Vec::new(),
+                global_step: s.step(),
+                incarnation: self.inner.incarnation,
+                complete: s.is_complete(),
+            },
+        ))
     }
 
-    async fn push(
+    /// `Push` on either transport: `grads` (views of the request's or the
+    /// shared region's bytes, checked here) applied or aggregated under the
+    /// shard lock; with `req.pull`, `read` then takes the values under the
+    /// lock. `req.gradients` is not read.
+    ///
+    /// Errors: `FAILED_PRECONDITION` for a stale incarnation, and the shard's
+    /// refusals ([`shard::ShardError`]); nothing changed.
+    pub async fn push_with<T>(
         &self,
-        req: Request<pb::PushRequest>,
-    ) -> Result<Response<pb::PushResponse>, Status> {
-        // Reserved before anything is applied: a refused push changes nothing.
-        let reserved = if req.get_ref().pull {
-            Some(self.reserve(&req, 1)?)
-        } else {
-            None
-        };
-        let req = req.into_inner();
+        req: &pb::PushRequest,
+        grads: &[rpc::TensorView<'_>],
+        read: impl FnOnce(&Shard) -> Result<T, Status>,
+    ) -> Result<(Option<T>, pb::PushResponse), Status> {
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -302,12 +318,6 @@ impl ParameterServer for PsService {
                 ),
             ));
         }
-        // Applied straight from the request's bytes: no gradient array is built.
-        let grads = req
-            .gradients
-            .iter()
-            .map(rpc::view)
-            .collect::<Result<Vec<_>, _>>()?;
         let outcome = {
             let mut s = self.lock();
             if s.is_complete() {
@@ -328,17 +338,87 @@ impl ParameterServer for PsService {
             self.wait_for_step(req.step + 1).await;
         }
         let s = self.lock();
-        let variables = if req.pull {
-            self.snapshot(&s, &[], false)?.0
+        let values = if req.pull { Some(read(&s)?) } else { None };
+        Ok((
+            values,
+            pb::PushResponse {
+                variables: Vec::new(),
+                global_step: s.step(),
+                incarnation: self.inner.incarnation,
+                complete: s.is_complete(),
+                stale: outcome == Some(Pushed::Stale),
+            },
+        ))
+    }
+
+    /// `Complete` on either transport: the chief declares the run complete.
+    pub fn complete_run(&self, step: u64) {
+        self.lock().set_complete();
+        if !self.inner.complete.is_cancelled() {
+            info!(ps = self.inner.task, step, "Run complete.");
+        }
+        self.inner.complete.cancel();
+    }
+}
+
+/// The gRPC service: each call decoded, handed to the transport-independent
+/// function above, and its answer encoded.
+#[tonic::async_trait]
+impl ParameterServer for PsService {
+    async fn state(
+        &self,
+        _: Request<pb::StateRequest>,
+    ) -> Result<Response<pb::StateResponse>, Status> {
+        Ok(Response::new(self.state_now()))
+    }
+
+    async fn initialize(
+        &self,
+        req: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::InitializeResponse>, Status> {
+        self.initialize_from(req.into_inner()).map(Response::new)
+    }
+
+    async fn pull(
+        &self,
+        req: Request<pb::PullRequest>,
+    ) -> Result<Response<pb::PullResponse>, Status> {
+        let reserved = self.reserve(&req, 1 + u32::from(req.get_ref().with_shadows))?;
+        let req = req.into_inner();
+        let ((variables, shadows), mut answer) = self
+            .pull_with(req.min_step, |s| {
+                self.snapshot(s, &req.names, req.with_shadows)
+            })
+            .await?;
+        (answer.variables, answer.shadows) = (variables, shadows);
+        let mut res = Response::new(answer);
+        res.extensions_mut().insert(reserved);
+        Ok(res)
+    }
+
+    async fn push(
+        &self,
+        req: Request<pb::PushRequest>,
+    ) -> Result<Response<pb::PushResponse>, Status> {
+        // Reserved before anything is applied: a refused push changes nothing.
+        let reserved = if req.get_ref().pull {
+            Some(self.reserve(&req, 1)?)
         } else {
-            Vec::new()
+            None
         };
+        let req = req.into_inner();
+        // Applied straight from the request's bytes: no gradient array is built.
+        let grads = req
+            .gradients
+            .iter()
+            .map(rpc::view)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (variables, answer) = self
+            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false)?.0))
+            .await?;
         let mut res = Response::new(pb::PushResponse {
-            variables,
-            global_step: s.step(),
-            incarnation: self.inner.incarnation,
-            complete: s.is_complete(),
-            stale: outcome == Some(Pushed::Stale),
+            variables: variables.unwrap_or_default(),
+            ..answer
         });
         if let Some(r) = reserved {
             res.extensions_mut().insert(r);
@@ -350,37 +430,9 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let step = req.into_inner().global_step;
-        self.lock().set_complete();
-        if !self.inner.complete.is_cancelled() {
-            info!(ps = self.inner.task, step, "Run complete.");
-        }
-        self.inner.complete.cancel();
+        self.complete_run(req.into_inner().global_step);
         Ok(Response::new(pb::CompleteResponse {}))
     }
-}
-
-/// Largest message a task may need to send or receive for this model: every
-/// variable of the model and its shadow, plus room for framing. Derived, so a
-/// big model never fails on gRPC's 4 MiB default.
-pub fn message_limit(config: &Config) -> usize {
-    let floats: usize = config
-        .model
-        .layers
-        .windows(2)
-        .map(|w| w[0] * w[1] + w[1])
-        .sum();
-    2 * 4 * floats + (1 << 20)
-}
-
-/// HTTP/2 frame size both ends accept: a 1.6 MB tensor in 2 frames, not 100
-/// of the default 16 KiB.
-pub const FRAME: u32 = 1 << 20;
-
-/// HTTP/2 flow-control window for a model's messages: a whole push or pull in
-/// flight without waiting for WINDOW_UPDATEs (the default is 64 KiB).
-pub fn window(limit: usize) -> u32 {
-    u32::try_from(limit).unwrap_or(u32::MAX).min((1 << 31) - 1)
 }
 
 /// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
@@ -395,9 +447,12 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
     let service = PsService::new(config, task)?;
-    crate::metrics::observe_ps(service.clone());
+    {
+        let service = service.clone();
+        crate::metrics::observe_ps(move || service.state_now());
+    }
     rpc::keep_freed_buffers();
-    let limit = message_limit(config);
+    let limit = transport::message_limit(config);
     let id = TaskId {
         role: Role::Ps,
         index: task,
@@ -437,19 +492,41 @@ pub async fn serve(
             }
         })
     };
+    // Tasks on this host reach the ps through shared memory too (unless
+    // `cluster.transport = "tcp"`); a socket that cannot be made leaves TCP.
+    let shm = match (config.cluster.transport, listener.local_addr()) {
+        (Transport::Auto, Ok(addr)) => match shm::bind(config, addr.port()) {
+            Ok(socket) => Some(tokio::spawn(shm::serve(
+                service.clone(),
+                socket,
+                credentials.check_token(),
+                limit,
+                stop.clone(),
+            ))),
+            Err(e) => {
+                warn!(ps = task, error = %e, dir = %transport::runtime_dir(config).display(), "Cannot serve shared memory (cluster.runtime_dir); serving TCP only.");
+                None
+            }
+        },
+        _ => None,
+    };
     let incoming = limits::incoming(listener, refusals);
     let result = credentials
         .server()?
         .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
-        .initial_stream_window_size(window(limit))
-        .initial_connection_window_size(window(limit))
-        .max_frame_size(FRAME)
+        .initial_stream_window_size(tcp::window(limit))
+        .initial_connection_window_size(tcp::window(limit))
+        .max_frame_size(tcp::FRAME)
         .add_service(health)
         .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+        .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
         .await;
     linger.abort();
+    stop.cancel();
+    if let Some(shm) = shm {
+        let _ = shm.await;
+    }
     if let Err(e) = &result {
         warn!(ps = task, error = %e, "Server stopped with an error.");
     }

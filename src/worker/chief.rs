@@ -5,7 +5,7 @@
 //! calls in here through [`Chief`].
 
 use super::backoff::Backoff;
-use super::client::Cluster;
+use crate::transport::Cluster;
 use super::{Outcome, Worker, WorkerError};
 use crate::checkpoint::{self, Checkpoint, Saver};
 use crate::config::Config;

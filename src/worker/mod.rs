@@ -6,7 +6,9 @@
 
 mod backoff;
 mod chief;
-pub mod client;
+/// The ps client moved to [`crate::transport`]; this path is kept while branches written against it merge.
+#[doc(hidden)]
+pub use crate::transport as client;
 
 use crate::auth::Credentials;
 use crate::checkpoint;
@@ -15,7 +17,7 @@ use crate::data::{Batches, Dataset, Split};
 use crate::model::{self, Mlp};
 use backoff::{Backoff, WAIT_LOG_EVERY};
 use chief::Chief;
-use client::{Cluster, Progress, PsCallError};
+use crate::transport::{Cluster, Progress, PsCallError};
 use ndarray::{Array2, ArrayD};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -287,6 +289,11 @@ impl Worker {
         let mut chief = self.is_chief().then(|| Chief::start(self));
 
         let mut progress = self.pull(&mut buf.params, None).await?;
+        let via = self.cluster.transports();
+        for (ps, (via, addr)) in via.iter().zip(&cfg.cluster.ps).enumerate() {
+            info!(worker = self.task, ps, address = %addr, transport = %via, "Connected to ps.");
+        }
+        crate::metrics::global().transports(&via);
         reporter.ready();
         info!(
             worker = self.task,

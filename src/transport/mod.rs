@@ -1,0 +1,749 @@
+//! The wire between tasks, in one place: proto conversion ([`proto`]), the
+//! message limit, the two transports ([`tcp`]: gRPC between hosts; [`shm`]:
+//! shared memory on one host) and [`Cluster`], the client of every ps task
+//! that the worker, the chief, `dtf local` and `dtf status` share.
+//!
+//! A [`Cluster`] picks the transport per ps (`cluster.transport = "auto"`):
+//! shared memory when the ps's address is on this host and its socket
+//! answers and accepts this task, gRPC over TCP otherwise. Callers do not
+//! see which, except through [`Cluster::transports`], for reports. The
+//! semantics are the same on both: the ps serves both with the same
+//! functions (`PsService::push_with` and its siblings).
+
+pub mod proto;
+pub mod shm;
+pub mod tcp;
+
+use crate::auth::{self, Credentials};
+use crate::config::{Config, Transport};
+use crate::model::VarSpec;
+use crate::{pb, placement};
+use futures::future::try_join_all;
+use ndarray::ArrayD;
+use prost::Message;
+use proto as rpc;
+use shm::{Area, Region, kind};
+use std::fmt;
+use std::net::{ToSocketAddrs, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+use tokio::net::UnixStream;
+use tonic::{Code, Status};
+use tracing::warn;
+
+/// Deadline of every call to a ps.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a shared-memory connection and its handshake may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest message a task may need to send or receive for this model: every
+/// variable of the model and its shadow, plus room for framing. Derived, so a
+/// big model never fails on gRPC's 4 MiB default.
+pub fn message_limit(config: &Config) -> usize {
+    let floats: usize = config
+        .model
+        .layers
+        .windows(2)
+        .map(|w| w[0] * w[1] + w[1])
+        .sum();
+    2 * 4 * floats + (1 << 20)
+}
+
+/// Where the ps tasks of this host put their shared-memory sockets:
+/// `cluster.runtime_dir`, else systemd's `$RUNTIME_DIRECTORY` (the units'
+/// `RuntimeDirectory=dtf`, /run/dtf), else `$XDG_RUNTIME_DIR/dtf`, else
+/// `/tmp/dtf-<uid>`.
+pub fn runtime_dir(config: &Config) -> PathBuf {
+    if !config.cluster.runtime_dir.is_empty() {
+        return PathBuf::from(&config.cluster.runtime_dir);
+    }
+    if let Some(dirs) = std::env::var_os("RUNTIME_DIRECTORY")
+        && let Some(first) = dirs.to_string_lossy().split(':').find(|d| !d.is_empty())
+    {
+        return PathBuf::from(first);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&dir).join("dtf");
+    }
+    std::env::temp_dir().join(format!("dtf-{}", rustix::process::getuid().as_raw()))
+}
+
+/// The socket of the ps listening on TCP `port` of this host: ports are
+/// unique per host, so the name needs nothing else.
+pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("ps-{port}.sock"))
+}
+
+/// The port of `addr` when it is an address of this host (loopback, or one
+/// a socket can bind: an interface's), else `None`.
+pub fn local_port(addr: &str) -> Option<u16> {
+    let a = addr.to_socket_addrs().ok()?.next()?;
+    (a.ip().is_loopback() || UdpSocket::bind((a.ip(), 0)).is_ok()).then_some(a.port())
+}
+
+/// Which wire a call to a ps took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// gRPC over TCP.
+    Tcp,
+    /// Shared memory (a ps on this host).
+    Shm,
+}
+
+impl fmt::Display for Via {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Via::Tcp => "tcp",
+            Via::Shm => "shm",
+        })
+    }
+}
+
+/// A failed call to one ps task.
+#[derive(Debug, thiserror::Error)]
+#[error("ps:{ps}: {status}")]
+pub struct PsCallError {
+    /// Which ps task.
+    pub ps: usize,
+    /// What it (or the transport) said.
+    pub status: Status,
+}
+
+impl PsCallError {
+    /// The ps is down, unreachable or busy (`RESOURCE_EXHAUSTED`: over one
+    /// of its limits, `ps::limits`): wait and try again.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self.status.code(),
+            Code::Unavailable
+                | Code::ResourceExhausted
+                | Code::Unknown
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+        )
+    }
+    /// The ps lost or changed its state (restart, restore): pull again (the chief re-seeds).
+    pub fn needs_pull(&self) -> bool {
+        self.status.code() == Code::FailedPrecondition
+    }
+}
+
+/// What a pull or push learned besides the values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Each shard's step; `steps[0]` is the global step.
+    pub steps: Vec<u64>,
+    /// Any shard says the run is complete.
+    pub complete: bool,
+}
+
+impl Progress {
+    pub fn global_step(&self) -> u64 {
+        self.steps[0]
+    }
+}
+
+/// One open shared-memory connection.
+struct ShmConn {
+    /// The control socket.
+    stream: UnixStream,
+    /// The region the ps passed.
+    region: Region,
+}
+
+/// The shared-memory way to one ps: where its socket is, what it must hold,
+/// and the connection (opened on first use, again after a failure).
+struct ShmLink {
+    /// Which ps task.
+    ps: usize,
+    /// Its socket.
+    path: PathBuf,
+    /// `Bearer <token>`.
+    bearer: Vec<u8>,
+    /// The shard's variable names, in order: the hello must list these.
+    names: Vec<String>,
+    /// Each variable's byte range in an area.
+    layout: Vec<std::ops::Range<usize>>,
+    /// Bytes of an area: the shard's size.
+    area: usize,
+    /// Largest answer frame.
+    limit: usize,
+    /// Deadline of a call.
+    timeout: Duration,
+    /// The connection; one call at a time uses the region.
+    conn: tokio::sync::Mutex<Option<ShmConn>>,
+    /// A failed handshake was logged (once: then TCP serves quietly).
+    warned: AtomicBool,
+}
+
+/// A connection that failed: the call ends `UNAVAILABLE`; the caller retries
+/// and the next call connects again (a restarted ps, say).
+fn lost(ps: usize, what: impl fmt::Display) -> Status {
+    Status::unavailable(format!(
+        "ps:{ps} shared-memory connection lost: {what}"
+    ))
+}
+
+impl ShmLink {
+    /// Opens the connection: the ps's credentials, the token, the region.
+    ///
+    /// Errors: a reason to use TCP instead; `None` inside when the ps is
+    /// simply not there (no socket, or nobody listening), which is not worth
+    /// a line in the log.
+    async fn connect(&self) -> Result<ShmConn, Option<String>> {
+        let quiet = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => None,
+            _ => Some(e.to_string()),
+        };
+        let mut stream = UnixStream::connect(&self.path).await.map_err(quiet)?;
+        let cred = stream.peer_cred().map_err(|e| Some(e.to_string()))?;
+        if !shm::trusted_uid(cred.uid()) {
+            return Err(Some(format!(
+                "{} belongs to uid {}, not this task's user",
+                self.path.display(),
+                cred.uid()
+            )));
+        }
+        let io = |e: shm::FrameError| Some(e.to_string());
+        shm::write_frame(&mut stream, kind::HELLO, &self.bearer)
+            .await
+            .map_err(|e| Some(e.to_string()))?;
+        let (k, body) = shm::read_frame(&mut stream, shm::HELLO_LIMIT)
+            .await
+            .map_err(io)?;
+        if k != kind::OK {
+            let status = shm::answer::<pb::StateResponse>(k, &body)
+                .err()
+                .unwrap_or_else(|| Status::internal("bad hello"));
+            return Err(Some(format!("refused: {}", status.message())));
+        }
+        let (area, state) = shm::parse_hello(&body).map_err(|s| Some(s.message().to_owned()))?;
+        if state.task as usize != self.ps || state.variables != self.names || area != self.area {
+            return Err(Some(format!(
+                "the socket serves ps:{} with {:?} ({area} bytes), not this cluster's ps:{} with {:?}",
+                state.task, state.variables, self.ps, self.names
+            )));
+        }
+        let fd = shm::recv_fd(&stream)
+            .await
+            .map_err(|e| Some(e.to_string()))?;
+        let region = Region::open(fd, area).map_err(|e| Some(e.to_string()))?;
+        Ok(ShmConn { stream, region })
+    }
+
+    /// Locks the connection, opening it if needed; `None`: use TCP for this call.
+    async fn ready(&self) -> Option<tokio::sync::MutexGuard<'_, Option<ShmConn>>> {
+        let mut conn = self.conn.lock().await;
+        if conn.is_none() {
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
+                Ok(Ok(c)) => {
+                    self.warned.store(false, Ordering::Relaxed);
+                    *conn = Some(c);
+                }
+                Ok(Err(reason)) => {
+                    if let Some(reason) = reason
+                        && !self.warned.swap(true, Ordering::Relaxed)
+                    {
+                        warn!(ps = self.ps, socket = %self.path.display(), reason, "Shared memory unavailable; using TCP.");
+                    }
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+        Some(conn)
+    }
+
+    /// One call on an open connection: `req` out, the answer in. A broken
+    /// connection is closed (the next call opens a new one).
+    ///
+    /// Errors: the ps's status, or `UNAVAILABLE` for a lost connection.
+    async fn call<M: Message + Default>(
+        &self,
+        slot: &mut Option<ShmConn>,
+        k: u8,
+        req: &impl Message,
+    ) -> Result<M, Status> {
+        let conn = slot.as_mut().ok_or_else(|| lost(self.ps, "not open"))?;
+        let exchange = async {
+            shm::write_message(&mut conn.stream, k, req)
+                .await
+                .map_err(|e| lost(self.ps, e))?;
+            shm::read_frame(&mut conn.stream, self.limit)
+                .await
+                .map_err(|e| lost(self.ps, e))
+        };
+        let reply = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "ps:{} did not answer within {:?}",
+                self.ps, self.timeout
+            ))),
+        };
+        match reply {
+            Ok((k, body)) => shm::answer(k, &body),
+            Err(e) => {
+                *slot = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies an area into the shard's arrays (shard order).
+    fn read_area(&self, region: &Region, area: Area, out: &mut [&mut ArrayD<f32>]) {
+        let src = region.area(area);
+        for (dst, range) in out.iter_mut().zip(&self.layout) {
+            let dst = dst
+                .as_slice_mut()
+                .expect("arrays built by dtf are contiguous");
+            bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&src[range.clone()]);
+        }
+    }
+}
+
+/// Connections to every ps task, and where each variable lives.
+#[derive(Clone)]
+pub struct Cluster {
+    /// One gRPC client per ps task.
+    clients: Vec<tcp::Client>,
+    /// The shared-memory way to each ps on this host (`None`: TCP only).
+    shm: Vec<Option<Arc<ShmLink>>>,
+    /// The transport each ps's latest call took ([`Via`] as a byte), for reports.
+    via: Arc<Vec<AtomicU8>>,
+    /// The model's variables in order.
+    specs: Vec<VarSpec>,
+    /// The ps holding each variable.
+    owner: Vec<usize>,
+    /// Variable indices held by each ps.
+    by_ps: Vec<Vec<usize>>,
+    /// Incarnation each shard had at the last pull (0: unknown).
+    incarnations: Vec<u64>,
+}
+
+fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
+    move |status| PsCallError {
+        ps,
+        status: auth::explain_tls_mismatch(status),
+    }
+}
+
+impl Cluster {
+    /// Lazily connected clients (a ps that is not up yet is retried per call).
+    ///
+    /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
+    pub fn new(
+        config: &Config,
+        specs: Vec<VarSpec>,
+        credentials: &Credentials,
+    ) -> Result<Self, String> {
+        Self::with_timeout(config, specs, credentials, CALL_TIMEOUT)
+    }
+
+    /// [`Cluster::new`] with every call bounded by `timeout` (`dtf status`: short).
+    ///
+    /// Errors: as [`Cluster::new`].
+    pub fn with_timeout(
+        config: &Config,
+        specs: Vec<VarSpec>,
+        credentials: &Credentials,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let limit = message_limit(config);
+        rpc::keep_freed_buffers();
+        let clients = config
+            .cluster
+            .ps
+            .iter()
+            .map(|addr| {
+                tcp::client(credentials, addr, limit, timeout)
+                    .map_err(|e| format!("cluster.ps: {e}"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
+        let mut by_ps = vec![Vec::new(); clients.len()];
+        for (i, &p) in owner.iter().enumerate() {
+            by_ps[p].push(i);
+        }
+        let dir = runtime_dir(config);
+        let shm = config
+            .cluster
+            .ps
+            .iter()
+            .enumerate()
+            .map(|(ps, addr)| {
+                let port = local_port(addr).filter(|_| config.cluster.transport == Transport::Auto)?;
+                let mut layout = Vec::new();
+                let mut at = 0;
+                for &i in &by_ps[ps] {
+                    let n = 4 * specs[i].shape.iter().product::<usize>();
+                    layout.push(at..at + n);
+                    at += n;
+                }
+                Some(Arc::new(ShmLink {
+                    ps,
+                    path: socket_path(&dir, port),
+                    bearer: credentials.bearer(),
+                    names: by_ps[ps].iter().map(|&i| specs[i].name.clone()).collect(),
+                    layout,
+                    area: at,
+                    limit,
+                    timeout,
+                    conn: tokio::sync::Mutex::new(None),
+                    warned: AtomicBool::new(false),
+                }))
+            })
+            .collect();
+        let incarnations = vec![0; clients.len()];
+        let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
+        Ok(Self {
+            clients,
+            shm,
+            via,
+            specs,
+            owner,
+            by_ps,
+            incarnations,
+        })
+    }
+
+    pub fn num_ps(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn specs(&self) -> &[VarSpec] {
+        &self.specs
+    }
+
+    /// Variable indices held by ps `ps`.
+    pub fn shard(&self, ps: usize) -> &[usize] {
+        &self.by_ps[ps]
+    }
+
+    /// The transport each ps's latest call took.
+    pub fn transports(&self) -> Vec<Via> {
+        self.via
+            .iter()
+            .map(|v| match v.load(Ordering::Relaxed) {
+                1 => Via::Shm,
+                _ => Via::Tcp,
+            })
+            .collect()
+    }
+
+    fn took(&self, ps: usize, via: Via) {
+        self.via[ps].store(u8::from(via == Via::Shm), Ordering::Relaxed);
+    }
+
+    /// The shared-memory connection to `ps`, locked and open, when there is one.
+    async fn shm(
+        &self,
+        ps: usize,
+    ) -> Option<(&ShmLink, tokio::sync::MutexGuard<'_, Option<ShmConn>>)> {
+        let link = self.shm[ps].as_deref()?;
+        let conn = link.ready().await?;
+        self.took(ps, Via::Shm);
+        Some((link, conn))
+    }
+
+    /// `params` (model order) split into each ps's arrays (shard order).
+    fn slots<'a>(&self, params: &'a mut [ArrayD<f32>]) -> Vec<Vec<&'a mut ArrayD<f32>>> {
+        let mut out: Vec<Vec<_>> = (0..self.num_ps()).map(|_| Vec::new()).collect();
+        for (p, &ps) in params.iter_mut().zip(&self.owner) {
+            out[ps].push(p);
+        }
+        out
+    }
+
+    /// Decodes the tensors of a gRPC answer into the shard's arrays.
+    fn store(
+        &self,
+        ps: usize,
+        tensors: &[pb::Tensor],
+        out: &mut [&mut ArrayD<f32>],
+    ) -> Result<(), Status> {
+        for t in tensors {
+            let i = self.by_ps[ps]
+                .iter()
+                .position(|&i| self.specs[i].name == t.name)
+                .ok_or_else(|| {
+                    Status::internal(format!(
+                        "ps:{ps} sent variable {:?} it does not hold",
+                        t.name
+                    ))
+                })?;
+            rpc::decode_into(t, out[i])?;
+        }
+        Ok(())
+    }
+
+    /// One ps's `State`.
+    async fn state_of(&self, ps: usize) -> Result<pb::StateResponse, Status> {
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            return link.call(&mut conn, kind::STATE, &pb::StateRequest {}).await;
+        }
+        self.took(ps, Via::Tcp);
+        let mut c = self.clients[ps].clone();
+        Ok(c.state(pb::StateRequest {}).await?.into_inner())
+    }
+
+    /// Every ps task's state, or the error of the first that did not answer.
+    pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
+        try_join_all((0..self.num_ps()).map(|ps| async move {
+            self.state_of(ps).await.map_err(call(ps))
+        }))
+        .await
+    }
+
+    /// Each ps's state or why it did not answer (`dtf status`).
+    pub async fn each_state(&self) -> Vec<Result<pb::StateResponse, Status>> {
+        futures::future::join_all((0..self.num_ps()).map(|ps| self.state_of(ps))).await
+    }
+
+    /// One ps's pull into its arrays (and shadows): `(step, incarnation, complete)`.
+    async fn pull_one(
+        &self,
+        ps: usize,
+        min_step: u64,
+        values: &mut [&mut ArrayD<f32>],
+        shadows: Option<&mut [&mut ArrayD<f32>]>,
+    ) -> Result<pb::PullResponse, Status> {
+        let req = pb::PullRequest {
+            names: vec![],
+            with_shadows: shadows.is_some(),
+            min_step,
+        };
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            let r: pb::PullResponse = link.call(&mut conn, kind::PULL, &req).await?;
+            let region = &conn.as_ref().ok_or_else(|| lost(ps, "closed"))?.region;
+            link.read_area(region, Area::Values, values);
+            if let Some(sh) = shadows {
+                link.read_area(region, Area::Shadows, sh);
+            }
+            return Ok(r);
+        }
+        self.took(ps, Via::Tcp);
+        let mut c = self.clients[ps].clone();
+        let r = c.pull(req).await?.into_inner();
+        self.store(ps, &r.variables, values)?;
+        if let Some(sh) = shadows {
+            self.store(ps, &r.shadows, sh)?;
+        }
+        Ok(r)
+    }
+
+    /// Pulls every variable into `params` (model order). With `min_steps`, each
+    /// shard first waits (bounded) until its step reaches the given value.
+    pub async fn pull(
+        &mut self,
+        params: &mut [ArrayD<f32>],
+        min_steps: Option<&[u64]>,
+    ) -> Result<Progress, PsCallError> {
+        let slots = self.slots(params);
+        let this = &*self;
+        let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
+            let min_step = min_steps.map_or(0, |m| m[ps]);
+            async move {
+                this.pull_one(ps, min_step, &mut out, None)
+                    .await
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        let mut progress = Progress {
+            steps: Vec::with_capacity(replies.len()),
+            complete: false,
+        };
+        for (ps, r) in replies.into_iter().enumerate() {
+            self.incarnations[ps] = r.incarnation;
+            progress.steps.push(r.global_step);
+            progress.complete |= r.complete;
+        }
+        Ok(progress)
+    }
+
+    /// One ps's fused push-and-pull: `req` carries no tensors; the shard's
+    /// gradients go with it and its values come back into `out`.
+    async fn push_one(
+        &self,
+        ps: usize,
+        mut req: pb::PushRequest,
+        grads: &[ArrayD<f32>],
+        out: &mut [&mut ArrayD<f32>],
+    ) -> Result<pb::PushResponse, Status> {
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            {
+                let c = conn.as_mut().ok_or_else(|| lost(ps, "closed"))?;
+                let dst = c.region.area_mut(Area::Gradients);
+                for (&i, range) in self.by_ps[ps].iter().zip(&link.layout) {
+                    let g = grads[i]
+                        .as_slice()
+                        .expect("arrays built by dtf are contiguous");
+                    dst[range.clone()].copy_from_slice(bytemuck::cast_slice(g));
+                }
+            }
+            let r: pb::PushResponse = link.call(&mut conn, kind::PUSH, &req).await?;
+            if req.pull {
+                let region = &conn.as_ref().ok_or_else(|| lost(ps, "closed"))?.region;
+                link.read_area(region, Area::Values, out);
+            }
+            return Ok(r);
+        }
+        self.took(ps, Via::Tcp);
+        req.gradients = self.by_ps[ps]
+            .iter()
+            .map(|&i| rpc::encode(&self.specs[i].name, &grads[i]))
+            .collect();
+        let mut c = self.clients[ps].clone();
+        let r = c.push(req).await?.into_inner();
+        self.store(ps, &r.variables, out)?;
+        Ok(r)
+    }
+
+    /// Pushes `grads` (model order) to every shard, each tagged with the step
+    /// its parameters were read at, and stores the values each shard returns
+    /// (fused push-and-pull: one round trip per step).
+    pub async fn push_pull(
+        &mut self,
+        grads: &[ArrayD<f32>],
+        params: &mut [ArrayD<f32>],
+        learning_rate: f32,
+        steps: &[u64],
+        worker: u32,
+        loss: f32,
+    ) -> Result<Progress, PsCallError> {
+        let slots = self.slots(params);
+        let this = &*self;
+        let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
+            let req = pb::PushRequest {
+                gradients: Vec::new(),
+                learning_rate,
+                step: steps[ps],
+                worker,
+                pull: true,
+                incarnation: this.incarnations[ps],
+                loss,
+            };
+            async move {
+                this.push_one(ps, req, grads, &mut out)
+                    .await
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        let mut progress = Progress {
+            steps: Vec::with_capacity(replies.len()),
+            complete: false,
+        };
+        for r in replies {
+            progress.steps.push(r.global_step);
+            progress.complete |= r.complete;
+        }
+        Ok(progress)
+    }
+
+    /// Initializes the shards of the ps tasks in `only` from `values` (model
+    /// order) and optional `shadows`, at `step`. Returns the shards that took it.
+    pub async fn initialize(
+        &self,
+        only: &[usize],
+        values: &[ArrayD<f32>],
+        shadows: Option<&[ArrayD<f32>]>,
+        step: u64,
+        force: bool,
+    ) -> Result<Vec<usize>, PsCallError> {
+        let replies = try_join_all(only.iter().map(|&ps| {
+            let enc = |src: &[ArrayD<f32>]| {
+                self.by_ps[ps]
+                    .iter()
+                    .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
+                    .collect()
+            };
+            // Tensors inline on both transports: once per run, off the step path.
+            let req = pb::InitializeRequest {
+                variables: enc(values),
+                shadows: shadows.map(enc).unwrap_or_default(),
+                global_step: step,
+                force,
+            };
+            async move {
+                let r: Result<pb::InitializeResponse, Status> = match self.shm(ps).await {
+                    Some((link, mut conn)) => link.call(&mut conn, kind::INITIALIZE, &req).await,
+                    None => {
+                        self.took(ps, Via::Tcp);
+                        let mut c = self.clients[ps].clone();
+                        c.initialize(req).await.map(|r| r.into_inner())
+                    }
+                };
+                r.map(|r| (ps, r.applied)).map_err(call(ps))
+            }
+        }))
+        .await?;
+        Ok(replies
+            .into_iter()
+            .filter(|(_, applied)| *applied)
+            .map(|(ps, _)| ps)
+            .collect())
+    }
+
+    /// Every variable and its EMA shadow (model order) and the global step: a
+    /// consistent snapshot per shard, for checkpoints and evaluation.
+    pub async fn snapshot(&self) -> Result<(u64, Vec<ArrayD<f32>>, Vec<ArrayD<f32>>), PsCallError> {
+        let mut values: Vec<ArrayD<f32>> = self
+            .specs
+            .iter()
+            .map(|s| ArrayD::zeros(s.shape.as_slice()))
+            .collect();
+        let mut shadows = values.clone();
+        let steps = {
+            let slots = self.slots(&mut values).into_iter().zip(self.slots(&mut shadows));
+            try_join_all(slots.enumerate().map(|(ps, (mut v, mut s))| async move {
+                self.pull_one(ps, 0, &mut v, Some(&mut s))
+                    .await
+                    .map(|r| r.global_step)
+                    .map_err(call(ps))
+            }))
+            .await?
+        };
+        Ok((steps.first().copied().unwrap_or(0), values, shadows))
+    }
+
+    /// Tells every ps the run is complete (best effort per task).
+    pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
+        try_join_all((0..self.num_ps()).map(|ps| async move {
+            let req = pb::CompleteRequest { global_step: step };
+            let r: Result<pb::CompleteResponse, Status> = match self.shm(ps).await {
+                Some((link, mut conn)) => link.call(&mut conn, kind::COMPLETE, &req).await,
+                None => {
+                    self.took(ps, Via::Tcp);
+                    let mut c = self.clients[ps].clone();
+                    c.complete(req).await.map(|r| r.into_inner())
+                }
+            };
+            r.map(|_| ()).map_err(call(ps))
+        }))
+        .await
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_ps_is_retried_and_a_refusal_is_not() {
+        let err = |code| PsCallError {
+            ps: 0,
+            status: Status::new(code, "x"),
+        };
+        // ps::limits answers RESOURCE_EXHAUSTED past a limit: back off, retry.
+        assert!(err(Code::ResourceExhausted).is_unavailable());
+        assert!(err(Code::Unavailable).is_unavailable());
+        assert!(!err(Code::InvalidArgument).is_unavailable());
+        assert!(!err(Code::Unauthenticated).is_unavailable());
+    }
+}
