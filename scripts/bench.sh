@@ -33,12 +33,21 @@ done
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 \
     python3 scripts/bench_numpy.py --data "$DATA" --rounds 3 --layers 784,2000,10 | sed 's/^{/{"bench":"numpy",/' | emit
 
-# Cluster throughput, startup and memory: 1 ps + 2 workers async is the reference.
-for _ in $(seq "$REPEAT"); do cluster --ps 1 --workers 2 --steps "$STEPS"; done
-cluster --ps 1 --workers 2 --steps "$STEPS" --mode sync
-cluster --ps 2 --workers 4 --steps "$STEPS"
+# Cluster throughput, startup and memory: 1 ps + 2 workers async is the
+# reference; each on both transports (shared memory, the default, and TCP),
+# interleaved so both see the same load.
+for _ in $(seq "$REPEAT"); do
+    for t in auto tcp; do cluster --ps 1 --workers 2 --steps "$STEPS" --transport "$t"; done
+done
+for t in auto tcp; do
+    cluster --ps 1 --workers 2 --steps "$STEPS" --mode sync --transport "$t"
+    cluster --ps 1 --workers 4 --steps "$STEPS" --transport "$t"
+    cluster --ps 2 --workers 4 --steps "$STEPS" --transport "$t"
+done
+# EMA accuracy at 8000 steps, both transports.
+for t in auto tcp; do cluster --ps 1 --workers 2 --steps 8000 --transport "$t"; done
 # Scaling with the number of workers (2 cores: beyond 2 they share them).
-for w in 1 4 8; do cluster --ps 1 --workers "$w" --steps "$STEPS"; done
+for w in 1 8; do cluster --ps 1 --workers "$w" --steps "$STEPS"; done
 # Checkpoint cost while training: save every second vs every minute.
 for _ in $(seq "$REPEAT"); do
     cluster --ps 1 --workers 2 --steps "$STEPS" --save-secs 1

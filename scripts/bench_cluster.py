@@ -65,9 +65,10 @@ def main():
     ap.add_argument("--mode", default="async")
     ap.add_argument("--save-secs", type=int, default=None)
     ap.add_argument("--data", default=None)
+    ap.add_argument("--transport", default="auto", help="auto (shared memory) or tcp")
     args = ap.parse_args()
     cmd = [args.dtf, "local", "--json", "--ps", str(args.ps), "--workers", str(args.workers),
-           "--steps", str(args.steps), "--mode", args.mode]
+           "--steps", str(args.steps), "--mode", args.mode, "--transport", args.transport]
     if args.save_secs is not None:
         cmd += ["--save-secs", str(args.save_secs)]
     if args.data:

@@ -8,8 +8,8 @@
 use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::Config;
-use crate::pb;
 use crate::model::Mlp;
+use crate::pb;
 use crate::transport::{Cluster, Via};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -120,7 +120,14 @@ async fn ask_all(
         .unwrap_or_default();
     let cluster = match Cluster::with_timeout(config, specs, credentials, TIMEOUT) {
         Ok(c) => c,
-        Err(e) => return config.cluster.ps.iter().map(|_| (Err(e.clone()), None)).collect(),
+        Err(e) => {
+            return config
+                .cluster
+                .ps
+                .iter()
+                .map(|_| (Err(e.clone()), None))
+                .collect();
+        }
     };
     let answers = cluster.each_state().await;
     let via = cluster.transports();

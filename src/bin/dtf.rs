@@ -221,16 +221,31 @@ struct LocalArgs {
     /// Print one JSON object on stdout, and the summary on stderr.
     #[arg(long)]
     json: bool,
+    /// How the tasks reach the ps tasks: auto (shared memory) or tcp
+    /// (cluster.transport; default: the config's, auto).
+    #[arg(long, value_enum)]
+    transport: Option<TransportArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TransportArg {
+    Auto,
+    Tcp,
 }
 
 /// `dtf local`: exit 0 when trained, 130/143 when stopped by SIGINT/SIGTERM.
 fn local(args: LocalArgs) -> Result<ExitCode> {
     let json = args.json;
     let _log = dtf::daemon::init_logging("warn");
-    let base = match &args.config {
+    let mut base = match &args.config {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    match args.transport {
+        Some(TransportArg::Auto) => base.cluster.transport = dtf::config::Transport::Auto,
+        Some(TransportArg::Tcp) => base.cluster.transport = dtf::config::Transport::Tcp,
+        None => {}
+    }
     let exe = std::env::current_exe().context("locating the dtf binary")?;
     let bin_dir = exe
         .parent()

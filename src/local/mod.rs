@@ -172,6 +172,8 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
         .collect();
     cfg.train.last_step = opts.steps;
     cfg.train.mode = opts.mode;
+    // The shared-memory sockets of this run, apart from any other's.
+    cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
     if let Some(d) = &opts.data {
         cfg.data.dir = d.clone();
     }

@@ -65,7 +65,6 @@ pub fn bind(config: &Config, port: u16) -> std::io::Result<Socket> {
     Ok(Socket { listener, path })
 }
 
-
 /// Serves `socket` until `stop`; returns when every connection has ended.
 pub async fn serve(
     service: PsService,
@@ -133,10 +132,10 @@ async fn connection(
         }
     };
     let refuse = |reason: &str| {
-        service
-            .inner
-            .refusals
-            .refused(None, &format!("shared memory, pid {pid} uid {uid}: {reason}"));
+        service.inner.refusals.refused(
+            None,
+            &format!("shared memory, pid {pid} uid {uid}: {reason}"),
+        );
     };
     if !shm::trusted_uid(uid) {
         refuse("not the ps's user or root");
@@ -189,12 +188,17 @@ async fn connection(
         }
     };
     let hello = shm::hello_body(area, &service.state_now());
-    if shm::write_frame(&mut stream, kind::OK, &hello).await.is_err()
+    if shm::write_frame(&mut stream, kind::OK, &hello)
+        .await
+        .is_err()
         || shm::send_fd(&stream, region.fd()).await.is_err()
     {
         return;
     }
-    service.inner.shm_connections.fetch_add(1, Ordering::Relaxed);
+    service
+        .inner
+        .shm_connections
+        .fetch_add(1, Ordering::Relaxed);
     let _open = Open(service);
     debug!(ps = task, pid, "Shared-memory connection.");
     loop {

@@ -183,9 +183,7 @@ struct ShmLink {
 /// A connection that failed: the call ends `UNAVAILABLE`; the caller retries
 /// and the next call connects again (a restarted ps, say).
 fn lost(ps: usize, what: impl fmt::Display) -> Status {
-    Status::unavailable(format!(
-        "ps:{ps} shared-memory connection lost: {what}"
-    ))
+    Status::unavailable(format!("ps:{ps} shared-memory connection lost: {what}"))
 }
 
 impl ShmLink {
@@ -375,7 +373,8 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(ps, addr)| {
-                let port = local_port(addr).filter(|_| config.cluster.transport == Transport::Auto)?;
+                let port =
+                    local_port(addr).filter(|_| config.cluster.transport == Transport::Auto)?;
                 let mut layout = Vec::new();
                 let mut at = 0;
                 for &i in &by_ps[ps] {
@@ -483,7 +482,9 @@ impl Cluster {
     /// One ps's `State`.
     async fn state_of(&self, ps: usize) -> Result<pb::StateResponse, Status> {
         if let Some((link, mut conn)) = self.shm(ps).await {
-            return link.call(&mut conn, kind::STATE, &pb::StateRequest {}).await;
+            return link
+                .call(&mut conn, kind::STATE, &pb::StateRequest {})
+                .await;
         }
         self.took(ps, Via::Tcp);
         let mut c = self.clients[ps].clone();
@@ -492,9 +493,9 @@ impl Cluster {
 
     /// Every ps task's state, or the error of the first that did not answer.
     pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
-        try_join_all((0..self.num_ps()).map(|ps| async move {
-            self.state_of(ps).await.map_err(call(ps))
-        }))
+        try_join_all(
+            (0..self.num_ps()).map(|ps| async move { self.state_of(ps).await.map_err(call(ps)) }),
+        )
         .await
     }
 
@@ -699,7 +700,10 @@ impl Cluster {
             .collect();
         let mut shadows = values.clone();
         let steps = {
-            let slots = self.slots(&mut values).into_iter().zip(self.slots(&mut shadows));
+            let slots = self
+                .slots(&mut values)
+                .into_iter()
+                .zip(self.slots(&mut shadows));
             try_join_all(slots.enumerate().map(|(ps, (mut v, mut s))| async move {
                 self.pull_one(ps, 0, &mut v, Some(&mut s))
                     .await

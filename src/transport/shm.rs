@@ -104,15 +104,10 @@ impl Region {
     /// Errors: the kernel refuses the memfd, its size or the mapping.
     pub fn create(area: usize) -> io::Result<Self> {
         let len = mapped_len(area).ok_or_else(|| io::Error::other("shard too large"))?;
-        let fd = rustix::fs::memfd_create(
-            "dtf-shard",
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )?;
+        let fd =
+            rustix::fs::memfd_create("dtf-shard", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
-        rustix::fs::fcntl_add_seals(
-            &fd,
-            SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-        )?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         Self::map(fd, len, area)
     }
 
@@ -130,7 +125,9 @@ impl Region {
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("shared region of {size} bytes, seals {seals:?}; expected {len} bytes sealed against shrinking"),
+                format!(
+                    "shared region of {size} bytes, seals {seals:?}; expected {len} bytes sealed against shrinking"
+                ),
             ));
         }
         Self::map(fd, len, area)
@@ -175,10 +172,7 @@ impl Region {
     pub fn area_mut(&mut self, a: Area) -> &mut [u8] {
         // SAFETY: as `area`; &mut self excludes every other slice of ours.
         unsafe {
-            std::slice::from_raw_parts_mut(
-                self.ptr.as_ptr().add(a as usize * self.area),
-                self.area,
-            )
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(a as usize * self.area), self.area)
         }
     }
 
@@ -405,7 +399,10 @@ mod tests {
         write_status(&mut a, &s).await.unwrap();
         let (k, body) = read_frame(&mut b, 64).await.unwrap();
         let e = answer::<pb::StateResponse>(k, &body).unwrap_err();
-        assert_eq!((e.code(), e.message()), (Code::FailedPrecondition, "pull again"));
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::FailedPrecondition, "pull again")
+        );
     }
 
     #[tokio::test]

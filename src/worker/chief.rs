@@ -5,13 +5,13 @@
 //! calls in here through [`Chief`].
 
 use super::backoff::Backoff;
-use crate::transport::Cluster;
 use super::{Outcome, Worker, WorkerError};
 use crate::checkpoint::{self, Checkpoint, Saver};
 use crate::config::Config;
 use crate::data::{Dataset, Split};
 use crate::model::Mlp;
 use crate::summary::Summaries;
+use crate::transport::Cluster;
 use ndarray::ArrayD;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

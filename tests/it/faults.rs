@@ -11,7 +11,7 @@ const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 const LAST: u64 = 3000;
 
 /// The reference model and hyperparameters on Fashion-MNIST, checkpointing every second.
-fn reference_cluster() -> Cluster {
+fn reference_cluster(transport: dtf::config::Transport) -> Cluster {
     assert!(
         PathBuf::from(FASHION).is_dir(),
         "{FASHION} is missing: apt-get install dataset-fashion-mnist"
@@ -25,7 +25,7 @@ fn reference_cluster() -> Cluster {
     c.cfg.model = defaults.model;
     c.cfg.data.dir = FASHION.into();
     c.cfg.checkpoint.save_secs = 1;
-    c.write_config();
+    c.use_transport(transport);
     c
 }
 
@@ -44,16 +44,16 @@ fn newest_checkpoint(c: &Cluster) -> u64 {
         .map_or(0, |(_, ck)| ck.global_step)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
+crate::on_each_transport! {
+async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step(transport) {
     // The uninterrupted run, for comparison.
-    let mut reference = reference_cluster();
+    let mut reference = reference_cluster(transport);
     reference.start_all();
     tokio::task::block_in_place(|| reference.wait_all_success(Duration::from_secs(300)));
     let expected =
         dtf::eval::evaluate(&reference.cfg.checkpoint.dir, &reference.cfg.data.dir).unwrap();
 
-    let mut c = reference_cluster();
+    let mut c = reference_cluster(transport);
     c.start_all();
     let mut ps = c.client(0, Some(TOKEN)).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -120,4 +120,6 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
         got.ema_accuracy,
         expected.ema_accuracy
     );
+    c.assert_transport(transport);
+}
 }

@@ -14,6 +14,7 @@ mod observability;
 mod package;
 mod ps_limits;
 mod requests;
+mod shm;
 mod sync;
 mod tls;
 mod util;

@@ -62,9 +62,10 @@ async fn finish(c: &mut Cluster) -> Vec<pb::StateResponse> {
     states
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates() {
+crate::on_each_transport! {
+async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates(transport) {
     let mut c = Cluster::new(2, 3, 120, Mode::Sync);
+    c.use_transport(transport);
     c.start_all();
     for s in finish(&mut c).await {
         assert_eq!(s.global_step, 120, "ps:{}", s.task);
@@ -79,14 +80,16 @@ async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates() {
     let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
     assert_eq!(ev.global_step, 120);
     assert!(ev.ema_accuracy > 0.9, "EMA accuracy {}", ev.ema_accuracy);
+    c.assert_transport(transport);
+}
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
+crate::on_each_transport! {
+async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
     let mut c = Cluster::new(1, 3, 200, Mode::Sync);
     c.cfg.train.replicas_to_aggregate = Some(2);
     c.cfg.train.total_num_replicas = Some(3);
-    c.write_config();
+    c.use_transport(transport);
     c.start_all();
     reach(&c, 0, 30).await;
     c.kill("worker:2");
@@ -98,11 +101,14 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
         2 * s.updates_applied,
         "every update averages exactly 2 gradients"
     );
+    c.assert_transport(transport);
+}
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
+crate::on_each_transport! {
+async fn killing_the_chief_and_then_the_ps_mid_run_still_completes(transport) {
     let mut c = Cluster::new(1, 2, 300, Mode::Sync);
+    c.use_transport(transport);
     c.start_all();
     reach(&c, 0, 60).await;
     c.kill("worker:0");
@@ -112,6 +118,10 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
     reach(&c, 0, 120).await;
     c.kill("ps:0");
     c.start("ps", 0);
+    // The workers found the new ps on the same transport as before.
+    let s = reach(&c, 0, 180).await;
+    let shm = u32::from(transport == dtf::config::Transport::Auto);
+    assert_eq!(s.shm_connections, 2 * shm, "{s:?}");
     let s = finish(&mut c).await.remove(0);
     assert_eq!(s.global_step, 300);
     assert_eq!(s.gradients_aggregated, 2 * s.updates_applied);
@@ -120,4 +130,7 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
         chief.contains("Restored the model"),
         "the chief re-seeds the restarted ps:\n{chief}"
     );
+    // Both workers lost the ps mid-run and reconnected to the new one.
+    c.assert_transport(transport);
+}
 }

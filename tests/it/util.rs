@@ -99,6 +99,8 @@ impl Cluster {
         std::fs::write(&token, TOKEN).unwrap();
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         cfg.security.token_file = token;
+        // The shared-memory sockets of this test's ps tasks, apart from every other test's.
+        cfg.cluster.runtime_dir = dir.path().join("run").display().to_string();
         let config_path = dir.path().join("dtf.toml");
         let mut c = Self {
             dir,
@@ -108,6 +110,31 @@ impl Cluster {
         };
         c.write_config();
         c
+    }
+
+    /// Sets `cluster.transport` and rewrites the config.
+    pub fn use_transport(&mut self, transport: dtf::config::Transport) {
+        self.cfg.cluster.transport = transport;
+        self.write_config();
+    }
+
+    /// Checks that every worker that logged its connections reached every ps
+    /// by the transport `transport` means here (all on 127.0.0.1: `auto` is
+    /// shared memory), so a test on `auto` cannot pass over TCP unnoticed.
+    pub fn assert_transport(&self, transport: dtf::config::Transport) {
+        let want = match transport {
+            dtf::config::Transport::Auto => "transport=shm",
+            dtf::config::Transport::Tcp => "transport=tcp",
+        };
+        let mut seen = 0;
+        for i in 0..self.cfg.cluster.worker.len() {
+            let log = self.log(&format!("worker:{i}"));
+            for line in log.lines().filter(|l| l.contains("Connected to ps.")) {
+                assert!(line.contains(want), "worker:{i} expected {want}: {line}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 0, "no worker logged its transport");
     }
 
     pub fn write_config(&mut self) {
@@ -241,6 +268,15 @@ pub async fn client(addr: &str, token: Option<&str>) -> PsClient {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
+
+/// dtf's own client of the ps tasks of `c` (the transport `c`'s config
+/// says), presenting `token`.
+pub fn ps_client(c: &Cluster, token: &str) -> dtf::transport::Cluster {
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    dtf::transport::Cluster::new(&c.cfg, specs, &dtf::auth::Credentials::plaintext(token)).unwrap()
 }
 
 /// Polls `f` until it returns Some, or panics with `what` after `deadline`
@@ -633,4 +669,27 @@ pub async fn snapshot(ps: &mut PsClient) -> (u64, Vec<dtf::pb::Tensor>) {
         .unwrap()
         .into_inner();
     (r.global_step, [r.variables, r.shadows].concat())
+}
+
+/// An integration test run once per transport: `<name>::tcp` and
+/// `<name>::auto` (shared memory: every ps of a test is on this host). The
+/// body gets the transport as `$t`.
+#[macro_export]
+macro_rules! on_each_transport {
+    ($(#[$m:meta])* async fn $name:ident($t:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[$m])*
+            async fn run($t: dtf::config::Transport) $body
+            #[tokio::test(flavor = "multi_thread")]
+            async fn tcp() {
+                run(dtf::config::Transport::Tcp).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn auto() {
+                run(dtf::config::Transport::Auto).await
+            }
+        }
+    };
 }

@@ -1,0 +1,158 @@
+//! The shared-memory transport's own guarantees: who may use it, and that a
+//! broken peer ends only its own connection. (The fault, sync and auth
+//! tests run on both transports: `on_each_transport!`.)
+
+use crate::util::*;
+use dtf::config::Mode;
+use dtf::transport::{self, Via, shm};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::Code;
+
+/// Starts ps 0 of a one-ps cluster and waits for its socket.
+fn live_ps() -> (Cluster, PathBuf) {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    c.start("ps", 0);
+    let port: u16 = c.cfg.cluster.ps[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let path = transport::socket_path(std::path::Path::new(&c.cfg.cluster.runtime_dir), port);
+    until(Duration::from_secs(10), "the ps's socket", || {
+        path.exists().then_some(())
+    });
+    (c, path)
+}
+
+/// The ps's `shm_connections`, asked over TCP.
+async fn shm_connections(c: &Cluster) -> u32 {
+    let mut ps = c.client(0, Some(TOKEN)).await;
+    ps.state(dtf::pb::StateRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .shm_connections
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cluster_token_is_required_on_shared_memory_too() {
+    let (c, _) = live_ps();
+    let wrong = ps_client(&c, "not-the-token");
+    let err = wrong.states().await.unwrap_err();
+    // Refused on the socket, the client tries TCP, which refuses it too.
+    assert_eq!(err.status.code(), Code::Unauthenticated, "{err}");
+    assert_eq!(wrong.transports(), vec![Via::Tcp]);
+    c.wait_log("ps:0", "shared memory", 1, Duration::from_secs(10));
+    let log = c.log("ps:0");
+    assert!(log.contains("wrong cluster token"), "{log}");
+    assert_eq!(shm_connections(&c).await, 0);
+
+    let right = ps_client(&c, TOKEN);
+    let states = right.states().await.unwrap();
+    assert_eq!(states[0].shm_connections, 1);
+    assert_eq!(right.transports(), vec![Via::Shm]);
+    // dtf status says so, per ps.
+    let out = c.dtf(&["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ps = &json["tasks"][0];
+    assert_eq!(ps["transport"], "shm", "{json}");
+    assert!(ps["shm_connections"].as_u64().unwrap() >= 1, "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_user_is_refused_even_with_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let (c, path) = live_ps();
+    // Open the door as far as the file system goes, so that only the ps's
+    // credential check stands between `nobody` and the shard.
+    let open = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    open(path.parent().unwrap(), 0o755);
+    open(&path, 0o666);
+    let home = tempfile::tempdir().unwrap();
+    open(home.path(), 0o755);
+    let token = home.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    open(&token, 0o600);
+    std::os::unix::fs::chown(&token, Some(65534), Some(65534)).unwrap();
+    let mut cfg = c.cfg.clone();
+    cfg.security.token_file = token;
+    let config = home.path().join("dtf.toml");
+    std::fs::write(&config, cfg.to_toml()).unwrap();
+    open(&config, 0o644);
+    let out = output_within(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin("dtf"))
+            .args(["status", "--json", "--config"])
+            .arg(&config),
+        Duration::from_secs(60),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    // It still reaches the ps, over TCP with the token, never its memory.
+    assert_eq!(json["tasks"][0]["transport"], "tcp", "{json}");
+    assert_eq!(json["tasks"][0]["reachable"], true, "{json}");
+    let log = c.wait_log("ps:0", "uid 65534", 1, Duration::from_secs(10));
+    assert!(log.contains("not the ps's user"), "{log}");
+    assert_eq!(shm_connections(&c).await, 0);
+}
+
+/// A raw connection past the handshake (this test runs as the ps's user).
+fn authenticated(path: &std::path::Path) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let bearer = format!("Bearer {TOKEN}");
+    let mut hello = ((bearer.len() + 1) as u32).to_le_bytes().to_vec();
+    hello.push(shm::kind::HELLO);
+    hello.extend_from_slice(bearer.as_bytes());
+    s.write_all(&hello).unwrap();
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[4], shm::kind::OK);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncated_or_oversized_frame_ends_only_that_connection() {
+    let (c, path) = live_ps();
+    let good = ps_client(&c, TOKEN);
+    good.states().await.unwrap();
+    assert_eq!(good.transports(), vec![Via::Shm]);
+
+    // A push frame that promises 1000 bytes and stops after 3.
+    let mut s = authenticated(&path);
+    s.write_all(&[0xe8, 0x03, 0, 0, shm::kind::PUSH, 1, 2, 3])
+        .unwrap();
+    drop(s);
+    // A frame far over the model's message limit: refused before any allocation.
+    let mut s = authenticated(&path);
+    s.write_all(&[0xff, 0xff, 0xff, 0x7f, shm::kind::PUSH])
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    c.wait_log(
+        "ps:0",
+        "Shared-memory connection dropped.",
+        1,
+        Duration::from_secs(10),
+    );
+    // A client that says nothing at all is dropped after the hello deadline;
+    // meanwhile the others are served.
+    let _silent = UnixStream::connect(&path).unwrap();
+
+    // The ps, and the good connection, carry on.
+    let states = good.states().await.unwrap();
+    assert_eq!(good.transports(), vec![Via::Shm]);
+    assert_eq!(states[0].shm_connections, 1, "the broken ones are closed");
+}
