@@ -398,7 +398,7 @@ async fn serve_ps(
         })?;
     notifier.ready(&format!("ps:{} serving on {addr}", task.index));
     info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
-    crate::ps::serve(&cfg, task.index, credentials, listener, shutdown).await?;
+    crate::ps::serve(config, task.index, credentials, listener, shutdown).await?;
     Ok(())
 }
 
@@ -498,12 +498,51 @@ pub enum DaemonCommand {
     CheckConfig,
 }
 
+/// The checks every start of `dtf-ps` and `dtf-worker` and every
+/// `check-config` (theirs and `dtf check-config`) run, so that `valid` means
+/// the daemons start: the values ([`Config::load`] validated them), the
+/// token and TLS files, and the model against the training data when the
+/// data is readable here (a ps host need not hold it; the worker then
+/// checks it when it loads the data).
+///
+/// Errors: [`ConfigError::File`] for an unusable token or TLS file;
+/// [`ConfigError::Key`] naming `model.layers` or `train.batch_size` when the
+/// data cannot train this model.
+pub fn preflight(cfg: &Config) -> Result<Credentials, ConfigError> {
+    let credentials = Credentials::load(cfg)?;
+    let dir = &cfg.data.dir;
+    if let Ok((examples, pixels)) = crate::data::images_shape(dir, crate::data::Split::Train) {
+        if pixels != cfg.model.layers[0] {
+            return Err(cfg.bad(
+                "model.layers",
+                format!(
+                    "the first layer has {} inputs but the images in data.dir {} have {pixels} pixels; \
+                     model.layers[0] must be {pixels}",
+                    cfg.model.layers[0],
+                    dir.display()
+                ),
+            ));
+        }
+        if cfg.train.batch_size > examples {
+            return Err(cfg.bad(
+                "train.batch_size",
+                format!(
+                    "{} is more than the {examples} training examples in data.dir {}",
+                    cfg.train.batch_size,
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(credentials)
+}
+
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let loaded = check_job_name(role, args.job_name.as_deref())
         .and_then(|()| Config::load_task(&args.config, args.task, role))
         .and_then(|(c, t)| {
-            let credentials = Credentials::load(&c)?;
+            let credentials = preflight(&c)?;
             Ok((c, t, credentials))
         });
     let (cfg, task, credentials) = match loaded {

@@ -234,6 +234,47 @@ impl Dataset {
     }
 }
 
+/// The images of `split` in `dir`: how many, and pixels per image, read
+/// from the IDX header alone (a check of the configuration costs 16 bytes,
+/// not the whole set).
+///
+/// Errors: [`DataError::Missing`], [`DataError::Io`] when the file cannot
+/// be read; [`DataError::Format`] for a header that is not idx3 images.
+pub fn images_shape(dir: &Path, split: Split) -> Result<(usize, usize), DataError> {
+    let path = find_file(dir, split.file_names().0)?;
+    let io = |source| DataError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::File::open(&path).map_err(io)?;
+    let mut head = Vec::with_capacity(16);
+    (&mut file).take(16).read_to_end(&mut head).map_err(io)?;
+    if head.starts_with(&GZIP_MAGIC) {
+        let raw = std::io::Cursor::new(std::mem::take(&mut head)).chain(file);
+        MultiGzDecoder::new(raw)
+            .take(16)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+    }
+    let bad = |what: String| format_error(&path, what);
+    let word = |i: usize| {
+        head.get(i..i + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    match (word(0), word(4), word(8), word(12)) {
+        (Some(m), Some(n), Some(rows), Some(cols)) if m == IMAGES_MAGIC as usize => {
+            Ok((n, rows * cols))
+        }
+        (Some(m), ..) if m != IMAGES_MAGIC as usize => Err(bad(format!(
+            "wrong magic number: expected {IMAGES_MAGIC:#010x} (idx3 unsigned-byte images), found {m:#010x}"
+        ))),
+        _ => Err(bad(format!(
+            "truncated header: expected 16 bytes, found {}",
+            head.len()
+        ))),
+    }
+}
+
 /// `<dir>/<name>.gz` if it exists, else `<dir>/<name>`.
 fn find_file(dir: &Path, name: &str) -> Result<PathBuf, DataError> {
     let gz = dir.join(format!("{name}.gz"));
@@ -507,6 +548,26 @@ mod tests {
         write_split(dir.path(), Split::Test, ".gz", 3);
         let bytes = std::fs::read(dir.path().join("t10k-images-idx3-ubyte.gz")).unwrap();
         assert_eq!(bytes[..2], GZIP_MAGIC);
+    }
+
+    #[test]
+    fn images_shape_reads_the_header_alone() {
+        for suffix in ["", ".gz"] {
+            let dir = tempfile::tempdir().unwrap();
+            write_split(dir.path(), Split::Train, suffix, 7);
+            assert_eq!(images_shape(dir.path(), Split::Train).unwrap(), (7, 6));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            images_shape(dir.path(), Split::Train),
+            Err(DataError::Missing { .. })
+        ));
+        // Labels where images belong: the wrong magic number.
+        write_idx_labels(&dir.path().join("train-images-idx3-ubyte"), &[1, 2]).unwrap();
+        assert!(matches!(
+            images_shape(dir.path(), Split::Train),
+            Err(DataError::Format { .. })
+        ));
     }
 
     #[test]

@@ -179,7 +179,8 @@ fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
 
 /// `dtf check-config`: exit 78 naming what is wrong.
 fn check_config(config: &std::path::Path) -> Result<ExitCode> {
-    match Config::load(config) {
+    // The daemons' own checks, so `valid` here means they start.
+    match Config::load(config).and_then(|c| dtf::daemon::preflight(&c).map(|_| c)) {
         Ok(_) => {
             println!("{}: valid", config.display());
             Ok(ExitCode::SUCCESS)

@@ -43,7 +43,7 @@ impl Config {
     }
 
     /// The error for `key`, naming where its value came from.
-    pub(super) fn bad(&self, key: &str, problem: String) -> ConfigError {
+    pub fn bad(&self, key: &str, problem: String) -> ConfigError {
         ConfigError::Key {
             origin: self.sources.origin(key).to_owned(),
             key: key.to_owned(),

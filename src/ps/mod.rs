@@ -59,6 +59,8 @@ struct Inner {
     budget: limits::Budget,
     /// Refused calls, logged per peer.
     refusals: Arc<limits::RefusalLog>,
+    /// The live configuration (`train.last_step` bounds every push).
+    config: watch::Receiver<Arc<Config>>,
 }
 
 /// The gRPC service of one ps task.
@@ -68,10 +70,13 @@ pub struct PsService {
 }
 
 impl PsService {
-    /// Builds the shard of ps task `task` as `config` places the model.
+    /// Builds the shard of ps task `task` as `config` places the model;
+    /// reloads of `config` move `train.last_step`.
     ///
     /// Errors: [`PsError::Model`] for a bad `model.layers`.
-    pub fn new(config: &Config, task: usize) -> Result<Self, PsError> {
+    pub fn new(config: watch::Receiver<Arc<Config>>, task: usize) -> Result<Self, PsError> {
+        let live = config;
+        let config: Arc<Config> = live.borrow().clone();
         let mlp = Mlp::new(&config.model.layers)?;
         let specs = placement::shard(
             &mlp.variables(),
@@ -102,6 +107,7 @@ impl PsService {
                 batch_size: config.train.batch_size as u64,
                 budget: limits::Budget::new(shard_bytes),
                 refusals: Arc::new(limits::RefusalLog::default()),
+                config: live,
             }),
         })
     }
@@ -313,6 +319,7 @@ impl ParameterServer for PsService {
             if s.is_complete() {
                 None
             } else {
+                s.set_last_step(self.inner.config.borrow().train.last_step);
                 let grads =
                     s.arrange_bytes(grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
                 let outcome =
@@ -321,7 +328,7 @@ impl ParameterServer for PsService {
                 Some(outcome)
             }
         };
-        if outcome.is_some() {
+        if outcome.is_some_and(|o| o != Pushed::AtLastStep) {
             self.count_examples(self.inner.batch_size);
         }
         if outcome == Some(Pushed::Pending) && req.pull {
@@ -388,16 +395,17 @@ pub fn window(limit: usize) -> u32 {
 ///
 /// Errors: [`PsError`] when the model is invalid or the server fails.
 pub async fn serve(
-    config: &Config,
+    live: watch::Receiver<Arc<Config>>,
     task: usize,
     credentials: &Credentials,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
-    let service = PsService::new(config, task)?;
+    let config: Arc<Config> = live.borrow().clone();
+    let service = PsService::new(live.clone(), task)?;
     crate::metrics::observe_ps(service.clone());
     rpc::keep_freed_buffers();
-    let limit = message_limit(config);
+    let limit = message_limit(&config);
     let id = TaskId {
         role: Role::Ps,
         index: task,

@@ -103,6 +103,9 @@ pub enum Pushed {
     Pending,
     /// Sync: computed on an older step; dropped.
     Stale,
+    /// The shard is at `train.last_step`: not applied, so the run ends at
+    /// exactly that step (TensorFlow's async workers overshoot it).
+    AtLastStep,
 }
 
 /// Counters a test or an operator can read through `State`.
@@ -156,6 +159,8 @@ pub struct Shard {
     counters: Counters,
     /// Loss of the latest push.
     last_loss: f32,
+    /// `train.last_step`: no update takes `step` past it.
+    last_step: u64,
 }
 
 impl Shard {
@@ -183,7 +188,13 @@ impl Shard {
             scratch,
             counters: Counters::default(),
             last_loss: f32::NAN,
+            last_step: u64::MAX,
         }
+    }
+
+    /// The step no update goes past (`train.last_step`, live: a reload may move it).
+    pub fn set_last_step(&mut self, last_step: u64) {
+        self.last_step = last_step;
     }
 
     pub fn specs(&self) -> &[VarSpec] {
@@ -339,6 +350,10 @@ impl Shard {
             return Err(ShardError::LearningRate(lr));
         }
         self.values()?;
+        // Every update adds one to the step, so at `last_step` none is applied.
+        if self.step >= self.last_step {
+            return Ok(Pushed::AtLastStep);
+        }
         if loss.is_finite() {
             self.last_loss = loss;
         }
@@ -688,6 +703,32 @@ mod tests {
         assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Pending));
         assert_eq!(s.push(g(3., 5.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
         assert_eq!(s.values().unwrap()[0].as_slice().unwrap(), &[-2.0, -3.0]);
+    }
+
+    #[test]
+    fn no_push_takes_the_step_past_last_step() {
+        let mut s = shard(Rule::Async);
+        s.set_last_step(2);
+        assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.push(g(1., 1.), 1.0, 0, 1, 1.0), Ok(Pushed::Applied));
+        let at_two = s.values().unwrap().to_vec();
+        // Two workers that read step 1 both push; the second is not applied.
+        assert_eq!(s.push(g(1., 1.), 1.0, 1, 0, 1.0), Ok(Pushed::AtLastStep));
+        assert_eq!((s.step(), s.values().unwrap()), (2, &at_two[..]));
+        assert_eq!(s.counters().pushes_applied, 2);
+        // A reload that raises last_step lets training go on.
+        s.set_last_step(3);
+        assert_eq!(s.push(g(1., 1.), 1.0, 2, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.step(), 3);
+
+        let mut s = shard(Rule::Sync {
+            replicas: 1,
+            total: 2,
+        });
+        s.set_last_step(1);
+        assert_eq!(s.push(g(1., 1.), 1.0, 0, 0, 1.0), Ok(Pushed::Applied));
+        assert_eq!(s.push(g(1., 1.), 1.0, 1, 1, 1.0), Ok(Pushed::AtLastStep));
+        assert_eq!((s.step(), s.counters().updates_applied), (1, 1));
     }
 
     #[test]
