@@ -556,7 +556,7 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
         println!(
-            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {:?}, train.last_step = {})",
+            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {}, train.last_step = {})",
             args.config.display(),
             cfg.cluster.ps.len(),
             cfg.cluster.worker.len(),

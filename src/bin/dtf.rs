@@ -162,7 +162,12 @@ fn inspect(path: &std::path::Path, json: bool) -> Result<ExitCode> {
 
 /// `dtf status`: every task's state; exit 1 if a ps does not answer.
 fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let cfg = Config::load(config)?;
+    let cfg = Config::load(config).map_err(|e| match e {
+        dtf::config::ConfigError::Read { .. } => anyhow::anyhow!(
+            "{e}; give the cluster's file with --config (dtf local prints the command for its run)"
+        ),
+        e => e.into(),
+    })?;
     let credentials = dtf::auth::Credentials::load(&cfg)?;
     let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
     if json {
@@ -261,8 +266,12 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         .context("creating a run directory")?
         .keep();
     eprintln!(
-        "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
+        "dtf local: {ps} ps + {workers} workers, {mode}, to step {steps}; run directory {}",
         run_dir.display()
+    );
+    eprintln!(
+        "watch it from another shell: dtf status --config {}",
+        run_dir.join("dtf.toml").display()
     );
     let rt = tokio::runtime::Runtime::new()?;
     let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;

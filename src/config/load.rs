@@ -41,12 +41,12 @@ impl Config {
             .and_then(|bytes| {
                 String::from_utf8(bytes).map_err(|e| FileProblem::Io {
                     action: "read",
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                    error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                 })
             })
-            .map_err(|source| ConfigError::Read {
+            .map_err(|problem| ConfigError::Read {
                 path: path.to_owned(),
-                source,
+                problem,
             })?;
         let origin = path.display().to_string();
         let tf_cluster = match std::env::var(TF_CONFIG) {

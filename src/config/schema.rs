@@ -222,6 +222,16 @@ impl Sources {
         }
     }
 }
+/// As the config spells it: `async`, `sync`.
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Async => "async",
+            Mode::Sync => "sync",
+        })
+    }
+}
+
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -5,6 +5,7 @@
 
 pub mod limits;
 pub mod shard;
+pub mod workers;
 
 use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId};
@@ -61,6 +62,8 @@ struct Inner {
     refusals: Arc<limits::RefusalLog>,
     /// The live configuration (`train.last_step` bounds every push).
     config: watch::Receiver<Arc<Config>>,
+    /// Every worker's latest push, for `State` (and so `dtf status`).
+    workers: Mutex<workers::Workers>,
 }
 
 /// The gRPC service of one ps task.
@@ -108,6 +111,7 @@ impl PsService {
                 budget: limits::Budget::new(shard_bytes),
                 refusals: Arc::new(limits::RefusalLog::default()),
                 config: live,
+                workers: Mutex::new(workers::Workers::new(config.cluster.worker.len())),
             }),
         })
     }
@@ -220,6 +224,20 @@ impl ParameterServer for PsService {
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
+        let workers = self
+            .inner
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .report(Instant::now())
+            .into_iter()
+            .map(|w| pb::WorkerContact {
+                task: w.worker,
+                step: w.step,
+                seconds_ago: w.since.as_secs_f64(),
+                examples_per_sec: w.examples_per_sec,
+            })
+            .collect();
         Ok(Response::new(pb::StateResponse {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
@@ -233,6 +251,7 @@ impl ParameterServer for PsService {
             pushes_applied: c.pushes_applied,
             last_loss: s.last_loss(),
             examples_per_sec: rate,
+            workers,
         }))
     }
 
@@ -299,6 +318,12 @@ impl ParameterServer for PsService {
             None
         };
         let req = req.into_inner();
+        // Any authenticated push is contact, applied or not.
+        self.inner
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .heard(req.worker, req.step, self.inner.batch_size, Instant::now());
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -413,7 +438,7 @@ pub async fn serve(
     {
         let s = service.lock();
         let names: Vec<&str> = s.specs().iter().map(|v| v.name.as_str()).collect();
-        info!(task = %format!("{:?}:{}", id.role, id.index).to_lowercase(), variables = ?names, "Serving shard.");
+        info!(task = %id, variables = ?names, "Serving shard.");
     }
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter

@@ -141,9 +141,9 @@ impl Worker {
             let ema = self.mlp.accuracy(&shadows, x.view(), &y);
             info!(
                 global_step = step,
-                loss,
-                test_accuracy = acc,
-                ema_test_accuracy = ema,
+                loss = %format!("{loss:.4}"),
+                test_accuracy = %format!("{acc:.4}"),
+                ema_test_accuracy = %format!("{ema:.4}"),
                 "Final evaluation."
             );
             summaries.on_eval(step, acc, ema);

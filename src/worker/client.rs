@@ -20,7 +20,7 @@ type Client = ParameterServerClient<InterceptedService<Channel, AddToken>>;
 
 /// A failed call to one ps task.
 #[derive(Debug, thiserror::Error)]
-#[error("ps:{ps}: {status}")]
+#[error("ps:{ps}: {}", rpc::explain(status))]
 pub struct PsCallError {
     /// Which ps task.
     pub ps: usize,

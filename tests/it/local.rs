@@ -226,19 +226,7 @@ fn local_steps_end_exactly_at_last_step_in_both_modes() {
 fn local_tasks_each_serve_metrics_on_their_own_port() {
     let mut c = Cluster::new(1, 2, 100, Mode::Async);
     // Three consecutive free ports, the first in the base config.
-    let base = loop {
-        let p: u16 = free_addrs(1)[0]
-            .rsplit_once(':')
-            .unwrap()
-            .1
-            .parse()
-            .unwrap();
-        if p < u16::MAX - 2
-            && (1..3).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok())
-        {
-            break p;
-        }
-    };
+    let base = free_port_run(3);
     c.cfg.metrics.listen = format!("127.0.0.1:{base}");
     c.write_config();
     let config = c.config_path.to_str().unwrap();

@@ -13,6 +13,7 @@ mod local;
 mod observability;
 mod package;
 mod ps_limits;
+mod reload;
 mod requests;
 mod sync;
 mod tls;

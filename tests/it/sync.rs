@@ -98,6 +98,12 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
         2 * s.updates_applied,
         "every update averages exactly 2 gradients"
     );
+    // While all three pushed, the third gradient of each step came after
+    // the update: dropped as stale, never applied.
+    assert!(
+        s.stale_gradients > 0,
+        "the backup's late gradients are counted as stale: {s:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -108,6 +114,21 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes() {
     c.kill("worker:0");
     // Without the chief the other worker cannot complete a step (no backups):
     // it must wait, not fail, and say why in its log.
+    let log = c.wait_log(
+        "worker:1",
+        "Waiting for the other replicas' gradients.",
+        1,
+        RUN,
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("Waiting for the other replicas"))
+        .unwrap_or_default();
+    assert!(line.contains("replicas_to_aggregate=2"), "{line}");
+    assert!(
+        c.child("worker:1").try_wait().unwrap().is_none(),
+        "worker:1 must wait, not exit:\n{log}"
+    );
     c.start("worker", 0);
     reach(&c, 0, 120).await;
     c.kill("ps:0");

@@ -357,8 +357,10 @@ fi
 # --- SIGKILL the ps ---------------------------------------------------------------------
 
 # A checkpoint newer than the start must exist for the chief to restore.
-has_checkpoint() { in_ct sh -c 'ls /var/lib/dtf/checkpoints/model.ckpt-*.safetensors' >/dev/null 2>&1; }
-check "the chief wrote a checkpoint before the ps is killed" wait_for 30 has_checkpoint
+# A timed checkpoint, past the one written at step 0 on init: the restore
+# after the kill must bring back trained values, not the initial ones.
+has_checkpoint() { in_ct sh -c 'ls /var/lib/dtf/checkpoints/' 2>/dev/null | grep -Eq '^model\.ckpt-[1-9][0-9]*\.safetensors$'; }
+check "the chief wrote a timed checkpoint (step > 0) before the ps is killed" wait_for 30 has_checkpoint
 ps_restarts=$(prop dtf-ps@0 NRestarts)
 w0_restarts=$(prop dtf-worker@0 NRestarts)
 w1_restarts=$(prop dtf-worker@1 NRestarts)
