@@ -92,19 +92,6 @@ fn reload(c: &mut Cluster, names: &[&str], key: &str) {
     }
 }
 
-/// The address a task's `/metrics` is served on, from its log.
-fn metrics_addr(c: &Cluster, name: &str) -> String {
-    let log = c.wait_log(name, "Serving metrics", 1, RUN);
-    let line = log
-        .lines()
-        .rfind(|l| l.contains("Serving metrics"))
-        .unwrap();
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("listen="))
-        .unwrap_or_else(|| panic!("no listen= in {line}"))
-        .to_owned()
-}
-
 /// The value of the unlabelled metric `name` in a scrape.
 fn gauge(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -127,12 +114,14 @@ fn lr_and_step(addr: &str) -> Option<(f64, f64)> {
 #[test]
 fn learning_rate_and_decay_reload_live() {
     let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
-    c.cfg.metrics.listen = "127.0.0.1:0".into();
     c.cfg.train.learning_rate = 0.1;
     c.cfg.train.learning_rate_decay = 1.0;
     c.write_config();
-    c.start_all();
-    let addr = metrics_addr(&c, "worker:0");
+    c.start("ps", 0);
+    // The worker's /metrics on an address of its own (DTF_METRICS__LISTEN
+    // holds through reloads).
+    let addr = free_addrs(1).remove(0);
+    c.start_env("worker", 0, &[("DTF_METRICS__LISTEN", &addr)]);
     let close = |lr: f64, want: f64| (lr - want).abs() <= 0.01 * want;
     until(RUN, "dtf_learning_rate 0.1", || {
         lr_and_step(&addr).filter(|&(lr, s)| s > 0.0 && close(lr, 0.1))
@@ -281,17 +270,19 @@ fn save_summaries_steps_reloads_live() {
     });
 }
 
-/// `metrics.listen`: turned on, `/metrics` answers (port 0: each task
-/// binds one of its own, named in its log); turned off again, it stops.
+/// `metrics.listen`: turned on, `/metrics` answers on the new address;
+/// turned off again, it stops. (The ps keeps metrics off through
+/// `DTF_METRICS__LISTEN`, so the worker alone takes the address.)
 #[test]
 fn metrics_listen_reloads_live() {
     let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
-    c.start_all();
+    c.start_env("ps", 0, &[("DTF_METRICS__LISTEN", "")]);
+    c.start("worker", 0);
     past(&c, 10);
-    assert!(!c.log("worker:0").contains("Serving metrics"));
-    c.cfg.metrics.listen = "127.0.0.1:0".into();
-    reload(&mut c, &["ps:0", "worker:0"], "metrics.listen");
-    let addr = metrics_addr(&c, "worker:0");
+    let addr = free_addrs(1).remove(0);
+    assert!(http_get(&addr, "/metrics").is_none());
+    c.cfg.metrics.listen = addr.clone();
+    reload(&mut c, &["worker:0"], "metrics.listen");
     let text = until(RUN, "/metrics on the new address", || {
         http_get(&addr, "/metrics")
     });
@@ -311,9 +302,16 @@ fn last_step_reloads_live_and_the_run_ends_exactly_there() {
     let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
     c.start_all();
     let step = past(&c, 50);
-    let last = step + 300;
+    // The tiny model trains hundreds of steps a second: room for the
+    // reload to land on every task before the step gets there.
+    let last = step + 5000;
     c.cfg.train.last_step = last;
     reload(&mut c, &["ps:0", "worker:0", "worker:1"], "train.last_step");
+    let now = global_step(&c);
+    assert!(
+        now < last,
+        "step {now} already past {last} when the reload landed"
+    );
     c.wait_all_success(RUN);
     let steps = checkpoint_steps(&c.cfg.checkpoint.dir);
     assert_eq!(steps.last(), Some(&last), "checkpoints {steps:?}");
