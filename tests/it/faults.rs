@@ -113,8 +113,7 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step() {
             );
             let restored: u64 = log
                 .lines()
-                .filter(|l| l.contains("Restored the model"))
-                .next_back()
+                .rfind(|l| l.contains("Restored the model"))
                 .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("step=")))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("no step= in the chief's restore line:\n{log}"));
