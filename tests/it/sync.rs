@@ -87,8 +87,25 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists() {
     c.cfg.train.replicas_to_aggregate = Some(2);
     c.cfg.train.total_num_replicas = Some(3);
     c.write_config();
-    c.start_all();
-    reach(&c, 0, 30).await;
+    // The backups are waiting before the chief starts the run, so every
+    // step has three racers (a late starter could miss the run entirely).
+    c.start("ps", 0);
+    for w in [2, 1] {
+        c.start("worker", w);
+        c.wait_log(
+            &format!("worker:{w}"),
+            "Waiting for the chief to initialize the model.",
+            1,
+            RUN,
+        );
+    }
+    c.start("worker", 0);
+    let ps = c.client(0, Some(TOKEN)).await;
+    eventually(RUN, "a late third gradient dropped as stale", || {
+        let mut ps = ps.clone();
+        async move { state(&mut ps).await.filter(|s| s.stale_gradients > 0) }
+    })
+    .await;
     c.kill("worker:2");
     c.procs.retain(|(n, _)| n != "worker:2");
     let s = finish(&mut c).await.remove(0);
