@@ -130,6 +130,7 @@ mod tests {
             global_step: 1,
             shadows: variables.clone(),
             variables,
+            slots: Default::default(),
         };
         checkpoint::Saver::new(dir.path(), 1)
             .unwrap()

@@ -7,6 +7,8 @@
 //!   task this is), validation per section, the model-size bound, errors, live-reload keys,
 //!   secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
+//! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
+//!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — IDX (MNIST-format) files and mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
@@ -38,6 +40,7 @@ pub mod files;
 pub mod local;
 pub mod metrics;
 pub mod model;
+pub mod optimizer;
 pub mod placement;
 pub mod ps;
 pub mod rpc;

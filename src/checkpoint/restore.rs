@@ -12,6 +12,7 @@ use super::{
     model_file_name, parse_ema_name, parse_model_name,
 };
 use crate::model::VarSpec;
+use crate::optimizer::MAX_SLOTS;
 
 /// The most bytes of the `checkpoint` index read: about 60 bytes a line, so
 /// some 17,000 kept checkpoints (`max_to_keep = 0` keeps all).
@@ -152,8 +153,10 @@ impl Limit {
     };
 
     /// (model file, EMA file) bounds: with the model known, exactly its f32
-    /// tensors (and the model file's 8-byte `global_step`), 8 bytes of header
-    /// length and at most [`MAX_HEADER_BYTES`] of header.
+    /// tensors (and the model file's 8-byte `global_step`, and room for the
+    /// slots of any optimizer: [`MAX_SLOTS`] per variable and two f32
+    /// scalars), 8 bytes of header length and at most [`MAX_HEADER_BYTES`]
+    /// of header.
     pub(super) fn pair(expected: Option<&[VarSpec]>) -> (Limit, Limit) {
         let Some(expected) = expected else {
             return (Limit::ANY, Limit::ANY);
@@ -170,7 +173,11 @@ impl Limit {
             allowed: "a checkpoint file of this model can take (its tensors \
                       and a header of at most 1 MiB): not a checkpoint of this model?",
         };
-        (bound(tensors.saturating_add(8)), bound(tensors))
+        let slots = tensors.saturating_mul(MAX_SLOTS as u64).saturating_add(8);
+        (
+            bound(tensors.saturating_add(8).saturating_add(slots)),
+            bound(tensors),
+        )
     }
 }
 

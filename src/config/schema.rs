@@ -44,6 +44,20 @@ pub enum Mode {
     Sync,
 }
 
+/// `train.optimizer`: which update rule the ps tasks apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// `GradientDescentOptimizer`.
+    Sgd,
+    /// `MomentumOptimizer` (`train.momentum`, `train.use_nesterov`).
+    Momentum,
+    /// `AdamOptimizer` (`train.beta1`, `train.beta2`, `train.epsilon`).
+    Adam,
+    /// `AdagradOptimizer` (`train.initial_accumulator_value`).
+    Adagrad,
+}
+
 /// How variables are assigned to ps tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -124,6 +138,42 @@ pub struct TrainConfig {
     pub log_step_count_steps: u64,
     /// Summaries every this many global steps (reloadable).
     pub save_summaries_steps: u64,
+    /// The update rule; its slots live on the ps tasks (not reloadable).
+    pub optimizer: OptimizerKind,
+    /// Momentum: the accumulator's decay.
+    pub momentum: f32,
+    /// Momentum: Nesterov's variant.
+    pub use_nesterov: bool,
+    /// Adam: decay of the first moment.
+    pub beta1: f32,
+    /// Adam: decay of the second moment.
+    pub beta2: f32,
+    /// Adam: added to `√v` (TensorFlow's "epsilon hat").
+    pub epsilon: f32,
+    /// Adagrad: what every accumulator starts at.
+    pub initial_accumulator_value: f32,
+}
+
+impl TrainConfig {
+    /// The optimizer these keys describe (those of the other optimizers are ignored).
+    pub fn optimizer(&self) -> crate::optimizer::Optimizer {
+        use crate::optimizer::Optimizer;
+        match self.optimizer {
+            OptimizerKind::Sgd => Optimizer::Sgd,
+            OptimizerKind::Momentum => Optimizer::Momentum {
+                momentum: self.momentum,
+                use_nesterov: self.use_nesterov,
+            },
+            OptimizerKind::Adam => Optimizer::Adam {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                epsilon: self.epsilon,
+            },
+            OptimizerKind::Adagrad => Optimizer::Adagrad {
+                initial_accumulator_value: self.initial_accumulator_value,
+            },
+        }
+    }
 }
 
 /// `[model]`: the MLP's shape. Not reloadable.
@@ -274,6 +324,15 @@ impl Default for TrainConfig {
             seed: 0,
             log_step_count_steps: 100,
             save_summaries_steps: 100,
+            // TensorFlow 1.x's defaults (MomentumOptimizer has none for
+            // `momentum`; 0.9 is the usual choice).
+            optimizer: OptimizerKind::Sgd,
+            momentum: 0.9,
+            use_nesterov: false,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            initial_accumulator_value: 0.1,
         }
     }
 }

@@ -15,6 +15,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_cluster()?;
         self.validate_train()?;
+        self.validate_optimizer()?;
         self.validate_sync()?;
         self.validate_model()?;
         self.check_fits(memory_bytes())?;
@@ -166,6 +167,37 @@ impl Config {
         ] {
             if value < 1 {
                 return Err(self.bad(key, invalid(value, "a positive integer")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The optimizers' hyperparameters, every one of them whichever optimizer
+    /// is chosen: a bad value is a mistake even where it is not used yet.
+    fn validate_optimizer(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        // A decay of 1 or more never forgets (Adam's bias correction then
+        // divides by zero); below 0 it oscillates.
+        for (key, value) in [
+            ("train.momentum", t.momentum),
+            ("train.beta1", t.beta1),
+            ("train.beta2", t.beta2),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(self.bad(key, invalid(value, "a number in [0, 1)")));
+            }
+        }
+        // Adam divides by `√v + epsilon` with `v` starting at 0, Adagrad by
+        // `√accum`: either at 0 divides zero by zero on a zero gradient.
+        for (key, value) in [
+            ("train.epsilon", t.epsilon),
+            (
+                "train.initial_accumulator_value",
+                t.initial_accumulator_value,
+            ),
+        ] {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(self.bad(key, invalid(value, "a finite number above 0")));
             }
         }
         Ok(())
@@ -443,6 +475,19 @@ mod tests {
                 "[train]\nsave_summaries_steps = 0",
                 "train.save_summaries_steps",
             ),
+            ("[train]\nmomentum = 1.0", "train.momentum"),
+            ("[train]\nmomentum = -0.1", "train.momentum"),
+            ("[train]\nbeta1 = 1.0", "train.beta1"),
+            ("[train]\nbeta2 = nan", "train.beta2"),
+            ("[train]\nepsilon = 0.0", "train.epsilon"),
+            (
+                "[train]\ninitial_accumulator_value = 0.0",
+                "train.initial_accumulator_value",
+            ),
+            (
+                "[train]\ninitial_accumulator_value = inf",
+                "train.initial_accumulator_value",
+            ),
             ("[model]\nlayers = [784]", "model.layers"),
             ("[model]\nlayers = [784, 0, 10]", "model.layers[1]"),
             ("[cluster]\nps = []", "cluster.ps"),
@@ -459,6 +504,49 @@ mod tests {
             let err = error_for(text, key);
             assert!(err.contains("expected"), "{err}");
         }
+    }
+
+    #[test]
+    fn optimizers_take_tensorflow_defaults_and_their_keys() {
+        use crate::optimizer::Optimizer;
+        let default = Config::from_toml_str("", "f").unwrap();
+        assert_eq!(default.train.optimizer(), Optimizer::Sgd);
+        let adam = Config::from_toml_str("[train]\noptimizer = \"adam\"\n", "f").unwrap();
+        assert_eq!(
+            adam.train.optimizer(),
+            Optimizer::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-8
+            }
+        );
+        let momentum = Config::from_toml_str(
+            "[train]\noptimizer = \"momentum\"\nmomentum = 0.5\nuse_nesterov = true\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            momentum.train.optimizer(),
+            Optimizer::Momentum {
+                momentum: 0.5,
+                use_nesterov: true
+            }
+        );
+        let adagrad = Config::from_toml_str("[train]\noptimizer = \"adagrad\"\n", "f").unwrap();
+        assert_eq!(
+            adagrad.train.optimizer(),
+            Optimizer::Adagrad {
+                initial_accumulator_value: 0.1
+            }
+        );
+        let err = Config::from_toml_str("[train]\noptimizer = \"rmsprop\"\n", "f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.optimizer") || err.contains("rmsprop"),
+            "{err}"
+        );
+        assert!(err.contains("adam"), "the error lists the choices: {err}");
     }
 
     #[test]

@@ -60,6 +60,8 @@ struct Inner {
     budget: limits::Budget,
     /// Refused calls, logged per peer.
     refusals: Arc<limits::RefusalLog>,
+    /// Slots per variable of the optimizer (for the response budget).
+    slots_per_var: u32,
     /// The live configuration (`train.last_step` bounds every push).
     config: watch::Receiver<Arc<Config>>,
     /// Every worker's latest push, for `State` (and so `dtf status`).
@@ -98,7 +100,14 @@ impl PsService {
             .iter()
             .map(|s| 4 * s.shape.iter().product::<usize>())
             .sum();
-        let shard = Shard::new(task, specs, rule, config.train.moving_average_decay);
+        let optimizer = config.train.optimizer();
+        let shard = Shard::new(
+            task,
+            specs,
+            rule,
+            config.train.moving_average_decay,
+            optimizer,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 task,
@@ -110,6 +119,7 @@ impl PsService {
                 batch_size: config.train.batch_size as u64,
                 budget: limits::Budget::new(shard_bytes),
                 refusals: Arc::new(limits::RefusalLog::default()),
+                slots_per_var: optimizer.slot_names().len() as u32,
                 config: live,
                 workers: Mutex::new(workers::Workers::new(config.cluster.worker.len())),
             }),
@@ -138,13 +148,15 @@ impl PsService {
         self.inner.shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Encodes the current values (and shadows) under the lock: a consistent snapshot.
+    /// Encodes the current values (and shadows, and slots) under the lock:
+    /// a consistent snapshot.
     fn snapshot(
         &self,
         shard: &Shard,
         names: &[String],
         with_shadows: bool,
-    ) -> Result<(Vec<pb::Tensor>, Vec<pb::Tensor>), Status> {
+        with_slots: bool,
+    ) -> Result<Snapshot, Status> {
         let values = shard.values()?;
         let pick = |i: usize| names.is_empty() || names.contains(&shard.specs()[i].name);
         for n in names {
@@ -170,7 +182,27 @@ impl PsService {
         } else {
             Vec::new()
         };
-        Ok((vars, shadows))
+        let slots = if with_slots {
+            let slots = shard.slots()?;
+            let specs = shard.optimizer().slot_specs(shard.specs());
+            specs
+                .iter()
+                .filter(|spec| spec.var.is_none_or(pick))
+                .map(|spec| match spec.var {
+                    Some(i) => rpc::encode(&spec.name, &slots.per_var[i][spec.index]),
+                    None => rpc::encode(
+                        &spec.name,
+                        &ndarray::ArrayD::from_elem(
+                            ndarray::IxDyn(&[]),
+                            slots.non_slots[spec.index],
+                        ),
+                    ),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok((vars, shadows, slots))
     }
 
     /// Waits (at most [`STEP_WAIT`]) until the step is at least `min_step` or the run is complete.
@@ -196,6 +228,9 @@ impl PsService {
         }
     }
 }
+
+/// A snapshot's (variables, shadows, slots) as wire tensors.
+type Snapshot = (Vec<pb::Tensor>, Vec<pb::Tensor>, Vec<pb::Tensor>);
 
 /// `tensors` checked as the shard's variables ([`Shard::arrange_bytes`]),
 /// copied out in model order.
@@ -270,7 +305,18 @@ impl ParameterServer for PsService {
         } else {
             Some(arranged(&s, &req.shadows)?)
         };
-        let applied = s.initialize(values, shadows, req.global_step, req.force);
+        // No slots: fresh ones (a new run, or a checkpoint of another optimizer).
+        let slots = if req.slots.is_empty() {
+            None
+        } else {
+            let views = req
+                .slots
+                .iter()
+                .map(rpc::view)
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(s.arrange_slots(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?)
+        };
+        let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
             info!(
                 ps = self.inner.task,
@@ -289,16 +335,23 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::PullRequest>,
     ) -> Result<Response<pb::PullResponse>, Status> {
-        let reserved = self.reserve(&req, 1 + u32::from(req.get_ref().with_shadows))?;
+        let snapshots = {
+            let r = req.get_ref();
+            let slots = self.inner.slots_per_var;
+            1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * slots
+        };
+        let reserved = self.reserve(&req, snapshots)?;
         let req = req.into_inner();
         if req.min_step > 0 {
             self.wait_for_step(req.min_step).await;
         }
         let s = self.lock();
-        let (variables, shadows) = self.snapshot(&s, &req.names, req.with_shadows)?;
+        let (variables, shadows, slots) =
+            self.snapshot(&s, &req.names, req.with_shadows, req.with_slots)?;
         let mut res = Response::new(pb::PullResponse {
             variables,
             shadows,
+            slots,
             global_step: s.step(),
             incarnation: self.inner.incarnation,
             complete: s.is_complete(),
@@ -361,7 +414,7 @@ impl ParameterServer for PsService {
         }
         let s = self.lock();
         let variables = if req.pull {
-            self.snapshot(&s, &[], false)?.0
+            self.snapshot(&s, &[], false, false)?.0
         } else {
             Vec::new()
         };
@@ -393,8 +446,8 @@ impl ParameterServer for PsService {
 }
 
 /// Largest message a task may need to send or receive for this model: every
-/// variable of the model and its shadow, plus room for framing. Derived, so a
-/// big model never fails on gRPC's 4 MiB default.
+/// variable of the model, its shadow and its optimizer slots, plus room for
+/// framing. Derived, so a big model never fails on gRPC's 4 MiB default.
 pub fn message_limit(config: &Config) -> usize {
     let floats: usize = config
         .model
@@ -402,7 +455,8 @@ pub fn message_limit(config: &Config) -> usize {
         .windows(2)
         .map(|w| w[0] * w[1] + w[1])
         .sum();
-    2 * 4 * floats + (1 << 20)
+    let copies = 2 + config.train.optimizer().slot_names().len();
+    copies * 4 * floats + (1 << 20)
 }
 
 /// HTTP/2 frame size both ends accept: a 1.6 MB tensor in 2 frames, not 100

@@ -5,15 +5,17 @@
 //! calls in here through [`Chief`].
 
 use super::backoff::Backoff;
-use super::client::Cluster;
+use super::client::{Cluster, Snapshot};
 use super::{Outcome, Worker, WorkerError};
 use crate::checkpoint::{self, Checkpoint, Saver};
 use crate::config::Config;
 use crate::data::{Dataset, Split};
 use crate::model::Mlp;
+use crate::optimizer::Optimizer;
 use crate::summary::Summaries;
 use ndarray::ArrayD;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -81,17 +83,26 @@ impl Worker {
         let dir = cfg.checkpoint.dir.clone();
         let found =
             tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
-        let (values, shadows, step, from) = match found {
+        let optimizer = cfg.train.optimizer();
+        let (values, shadows, slots, step, from) = match found {
             Some((path, c)) => {
                 let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
                 let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
-                (values, Some(shadows), c.global_step, Some(path))
+                let slots = restored_slots(optimizer, c.slots, &path);
+                (values, Some(shadows), slots, c.global_step, Some(path))
             }
-            None => (self.mlp.init(cfg.train.seed), None, 0, None),
+            None => (self.mlp.init(cfg.train.seed), None, None, 0, None),
         };
         let took = self
             .cluster
-            .initialize(missing, &values, shadows.as_deref(), step, force)
+            .initialize(
+                missing,
+                &values,
+                shadows.as_deref(),
+                slots.as_deref(),
+                step,
+                force,
+            )
             .await?;
         match &from {
             Some(path) => {
@@ -105,7 +116,14 @@ impl Worker {
         // A failure is logged and counted; the periodic and final saves try again.
         if all && !took.is_empty() {
             let shadows = shadows.unwrap_or_else(|| values.clone());
-            let _ = save_checkpoint(&cfg, &self.mlp, step, values, shadows).await;
+            let slots = slots.unwrap_or_else(|| optimizer.initial_slots(&self.mlp.variables()));
+            let snapshot = Snapshot {
+                step,
+                values,
+                shadows,
+                slots,
+            };
+            let _ = save_checkpoint(&cfg, &self.mlp, snapshot).await;
         }
         Ok(())
     }
@@ -123,7 +141,7 @@ impl Worker {
         // must hear of it. On a stop, one attempt is all it gets.
         let stopping = matches!(outcome, Outcome::Stopped { .. });
         let mut backoff = Backoff::new();
-        let (step, values, shadows) = loop {
+        let snapshot = loop {
             match self.cluster.snapshot().await {
                 Ok(s) => break s,
                 Err(e) if !stopping && (e.is_unavailable() || e.needs_pull()) => {
@@ -132,13 +150,14 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             }
         };
-        self.save_final(step, &values, &shadows).await?;
+        self.save_final(&snapshot).await?;
+        let (step, values, shadows) = (snapshot.step, &snapshot.values, &snapshot.shadows);
         if let Outcome::Finished { .. } = outcome {
             let test = Dataset::load(&cfg.data.dir, Split::Test)?;
             test.check_labels(self.mlp.classes())?;
             let (x, y) = test.all();
-            let acc = self.mlp.accuracy(&values, x.view(), &y);
-            let ema = self.mlp.accuracy(&shadows, x.view(), &y);
+            let acc = self.mlp.accuracy(values, x.view(), &y);
+            let ema = self.mlp.accuracy(shadows, x.view(), &y);
             info!(
                 global_step = step,
                 loss = %format!("{loss:.4}"),
@@ -154,17 +173,13 @@ impl Worker {
 
     /// The final checkpoint, retried a few times: a run is complete only once
     /// it is durable, so a failure here is the chief's error, never a skip.
-    async fn save_final(
-        &self,
-        step: u64,
-        values: &[ArrayD<f32>],
-        shadows: &[ArrayD<f32>],
-    ) -> Result<(), WorkerError> {
+    async fn save_final(&self, snapshot: &Snapshot) -> Result<(), WorkerError> {
         let cfg = self.cfg();
+        let step = snapshot.step;
         let mut backoff = Backoff::new();
         let mut attempt = 1;
         loop {
-            match save_checkpoint(&cfg, &self.mlp, step, values.to_vec(), shadows.to_vec()).await {
+            match save_checkpoint(&cfg, &self.mlp, snapshot.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
                     return Err(WorkerError::FinalCheckpoint {
@@ -183,21 +198,64 @@ impl Worker {
     }
 }
 
+/// The checkpoint's slots to restore with the variables when they are the
+/// configured optimizer's; else `None` (fresh slots), said once per process:
+/// changing `train.optimizer` is a warm start, as TensorFlow's
+/// `init_from_checkpoint` allows, and the next checkpoint holds only the new
+/// optimizer's slots.
+fn restored_slots(
+    optimizer: Optimizer,
+    saved: checkpoint::Slots,
+    path: &std::path::Path,
+) -> Option<Vec<ArrayD<f32>>> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if saved.optimizer.name() == optimizer.name() {
+        if saved.optimizer != optimizer && !WARNED.swap(true, Ordering::Relaxed) {
+            info!(checkpoint = %path.display(), saved = %saved.optimizer.describe(), now = %optimizer.describe(), "Restoring the optimizer's slots; its hyperparameters changed.");
+        }
+        return Some(saved.tensors.into_iter().map(|(_, a)| a).collect());
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        let dropped: Vec<&str> = saved.tensors.iter().map(|(n, _)| n.as_str()).collect();
+        warn!(
+            checkpoint = %path.display(),
+            saved = saved.optimizer.name(),
+            now = optimizer.name(),
+            dropped = dropped.len(),
+            "The checkpoint is of another optimizer: the variables are restored, the slots of train.optimizer start fresh, and the checkpoint's slots are dropped from the next checkpoint."
+        );
+    }
+    None
+}
+
 /// Writes a checkpoint off the hot path. A failure is logged at ERROR and
 /// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
 /// saves go on training, the final one fails the run.
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
-    step: u64,
-    values: Vec<ArrayD<f32>>,
-    shadows: Vec<ArrayD<f32>>,
+    snapshot: Snapshot,
 ) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
     let specs = mlp.variables();
+    let step = snapshot.step;
+    let optimizer = cfg.train.optimizer();
+    let slot_names = optimizer.slot_specs(&specs).into_iter().map(|s| s.name);
     let ckpt = Checkpoint {
         global_step: step,
-        variables: specs.iter().map(|s| s.name.clone()).zip(values).collect(),
-        shadows: specs.iter().map(|s| s.name.clone()).zip(shadows).collect(),
+        variables: specs
+            .iter()
+            .map(|s| s.name.clone())
+            .zip(snapshot.values)
+            .collect(),
+        shadows: specs
+            .iter()
+            .map(|s| s.name.clone())
+            .zip(snapshot.shadows)
+            .collect(),
+        slots: checkpoint::Slots {
+            optimizer,
+            tensors: slot_names.zip(snapshot.slots).collect(),
+        },
     };
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();
@@ -246,9 +304,9 @@ impl CheckpointTimer {
                 }
                 last = Instant::now();
                 match cluster.snapshot().await {
-                    Ok((step, values, shadows)) => {
+                    Ok(snapshot) => {
                         // Logged and counted there; training goes on.
-                        let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
+                        let _ = save_checkpoint(&cfg, &mlp, snapshot).await;
                     }
                     Err(e) => {
                         warn!(error = %e, "Checkpoint skipped: could not read the variables.")

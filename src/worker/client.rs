@@ -4,6 +4,7 @@
 use crate::auth::{self, AddToken, Credentials};
 use crate::config::Config;
 use crate::model::VarSpec;
+use crate::optimizer::{self, SlotSpec};
 use crate::pb::parameter_server_client::ParameterServerClient;
 use crate::{pb, placement, rpc};
 use futures::future::try_join_all;
@@ -74,6 +75,26 @@ pub struct Cluster {
     by_ps: Vec<Vec<usize>>,
     /// Incarnation each shard had at the last pull (0: unknown).
     incarnations: Vec<u64>,
+    /// The optimizer's slots of every variable, in the order snapshots
+    /// return them and [`Cluster::initialize`] takes them.
+    slot_specs: Vec<SlotSpec>,
+    /// The ps whose copy of the non-slot scalars a snapshot keeps:
+    /// TensorFlow's home for them (see [`optimizer::non_slot_owner`]).
+    non_slot_ps: usize,
+}
+
+/// The state of the whole model at one moment, shard by shard: what a
+/// checkpoint holds.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// ps 0's step: the global step.
+    pub step: u64,
+    /// Every variable, model order.
+    pub values: Vec<ArrayD<f32>>,
+    /// Their EMA shadows, same order.
+    pub shadows: Vec<ArrayD<f32>>,
+    /// The optimizer's slots, in [`crate::optimizer::Optimizer::slot_specs`] order.
+    pub slots: Vec<ArrayD<f32>>,
 }
 
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
@@ -124,11 +145,15 @@ impl Cluster {
             by_ps[p].push(i);
         }
         let incarnations = vec![0; clients.len()];
+        let slot_specs = config.train.optimizer().slot_specs(&specs);
+        let non_slot_ps = optimizer::non_slot_owner(&specs).map_or(0, |i| owner[i]);
         Ok(Self {
             clients,
             specs,
             by_ps,
             incarnations,
+            slot_specs,
+            non_slot_ps,
         })
     }
 
@@ -203,6 +228,7 @@ impl Cluster {
                     names: vec![],
                     with_shadows: false,
                     min_step,
+                    with_slots: false,
                 })
                 .await
                 .map(|r| r.into_inner())
@@ -269,12 +295,14 @@ impl Cluster {
     }
 
     /// Initializes the shards of the ps tasks in `only` from `values` (model
-    /// order) and optional `shadows`, at `step`. Returns the shards that took it.
+    /// order), optional `shadows` and optional `slots` ([`Snapshot::slots`]
+    /// order; `None`: fresh), at `step`. Returns the shards that took it.
     pub async fn initialize(
         &self,
         only: &[usize],
         values: &[ArrayD<f32>],
         shadows: Option<&[ArrayD<f32>]>,
+        slots: Option<&[ArrayD<f32>]>,
         step: u64,
         force: bool,
     ) -> Result<Vec<usize>, PsCallError> {
@@ -286,11 +314,23 @@ impl Cluster {
                     .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
                     .collect()
             };
+            // A shard's slots, and every shard's copy of the non-slot scalars.
+            let slots = slots
+                .map(|slots| {
+                    self.slot_specs
+                        .iter()
+                        .zip(slots)
+                        .filter(|(spec, _)| spec.var.is_none_or(|i| self.by_ps[ps].contains(&i)))
+                        .map(|(spec, a)| rpc::encode(&spec.name, a))
+                        .collect()
+                })
+                .unwrap_or_default();
             let req = pb::InitializeRequest {
                 variables: enc(values),
                 shadows: shadows.map(enc).unwrap_or_default(),
                 global_step: step,
                 force,
+                slots,
             };
             async move {
                 c.initialize(req)
@@ -307,9 +347,9 @@ impl Cluster {
             .collect())
     }
 
-    /// Every variable and its EMA shadow (model order) and the global step: a
+    /// Every variable, its EMA shadow and its slots, and the global step: a
     /// consistent snapshot per shard, for checkpoints and evaluation.
-    pub async fn snapshot(&self) -> Result<(u64, Vec<ArrayD<f32>>, Vec<ArrayD<f32>>), PsCallError> {
+    pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
         let replies = try_join_all(self.clients.iter().enumerate().map(|(ps, c)| {
             let mut c = c.clone();
             async move {
@@ -317,6 +357,7 @@ impl Cluster {
                     names: vec![],
                     with_shadows: true,
                     min_step: 0,
+                    with_slots: true,
                 })
                 .await
                 .map(|r| r.into_inner())
@@ -330,15 +371,63 @@ impl Cluster {
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
             .collect();
         let mut shadows = values.clone();
+        let mut slots: Vec<ArrayD<f32>> = self
+            .slot_specs
+            .iter()
+            .map(|s| ArrayD::zeros(s.shape.as_slice()))
+            .collect();
+        let mut got = vec![false; slots.len()];
         let mut step = 0;
         for (ps, r) in replies.into_iter().enumerate() {
             self.store(ps, &r.variables, &mut values)?;
             self.store(ps, &r.shadows, &mut shadows)?;
+            for t in &r.slots {
+                let bad = |why: &str| PsCallError {
+                    ps,
+                    status: Status::internal(format!("ps:{ps} sent slot {:?}: {why}", t.name)),
+                };
+                let j = self
+                    .slot_specs
+                    .iter()
+                    .position(|s| s.name == t.name)
+                    .ok_or_else(|| bad("not a slot of this optimizer"))?;
+                match self.slot_specs[j].var {
+                    Some(i) if !self.by_ps[ps].contains(&i) => {
+                        return Err(bad("its variable is not on that ps"));
+                    }
+                    // Every shard keeps a copy; the checkpoint takes TensorFlow's.
+                    None if ps != self.non_slot_ps => continue,
+                    _ => {}
+                }
+                rpc::decode_into(t, &mut slots[j]).map_err(|e| PsCallError {
+                    ps,
+                    status: e.into(),
+                })?;
+                got[j] = true;
+            }
             if ps == 0 {
                 step = r.global_step;
             }
         }
-        Ok((step, values, shadows))
+        if let Some(j) = got.iter().position(|g| !g) {
+            return Err(PsCallError {
+                ps: self.slot_specs[j].var.map_or(self.non_slot_ps, |i| {
+                    (0..self.by_ps.len())
+                        .find(|&p| self.by_ps[p].contains(&i))
+                        .unwrap_or(0)
+                }),
+                status: Status::internal(format!(
+                    "slot {:?} missing from the snapshot",
+                    self.slot_specs[j].name
+                )),
+            });
+        }
+        Ok(Snapshot {
+            step,
+            values,
+            shadows,
+            slots,
+        })
     }
 
     /// Tells every ps the run is complete (best effort per task).

@@ -20,6 +20,7 @@ fn init_request(c: &Cluster, step: u64) -> pb::InitializeRequest {
         shadows: Vec::new(),
         global_step: step,
         force: false,
+        slots: vec![],
     }
 }
 
@@ -60,6 +61,7 @@ async fn observe_raw(ps: &mut PsClient) -> (pb::StateResponse, Option<pb::PullRe
                 names: vec![],
                 with_shadows: true,
                 min_step: 0,
+                with_slots: false,
             })
             .await
             .unwrap()
@@ -143,6 +145,7 @@ async fn only_the_cluster_token_is_accepted_and_rejections_change_nothing() {
                 names: vec![],
                 with_shadows: false,
                 min_step: 0,
+                with_slots: false,
             })
             .await
             .unwrap_err();

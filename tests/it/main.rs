@@ -11,6 +11,7 @@ mod faults;
 mod hardening;
 mod local;
 mod observability;
+mod optimizers;
 mod package;
 mod ps_limits;
 mod reload;

@@ -28,6 +28,7 @@ async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) 
         shadows: vec![],
         global_step: 7,
         force: false,
+        slots: vec![],
     };
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)
@@ -154,6 +155,7 @@ async fn malformed_pushes_are_rejected_and_change_nothing() {
         .initialize(pb::InitializeRequest {
             variables: bad,
             force: true,
+            slots: vec![],
             ..Default::default()
         })
         .await

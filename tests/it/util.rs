@@ -526,6 +526,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         global_step: step,
         variables: names.iter().cloned().zip(values.iter().cloned()).collect(),
         shadows: names.into_iter().zip(values).collect(),
+        slots: Default::default(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)
         .unwrap()
