@@ -506,14 +506,24 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
             let credentials = Credentials::load(&c)?;
             Ok((c, t, credentials))
         });
-    let (cfg, task, credentials) = match loaded {
+    let (mut cfg, task, credentials) = match loaded {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
             return std::process::ExitCode::from(EX_CONFIG);
         }
     };
-    if let Some(DaemonCommand::CheckConfig) = args.command {
+    let check_only = matches!(args.command, Some(DaemonCommand::CheckConfig));
+    // With `model.hidden` every task needs the data's shape to know the
+    // variables; a worker's check-config also checks explicit widths
+    // against its data (the worker reads it at start anyway).
+    if (cfg.model.hidden.is_some() || (check_only && role == Role::Worker))
+        && let Err(e) = crate::data::resolve_model(&mut cfg)
+    {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(EX_CONFIG);
+    }
+    if check_only {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
         println!(

@@ -1,7 +1,7 @@
 //! The file format: encoding a [`Checkpoint`] to two safetensors files, and
 //! decoding and verifying them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
@@ -93,9 +93,14 @@ fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
 }
 
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
-pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+/// `extra` is more metadata for the model file (the model's description,
+/// [`super::meta`]); it may not replace a key this module writes.
+pub(super) fn to_bytes(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     check_saveable(ckpt)?;
-    let (model, ema) = encode(ckpt)?;
+    let (model, ema) = encode_with(ckpt, extra)?;
     // What would not load back must not be written: readers refuse headers
     // beyond the bound (thousands of tensors fit in it).
     for bytes in [&model, &ema] {
@@ -110,7 +115,16 @@ pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> 
 }
 
 /// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
+#[cfg(test)]
 pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+    encode_with(ckpt, &BTreeMap::new())
+}
+
+/// [`encode`] with `extra` metadata in the model file.
+fn encode_with(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let step = ckpt.global_step.to_string();
     let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
 
@@ -135,6 +149,13 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
             serde_json::to_string(&var_names).map_err(|e| e.to_string())?,
         ),
     ]);
+
+    for (key, value) in extra {
+        if model_meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
+            return Err(format!("metadata key {key:?} is reserved"));
+        }
+        model_meta.insert(key.clone(), value.clone());
+    }
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
         ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();

@@ -64,7 +64,13 @@ impl Config {
     /// `new` must already be validated ([`Config::load`] does). The keys that
     /// may differ are [`LIVE_KEYS`].
     /// Errors: [`ConfigError::NotReloadable`] naming every such key.
-    pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
+    pub fn reload(&self, mut new: Config) -> Result<Config, ConfigError> {
+        // With `model.hidden`, the running widths were resolved from the data
+        // at start ([`Config::resolve_layers`]); the same hidden widths mean
+        // the same model, without reading the data set again.
+        if new.model.hidden.is_some() && new.model.hidden == self.model.hidden {
+            new.model.layers = self.model.layers.clone();
+        }
         let keys: Vec<String> = self
             .changed_keys(&new)
             .into_iter()
