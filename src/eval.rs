@@ -36,13 +36,25 @@ pub struct Evaluation {
 }
 
 /// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
+/// the test split of the IDX files in `data_dir` ([`evaluate_on`]).
+///
+/// Errors: as [`evaluate_on`].
+pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
+    let data = DataConfig {
+        dir: data_dir.to_path_buf(),
+        ..DataConfig::default()
+    };
+    evaluate_on(path, &data)
+}
+
+/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
 /// the test split of the data set `data` describes. The model's shape and
 /// its preprocessing are read from the checkpoint; a CSV test file's label
 /// column is `data.label`.
 ///
 /// Errors: [`EvalError`] for a missing or damaged checkpoint or data set, or
 /// test data of another width or with more classes than the model's.
-pub fn evaluate(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
+pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
     let model = Trained::load(path)?;
     let mut test = data::load(data, Split::Test)?;
     let file = &model.file;
@@ -99,11 +111,7 @@ mod tests {
         crate::data::write_idx_images(&data.join("t10k-images-idx3-ubyte"), &[7; 12], 2, 2)
             .unwrap();
         crate::data::write_idx_labels(&data.join("t10k-labels-idx1-ubyte"), &[0, 1, 1]).unwrap();
-        let cfg = DataConfig {
-            dir: data,
-            ..DataConfig::default()
-        };
-        let err = evaluate(dir.path(), &cfg).unwrap_err();
+        let err = evaluate(dir.path(), &data).unwrap_err();
         assert!(err.to_string().contains("are not an MLP's"), "{err}");
     }
 }

@@ -141,7 +141,7 @@ fn eval(
             .label
             .unwrap_or(cfg.label),
     };
-    let ev = dtf::eval::evaluate(path, &cfg)?;
+    let ev = dtf::eval::evaluate_on(path, &cfg)?;
     if json {
         println!("{}", serde_json::to_string(&ev)?);
     } else {

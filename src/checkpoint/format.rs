@@ -571,7 +571,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn valid_pair() -> (Vec<u8>, Vec<u8>) {
-        to_bytes(&sample(77, &SMALL)).unwrap()
+        to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
     }
 
     proptest! {
@@ -674,7 +674,7 @@ mod tests {
             variables: (0..n).map(|i| (name(i), one())).collect(),
             shadows: (0..n).map(|i| (name(i), one())).collect(),
         };
-        let err = to_bytes(&ckpt).unwrap_err();
+        let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
         assert!(err.contains("header would be"), "{err}");
     }
 }

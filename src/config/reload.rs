@@ -104,6 +104,19 @@ mod tests {
     use crate::config::*;
 
     #[test]
+    fn widths_resolved_from_the_data_survive_a_reload() {
+        let text = "[model]\nhidden = [8]\n";
+        let mut old = Config::from_toml_str(text, "f").unwrap();
+        old.resolve_layers(4, 3, "d").unwrap();
+        let new = Config::from_toml_str(&format!("{text}[train]\nlast_step = 5\n"), "f").unwrap();
+        let reloaded = old.reload(new).unwrap();
+        assert_eq!(reloaded.model.layers, [4, 8, 3]);
+        let other = Config::from_toml_str("[model]\nhidden = [9]\n", "f").unwrap();
+        let err = old.reload(other).unwrap_err().to_string();
+        assert!(err.contains("model.hidden"), "{err}");
+    }
+
+    #[test]
     fn reload_accepts_live_keys_only() {
         let old = Config::default();
         let mut new = old.clone();

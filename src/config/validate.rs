@@ -720,4 +720,37 @@ mod tests {
         )
         .unwrap();
     }
+
+    #[test]
+    fn hidden_widths_take_the_data_shape_and_layers_must_fit_it() {
+        let mut c = Config::from_toml_str("[model]\nhidden = [32, 16]\n", "f").unwrap();
+        c.resolve_layers(20, 3, "d").unwrap();
+        assert_eq!(c.model.layers, [20, 32, 16, 3]);
+        error_for("[model]\nhidden = [32, 0]\n", "model.hidden[1]");
+        error_for("[model]\nhidden = [32]\nlayers = [5, 3]\n", "model.hidden");
+
+        let mut c = Config::from_toml_str("[model]\nlayers = [20, 8, 3]\n", "f").unwrap();
+        c.resolve_layers(20, 2, "d").unwrap();
+        let err = c.resolve_layers(21, 3, "the npz").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[0]") && err.contains("21 features"),
+            "{err}"
+        );
+        let err = c.resolve_layers(20, 5, "d").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[2]") && err.contains("labels up to 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn each_data_format_needs_its_paths() {
+        error_for("[data]\nformat = \"npz\"\n", "data.path");
+        error_for("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "data.test");
+        error_for(
+            "[data]\nformat = \"csv\"\ntrain = \"a\"\ntest = \"b\"\nlabel = \"\"\n",
+            "data.label",
+        );
+        Config::from_toml_str("[data]\nformat = \"npz\"\npath = \"x.npz\"\n", "f").unwrap();
+    }
 }

@@ -97,10 +97,14 @@ fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError>
         path: path.to_path_buf(),
         source,
     };
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = super::read_file(path)?;
     let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+        // A small gzip stream may inflate without end: at most one byte past
+        // this machine's memory is inflated, and that is refused.
+        let limit = super::max_bytes();
         let mut out = Vec::with_capacity(bytes.len() * 4);
         MultiGzDecoder::new(&bytes[..])
+            .take(limit.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|e| {
                 io(std::io::Error::new(
@@ -108,6 +112,13 @@ fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError>
                     format!("corrupt gzip data: {e}"),
                 ))
             })?;
+        if out.len() as u64 > limit {
+            return Err(DataError::TooLarge {
+                path: path.to_path_buf(),
+                size: out.len() as u64,
+                limit,
+            });
+        }
         out
     } else {
         bytes

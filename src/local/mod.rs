@@ -355,7 +355,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     }
     bar.finish_and_clear();
     let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.clone());
-    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate(&dir, &data));
+    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate_on(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
     let ev: Evaluation = tokio::select! {
         ev = evaluation => ev.map_err(|e| LocalError::Setup(format!("evaluation task: {e}")))??,

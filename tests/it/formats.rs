@@ -322,7 +322,7 @@ fn standardized_float_data_exports_its_preprocessing() {
     // The tiny data set as float32 in odd units (pixels · 3 − 100).
     let data = tiny_data(dir, 2000, 400);
     let load = |split| dtf::data::Dataset::load(&data, split).unwrap();
-    let (train, test) = (load(dtf::data::Split::Train), load(dtf::data::Split::Test));
+    let (train_set, test_set) = (load(dtf::data::Split::Train), load(dtf::data::Split::Test));
     let floats = |d: &dtf::data::Dataset| {
         let (x, y) = d.all();
         let n = d.len() as u64;
@@ -334,8 +334,8 @@ fn standardized_float_data_exports_its_preprocessing() {
             Array::I64(vec![n], y.iter().map(|&l| i64::from(l)).collect()),
         )
     };
-    let (xtr, ytr) = floats(&train);
-    let (xte, yte) = floats(&test);
+    let (xtr, ytr) = floats(&train_set);
+    let (xte, yte) = floats(&test_set);
     let npz = dir.join("floats.npz");
     write_npz(
         &npz,
