@@ -180,10 +180,14 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
         cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())
             .map_err(|e| LocalError::Setup(e.to_string()))?;
     }
-    // The data's shape goes into the tasks' config once, here: they need
-    // not read the data for it, and a mismatch is reported before any starts.
-    data::resolve_model(&mut cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
-    cfg.model.hidden = None;
+    // With `model.hidden`, the data's shape goes into the tasks' config once,
+    // here: they need not read the data for it. (Explicit widths are checked
+    // by the workers, which read the data anyway; a task that fails on it is
+    // named with its log.)
+    if cfg.model.hidden.is_some() {
+        data::resolve_model(&mut cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
+        cfg.model.hidden = None;
+    }
     cfg.checkpoint.dir = opts
         .checkpoint_dir
         .clone()
