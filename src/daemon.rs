@@ -4,7 +4,8 @@
 //! signals and the file watcher, one loop that acts on it.
 
 use crate::auth::Credentials;
-use crate::config::{self, Config, ConfigError, Role, TaskId};
+use crate::config::{self, Config, ConfigError, DataFormat, Role, TaskId};
+use crate::data::{self, ResolveError};
 use crate::worker::{self, Outcome, Reporter};
 use sd_notify::NotifyState;
 use std::path::{Path, PathBuf};
@@ -501,38 +502,61 @@ pub enum DaemonCommand {
 /// The checks every start of `dtf-ps` and `dtf-worker` and every
 /// `check-config` (theirs and `dtf check-config`) run, so that `valid` means
 /// the daemons start: the values ([`Config::load`] validated them), the
-/// token and TLS files, and the model against the training data when the
-/// data is readable here (a ps host need not hold it; the worker then
-/// checks it when it loads the data).
+/// token and TLS files, and the model against the training data:
 ///
-/// Errors: [`ConfigError::File`] for an unusable token or TLS file;
-/// [`ConfigError::Key`] naming `model.layers` or `train.batch_size` when the
-/// data cannot train this model.
-pub fn preflight(cfg: &Config) -> Result<Credentials, ConfigError> {
+/// - with `model.hidden`, the widths come from the data, which must be
+///   readable here (every task needs them to know the variables);
+/// - IDX data readable here: its header against `model.layers[0]` and
+///   `train.batch_size` (cheap: a ps host reads 16 bytes, not the set);
+/// - NumPy or CSV data present here, for a worker (and `dtf check-config`):
+///   the whole set, as the worker reads it at start anyway. A ps host need
+///   not hold the data; the worker then checks it when it loads it.
+///
+/// Errors: [`ResolveError::Config`] for an unusable token or TLS file, or
+/// naming `model.layers` or `train.batch_size` when the data cannot train
+/// this model; [`ResolveError::Data`] when `model.hidden` needs data that
+/// cannot be read.
+pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveError> {
     let credentials = Credentials::load(cfg)?;
-    let dir = &cfg.data.dir;
-    if let Ok((examples, pixels)) = crate::data::images_shape(dir, crate::data::Split::Train) {
-        if pixels != cfg.model.layers[0] {
-            return Err(cfg.bad(
-                "model.layers",
-                format!(
-                    "the first layer has {} inputs but the images in data.dir {} have {pixels} pixels; \
-                     model.layers[0] must be {pixels}",
-                    cfg.model.layers[0],
-                    dir.display()
-                ),
-            ));
+    let examples = if cfg.model.hidden.is_some() {
+        Some(data::resolve_model(cfg)?.examples)
+    } else if cfg.data.format == DataFormat::Idx {
+        let dir = &cfg.data.dir;
+        match data::images_shape(dir, data::Split::Train) {
+            Ok((_, pixels)) if pixels != cfg.model.layers[0] => {
+                return Err(cfg
+                    .bad(
+                        "model.layers",
+                        format!(
+                            "the first layer has {} inputs but the images in data.dir {} have \
+                             {pixels} pixels; model.layers[0] must be {pixels}",
+                            cfg.model.layers[0],
+                            dir.display()
+                        ),
+                    )
+                    .into());
+            }
+            Ok((examples, _)) => Some(examples),
+            Err(_) => None,
         }
-        if cfg.train.batch_size > examples {
-            return Err(cfg.bad(
+    } else if role != Role::Ps && data::is_present(&cfg.data) {
+        Some(data::resolve_model(cfg)?.examples)
+    } else {
+        None
+    };
+    if let Some(examples) = examples
+        && cfg.train.batch_size > examples
+    {
+        return Err(cfg
+            .bad(
                 "train.batch_size",
                 format!(
-                    "{} is more than the {examples} training examples in data.dir {}",
+                    "{} is more than the {examples} training examples in {}",
                     cfg.train.batch_size,
-                    dir.display()
+                    data::describe(&cfg.data)
                 ),
-            ));
-        }
+            )
+            .into());
     }
     Ok(credentials)
 }
@@ -541,8 +565,9 @@ pub fn preflight(cfg: &Config) -> Result<Credentials, ConfigError> {
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let loaded = check_job_name(role, args.job_name.as_deref())
         .and_then(|()| Config::load_task(&args.config, args.task, role))
-        .and_then(|(c, t)| {
-            let credentials = preflight(&c)?;
+        .map_err(ResolveError::from)
+        .and_then(|(mut c, t)| {
+            let credentials = preflight(&mut c, role)?;
             Ok((c, t, credentials))
         });
     let (cfg, task, credentials) = match loaded {
@@ -552,7 +577,8 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(EX_CONFIG);
         }
     };
-    if let Some(DaemonCommand::CheckConfig) = args.command {
+    let check_only = matches!(args.command, Some(DaemonCommand::CheckConfig));
+    if check_only {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
         println!(

@@ -1,8 +1,8 @@
 //! Accuracy of a checkpoint on the test set, raw and EMA (`dtf eval`).
 
-use crate::checkpoint;
-use crate::data::{Dataset, Split};
-use crate::model::Mlp;
+use crate::config::DataConfig;
+use crate::data::{self, Split};
+use crate::predict::{PredictError, Trained};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -10,11 +10,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error(transparent)]
-    Checkpoint(#[from] checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    #[error(transparent)]
+    Model(#[from] PredictError),
+    /// The test data does not fit the model.
     #[error("{0}")]
-    Model(String),
+    Mismatch(String),
 }
 
 /// What `dtf eval --json` prints.
@@ -33,86 +36,53 @@ pub struct Evaluation {
 }
 
 /// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
-/// the test split of `data_dir`. The model's shape is read from the checkpoint.
+/// the test split of the IDX files in `data_dir` ([`evaluate_on`]).
 ///
-/// Errors: [`EvalError`] for a missing or damaged checkpoint or data set.
+/// Errors: as [`evaluate_on`].
 pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
-    let file = checkpoint::resolve(path)?;
-    let ckpt = checkpoint::load(&file, None)?;
-    let layers = layers_of(&ckpt)?;
-    let mlp = Mlp::new(&layers).map_err(|e| EvalError::Model(e.to_string()))?;
-    let expected = mlp.variables();
-    // Names and shapes, of the shadows too: the widths above come from the
-    // weights alone, and a mismatch would otherwise reach the matrix code.
-    let fits = |tensors: &[(String, ndarray::ArrayD<f32>)]| {
-        tensors.len() == expected.len()
-            && tensors
-                .iter()
-                .zip(&expected)
-                .all(|((n, a), v)| *n == v.name && a.shape() == v.shape.as_slice())
+    let data = DataConfig {
+        dir: data_dir.to_path_buf(),
+        ..DataConfig::default()
     };
-    if !fits(&ckpt.variables) || !fits(&ckpt.shadows) {
-        let found: Vec<_> = ckpt
-            .variables
-            .iter()
-            .map(|(n, a)| format!("{n} {:?}", a.shape()))
-            .collect();
-        return Err(EvalError::Model(format!(
-            "{}: variables {found:?} are not an MLP's",
-            file.display()
-        )));
-    }
-    let test = Dataset::load(data_dir, Split::Test)?;
-    test.check_labels(mlp.classes())?;
-    if test.features() != layers[0] {
-        return Err(EvalError::Model(format!(
-            "{}: the model takes {} inputs, the images in {} have {} pixels",
+    evaluate_on(path, &data)
+}
+
+/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
+/// the test split of the data set `data` describes. The model's shape and
+/// its preprocessing are read from the checkpoint; a CSV test file's label
+/// column is `data.label`.
+///
+/// Errors: [`EvalError`] for a missing or damaged checkpoint or data set, or
+/// test data of another width or with more classes than the model's.
+pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
+    let model = Trained::load(path)?;
+    let mut test = data::load(data, Split::Test)?;
+    let file = &model.file;
+    if test.features() != model.mlp.inputs() {
+        return Err(EvalError::Mismatch(format!(
+            "{}: the model takes {} inputs, the rows of {} have {} features",
             file.display(),
-            layers[0],
-            data_dir.display(),
+            model.mlp.inputs(),
+            test.path().display(),
             test.features()
         )));
     }
+    test.check_labels(model.mlp.classes())?;
+    test.set_preprocessing(model.meta.preprocessing.clone())?;
     let (x, y) = test.all();
-    let values: Vec<_> = ckpt.variables.into_iter().map(|(_, a)| a).collect();
-    let shadows: Vec<_> = ckpt.shadows.into_iter().map(|(_, a)| a).collect();
     Ok(Evaluation {
-        checkpoint: file,
-        global_step: ckpt.global_step,
-        accuracy: mlp.accuracy(&values, x.view(), &y),
-        ema_accuracy: mlp.accuracy(&shadows, x.view(), &y),
+        checkpoint: file.clone(),
+        global_step: model.global_step,
+        accuracy: model.mlp.accuracy(model.params(false), x.view(), &y),
+        ema_accuracy: model.mlp.accuracy(model.params(true), x.view(), &y),
         examples: test.len(),
     })
-}
-
-/// The layer widths implied by `layerN/weights` shapes.
-fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
-    let mut layers = Vec::new();
-    for (name, a) in &ckpt.variables {
-        if name.ends_with("/weights") {
-            if a.ndim() != 2 {
-                return Err(EvalError::Model(format!(
-                    "{name} has shape {:?}, expected a matrix",
-                    a.shape()
-                )));
-            }
-            if layers.is_empty() {
-                layers.push(a.shape()[0]);
-            }
-            layers.push(a.shape()[1]);
-        }
-    }
-    if layers.len() < 2 {
-        return Err(EvalError::Model(
-            "the checkpoint holds no layer weights".into(),
-        ));
-    }
-    Ok(layers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint;
     use ndarray::ArrayD;
 
     #[test]

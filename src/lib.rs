@@ -9,10 +9,11 @@
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
-//! - [`data`] — IDX (MNIST-format) files and mini-batches.
+//! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
+//!   mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
-//!   newest valid one), `inspect`.
+//!   newest valid one), `inspect`, `meta` (the model's description in the metadata).
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its shard and the gRPC service.
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
@@ -23,6 +24,8 @@
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
+//! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside, each bounded.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
@@ -36,12 +39,14 @@ pub mod config;
 pub mod daemon;
 pub mod data;
 pub mod eval;
+pub mod export;
 pub mod files;
 pub mod local;
 pub mod metrics;
 pub mod model;
 pub mod optimizer;
 pub mod placement;
+pub mod predict;
 pub mod ps;
 pub mod rpc;
 pub mod status;

@@ -99,6 +99,11 @@ impl Mlp {
         self.layers[self.layers.len() - 1]
     }
 
+    /// The widths, input first, classes last.
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
     /// Variables in creation order: layer1/weights, layer1/biases, layer2/weights, ...
     pub fn variables(&self) -> Vec<VarSpec> {
         self.layers
@@ -392,6 +397,37 @@ impl Mlp {
         loss as f32
     }
 
+    /// Class probabilities (softmax of the logits), `x.nrows() × classes`,
+    /// computed in chunks as [`Mlp::accuracy`] is. The row's largest logit is
+    /// subtracted before `exp`, so no logit overflows.
+    ///
+    /// # Panics
+    ///
+    /// Like [`Mlp::accuracy`].
+    pub fn probabilities(&self, params: &[ArrayD<f32>], x: ArrayView2<f32>) -> Array2<f32> {
+        let layers = self.layer_views(params);
+        assert_eq!(x.ncols(), self.inputs(), "input width");
+        let mut out = Array2::zeros((x.nrows(), self.classes()));
+        let mut start = 0;
+        while start < x.nrows() {
+            let end = (start + EVAL_CHUNK).min(x.nrows());
+            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            for (mut o, z) in out
+                .slice_mut(s![start..end, ..])
+                .rows_mut()
+                .into_iter()
+                .zip(logits.rows())
+            {
+                let max = z.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                o.assign(&z.mapv(|v| (v - max).exp()));
+                let sum = o.sum();
+                o.mapv_inplace(|v| v / sum);
+            }
+            start = end;
+        }
+        out
+    }
+
     /// Fraction of rows whose arg-max logit equals the label (ties go to the
     /// lowest class, like `tf.argmax`). Evaluated in chunks of 1000 rows so
     /// memory stays bounded for any data set size. 0 for an empty `x`.
@@ -463,7 +499,7 @@ fn relu(v: f32) -> f32 {
 }
 
 /// Index of the first maximum.
-fn argmax(row: ArrayView1<f32>) -> usize {
+pub fn argmax(row: ArrayView1<f32>) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {

@@ -1,7 +1,7 @@
 //! The file format: encoding a [`Checkpoint`] to two safetensors files, and
 //! decoding and verifying them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
@@ -143,9 +143,14 @@ fn var_specs(vars: &[(String, ArrayD<f32>)]) -> Vec<VarSpec> {
 }
 
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
-pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+/// `extra` is more metadata for the model file (the model's description,
+/// [`super::meta`]); it may not replace a key this module writes.
+pub(super) fn to_bytes(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     check_saveable(ckpt)?;
-    let (model, ema) = encode(ckpt)?;
+    let (model, ema) = encode_with(ckpt, extra)?;
     // What would not load back must not be written: readers refuse headers
     // beyond the bound (thousands of tensors fit in it).
     for bytes in [&model, &ema] {
@@ -160,7 +165,16 @@ pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> 
 }
 
 /// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
+#[cfg(test)]
 pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+    encode_with(ckpt, &BTreeMap::new())
+}
+
+/// [`encode`] with `extra` metadata in the model file.
+fn encode_with(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let step = ckpt.global_step.to_string();
     let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
 
@@ -200,6 +214,13 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
             serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
         ),
     ]);
+
+    for (key, value) in extra {
+        if model_meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
+            return Err(format!("metadata key {key:?} is reserved"));
+        }
+        model_meta.insert(key.clone(), value.clone());
+    }
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
         ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
@@ -690,7 +711,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn valid_pair() -> (Vec<u8>, Vec<u8>) {
-        to_bytes(&sample(77, &SMALL)).unwrap()
+        to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
     }
 
     proptest! {
@@ -767,7 +788,7 @@ mod tests {
     #[test]
     fn slots_round_trip_under_tensorflow_names() {
         let c = sample_with_adam(5, &SMALL);
-        let (model, ema) = to_bytes(&c).unwrap();
+        let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
         assert_eq!(from_bytes(&model, &ema, Some(&small_specs())).unwrap(), c);
         // Without a model (dtf eval, inspect) they load, listed apart from the variables.
         let back = from_bytes(&model, &ema, None).unwrap();
@@ -790,11 +811,11 @@ mod tests {
     fn slots_that_do_not_match_their_optimizer_are_refused() {
         let mut c = sample_with_adam(5, &SMALL);
         c.slots.tensors.pop();
-        assert!(to_bytes(&c).is_err_and(|e| e.contains("not those of adam")));
+        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("not those of adam")));
         let mut c = sample_with_adam(5, &SMALL);
         // After the 4 variables' 8 slots: beta1_power.
         c.slots.tensors[8].1.fill(1.0);
-        assert!(to_bytes(&c).is_err_and(|e| e.contains("beta1_power")));
+        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("beta1_power")));
         // Written anyway, a file whose slots disagree with its optimizer is refused on load.
         let mut c = sample_with_adam(5, &SMALL);
         c.slots.optimizer = crate::optimizer::Optimizer::Momentum {
@@ -836,7 +857,7 @@ mod tests {
             shadows: (0..n).map(|i| (name(i), one())).collect(),
             slots: Slots::default(),
         };
-        let err = to_bytes(&ckpt).unwrap_err();
+        let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
         assert!(err.contains("header would be"), "{err}");
     }
 }

@@ -28,6 +28,7 @@
 
 mod format;
 mod inspect;
+mod meta;
 mod restore;
 mod save;
 
@@ -40,6 +41,7 @@ use safetensors::SafeTensorError;
 
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
+pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
 pub use restore::{load, resolve, restore_latest};
 pub use save::Saver;
 

@@ -64,7 +64,13 @@ impl Config {
     /// `new` must already be validated ([`Config::load`] does). The keys that
     /// may differ are [`LIVE_KEYS`].
     /// Errors: [`ConfigError::NotReloadable`] naming every such key.
-    pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
+    pub fn reload(&self, mut new: Config) -> Result<Config, ConfigError> {
+        // With `model.hidden`, the running widths were resolved from the data
+        // at start ([`Config::resolve_layers`]); the same hidden widths mean
+        // the same model, without reading the data set again.
+        if new.model.hidden.is_some() && new.model.hidden == self.model.hidden {
+            new.model.layers = self.model.layers.clone();
+        }
         let keys: Vec<String> = self
             .changed_keys(&new)
             .into_iter()
@@ -96,6 +102,19 @@ impl Config {
 mod tests {
     use super::*;
     use crate::config::*;
+
+    #[test]
+    fn widths_resolved_from_the_data_survive_a_reload() {
+        let text = "[model]\nhidden = [8]\n";
+        let mut old = Config::from_toml_str(text, "f").unwrap();
+        old.resolve_layers(4, 3, "d").unwrap();
+        let new = Config::from_toml_str(&format!("{text}[train]\nlast_step = 5\n"), "f").unwrap();
+        let reloaded = old.reload(new).unwrap();
+        assert_eq!(reloaded.model.layers, [4, 8, 3]);
+        let other = Config::from_toml_str("[model]\nhidden = [9]\n", "f").unwrap();
+        let err = old.reload(other).unwrap_err().to_string();
+        assert!(err.contains("model.hidden"), "{err}");
+    }
 
     #[test]
     fn reload_accepts_live_keys_only() {

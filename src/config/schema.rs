@@ -180,16 +180,48 @@ impl TrainConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Widths, input first, classes last.
+    /// Widths, input first, classes last. With `hidden` set, filled in from
+    /// the data (its width, its classes) around the hidden widths.
     pub layers: Vec<usize>,
+    /// Only the hidden widths (`[500]`); the input width and the class count
+    /// come from the data. Exclusive with an explicit `layers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<usize>>,
 }
 
-/// `[data]`: where the IDX files are.
+/// The format of a data set (`data.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// MNIST-format IDX files in `data.dir`.
+    Idx,
+    /// One NumPy `.npz` at `data.path`: `x_train`, `y_train`, `x_test`, `y_test`.
+    Npz,
+    /// CSV files `data.train` and `data.test` with a header and a label column.
+    Csv,
+}
+
+/// `[data]`: where the data set is, in which format, and how it is preprocessed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
+    /// `idx` (`dir`), `npz` (`path`) or `csv` (`train`, `test`, `label`).
+    pub format: DataFormat,
     /// Directory of `train-images-idx3-ubyte[.gz]` and the other IDX files.
     pub dir: PathBuf,
+    /// The `.npz` file (format `npz`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The training CSV file (format `csv`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train: Option<PathBuf>,
+    /// The test CSV file (format `csv`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test: Option<PathBuf>,
+    /// The CSV column holding the class index (format `csv`).
+    pub label: String,
+    /// Standardize features with the training split's mean and std.
+    pub standardize: bool,
 }
 
 /// `[checkpoint]`: the chief's checkpoints.
@@ -341,6 +373,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             layers: vec![784, 500, 10],
+            hidden: None,
         }
     }
 }
@@ -348,7 +381,13 @@ impl Default for ModelConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
+            format: DataFormat::Idx,
             dir: DEFAULT_DATA_DIR.into(),
+            path: None,
+            train: None,
+            test: None,
+            label: "label".into(),
+            standardize: false,
         }
     }
 }
@@ -481,6 +520,10 @@ mod tests {
             "tls_cert",
             "tls_key",
             "tls_ca",
+            "hidden",
+            "path",
+            "train",
+            "test",
         ] {
             assert!(
                 text.contains(&format!("\n# {key} = ")),

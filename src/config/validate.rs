@@ -3,7 +3,7 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, Role, TaskId};
+use super::schema::{Config, DataFormat, ModelConfig, Role, TaskId};
 use super::size::memory_bytes;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -229,8 +229,26 @@ impl Config {
         Ok(())
     }
 
-    /// `[model]`: at least two widths, none zero.
+    /// `[model]`: at least two widths, none zero; `hidden` only without `layers`.
     fn validate_model(&self) -> Result<(), ConfigError> {
+        if let Some(hidden) = &self.model.hidden {
+            if self.model.layers != ModelConfig::default().layers {
+                return Err(self.bad(
+                    "model.hidden",
+                    format!(
+                        "is set together with model.layers = {:?}: expected one of them \
+                         (hidden: the data gives the input width and the classes)",
+                        self.model.layers
+                    ),
+                ));
+            }
+            if let Some(i) = hidden.iter().position(|&w| w == 0) {
+                return Err(self.bad(
+                    &format!("model.hidden[{i}]"),
+                    invalid(0, "a positive width"),
+                ));
+            }
+        }
         let layers = &self.model.layers;
         if layers.len() < 2 {
             return Err(self.bad(
@@ -250,10 +268,80 @@ impl Config {
         Ok(())
     }
 
-    /// `[data]`: an empty `dir` would silently mean the working directory.
+    /// `[data]`: an empty `dir` would silently mean the working directory;
+    /// each format needs its path keys.
     fn validate_data(&self) -> Result<(), ConfigError> {
-        if self.data.dir.as_os_str().is_empty() {
+        let d = &self.data;
+        if d.dir.as_os_str().is_empty() {
             return Err(self.bad("data.dir", "is empty: expected a path".into()));
+        }
+        let needed: &[(&str, &Option<std::path::PathBuf>)] = match d.format {
+            DataFormat::Idx => &[],
+            DataFormat::Npz => &[("data.path", &d.path)],
+            DataFormat::Csv => &[("data.train", &d.train), ("data.test", &d.test)],
+        };
+        for (key, value) in needed {
+            if value.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+                return Err(self.bad(
+                    "data.format",
+                    format!(
+                        "is {:?}, which needs {key} (a file path), and {key} is not set",
+                        d.format
+                    ),
+                ));
+            }
+        }
+        if d.format == DataFormat::Csv && d.label.trim().is_empty() {
+            return Err(self.bad(
+                "data.label",
+                "is empty: expected the name of the CSV column holding the class index".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts the data's shape into the model: with `model.hidden`, the widths
+    /// become `[features, hidden…, classes]`; with `model.layers` alone, its
+    /// first width must be the data's and its last hold every class.
+    /// `data` names the data set in errors.
+    ///
+    /// Errors: [`ConfigError::Key`] naming `model.layers[i]` (a mismatch) or
+    /// `model.layers`/`train.batch_size` (the resolved model does not fit).
+    pub fn resolve_layers(
+        &mut self,
+        features: usize,
+        classes: usize,
+        data: &str,
+    ) -> Result<(), ConfigError> {
+        if let Some(hidden) = &self.model.hidden {
+            let mut layers = vec![features];
+            layers.extend(hidden);
+            layers.push(classes);
+            self.model.layers = layers;
+            return self.check_fits(memory_bytes());
+        }
+        let layers = &self.model.layers;
+        let last = layers.len() - 1;
+        if layers[0] != features {
+            return Err(self.bad(
+                "model.layers[0]",
+                format!(
+                    "is {}, but the data ({data}) has {features} features per row: expected \
+                     {features}, or give only the hidden widths as model.hidden",
+                    layers[0]
+                ),
+            ));
+        }
+        if layers[last] < classes {
+            return Err(self.bad(
+                &format!("model.layers[{last}]"),
+                format!(
+                    "is {}, but the data ({data}) has labels up to {}: expected at least \
+                     {classes} classes, or give only the hidden widths as model.hidden",
+                    layers[last],
+                    classes - 1
+                ),
+            ));
         }
         Ok(())
     }
@@ -719,5 +807,38 @@ mod tests {
             "/f",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn hidden_widths_take_the_data_shape_and_layers_must_fit_it() {
+        let mut c = Config::from_toml_str("[model]\nhidden = [32, 16]\n", "f").unwrap();
+        c.resolve_layers(20, 3, "d").unwrap();
+        assert_eq!(c.model.layers, [20, 32, 16, 3]);
+        error_for("[model]\nhidden = [32, 0]\n", "model.hidden[1]");
+        error_for("[model]\nhidden = [32]\nlayers = [5, 3]\n", "model.hidden");
+
+        let mut c = Config::from_toml_str("[model]\nlayers = [20, 8, 3]\n", "f").unwrap();
+        c.resolve_layers(20, 2, "d").unwrap();
+        let err = c.resolve_layers(21, 3, "the npz").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[0]") && err.contains("21 features"),
+            "{err}"
+        );
+        let err = c.resolve_layers(20, 5, "d").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[2]") && err.contains("labels up to 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn each_data_format_needs_its_paths() {
+        error_for("[data]\nformat = \"npz\"\n", "data.path");
+        error_for("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "data.test");
+        error_for(
+            "[data]\nformat = \"csv\"\ntrain = \"a\"\ntest = \"b\"\nlabel = \"\"\n",
+            "data.label",
+        );
+        Config::from_toml_str("[data]\nformat = \"npz\"\npath = \"x.npz\"\n", "f").unwrap();
     }
 }

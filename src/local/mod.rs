@@ -11,6 +11,7 @@
 use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
+use crate::data;
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
 use crate::worker::client::Cluster;
@@ -45,8 +46,11 @@ pub struct Options {
     pub steps: u64,
     /// Training mode.
     pub mode: Mode,
-    /// Where the IDX files are (default: the config default).
+    /// The data set: a directory of IDX files, a `.npz` or a training
+    /// `.csv` (default: the config's `[data]`).
     pub data: Option<PathBuf>,
+    /// The test `.csv` beside `data` (default: its name with `train` → `test`).
+    pub test: Option<PathBuf>,
     /// Keep checkpoints here (default: a fresh directory under the run directory).
     pub checkpoint_dir: Option<PathBuf>,
     /// Overrides `checkpoint.save_secs`.
@@ -173,7 +177,16 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     cfg.train.last_step = opts.steps;
     cfg.train.mode = opts.mode;
     if let Some(d) = &opts.data {
-        cfg.data.dir = d.clone();
+        cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
+    }
+    // With `model.hidden`, the data's shape goes into the tasks' config once,
+    // here: they need not read the data for it. (Explicit widths are checked
+    // by the workers, which read the data anyway; a task that fails on it is
+    // named with its log.)
+    if cfg.model.hidden.is_some() {
+        data::resolve_model(&mut cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
+        cfg.model.hidden = None;
     }
     cfg.checkpoint.dir = opts
         .checkpoint_dir
@@ -345,8 +358,8 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         }
     }
     bar.finish_and_clear();
-    let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.dir.clone());
-    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate(&dir, &data));
+    let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.clone());
+    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate_on(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
     let ev: Evaluation = tokio::select! {
         ev = evaluation => ev.map_err(|e| LocalError::Setup(format!("evaluation task: {e}")))??,

@@ -227,6 +227,7 @@ fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
     let paths = [
         ("--config", opts.base_path.as_deref()),
         ("--data", opts.data.as_deref()),
+        ("--test", opts.test.as_deref()),
         ("--checkpoint-dir", Some(checkpoint_dir)),
     ];
     for (flag, path) in paths {

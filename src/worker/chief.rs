@@ -7,9 +7,9 @@
 use super::backoff::Backoff;
 use super::client::{Cluster, Snapshot};
 use super::{Outcome, Worker, WorkerError};
-use crate::checkpoint::{self, Checkpoint, Saver};
-use crate::config::Config;
-use crate::data::{Dataset, Split};
+use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
+use crate::config::{Config, DataFormat};
+use crate::data::{self, Preprocessing, Split};
 use crate::model::Mlp;
 use crate::optimizer::Optimizer;
 use crate::summary::Summaries;
@@ -44,6 +44,7 @@ impl Chief {
                 worker.config.clone(),
                 worker.cluster.clone(),
                 worker.mlp.clone(),
+                worker.preprocessing.clone(),
             ),
             summaries: Summaries::open(&cfg.checkpoint.dir),
         }
@@ -123,7 +124,7 @@ impl Worker {
                 shadows,
                 slots,
             };
-            let _ = save_checkpoint(&cfg, &self.mlp, snapshot).await;
+            let _ = save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot).await;
         }
         Ok(())
     }
@@ -153,8 +154,9 @@ impl Worker {
         self.save_final(&snapshot).await?;
         let (step, values, shadows) = (snapshot.step, &snapshot.values, &snapshot.shadows);
         if let Outcome::Finished { .. } = outcome {
-            let test = Dataset::load(&cfg.data.dir, Split::Test)?;
+            let mut test = data::load(&cfg.data, Split::Test)?;
             test.check_labels(self.mlp.classes())?;
+            test.set_preprocessing(self.preprocessing.clone())?;
             let (x, y) = test.all();
             let acc = self.mlp.accuracy(values, x.view(), &y);
             let ema = self.mlp.accuracy(shadows, x.view(), &y);
@@ -179,7 +181,7 @@ impl Worker {
         let mut backoff = Backoff::new();
         let mut attempt = 1;
         loop {
-            match save_checkpoint(&cfg, &self.mlp, snapshot.clone()).await {
+            match save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
                     return Err(WorkerError::FinalCheckpoint {
@@ -234,12 +236,22 @@ fn restored_slots(
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
+    preprocessing: &Preprocessing,
     snapshot: Snapshot,
 ) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
     let specs = mlp.variables();
     let step = snapshot.step;
     let optimizer = cfg.train.optimizer();
     let slot_names = optimizer.slot_specs(&specs).into_iter().map(|s| s.name);
+    // Everything needed to use the checkpoint without the config or the data.
+    let meta = ModelMeta {
+        layers: mlp.layers().to_vec(),
+        activation: checkpoint::ACTIVATION.into(),
+        classes: mlp.classes(),
+        preprocessing: preprocessing.clone(),
+        label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
+        hyperparameters: serde_json::to_value(&cfg.train).ok(),
+    };
     let ckpt = Checkpoint {
         global_step: step,
         variables: specs
@@ -260,12 +272,13 @@ async fn save_checkpoint(
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();
     let at = dir.clone();
-    let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt))
-        .await
-        .unwrap_or_else(|e| {
-            let e = std::io::Error::other(format!("the saving task failed: {e}"));
-            Err(checkpoint::CheckpointError::io(&at, "save", e))
-        });
+    let result =
+        tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.with_model(&meta).save(&ckpt))
+            .await
+            .unwrap_or_else(|e| {
+                let e = std::io::Error::other(format!("the saving task failed: {e}"));
+                Err(checkpoint::CheckpointError::io(&at, "save", e))
+            });
     match &result {
         Ok(path) => {
             crate::metrics::global().checkpoint_written(started.elapsed());
@@ -286,7 +299,12 @@ struct CheckpointTimer {
 }
 
 impl CheckpointTimer {
-    fn start(config: watch::Receiver<Arc<Config>>, cluster: Cluster, mlp: Mlp) -> Self {
+    fn start(
+        config: watch::Receiver<Arc<Config>>,
+        cluster: Cluster,
+        mlp: Mlp,
+        preprocessing: Preprocessing,
+    ) -> Self {
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move {
@@ -306,7 +324,7 @@ impl CheckpointTimer {
                 match cluster.snapshot().await {
                     Ok(snapshot) => {
                         // Logged and counted there; training goes on.
-                        let _ = save_checkpoint(&cfg, &mlp, snapshot).await;
+                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
                     }
                     Err(e) => {
                         warn!(error = %e, "Checkpoint skipped: could not read the variables.")

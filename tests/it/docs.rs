@@ -326,6 +326,10 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
         "security.tls_cert",
         "security.tls_key",
         "security.tls_ca",
+        "model.hidden",
+        "data.path",
+        "data.train",
+        "data.test",
     ] {
         keys.entry(optional.to_owned()).or_insert(None);
     }

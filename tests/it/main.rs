@@ -8,6 +8,7 @@ mod config_hardening;
 mod daemon;
 mod docs;
 mod faults;
+mod formats;
 mod hardening;
 mod local;
 mod observability;
