@@ -1,4 +1,4 @@
-//! What makes `dtf-ps` and `dtf-worker` well-mannered systemd daemons:
+//! What makes `dtf-ps`, `dtf-worker` and `dtf-evaluator` well-mannered systemd daemons:
 //! logging, readiness and status (sd_notify), the watchdog, signals, and
 //! config reload on SIGHUP or file change — one [`Control`] enum fed by
 //! signals and the file watcher, one loop that acts on it.
@@ -56,6 +56,9 @@ pub enum DaemonError {
     /// The worker stopped with an error.
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
+    /// The evaluator cannot work (no test set, unwritable `eval/` or `best/`).
+    #[error(transparent)]
+    Evaluator(#[from] crate::evaluator::EvaluatorError),
 }
 
 impl DaemonError {
@@ -333,7 +336,7 @@ fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
     notifier.stopping();
 }
 
-/// `dtf-ps` and `dtf-worker`: one lifecycle for both roles. Installs the
+/// `dtf-ps`, `dtf-worker` and `dtf-evaluator`: one lifecycle for every role. Installs the
 /// control sources, says so and exits at once on a complete run, serves
 /// metrics, then runs the role's job under [`supervise`] (reload, graceful
 /// stop, watchdog) until it ends.
@@ -351,7 +354,10 @@ pub async fn run(
     let controls = control_sources(&path)?;
     // Any task that can see the final checkpoint (the chief; others on its
     // host) knows the run is over without asking ps tasks that have exited.
-    if let Some(step) = worker::completed_run(&cfg) {
+    // Not the evaluator: the final checkpoint may be the one it has to score.
+    if role != Role::Evaluator
+        && let Some(step) = worker::completed_run(&cfg)
+    {
         info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
         announce_complete(&notifier, task, step);
         return Ok(());
@@ -368,6 +374,10 @@ pub async fn run(
                 if let Outcome::AlreadyComplete { global_step } = out {
                     announce_complete(&notifier, task, global_step);
                 }
+                Ok(())
+            }
+            Role::Evaluator => {
+                crate::evaluator::run(rx, &notifier, shutdown.clone()).await?;
                 Ok(())
             }
         }
@@ -400,6 +410,16 @@ async fn serve_ps(
     info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
     crate::ps::serve(&cfg, task.index, credentials, listener, shutdown).await?;
     Ok(())
+}
+
+/// The evaluator's progress, reported to systemd.
+impl crate::evaluator::Reporter for Notifier {
+    fn ready(&self, status: &str) {
+        Notifier::ready(self, status);
+    }
+    fn status(&self, status: &str) {
+        notify(&[NotifyState::Status(status)]);
+    }
 }
 
 /// A worker's progress, reported to systemd.
@@ -447,14 +467,22 @@ impl Args {
                 "dtf-worker",
                 "A worker task of a dtf cluster (dtf-worker@N.service); worker 0 is the chief",
             ),
+            Role::Evaluator => (
+                "dtf-evaluator",
+                "The evaluator of a dtf cluster (dtf-evaluator.service): scores each new checkpoint, keeps the best",
+            ),
         };
         let command = Args::command()
             .name(name)
             .about(about)
             .mut_arg("task", |a| {
-                a.help(format!(
-                    "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
-                ))
+                a.help(if role == Role::Evaluator {
+                    "This task's index: 0, the one evaluator of the cluster. Default: TF_CONFIG's task, else 0".to_string()
+                } else {
+                    format!(
+                        "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
+                    )
+                })
             })
             .mut_arg("job_name", |a| {
                 a.help(format!(
@@ -481,8 +509,9 @@ pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigEr
     let instead = match job {
         "ps" => "use dtf-ps for ps tasks".to_string(),
         "worker" => "use dtf-worker for worker tasks".to_string(),
+        "evaluator" => "use dtf-evaluator for the evaluator".to_string(),
         "chief" => "the chief is worker 0: dtf-worker --task 0".to_string(),
-        _ => "dtf's job names are ps and worker".to_string(),
+        _ => "dtf's job names are ps, worker and evaluator".to_string(),
     };
     Err(ConfigError::Key {
         origin: "command line".into(),
@@ -503,7 +532,13 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let loaded = check_job_name(role, args.job_name.as_deref())
         .and_then(|()| Config::load_task(&args.config, args.task, role))
         .and_then(|(c, t)| {
-            let credentials = Credentials::load(&c)?;
+            // The evaluator calls no ps: it needs no token (and its unit
+            // may not read one).
+            let credentials = if role == Role::Evaluator {
+                Credentials::plaintext(String::new())
+            } else {
+                Credentials::load(&c)?
+            };
             Ok((c, t, credentials))
         });
     let (cfg, task, credentials) = match loaded {

@@ -3,6 +3,7 @@
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
 use crate::model::Mlp;
+use ndarray::ArrayView2;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -28,8 +29,51 @@ pub struct Evaluation {
     pub accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables (no L2 term).
+    pub loss: f32,
     /// Test examples.
     pub examples: usize,
+}
+
+/// The scores of one checkpoint on a test set: what `dtf eval` prints and
+/// what the evaluator writes to TensorBoard.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct Scores {
+    /// Test accuracy of the raw variables.
+    pub accuracy: f32,
+    /// Test accuracy of the EMA shadows.
+    pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables.
+    pub loss: f32,
+}
+
+impl Scores {
+    /// The value of `metric`.
+    pub fn get(&self, metric: crate::config::Metric) -> f32 {
+        match metric {
+            crate::config::Metric::Accuracy => self.accuracy,
+            crate::config::Metric::EmaAccuracy => self.ema_accuracy,
+            crate::config::Metric::Loss => self.loss,
+        }
+    }
+}
+
+/// Scores `ckpt`, already verified against `mlp`'s variables (as
+/// [`checkpoint::load`] does with `Some(&mlp.variables())`), on `x`/`y`.
+///
+/// # Panics
+///
+/// When `ckpt` or `x` do not fit `mlp`: check them first, as [`evaluate`]
+/// and the evaluator do.
+pub fn score(mlp: &Mlp, ckpt: &checkpoint::Checkpoint, x: ArrayView2<f32>, y: &[u8]) -> Scores {
+    let values: Vec<_> = ckpt.variables.iter().map(|(_, a)| a.clone()).collect();
+    let shadows: Vec<_> = ckpt.shadows.iter().map(|(_, a)| a.clone()).collect();
+    let (accuracy, loss) = mlp.accuracy_and_loss(&values, x, y);
+    Scores {
+        accuracy,
+        ema_accuracy: mlp.accuracy(&shadows, x, y),
+        loss,
+    }
 }
 
 /// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
@@ -74,13 +118,13 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
         )));
     }
     let (x, y) = test.all();
-    let values: Vec<_> = ckpt.variables.into_iter().map(|(_, a)| a).collect();
-    let shadows: Vec<_> = ckpt.shadows.into_iter().map(|(_, a)| a).collect();
+    let scores = score(&mlp, &ckpt, x.view(), &y);
     Ok(Evaluation {
         checkpoint: file,
         global_step: ckpt.global_step,
-        accuracy: mlp.accuracy(&values, x.view(), &y),
-        ema_accuracy: mlp.accuracy(&shadows, x.view(), &y),
+        accuracy: scores.accuracy,
+        ema_accuracy: scores.ema_accuracy,
+        loss: scores.loss,
         examples: test.len(),
     })
 }

@@ -122,6 +122,7 @@ fn eval(path: &std::path::Path, data: &std::path::Path, json: bool) -> Result<Ex
         println!("global_step   {}", ev.global_step);
         println!("accuracy      {:.4}", ev.accuracy);
         println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        println!("loss          {:.4}", ev.loss);
         println!("examples      {}", ev.examples);
     }
     Ok(ExitCode::SUCCESS)
@@ -218,6 +219,9 @@ struct LocalArgs {
     /// Hyperparameters from this config file (cluster and paths are replaced).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Also run dtf-evaluator: every checkpoint scored into CHECKPOINT_DIR/eval, the best kept in CHECKPOINT_DIR/best.
+    #[arg(long)]
+    evaluator: bool,
     /// Print one JSON object on stdout, and the summary on stderr.
     #[arg(long)]
     json: bool,
@@ -249,6 +253,7 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         data: args.data,
         checkpoint_dir: args.checkpoint_dir,
         save_secs: args.save_secs,
+        evaluator: args.evaluator,
         bin_dir,
         progress: std::io::stderr().is_terminal(),
         base,
@@ -294,6 +299,16 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
                 report.seconds
             ));
             say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            if let Some(b) = &report.best {
+                say(format!(
+                    "best checkpoint: {} (global_step {}, {} {:.4}; {} checkpoints scored)",
+                    b.checkpoint.display(),
+                    b.global_step,
+                    b.metric,
+                    b.score,
+                    b.scored
+                ));
+            }
             ExitCode::SUCCESS
         }
         dtf::local::Outcome::Stopped(s) => {

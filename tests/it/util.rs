@@ -94,7 +94,7 @@ impl Cluster {
         cfg.model.layers = vec![SIDE * SIDE, 16, CLASSES];
         cfg.data.dir = data;
         cfg.checkpoint.dir = dir.path().join("ckpt");
-        cfg.checkpoint.save_secs = 1;
+        cfg.checkpoint.save_secs = Some(1);
         let token = dir.path().join("token");
         std::fs::write(&token, TOKEN).unwrap();
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
