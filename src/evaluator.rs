@@ -213,7 +213,8 @@ impl Best {
             metric: self.metric.name().into(),
             checkpoints: kept.clone(),
         };
-        self.dir.replace(&index, Some((step, model, ema)), &removed)?;
+        self.dir
+            .replace(&index, Some((step, model, ema)), &removed)?;
         self.entries = kept;
         Ok(true)
     }
@@ -350,7 +351,10 @@ impl Evaluator {
         };
         self.failed.remove(&step);
         let scores = eval::score(&self.mlp, &verbatim.checkpoint, self.x.view(), &self.y);
-        self.write_events(step, scores);
+        // Best set, ledger, events, in that order: a crash before the ledger
+        // line means the checkpoint is scored again after a restart, which
+        // the best set takes as the same entry, and no event was written yet;
+        // a crash after it can cost one event, never write one twice.
         let kept = match self
             .best
             .offer(step, scores, &verbatim.model, &verbatim.ema)
@@ -367,8 +371,13 @@ impl Evaluator {
         };
         append_ledger(&self.eval_dir.join(LEDGER), &record)?;
         self.scored.insert(step, scores);
+        self.write_events(step, scores);
         let best = self.best.entries().first();
-        crate::metrics::global().evaluated(step, scores, best.map(|b| score_of(b, self.best.metric)));
+        crate::metrics::global().evaluated(
+            step,
+            scores,
+            best.map(|b| score_of(b, self.best.metric)),
+        );
         info!(
             step,
             accuracy = scores.accuracy,
@@ -475,7 +484,9 @@ fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
             Ok(r) => {
                 out.insert(r.global_step, r.scores);
             }
-            Err(e) => warn!(path = %path.display(), error = %e, "Skipping a ledger line that does not parse."),
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "Skipping a ledger line that does not parse.")
+            }
         }
     }
     Ok(out)
@@ -492,7 +503,11 @@ fn append_ledger(path: &Path, record: &Record) -> Result<(), EvaluatorError> {
         Ok(b) => b.last().is_some_and(|&c| c != b'\n'),
         Err(_) => false,
     };
-    let mut line = if torn { "\n".to_string() } else { String::new() };
+    let mut line = if torn {
+        "\n".to_string()
+    } else {
+        String::new()
+    };
     line.push_str(&serde_json::to_string(record).map_err(|e| err(std::io::Error::other(e)))?);
     line.push('\n');
     let mut file = fs::OpenOptions::new()
@@ -549,7 +564,11 @@ pub async fn run(
         .await
         .map_err(|e| EvaluatorError::Task(e.to_string()))??;
     info!(dir = %dir.display(), scored_before = ev.scored().len(), best = ev.best().entries().len(), metric = cfg.eval.metric.name(), "Evaluator ready.");
-    reporter.ready(&format!("evaluator: watching {}; {}", dir.display(), ev.status()));
+    reporter.ready(&format!(
+        "evaluator: watching {}; {}",
+        dir.display(),
+        ev.status()
+    ));
     let (wake_tx, mut wake) = mpsc::unbounded_channel();
     let mut watcher = None;
     loop {
@@ -578,7 +597,10 @@ pub async fn run(
         }
         let last_step = config.borrow().train.last_step;
         if let Some(step) = ev.complete(last_step) {
-            info!(global_step = step, "The run is complete and every checkpoint is scored; exiting.");
+            info!(
+                global_step = step,
+                "The run is complete and every checkpoint is scored; exiting."
+            );
             reporter.status(&format!("evaluator: run complete; {}", ev.status()));
             return Ok(());
         }
@@ -610,13 +632,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("best");
         let mut best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
-        let kept: Vec<bool> = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4), (50, 0.7)]
+        let kept: Vec<bool> = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4), (50, 0.6)]
             .iter()
             .map(|&(step, ema)| best.offer(step, scores(ema, 1.0), b"m", b"e").unwrap())
             .collect();
-        // 50 ties with 20: the older one stays.
+        // 50 ties with 30: the older one stays.
         assert_eq!(kept, [true, true, true, false, false]);
-        let steps = |b: &Best| b.entries().iter().map(|e| e.global_step).collect::<Vec<_>>();
+        let steps = |b: &Best| {
+            b.entries()
+                .iter()
+                .map(|e| e.global_step)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(steps(&best), [20, 30]);
         let mut files: Vec<String> = fs::read_dir(&dir)
             .unwrap()

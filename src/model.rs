@@ -807,7 +807,10 @@ mod tests {
         let params = mlp.init(5);
         let (loss, _) = mlp.loss_and_grads(&params, x.view(), &labels, 0.0);
         let (acc, test_loss) = mlp.accuracy_and_loss(&params, x.view(), &labels);
-        assert!((loss - test_loss).abs() < 1e-4 * loss, "{loss} vs {test_loss}");
+        assert!(
+            (loss - test_loss).abs() < 1e-4 * loss,
+            "{loss} vs {test_loss}"
+        );
         assert_eq!(acc, mlp.accuracy(&params, x.view(), &labels));
     }
 

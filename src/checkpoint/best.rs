@@ -115,7 +115,8 @@ impl BestDir {
             .iter()
             .flat_map(|i| i.checkpoints.iter().map(|e| e.global_step))
             .collect();
-        let entries = fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, "list directory", e))?;
+        let entries =
+            fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, "list directory", e))?;
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };

@@ -270,12 +270,21 @@ impl CheckpointTimer {
                 let due = cfg.checkpoint.save_interval().map(|i| last + i);
                 let recheck = Instant::now() + Duration::from_secs(1);
                 tokio::select! {
-                    _ = token.cancelled() => return,
+                    // Saves asked for by step first, and all of them before
+                    // stopping: each was promised by `checkpoint.save_steps`.
+                    biased;
                     Some((step, values, shadows)) = queued.recv() => {
                         // Logged and counted there; training goes on.
                         let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
                         last = Instant::now();
                         continue;
+                    }
+                    _ = token.cancelled() => {
+                        queued.close();
+                        while let Some((step, values, shadows)) = queued.recv().await {
+                            let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
+                        }
+                        return;
                     }
                     // Re-read the interval at least every second: a reload may shorten it.
                     _ = tokio::time::sleep_until(due.map_or(recheck, |d| d.min(recheck)).into()) => {}

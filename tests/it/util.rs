@@ -23,6 +23,7 @@ pub fn bin(name: &str) -> PathBuf {
         "dtf" => PathBuf::from(env!("CARGO_BIN_EXE_dtf")),
         "dtf-ps" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-ps")),
         "dtf-worker" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-worker")),
+        "dtf-evaluator" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-evaluator")),
         other => panic!("no binary {other}"),
     }
 }
