@@ -34,6 +34,9 @@ pub const WORKER_STOP_LIMIT: Duration = Duration::from_secs(35);
 /// SIGTERM before SIGKILL: they hold nothing that is not in a checkpoint.
 pub const PS_STOP_LIMIT: Duration = Duration::from_secs(5);
 
+/// The evaluator's niceness in `dtf local`, as `dtf-evaluator.service`'s `Nice=`.
+pub const EVALUATOR_NICE: i32 = 10;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -289,13 +292,24 @@ fn spawn(
     // the chief could not write a checkpoint anyway, and nothing is left
     // draining for 30 s after the owner is gone.
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure calls only prctl(2) and
-    // getppid(2), both async-signal-safe, and allocates nothing (an OS error
+    // The evaluator below training, as its unit's Nice=10: it takes the CPU
+    // the training tasks leave.
+    let niceness = if name.starts_with("evaluator") {
+        EVALUATOR_NICE
+    } else {
+        0
+    };
+    // SAFETY: between fork and exec the closure calls only prctl(2),
+    // nice(2) and getppid(2), all async-signal-safe, and allocates nothing (an OS error
     // code is not an allocation).
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Best effort: nice(2) may fail only with EPERM for negative values.
+            if niceness != 0 {
+                libc::nice(niceness);
             }
             // dtf local may have died before prctl took effect: the child was
             // then reparented and no signal will come, so do not exec at all.
