@@ -522,7 +522,7 @@ check "dtf eval evaluated the final checkpoint" \
 scored=$(journal_count dtf-evaluator 'Checkpoint scored.')
 check "dtf-evaluator scored checkpoints while training ($scored)" test "${scored:-0}" -ge 2
 check "dtf-evaluator wrote TensorBoard events to checkpoints/eval/" \
-	in_ct sh -c 'ls /var/lib/dtf/checkpoints/eval/events.out.tfevents.*'
+	in_ct sh -c 'ls /var/lib/dtf/checkpoints/eval/events.out.tfevents.* >/dev/null'
 check "dtf-evaluator scored the final checkpoint (step ${final_ckpt:-?})" \
 	in_ct grep -q "\"global_step\":${final_ckpt:-x}," /var/lib/dtf/checkpoints/eval/evaluated.jsonl
 nbest=$(in_ct sh -c 'ls /var/lib/dtf/checkpoints/best/' 2>/dev/null | grep -c '^model\.ckpt-[0-9]*\.safetensors$' || true)
