@@ -2,7 +2,9 @@
 
 use crate::config::DataConfig;
 use crate::data::{self, Split};
+use crate::model::Mlp;
 use crate::predict::{PredictError, Trained};
+use ndarray::{ArrayD, ArrayView2};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -31,8 +33,55 @@ pub struct Evaluation {
     pub accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables (no L2 term).
+    pub loss: f32,
     /// Test examples.
     pub examples: usize,
+}
+
+/// The scores of one checkpoint on a test set: what `dtf eval` prints and
+/// what the evaluator writes to TensorBoard.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct Scores {
+    /// Test accuracy of the raw variables.
+    pub accuracy: f32,
+    /// Test accuracy of the EMA shadows.
+    pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables.
+    pub loss: f32,
+}
+
+impl Scores {
+    /// The value of `metric`.
+    pub fn get(&self, metric: crate::config::Metric) -> f32 {
+        match metric {
+            crate::config::Metric::Accuracy => self.accuracy,
+            crate::config::Metric::EmaAccuracy => self.ema_accuracy,
+            crate::config::Metric::Loss => self.loss,
+        }
+    }
+}
+
+/// Scores the variables `values` and their EMA `shadows`, already verified
+/// against `mlp`'s variables, on `x`/`y`.
+///
+/// # Panics
+///
+/// When the tensors or `x` do not fit `mlp`: check them first, as
+/// [`evaluate_on`] and the evaluator do.
+pub fn score(
+    mlp: &Mlp,
+    values: &[ArrayD<f32>],
+    shadows: &[ArrayD<f32>],
+    x: ArrayView2<f32>,
+    y: &[u8],
+) -> Scores {
+    let (accuracy, loss) = mlp.accuracy_and_loss(values, x, y);
+    Scores {
+        accuracy,
+        ema_accuracy: mlp.accuracy(shadows, x, y),
+        loss,
+    }
 }
 
 /// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
@@ -70,11 +119,19 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
     test.check_labels(model.mlp.classes())?;
     test.set_preprocessing(model.meta.preprocessing.clone())?;
     let (x, y) = test.all();
+    let scores = score(
+        &model.mlp,
+        model.params(false),
+        model.params(true),
+        x.view(),
+        &y,
+    );
     Ok(Evaluation {
         checkpoint: file.clone(),
         global_step: model.global_step,
-        accuracy: model.mlp.accuracy(model.params(false), x.view(), &y),
-        ema_accuracy: model.mlp.accuracy(model.params(true), x.view(), &y),
+        accuracy: scores.accuracy,
+        ema_accuracy: scores.ema_accuracy,
+        loss: scores.loss,
         examples: test.len(),
     })
 }

@@ -13,17 +13,21 @@
 //!   mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
-//!   newest valid one), `inspect`, `meta` (the model's description in the metadata).
+//!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
+//!   `best` (the best checkpoints' directory).
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its shard and the gRPC service.
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`, `client` (the ps tasks).
-//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle.
+//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
+//!   (ps, worker, evaluator).
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
-//! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
+//! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
+//!   TensorBoard events in `eval/`, the best ones kept in `best/`.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside, each bounded.
@@ -39,6 +43,7 @@ pub mod config;
 pub mod daemon;
 pub mod data;
 pub mod eval;
+pub mod evaluator;
 pub mod export;
 pub mod files;
 pub mod local;

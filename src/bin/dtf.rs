@@ -149,6 +149,7 @@ fn eval(
         println!("global_step   {}", ev.global_step);
         println!("accuracy      {:.4}", ev.accuracy);
         println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        println!("loss          {:.4}", ev.loss);
         println!("examples      {}", ev.examples);
     }
     Ok(ExitCode::SUCCESS)
@@ -336,6 +337,9 @@ struct LocalArgs {
     /// Hyperparameters from this config file (cluster and paths are replaced).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Also run dtf-evaluator: every checkpoint scored into CHECKPOINT_DIR/eval, the best kept in CHECKPOINT_DIR/best.
+    #[arg(long)]
+    evaluator: bool,
     /// Print one JSON object on stdout, and the summary on stderr.
     #[arg(long)]
     json: bool,
@@ -368,6 +372,7 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         test: args.test,
         checkpoint_dir: args.checkpoint_dir,
         save_secs: args.save_secs,
+        evaluator: args.evaluator,
         bin_dir,
         progress: std::io::stderr().is_terminal(),
         base,
@@ -417,6 +422,16 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
                 report.seconds
             ));
             say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            if let Some(b) = &report.best {
+                say(format!(
+                    "best checkpoint: {} (global_step {}, {} {:.4}; {} checkpoints scored)",
+                    b.checkpoint.display(),
+                    b.global_step,
+                    b.metric,
+                    b.score,
+                    b.scored
+                ));
+            }
             ExitCode::SUCCESS
         }
         dtf::local::Outcome::Stopped(s) => {

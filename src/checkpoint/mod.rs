@@ -20,12 +20,17 @@
 //! dtf had optimizers) is plain SGD without slots. Any safetensors reader (Python
 //! `safetensors.numpy.load_file`, PyTorch) loads them as they are.
 //!
+//! The evaluator's best checkpoints are copies of such pairs in
+//! `best/` beside them, ranked by `best/index.json` ([`best`]); the
+//! chief's retention never looks into that directory.
+//!
 //! The `checkpoint` index names the newest and all kept checkpoints, in the
 //! spirit of TensorFlow's file of that name. It is a convenience for people
 //! and a hint, never an override: [`restore_latest`] and [`resolve`] both
 //! scan the directory and take the highest step that verifies, because a
 //! crash can leave the index stale (and anyone can edit it).
 
+pub mod best;
 mod format;
 mod inspect;
 mod meta;
@@ -42,7 +47,7 @@ use safetensors::SafeTensorError;
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
 pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
-pub use restore::{load, resolve, restore_latest};
+pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
 
 /// Value of the `format` metadata key this module writes and accepts.

@@ -194,6 +194,30 @@ impl Limit {
 /// device...), [`CheckpointError::TooLarge`], [`CheckpointError::Safetensors`],
 /// [`CheckpointError::Invalid`].
 pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, CheckpointError> {
+    load_verbatim(path, expected).map(|v| v.checkpoint)
+}
+
+/// A checkpoint as [`load_verbatim`] read it: what it holds, and the two
+/// files' bytes exactly as read and verified.
+#[derive(Debug, Clone)]
+pub struct Verbatim {
+    /// What the files hold.
+    pub checkpoint: Checkpoint,
+    /// The model file's bytes.
+    pub model: Vec<u8>,
+    /// The EMA file's bytes.
+    pub ema: Vec<u8>,
+}
+
+/// [`load`], keeping the bytes it verified: the evaluator copies exactly
+/// what it scored into `best/`, even if the chief's retention deletes the
+/// files meanwhile.
+///
+/// Errors: as [`load`].
+pub fn load_verbatim(
+    path: &Path,
+    expected: Option<&[VarSpec]>,
+) -> Result<Verbatim, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
     let (model_limit, ema_limit) = Limit::pair(expected);
     let model = read(path, model_limit)?;
@@ -210,7 +234,11 @@ pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, Che
             ),
         ));
     }
-    Ok(ckpt)
+    Ok(Verbatim {
+        checkpoint: ckpt,
+        model,
+        ema,
+    })
 }
 
 /// The newest checkpoint in `dir` that verifies against `expected`.
@@ -257,7 +285,8 @@ pub fn restore_latest(
 }
 
 /// For `dtf eval`, `dtf inspect` and `dtf status`: a file resolves to itself;
-/// a directory to its newest checkpoint by the rule [`restore_latest`] uses —
+/// a directory with a best index (`best/index.json`, the evaluator's) to the
+/// best checkpoint it names, if that verifies; any other directory to its newest checkpoint by the rule [`restore_latest`] uses —
 /// the highest step among the `model.ckpt-<N>.safetensors` files that verify
 /// (as [`load`] checks them, with no model to compare to) — so the tools and
 /// a restarting chief never disagree. If none verifies, the highest step, so
@@ -274,6 +303,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     let meta = fs::metadata(path).map_err(|e| CheckpointError::io(path, "open", e))?;
     if !meta.is_dir() {
         return Ok(path.to_path_buf());
+    }
+    // The evaluator's `best/` directory: its index ranks, not the steps.
+    if let Some(best) = super::best::read_index(path).and_then(|i| i.best_file(path))
+        && load(&best, None).is_ok()
+    {
+        return Ok(best);
     }
     let steps = scan_steps(path)?;
     let Some(&highest) = steps.model.last() else {

@@ -198,7 +198,7 @@ impl Saver {
 }
 
 /// `.<name>.tmp-<pid>` beside `path`: hidden, and never matching a checkpoint name.
-fn temp_path(path: &Path) -> PathBuf {
+pub(super) fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -216,7 +216,7 @@ fn temp_owner(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io(dir, "fsync directory", e))

@@ -18,7 +18,8 @@ pub enum Applier {
     /// The worker's training loop (`worker::run`) re-reads it every step.
     TrainingLoop,
     /// The chief's checkpoint timer (`worker::CheckpointTimer`) re-reads it
-    /// at least every second and at each save.
+    /// at least every second and at each save; the chief's step loop
+    /// re-reads `save_steps` every step.
     CheckpointTimer,
     /// `metrics::spawn` re-binds `/metrics` when the address changes.
     MetricsServer,
@@ -38,6 +39,7 @@ pub struct LiveKey {
 pub const LIVE_KEYS: &[LiveKey] = &[
     live("log.level", Applier::LogFilter),
     live("checkpoint.save_secs", Applier::CheckpointTimer),
+    live("checkpoint.save_steps", Applier::CheckpointTimer),
     live("checkpoint.max_to_keep", Applier::CheckpointTimer),
     live("train.last_step", Applier::TrainingLoop),
     live("train.learning_rate", Applier::TrainingLoop),
@@ -122,7 +124,7 @@ mod tests {
         let mut new = old.clone();
         new.train.last_step = 30000;
         new.log.level = "debug".into();
-        new.checkpoint.save_secs = 10;
+        new.checkpoint.save_secs = Some(10);
         assert_eq!(
             old.changed_keys(&new),
             ["checkpoint.save_secs", "log.level", "train.last_step"]
@@ -158,7 +160,10 @@ mod tests {
 
     #[test]
     fn reloadable_keys_are_real_keys() {
-        let keys = leaves(&Config::default());
+        // Unset by default, so not a leaf of the default config.
+        let mut config = Config::default();
+        config.checkpoint.save_secs = Some(60);
+        let keys = leaves(&config);
         for live in LIVE_KEYS {
             assert!(
                 keys.contains_key(live.key),

@@ -23,6 +23,9 @@ pub enum Role {
     Ps,
     /// Worker: computes gradients; worker 0 is the chief.
     Worker,
+    /// Evaluator (`dtf-evaluator`): scores each new checkpoint; talks to no
+    /// ps, so it has no address in `[cluster]`. One per cluster, index 0.
+    Evaluator,
 }
 
 /// One task of the cluster, e.g. `worker:1`.
@@ -82,6 +85,8 @@ pub struct Config {
     pub data: DataConfig,
     /// `[checkpoint]`: where and how often the chief saves.
     pub checkpoint: CheckpointConfig,
+    /// `[eval]`: what the evaluator keeps of the checkpoints it scores.
+    pub eval: EvalConfig,
     /// `[security]`: the shared token.
     pub security: SecurityConfig,
     /// `[metrics]`: the Prometheus endpoint.
@@ -230,10 +235,84 @@ pub struct DataConfig {
 pub struct CheckpointConfig {
     /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint` index.
     pub dir: PathBuf,
-    /// Seconds between saves (reloadable).
-    pub save_secs: u64,
+    /// Seconds between saves (reloadable). Unset (`None`) means
+    /// [`DEFAULT_SAVE_SECS`] when `save_steps` is 0 and no timed saves when
+    /// it is not: setting both is an error, as in TensorFlow's `RunConfig`,
+    /// and a default of 60 that could not be left out would make every
+    /// `save_steps` an error. See [`CheckpointConfig::save_interval`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_secs: Option<u64>,
+    /// Save every this many global steps instead (TensorFlow's
+    /// `save_checkpoint_steps`); 0: off, save by time (reloadable).
+    pub save_steps: u64,
     /// Newest checkpoints kept (reloadable).
     pub max_to_keep: usize,
+}
+
+/// `checkpoint.save_secs` when neither it nor `checkpoint.save_steps` is set.
+pub const DEFAULT_SAVE_SECS: u64 = 60;
+
+/// `[eval]`: the evaluator's best checkpoints. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// How many of the best checkpoints `checkpoint.dir/best/` keeps.
+    pub keep_best: usize,
+    /// What "best" means.
+    pub metric: Metric,
+}
+
+/// The score that ranks checkpoints in `checkpoint.dir/best/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Test accuracy of the EMA shadows; higher is better.
+    EmaAccuracy,
+    /// Test accuracy of the raw variables; higher is better.
+    Accuracy,
+    /// Test cross-entropy of the raw variables; lower is better.
+    Loss,
+}
+
+impl Metric {
+    /// The name in `dtf.toml` and in the TensorBoard tags.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::EmaAccuracy => "ema_accuracy",
+            Metric::Accuracy => "accuracy",
+            Metric::Loss => "loss",
+        }
+    }
+
+    /// Whether score `a` is better than `b` (NaN is never better).
+    pub fn better(self, a: f32, b: f32) -> bool {
+        match self {
+            Metric::Loss => a < b,
+            _ => a > b,
+        }
+    }
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            keep_best: 3,
+            metric: Metric::EmaAccuracy,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// How often the chief saves by time: `None` when it saves by steps
+    /// (`save_steps` > 0), else `save_secs` or [`DEFAULT_SAVE_SECS`].
+    pub fn save_interval(&self) -> Option<std::time::Duration> {
+        if self.save_steps > 0 {
+            return None;
+        }
+        Some(std::time::Duration::from_secs(
+            self.save_secs.unwrap_or(DEFAULT_SAVE_SECS),
+        ))
+    }
 }
 
 /// `[security]`: authentication, and optional mutual TLS.
@@ -319,6 +398,7 @@ impl fmt::Display for Role {
         f.write_str(match self {
             Role::Ps => "ps",
             Role::Worker => "worker",
+            Role::Evaluator => "evaluator",
         })
     }
 }
@@ -396,7 +476,8 @@ impl Default for CheckpointConfig {
     fn default() -> Self {
         Self {
             dir: "/var/lib/dtf/checkpoints".into(),
-            save_secs: 60,
+            save_secs: None,
+            save_steps: 0,
             max_to_keep: 5,
         }
     }
@@ -438,11 +519,13 @@ impl Config {
             .map(String::as_str)
     }
 
-    /// A role's key (`cluster.ps`, `cluster.worker`) and address list.
+    /// A role's key (`cluster.ps`, `cluster.worker`) and address list; the
+    /// evaluator has none (it serves nothing but its metrics).
     pub(super) fn addresses(&self, role: Role) -> (&'static str, &[String]) {
         match role {
             Role::Ps => ("cluster.ps", &self.cluster.ps),
             Role::Worker => ("cluster.worker", &self.cluster.worker),
+            Role::Evaluator => ("evaluator", &[]),
         }
     }
 
@@ -524,6 +607,7 @@ mod tests {
             "path",
             "train",
             "test",
+            "save_secs",
         ] {
             assert!(
                 text.contains(&format!("\n# {key} = ")),

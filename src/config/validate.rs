@@ -21,6 +21,7 @@ impl Config {
         self.check_fits(memory_bytes())?;
         self.validate_data()?;
         self.validate_checkpoint()?;
+        self.validate_eval()?;
         self.validate_security()?;
         self.validate_metrics()?;
         self.validate_log()
@@ -31,7 +32,13 @@ impl Config {
     /// Errors: [`ConfigError::Task`], naming the list and where it came from.
     pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
         let (key, list) = self.addresses(task.role);
-        let count = list.len();
+        // The evaluator has no address: a cluster has one, task 0 (TF's
+        // `evaluator` task type, whose index is always 0 too).
+        let count = if task.role == Role::Evaluator {
+            1
+        } else {
+            list.len()
+        };
         if task.index < count {
             return Ok(());
         }
@@ -352,16 +359,44 @@ impl Config {
         if c.dir.as_os_str().is_empty() {
             return Err(self.bad("checkpoint.dir", "is empty: expected a path".into()));
         }
-        if c.save_secs < 1 {
-            return Err(self.bad(
-                "checkpoint.save_secs",
-                invalid(c.save_secs, "a positive number of seconds"),
-            ));
+        if let Some(secs) = c.save_secs {
+            if secs < 1 {
+                return Err(self.bad(
+                    "checkpoint.save_secs",
+                    invalid(secs, "a positive number of seconds"),
+                ));
+            }
+            // TensorFlow's RunConfig refuses both too: which would win is a guess.
+            if c.save_steps > 0 {
+                return Err(self.bad(
+                    "checkpoint.save_secs",
+                    format!(
+                        "is set ({secs}) and so is checkpoint.save_steps ({}) (from {}): \
+                         expected one of them; remove checkpoint.save_secs to save every \
+                         {} steps, or set checkpoint.save_steps = 0 to save by time",
+                        c.save_steps,
+                        self.sources.origin("checkpoint.save_steps"),
+                        c.save_steps
+                    ),
+                ));
+            }
         }
         if c.max_to_keep < 1 {
             return Err(self.bad(
                 "checkpoint.max_to_keep",
                 invalid(c.max_to_keep, "a positive integer"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[eval]`: at least one best checkpoint kept (the metric's names are
+    /// checked by its type).
+    fn validate_eval(&self) -> Result<(), ConfigError> {
+        if self.eval.keep_best < 1 {
+            return Err(self.bad(
+                "eval.keep_best",
+                invalid(self.eval.keep_best, "a positive integer"),
             ));
         }
         Ok(())
@@ -582,6 +617,11 @@ mod tests {
             ("[cluster]\nworker = []", "cluster.worker"),
             ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
             ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+            (
+                "[checkpoint]\nsave_secs = 10\nsave_steps = 100",
+                "checkpoint.save_steps",
+            ),
+            ("[eval]\nkeep_best = 0", "eval.keep_best"),
             ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
             ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
             ("[log]\nlevel = \"degub\"", "log.level"),

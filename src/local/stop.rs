@@ -239,6 +239,9 @@ fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
     if let Some(s) = opts.save_secs {
         args.extend(["--save-secs".into(), s.to_string()]);
     }
+    if opts.evaluator {
+        args.push("--evaluator".into());
+    }
     args.extend(["--steps".into(), opts.steps.to_string()]);
     args.iter()
         .map(|a| shell_quote(a))

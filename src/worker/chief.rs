@@ -17,7 +17,7 @@ use ndarray::ArrayD;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -29,7 +29,8 @@ const FINAL_SAVE_ATTEMPTS: u32 = 3;
 /// What the chief runs beside its steps: the checkpoint timer and the
 /// summaries. Built only on worker 0.
 pub(super) struct Chief {
-    /// Saves every `checkpoint.save_secs`, off the step loop.
+    /// Saves every `checkpoint.save_secs` (and the step loop's snapshots
+    /// every `checkpoint.save_steps`), off the step loop.
     timer: CheckpointTimer,
     /// The TensorBoard events file (off after a write error).
     summaries: Summaries,
@@ -54,6 +55,28 @@ impl Chief {
     pub(super) fn on_step(&mut self, cfg: &Config, step: u64, loss: f32, lr: f32) {
         self.summaries
             .on_step(step, cfg.train.save_summaries_steps, loss, lr);
+    }
+
+    /// After a step that moved the global step from `before` to `after`:
+    /// with `checkpoint.save_steps` = N, a checkpoint when `after` has
+    /// reached the next multiple of N (TensorFlow's `save_checkpoint_steps`).
+    ///
+    /// The snapshot is taken here, before the chief's next step, so with one
+    /// worker, or in sync mode, the checkpoint is at exactly the multiple;
+    /// with async workers it is at the first global step the chief sees at or
+    /// past it. Writing it goes to the timer's task, off the step loop. The
+    /// step at `last_step` is left to the final checkpoint.
+    pub(super) async fn after_step(&self, worker: &Worker, cfg: &Config, before: u64, after: u64) {
+        let every = cfg.checkpoint.save_steps;
+        if every == 0 || after / every <= before / every || after >= cfg.train.last_step {
+            return;
+        }
+        match worker.cluster.snapshot().await {
+            Ok(snapshot) => self.timer.save(snapshot).await,
+            Err(e) => {
+                warn!(global_step = after, error = %e, "Checkpoint skipped: could not read the variables.")
+            }
+        }
     }
 
     /// The end of the run, however it ended: stops the timer, then the final
@@ -295,6 +318,8 @@ async fn save_checkpoint(
 /// The chief's periodic saver: a task of its own, so saving never stalls steps.
 struct CheckpointTimer {
     stop: CancellationToken,
+    /// Snapshots the step loop took (`checkpoint.save_steps`), to write.
+    saves: mpsc::Sender<Snapshot>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -307,16 +332,37 @@ impl CheckpointTimer {
     ) -> Self {
         let stop = CancellationToken::new();
         let token = stop.clone();
+        // Two queued: a save slower than N steps then slows the chief down
+        // rather than dropping checkpoints that were asked for by step.
+        let (saves, mut queued) = mpsc::channel::<Snapshot>(2);
         let task = tokio::spawn(async move {
             let mut last = Instant::now();
             loop {
                 let cfg = config.borrow().clone();
-                let due = last + Duration::from_secs(cfg.checkpoint.save_secs);
+                // None: saving by steps (checkpoint.save_steps), not by time.
+                let due = cfg.checkpoint.save_interval().map(|i| last + i);
+                let recheck = Instant::now() + Duration::from_secs(1);
                 tokio::select! {
-                    _ = token.cancelled() => return,
+                    // Saves asked for by step first, and all of them before
+                    // stopping: each was promised by `checkpoint.save_steps`.
+                    biased;
+                    Some(snapshot) = queued.recv() => {
+                        // Logged and counted there; training goes on.
+                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
+                        last = Instant::now();
+                        continue;
+                    }
+                    _ = token.cancelled() => {
+                        queued.close();
+                        while let Some(snapshot) = queued.recv().await {
+                            let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
+                        }
+                        return;
+                    }
                     // Re-read the interval at least every second: a reload may shorten it.
-                    _ = tokio::time::sleep_until(due.min(Instant::now() + Duration::from_secs(1)).into()) => {}
+                    _ = tokio::time::sleep_until(due.map_or(recheck, |d| d.min(recheck)).into()) => {}
                 }
+                let Some(due) = due else { continue };
                 if Instant::now() < due {
                     continue;
                 }
@@ -332,7 +378,12 @@ impl CheckpointTimer {
                 }
             }
         });
-        Self { stop, task }
+        Self { stop, saves, task }
+    }
+
+    /// Queues a snapshot for writing; waits while two are queued already.
+    async fn save(&self, snapshot: Snapshot) {
+        let _ = self.saves.send(snapshot).await;
     }
 
     async fn stop(self) {

@@ -338,6 +338,9 @@ impl Worker {
                     .wait_for_step(progress, &tags, last_progress, &mut buf.params)
                     .await?;
             }
+            if let Some(c) = &chief {
+                c.after_step(self, &cfg, step, progress.global_step()).await;
+            }
             if progress.global_step() > step {
                 last_progress = Instant::now();
             }

@@ -294,7 +294,7 @@ fn watchdog_pings_at_half_the_interval() {
 fn sigterm_mid_run_finishes_the_step_and_the_chief_checkpoints() {
     let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
     // Only the start and the stop write checkpoints.
-    c.cfg.checkpoint.save_secs = 3600;
+    c.cfg.checkpoint.save_secs = Some(3600);
     c.write_config();
     c.start_all();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -24,7 +24,7 @@ fn reference_cluster() -> Cluster {
     };
     c.cfg.model = defaults.model;
     c.cfg.data.dir = FASHION.into();
-    c.cfg.checkpoint.save_secs = 1;
+    c.cfg.checkpoint.save_secs = Some(1);
     c.write_config();
     c
 }

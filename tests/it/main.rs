@@ -7,6 +7,7 @@ mod config_errors;
 mod config_hardening;
 mod daemon;
 mod docs;
+mod evaluator;
 mod faults;
 mod formats;
 mod hardening;

@@ -152,7 +152,7 @@ fn learning_rate_and_decay_reload_live() {
 #[test]
 fn save_secs_reloads_live() {
     let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
-    c.cfg.checkpoint.save_secs = 3600;
+    c.cfg.checkpoint.save_secs = Some(3600);
     c.write_config();
     c.start_all();
     let dir = c.cfg.checkpoint.dir.clone();
@@ -164,7 +164,7 @@ fn save_secs_reloads_live() {
     });
     assert_eq!(before, [0], "with save_secs = 3600, at step {step}");
 
-    c.cfg.checkpoint.save_secs = 1;
+    c.cfg.checkpoint.save_secs = Some(1);
     reload(&mut c, &["worker:0"], "checkpoint.save_secs");
     let steps = until(RUN, "three timed checkpoints after the reload", || {
         let s = checkpoint_steps(&dir);
@@ -178,7 +178,7 @@ fn save_secs_reloads_live() {
 #[test]
 fn max_to_keep_reloads_live() {
     let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
-    c.cfg.checkpoint.save_secs = 1;
+    c.cfg.checkpoint.save_secs = Some(1);
     c.cfg.checkpoint.max_to_keep = 10;
     c.write_config();
     c.start_all();
@@ -238,7 +238,7 @@ fn save_summaries_steps_reloads_live() {
     let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
     c.cfg.train.save_summaries_steps = 1_000_000;
     // No timed checkpoints: nothing else writes to the events file.
-    c.cfg.checkpoint.save_secs = 3600;
+    c.cfg.checkpoint.save_secs = Some(3600);
     c.write_config();
     c.start_all();
     let dir = c.cfg.checkpoint.dir.clone();

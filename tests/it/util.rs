@@ -23,6 +23,7 @@ pub fn bin(name: &str) -> PathBuf {
         "dtf" => PathBuf::from(env!("CARGO_BIN_EXE_dtf")),
         "dtf-ps" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-ps")),
         "dtf-worker" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-worker")),
+        "dtf-evaluator" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-evaluator")),
         other => panic!("no binary {other}"),
     }
 }
@@ -141,7 +142,7 @@ impl Cluster {
         cfg.model.layers = vec![SIDE * SIDE, 16, CLASSES];
         cfg.data.dir = data;
         cfg.checkpoint.dir = dir.path().join("ckpt");
-        cfg.checkpoint.save_secs = 1;
+        cfg.checkpoint.save_secs = Some(1);
         let token = dir.path().join("token");
         std::fs::write(&token, TOKEN).unwrap();
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
