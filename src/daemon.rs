@@ -562,10 +562,11 @@ pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveErr
             Ok((_, pixels)) if pixels != cfg.model.layers[0] => {
                 return Err(cfg
                     .bad(
-                        "model.layers",
+                        "model.layers[0]",
                         format!(
-                            "the first layer has {} inputs but the images in data.dir {} have \
-                             {pixels} pixels; model.layers[0] must be {pixels}",
+                            "has {} inputs, but the images in data.dir {} have {pixels} pixels, \
+                             {pixels} features per row: expected {pixels}, or give only the \
+                             hidden widths as model.hidden",
                             cfg.model.layers[0],
                             dir.display()
                         ),

@@ -5,6 +5,7 @@
 
 use crate::util::*;
 use dtf::data::npz::{Array, write_npz};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -474,12 +475,21 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
         "{err}"
     );
 
-    // check-config reads the data too: a model that does not fit it is named.
+    // check-config runs the daemons' checks, the token's and the data's: a
+    // model that does not fit the data is named.
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret-token-for-check-config").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // A batch the 50 rows can give.
+    let common = format!(
+        "[security]\ntoken_file = \"{}\"\n[train]\nbatch_size = 10\n",
+        token.display()
+    );
     let cfg = dir.join("mismatch.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[model]\nlayers = [784, 16, 10]\n[data]\ndir = \"{}\"\n",
+            "{common}[model]\nlayers = [784, 16, 10]\n[data]\ndir = \"{}\"\n",
             tiny_data(&dir.join("t"), 50, 20).display()
         ),
     )
@@ -495,7 +505,7 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
     std::fs::write(
         &cfg,
         format!(
-            "[model]\nhidden = [16]\n[data]\ndir = \"{}\"\n",
+            "{common}[model]\nhidden = [16]\n[data]\ndir = \"{}\"\n",
             dir.join("t").join("data").display()
         ),
     )
