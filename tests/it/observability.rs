@@ -232,6 +232,8 @@ fn every_task_serves_metrics_on_its_own_address_and_global_step_increases() {
     assert!(steps > 0.0);
     assert!(sample(&chief, "dtf_examples_total").unwrap() >= steps * 20.0 - 20.0);
     assert!(sample(&chief, "dtf_push_seconds_count").unwrap() > 0.0);
+    // Every worker pulls the variables before its first step.
+    assert!(sample(&chief, "dtf_pull_seconds_count").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_sent_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_received_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_loss").unwrap().is_finite());

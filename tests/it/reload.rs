@@ -289,6 +289,14 @@ fn metrics_listen_reloads_live() {
         http_get(&addr, "/metrics")
     });
     assert!(text.contains("dtf_up{role=\"worker\""), "{text}");
+    // The reload that opened it is counted (dtf_reloads_total).
+    until(RUN, "dtf_reloads_total{result=\"ok\"} >= 1", || {
+        let text = http_get(&addr, "/metrics")?;
+        let ok = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dtf_reloads_total{result=\"ok\"} "))?;
+        (ok.trim().parse::<f64>().ok()? >= 1.0).then_some(())
+    });
 
     c.cfg.metrics.listen = String::new();
     reload(&mut c, &["worker:0"], "metrics.listen");
