@@ -1,5 +1,6 @@
 //! Compiles `proto/dtf/v1/*.proto` (gRPC) and `proto/tensorboard/event.proto`
-//! (messages only) with protox (pure Rust): no system `protoc`.
+//! and `proto/onnx/onnx.proto` (messages only) with protox (pure Rust): no
+//! system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["proto/dtf/v1/ps.proto"];
@@ -16,7 +17,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(false)
         .compile_fds(fds)?;
-    for p in protos.iter().chain(&events) {
+    // ONNX: the subset `dtf export --onnx` writes (messages only).
+    let onnx = ["proto/onnx/onnx.proto"];
+    let fds = protox::compile(onnx, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_fds(fds)?;
+    for p in protos.iter().chain(&events).chain(&onnx) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

@@ -4,7 +4,9 @@
 and the startup delay (chief's first step → last worker's first step) is
 read from the workers' logs. Prints one JSON line.
 
-    scripts/bench_cluster.py --dtf target/release/dtf --ps 1 --workers 2 --steps 3000 [--mode sync] [--save-secs 60]
+    scripts/bench_cluster.py --dtf target/release/dtf --ps 1 --workers 2 --steps 3000 [--mode sync] [--save-secs 60] [--config F]
+
+--config passes a base config to `dtf local` (e.g. `[train] optimizer = "adam"`).
 """
 import argparse
 import datetime
@@ -66,6 +68,7 @@ def main():
     ap.add_argument("--save-secs", type=int, default=None)
     ap.add_argument("--data", default=None)
     ap.add_argument("--transport", default="auto", help="auto (shared memory) or tcp")
+    ap.add_argument("--config", default=None)
     args = ap.parse_args()
     cmd = [args.dtf, "local", "--json", "--ps", str(args.ps), "--workers", str(args.workers),
            "--steps", str(args.steps), "--mode", args.mode, "--transport", args.transport]
@@ -73,6 +76,8 @@ def main():
         cmd += ["--save-secs", str(args.save_secs)]
     if args.data:
         cmd += ["--data", args.data]
+    if args.config:
+        cmd += ["--config", args.config]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seen = {}
     while proc.poll() is None:

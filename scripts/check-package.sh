@@ -7,7 +7,7 @@
 # 2. lintian              no errors and no warnings (overrides, each with its
 #                         reason: packaging/debian/lintian-overrides)
 # 3. mandoc -Tlint        the man pages, warnings included
-# 4. systemd-analyze verify    both template units, inside the unpacked
+# 4. systemd-analyze verify    every unit, inside the unpacked
 #                         package (so /usr/bin/dtf-ps is the packaged one);
 #                         nothing is installed on this host
 # 5. systemd-analyze security --offline=true: exposure at most 2.0 per unit
@@ -18,7 +18,7 @@
 set -eu
 
 MAX_EXPOSURE=2.0
-UNITS="dtf-ps@.service dtf-worker@.service"
+UNITS="dtf-ps@.service dtf-worker@.service dtf-evaluator.service"
 
 cd "$(dirname "$0")/.."
 build=yes

@@ -24,10 +24,11 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
     ca-certificates dataset-fashion-mnist python3 python3-pip python3-numpy iproute2 >/dev/null
 # safetensors + numpy read checkpoints independently (tests/checkpoint_numpy.py);
-# TensorBoard's own reader checks the chief's events files (tests/read_events.py).
-if ! python3 -c 'import numpy, safetensors, tensorboard' 2>/dev/null; then
-    python3 -m pip install -q numpy safetensors tensorboard 2>/dev/null \
-        || python3 -m pip install -q --break-system-packages numpy safetensors tensorboard
+# TensorBoard's own reader checks the chief's events files (tests/read_events.py);
+# onnx's checker and onnxruntime run `dtf export --onnx` models (tests/onnx_check.py).
+if ! python3 -c 'import numpy, safetensors, tensorboard, onnx, onnxruntime' 2>/dev/null; then
+    python3 -m pip install -q numpy safetensors tensorboard onnx onnxruntime 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages numpy safetensors tensorboard onnx onnxruntime
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked -q cargo-nextest

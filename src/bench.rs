@@ -187,6 +187,7 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
             global_step: round as u64 + 1,
             variables: named(&values),
             shadows: named(&values),
+            slots: Default::default(),
         };
         let t = Instant::now();
         let path = saver.save(&ckpt)?;

@@ -1,10 +1,11 @@
-//! What makes `dtf-ps` and `dtf-worker` well-mannered systemd daemons:
+//! What makes `dtf-ps`, `dtf-worker` and `dtf-evaluator` well-mannered systemd daemons:
 //! logging, readiness and status (sd_notify), the watchdog, signals, and
 //! config reload on SIGHUP or file change — one [`Control`] enum fed by
 //! signals and the file watcher, one loop that acts on it.
 
 use crate::auth::Credentials;
-use crate::config::{self, Config, ConfigError, Role, TaskId};
+use crate::config::{self, Config, ConfigError, DataFormat, Role, TaskId};
+use crate::data::{self, ResolveError};
 use crate::worker::{self, Outcome, Reporter};
 use sd_notify::NotifyState;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ pub enum DaemonError {
     /// The worker stopped with an error.
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
+    /// The evaluator cannot work (no test set, unwritable `eval/` or `best/`).
+    #[error(transparent)]
+    Evaluator(#[from] crate::evaluator::EvaluatorError),
 }
 
 impl DaemonError {
@@ -333,7 +337,7 @@ fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
     notifier.stopping();
 }
 
-/// `dtf-ps` and `dtf-worker`: one lifecycle for both roles. Installs the
+/// `dtf-ps`, `dtf-worker` and `dtf-evaluator`: one lifecycle for every role. Installs the
 /// control sources, says so and exits at once on a complete run, serves
 /// metrics, then runs the role's job under [`supervise`] (reload, graceful
 /// stop, watchdog) until it ends.
@@ -351,7 +355,10 @@ pub async fn run(
     let controls = control_sources(&path)?;
     // Any task that can see the final checkpoint (the chief; others on its
     // host) knows the run is over without asking ps tasks that have exited.
-    if let Some(step) = worker::completed_run(&cfg) {
+    // Not the evaluator: the final checkpoint may be the one it has to score.
+    if role != Role::Evaluator
+        && let Some(step) = worker::completed_run(&cfg)
+    {
         info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
         announce_complete(&notifier, task, step);
         return Ok(());
@@ -368,6 +375,10 @@ pub async fn run(
                 if let Outcome::AlreadyComplete { global_step } = out {
                     announce_complete(&notifier, task, global_step);
                 }
+                Ok(())
+            }
+            Role::Evaluator => {
+                crate::evaluator::run(rx, &notifier, shutdown.clone()).await?;
                 Ok(())
             }
         }
@@ -398,8 +409,18 @@ async fn serve_ps(
         })?;
     notifier.ready(&format!("ps:{} serving on {addr}", task.index));
     info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
-    crate::ps::serve(&cfg, task.index, credentials, listener, shutdown).await?;
+    crate::ps::serve(config, task.index, credentials, listener, shutdown).await?;
     Ok(())
+}
+
+/// The evaluator's progress, reported to systemd.
+impl crate::evaluator::Reporter for Notifier {
+    fn ready(&self, status: &str) {
+        Notifier::ready(self, status);
+    }
+    fn status(&self, status: &str) {
+        notify(&[NotifyState::Status(status)]);
+    }
 }
 
 /// A worker's progress, reported to systemd.
@@ -447,14 +468,22 @@ impl Args {
                 "dtf-worker",
                 "A worker task of a dtf cluster (dtf-worker@N.service); worker 0 is the chief",
             ),
+            Role::Evaluator => (
+                "dtf-evaluator",
+                "The evaluator of a dtf cluster (dtf-evaluator.service): scores each new checkpoint, keeps the best",
+            ),
         };
         let command = Args::command()
             .name(name)
             .about(about)
             .mut_arg("task", |a| {
-                a.help(format!(
-                    "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
-                ))
+                a.help(if role == Role::Evaluator {
+                    "This task's index: 0, the one evaluator of the cluster. Default: TF_CONFIG's task, else 0".to_string()
+                } else {
+                    format!(
+                        "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
+                    )
+                })
             })
             .mut_arg("job_name", |a| {
                 a.help(format!(
@@ -481,8 +510,9 @@ pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigEr
     let instead = match job {
         "ps" => "use dtf-ps for ps tasks".to_string(),
         "worker" => "use dtf-worker for worker tasks".to_string(),
+        "evaluator" => "use dtf-evaluator for the evaluator".to_string(),
         "chief" => "the chief is worker 0: dtf-worker --task 0".to_string(),
-        _ => "dtf's job names are ps and worker".to_string(),
+        _ => "dtf's job names are ps, worker and evaluator".to_string(),
     };
     Err(ConfigError::Key {
         origin: "command line".into(),
@@ -498,12 +528,83 @@ pub enum DaemonCommand {
     CheckConfig,
 }
 
+/// The checks every start of `dtf-ps` and `dtf-worker` and every
+/// `check-config` (theirs and `dtf check-config`) run, so that `valid` means
+/// the daemons start: the values ([`Config::load`] validated them), the
+/// token and TLS files (not the evaluator's), and the model against the
+/// training data:
+///
+/// - with `model.hidden`, the widths come from the data, which must be
+///   readable here (every task needs them to know the variables);
+/// - IDX data readable here: its header against `model.layers[0]` and
+///   `train.batch_size` (cheap: a ps host reads 16 bytes, not the set);
+/// - NumPy or CSV data present here, for a worker (and `dtf check-config`):
+///   the whole set, as the worker reads it at start anyway. A ps host need
+///   not hold the data; the worker then checks it when it loads it.
+///
+/// Errors: [`ResolveError::Config`] for an unusable token or TLS file, or
+/// naming `model.layers` or `train.batch_size` when the data cannot train
+/// this model; [`ResolveError::Data`] when `model.hidden` needs data that
+/// cannot be read.
+pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveError> {
+    // The evaluator calls no ps: it needs no token (and its unit may not
+    // read one).
+    let credentials = if role == Role::Evaluator {
+        Credentials::plaintext(String::new())
+    } else {
+        Credentials::load(cfg)?
+    };
+    let examples = if cfg.model.hidden.is_some() {
+        Some(data::resolve_model(cfg)?.examples)
+    } else if cfg.data.format == DataFormat::Idx {
+        let dir = &cfg.data.dir;
+        match data::images_shape(dir, data::Split::Train) {
+            Ok((_, pixels)) if pixels != cfg.model.layers[0] => {
+                return Err(cfg
+                    .bad(
+                        "model.layers[0]",
+                        format!(
+                            "has {} inputs, but the images in data.dir {} have {pixels} pixels, \
+                             {pixels} features per row: expected {pixels}, or give only the \
+                             hidden widths as model.hidden",
+                            cfg.model.layers[0],
+                            dir.display()
+                        ),
+                    )
+                    .into());
+            }
+            Ok((examples, _)) => Some(examples),
+            Err(_) => None,
+        }
+    } else if role != Role::Ps && data::is_present(&cfg.data) {
+        Some(data::resolve_model(cfg)?.examples)
+    } else {
+        None
+    };
+    if let Some(examples) = examples
+        && cfg.train.batch_size > examples
+    {
+        return Err(cfg
+            .bad(
+                "train.batch_size",
+                format!(
+                    "{} is more than the {examples} training examples in {}",
+                    cfg.train.batch_size,
+                    data::describe(&cfg.data)
+                ),
+            )
+            .into());
+    }
+    Ok(credentials)
+}
+
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let loaded = check_job_name(role, args.job_name.as_deref())
         .and_then(|()| Config::load_task(&args.config, args.task, role))
-        .and_then(|(c, t)| {
-            let credentials = Credentials::load(&c)?;
+        .map_err(ResolveError::from)
+        .and_then(|(mut c, t)| {
+            let credentials = preflight(&mut c, role)?;
             Ok((c, t, credentials))
         });
     let (cfg, task, credentials) = match loaded {
@@ -513,11 +614,12 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(EX_CONFIG);
         }
     };
-    if let Some(DaemonCommand::CheckConfig) = args.command {
+    let check_only = matches!(args.command, Some(DaemonCommand::CheckConfig));
+    if check_only {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
         println!(
-            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {:?}, train.last_step = {})",
+            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {}, train.last_step = {})",
             args.config.display(),
             cfg.cluster.ps.len(),
             cfg.cluster.worker.len(),

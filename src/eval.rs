@@ -1,8 +1,10 @@
 //! Accuracy of a checkpoint on the test set, raw and EMA (`dtf eval`).
 
-use crate::checkpoint;
-use crate::data::{Dataset, Split};
+use crate::config::DataConfig;
+use crate::data::{self, Split};
 use crate::model::Mlp;
+use crate::predict::{PredictError, Trained};
+use ndarray::{ArrayD, ArrayView2};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -10,11 +12,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error(transparent)]
-    Checkpoint(#[from] checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    #[error(transparent)]
+    Model(#[from] PredictError),
+    /// The test data does not fit the model.
     #[error("{0}")]
-    Model(String),
+    Mismatch(String),
 }
 
 /// What `dtf eval --json` prints.
@@ -28,91 +33,113 @@ pub struct Evaluation {
     pub accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables (no L2 term).
+    pub loss: f32,
     /// Test examples.
     pub examples: usize,
 }
 
-/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
-/// the test split of `data_dir`. The model's shape is read from the checkpoint.
-///
-/// Errors: [`EvalError`] for a missing or damaged checkpoint or data set.
-pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
-    let file = checkpoint::resolve(path)?;
-    let ckpt = checkpoint::load(&file, None)?;
-    let layers = layers_of(&ckpt)?;
-    let mlp = Mlp::new(&layers).map_err(|e| EvalError::Model(e.to_string()))?;
-    let expected = mlp.variables();
-    // Names and shapes, of the shadows too: the widths above come from the
-    // weights alone, and a mismatch would otherwise reach the matrix code.
-    let fits = |tensors: &[(String, ndarray::ArrayD<f32>)]| {
-        tensors.len() == expected.len()
-            && tensors
-                .iter()
-                .zip(&expected)
-                .all(|((n, a), v)| *n == v.name && a.shape() == v.shape.as_slice())
-    };
-    if !fits(&ckpt.variables) || !fits(&ckpt.shadows) {
-        let found: Vec<_> = ckpt
-            .variables
-            .iter()
-            .map(|(n, a)| format!("{n} {:?}", a.shape()))
-            .collect();
-        return Err(EvalError::Model(format!(
-            "{}: variables {found:?} are not an MLP's",
-            file.display()
-        )));
+/// The scores of one checkpoint on a test set: what `dtf eval` prints and
+/// what the evaluator writes to TensorBoard.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct Scores {
+    /// Test accuracy of the raw variables.
+    pub accuracy: f32,
+    /// Test accuracy of the EMA shadows.
+    pub ema_accuracy: f32,
+    /// Test cross-entropy of the raw variables.
+    pub loss: f32,
+}
+
+impl Scores {
+    /// The value of `metric`.
+    pub fn get(&self, metric: crate::config::Metric) -> f32 {
+        match metric {
+            crate::config::Metric::Accuracy => self.accuracy,
+            crate::config::Metric::EmaAccuracy => self.ema_accuracy,
+            crate::config::Metric::Loss => self.loss,
+        }
     }
-    let test = Dataset::load(data_dir, Split::Test)?;
-    test.check_labels(mlp.classes())?;
-    if test.features() != layers[0] {
-        return Err(EvalError::Model(format!(
-            "{}: the model takes {} inputs, the images in {} have {} pixels",
+}
+
+/// Scores the variables `values` and their EMA `shadows`, already verified
+/// against `mlp`'s variables, on `x`/`y`.
+///
+/// # Panics
+///
+/// When the tensors or `x` do not fit `mlp`: check them first, as
+/// [`evaluate_on`] and the evaluator do.
+pub fn score(
+    mlp: &Mlp,
+    values: &[ArrayD<f32>],
+    shadows: &[ArrayD<f32>],
+    x: ArrayView2<f32>,
+    y: &[u8],
+) -> Scores {
+    let (accuracy, loss) = mlp.accuracy_and_loss(values, x, y);
+    Scores {
+        accuracy,
+        ema_accuracy: mlp.accuracy(shadows, x, y),
+        loss,
+    }
+}
+
+/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
+/// the test split of the IDX files in `data_dir` ([`evaluate_on`]).
+///
+/// Errors: as [`evaluate_on`].
+pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
+    let data = DataConfig {
+        dir: data_dir.to_path_buf(),
+        ..DataConfig::default()
+    };
+    evaluate_on(path, &data)
+}
+
+/// Evaluates the checkpoint at `path` (a file, or a directory: its newest) on
+/// the test split of the data set `data` describes. The model's shape and
+/// its preprocessing are read from the checkpoint; a CSV test file's label
+/// column is `data.label`.
+///
+/// Errors: [`EvalError`] for a missing or damaged checkpoint or data set, or
+/// test data of another width or with more classes than the model's.
+pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
+    let model = Trained::load(path)?;
+    let mut test = data::load(data, Split::Test)?;
+    let file = &model.file;
+    if test.features() != model.mlp.inputs() {
+        return Err(EvalError::Mismatch(format!(
+            "{}: the model takes {} inputs, the rows of {} have {} features",
             file.display(),
-            layers[0],
-            data_dir.display(),
+            model.mlp.inputs(),
+            test.path().display(),
             test.features()
         )));
     }
+    test.check_labels(model.mlp.classes())?;
+    test.set_preprocessing(model.meta.preprocessing.clone())?;
     let (x, y) = test.all();
-    let values: Vec<_> = ckpt.variables.into_iter().map(|(_, a)| a).collect();
-    let shadows: Vec<_> = ckpt.shadows.into_iter().map(|(_, a)| a).collect();
+    let scores = score(
+        &model.mlp,
+        model.params(false),
+        model.params(true),
+        x.view(),
+        &y,
+    );
     Ok(Evaluation {
-        checkpoint: file,
-        global_step: ckpt.global_step,
-        accuracy: mlp.accuracy(&values, x.view(), &y),
-        ema_accuracy: mlp.accuracy(&shadows, x.view(), &y),
+        checkpoint: file.clone(),
+        global_step: model.global_step,
+        accuracy: scores.accuracy,
+        ema_accuracy: scores.ema_accuracy,
+        loss: scores.loss,
         examples: test.len(),
     })
-}
-
-/// The layer widths implied by `layerN/weights` shapes.
-fn layers_of(ckpt: &checkpoint::Checkpoint) -> Result<Vec<usize>, EvalError> {
-    let mut layers = Vec::new();
-    for (name, a) in &ckpt.variables {
-        if name.ends_with("/weights") {
-            if a.ndim() != 2 {
-                return Err(EvalError::Model(format!(
-                    "{name} has shape {:?}, expected a matrix",
-                    a.shape()
-                )));
-            }
-            if layers.is_empty() {
-                layers.push(a.shape()[0]);
-            }
-            layers.push(a.shape()[1]);
-        }
-    }
-    if layers.len() < 2 {
-        return Err(EvalError::Model(
-            "the checkpoint holds no layer weights".into(),
-        ));
-    }
-    Ok(layers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint;
     use ndarray::ArrayD;
 
     #[test]
@@ -130,6 +157,7 @@ mod tests {
             global_step: 1,
             shadows: variables.clone(),
             variables,
+            slots: Default::default(),
         };
         checkpoint::Saver::new(dir.path(), 1)
             .unwrap()

@@ -7,10 +7,14 @@
 //!   task this is), validation per section, the model-size bound, errors, live-reload keys,
 //!   secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
-//! - [`data`] — IDX (MNIST-format) files and mini-batches.
+//! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
+//!   their slots' names (the slots themselves live in the ps's shard).
+//! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
+//!   mini-batches.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
-//!   newest valid one), `inspect`.
+//!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
+//!   `best` (the best checkpoints' directory).
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its shard, the functions every call runs, the
 //!   gRPC service and the shared-memory server.
@@ -20,11 +24,16 @@
 //! - [`transport`] — the wire: `Cluster` (the client of every ps, shared by worker,
 //!   chief, `dtf local` and `dtf status`), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host).
-//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle.
+//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
+//!   (ps, worker, evaluator).
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
-//! - [`eval`] — test accuracy of a checkpoint, raw and EMA.
+//! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
+//! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
+//!   TensorBoard events in `eval/`, the best ones kept in `best/`.
+//! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
+//! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside, each bounded.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
@@ -38,11 +47,15 @@ pub mod config;
 pub mod daemon;
 pub mod data;
 pub mod eval;
+pub mod evaluator;
+pub mod export;
 pub mod files;
 pub mod local;
 pub mod metrics;
 pub mod model;
+pub mod optimizer;
 pub mod placement;
+pub mod predict;
 pub mod ps;
 pub mod status;
 pub mod summary;

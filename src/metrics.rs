@@ -84,6 +84,18 @@ pub struct Metrics {
     ps_transport: Family<Labels, Gauge>,
     /// `dtf_shm_connections`: ps: open shared-memory connections (the rest are TCP).
     shm_connections: Gauge,
+    /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
+    eval_accuracy: FloatGauge,
+    /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
+    eval_ema_accuracy: FloatGauge,
+    /// `dtf_eval_loss`: evaluator: its test loss.
+    eval_loss: FloatGauge,
+    /// `dtf_eval_best_score`: evaluator: the best checkpoint's `[eval] metric`.
+    eval_best: FloatGauge,
+    /// `dtf_eval_checkpoints_total`: evaluator: checkpoints scored by this process.
+    eval_checkpoints: Counter,
+    /// `dtf_eval_skipped_total`: evaluator: checkpoints that did not verify.
+    eval_skipped: Counter,
     /// Serializes the ps's refresh so two scrapes do not add a delta twice.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -118,6 +130,12 @@ impl Metrics {
             reloads: Family::default(),
             ps_transport: Family::default(),
             shm_connections: Gauge::default(),
+            eval_accuracy: FloatGauge::default(),
+            eval_ema_accuracy: FloatGauge::default(),
+            eval_loss: FloatGauge::default(),
+            eval_best: FloatGauge::default(),
+            eval_checkpoints: Counter::default(),
+            eval_skipped: Counter::default(),
             refresh: tokio::sync::Mutex::new(()),
         }
     }
@@ -182,6 +200,24 @@ impl Metrics {
         self.checkpoint_failures.inc();
     }
 
+    /// The evaluator scored the checkpoint at `step`; `best` is the best
+    /// checkpoint's score by `[eval] metric`.
+    pub fn evaluated(&self, step: u64, scores: crate::eval::Scores, best: Option<f32>) {
+        self.global_step.set(step as i64);
+        self.eval_accuracy.set(f64::from(scores.accuracy));
+        self.eval_ema_accuracy.set(f64::from(scores.ema_accuracy));
+        self.eval_loss.set(f64::from(scores.loss));
+        if let Some(b) = best {
+            self.eval_best.set(f64::from(b));
+        }
+        self.eval_checkpoints.inc();
+    }
+
+    /// The evaluator skipped a checkpoint that does not verify.
+    pub fn eval_skipped(&self) {
+        self.eval_skipped.inc();
+    }
+
     /// A reload was applied (`ok`) or rejected.
     pub fn reloaded(&self, ok: bool) {
         let result = if ok { "ok" } else { "rejected" };
@@ -216,6 +252,7 @@ impl Metrics {
         let role_name = match role {
             Role::Ps => "ps",
             Role::Worker => "worker",
+            Role::Evaluator => "evaluator",
         };
         self.up
             .get_or_create(&vec![
@@ -226,14 +263,16 @@ impl Metrics {
         r.register("dtf_up", "1 while the task's process runs", self.up.clone());
         r.register(
             "dtf_global_step",
-            "The global step (on a ps: its shard's step)",
+            "The global step (on a ps: its shard's step; on the evaluator: the newest checkpoint scored)",
             self.global_step.clone(),
         );
-        r.register(
-            "dtf_loss",
-            "Training loss of the latest batch",
-            self.loss.clone(),
-        );
+        if role != Role::Evaluator {
+            r.register(
+                "dtf_loss",
+                "Training loss of the latest batch",
+                self.loss.clone(),
+            );
+        }
         r.register(
             "dtf_reloads",
             "Configuration reloads, applied or rejected",
@@ -242,8 +281,43 @@ impl Metrics {
         match role {
             Role::Ps => self.register_ps(&mut r),
             Role::Worker => self.register_worker(&mut r, task == 0),
+            Role::Evaluator => self.register_evaluator(&mut r),
         }
         r
+    }
+
+    /// The evaluator's scores of the newest checkpoint, and its counts.
+    fn register_evaluator(&self, r: &mut Registry) {
+        r.register(
+            "dtf_eval_accuracy",
+            "Test accuracy of the newest checkpoint scored",
+            self.eval_accuracy.clone(),
+        );
+        r.register(
+            "dtf_eval_ema_accuracy",
+            "Test accuracy of the EMA shadows of the newest checkpoint scored",
+            self.eval_ema_accuracy.clone(),
+        );
+        r.register(
+            "dtf_eval_loss",
+            "Test loss of the newest checkpoint scored",
+            self.eval_loss.clone(),
+        );
+        r.register(
+            "dtf_eval_best_score",
+            "The best checkpoint's score by [eval] metric",
+            self.eval_best.clone(),
+        );
+        r.register(
+            "dtf_eval_checkpoints",
+            "Checkpoints this evaluator scored",
+            self.eval_checkpoints.clone(),
+        );
+        r.register(
+            "dtf_eval_skipped",
+            "Checkpoints that did not verify (half-written or damaged), skipped",
+            self.eval_skipped.clone(),
+        );
     }
 
     /// The ps's own metrics (read from its `State` at scrape time).

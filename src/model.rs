@@ -99,6 +99,11 @@ impl Mlp {
         self.layers[self.layers.len() - 1]
     }
 
+    /// The widths, input first, classes last.
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
     /// Variables in creation order: layer1/weights, layer1/biases, layer2/weights, ...
     pub fn variables(&self) -> Vec<VarSpec> {
         self.layers
@@ -392,6 +397,37 @@ impl Mlp {
         loss as f32
     }
 
+    /// Class probabilities (softmax of the logits), `x.nrows() × classes`,
+    /// computed in chunks as [`Mlp::accuracy`] is. The row's largest logit is
+    /// subtracted before `exp`, so no logit overflows.
+    ///
+    /// # Panics
+    ///
+    /// Like [`Mlp::accuracy`].
+    pub fn probabilities(&self, params: &[ArrayD<f32>], x: ArrayView2<f32>) -> Array2<f32> {
+        let layers = self.layer_views(params);
+        assert_eq!(x.ncols(), self.inputs(), "input width");
+        let mut out = Array2::zeros((x.nrows(), self.classes()));
+        let mut start = 0;
+        while start < x.nrows() {
+            let end = (start + EVAL_CHUNK).min(x.nrows());
+            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            for (mut o, z) in out
+                .slice_mut(s![start..end, ..])
+                .rows_mut()
+                .into_iter()
+                .zip(logits.rows())
+            {
+                let max = z.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                o.assign(&z.mapv(|v| (v - max).exp()));
+                let sum = o.sum();
+                o.mapv_inplace(|v| v / sum);
+            }
+            start = end;
+        }
+        out
+    }
+
     /// Fraction of rows whose arg-max logit equals the label (ties go to the
     /// lowest class, like `tf.argmax`). Evaluated in chunks of 1000 rows so
     /// memory stays bounded for any data set size. 0 for an empty `x`.
@@ -420,6 +456,47 @@ impl Mlp {
             start = end;
         }
         (correct as f64 / x.nrows() as f64) as f32
+    }
+
+    /// [`Mlp::accuracy`] and the mean softmax cross-entropy of the rows (no
+    /// L2 term: the evaluator's test loss, TensorFlow's `loss` in
+    /// `evaluate()`), in one pass over `x`, in chunks as `accuracy`.
+    /// `(0, 0)` for an empty `x`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Mlp::accuracy`].
+    pub fn accuracy_and_loss(
+        &self,
+        params: &[ArrayD<f32>],
+        x: ArrayView2<f32>,
+        labels: &[u8],
+    ) -> (f32, f32) {
+        let layers = self.layer_views(params);
+        assert_eq!(x.ncols(), self.inputs(), "input width");
+        assert_eq!(labels.len(), x.nrows(), "one label per row of x");
+        if x.nrows() == 0 {
+            return (0.0, 0.0);
+        }
+        let (mut correct, mut loss) = (0usize, 0.0f64);
+        let mut start = 0;
+        while start < x.nrows() {
+            let end = (start + EVAL_CHUNK).min(x.nrows());
+            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            for (row, &label) in logits.rows().into_iter().zip(&labels[start..end]) {
+                let best = argmax(row);
+                if best == usize::from(label) {
+                    correct += 1;
+                }
+                // log Σ exp(z) − z_label, shifted by the max for stability.
+                let max = row[best];
+                let sum: f64 = row.iter().map(|&z| f64::from(z - max).exp()).sum();
+                loss += sum.ln() - f64::from(row[usize::from(label)] - max);
+            }
+            start = end;
+        }
+        let n = x.nrows() as f64;
+        ((correct as f64 / n) as f32, (loss / n) as f32)
     }
 }
 
@@ -463,7 +540,7 @@ fn relu(v: f32) -> f32 {
 }
 
 /// Index of the first maximum.
-fn argmax(row: ArrayView1<f32>) -> usize {
+pub fn argmax(row: ArrayView1<f32>) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {
@@ -754,6 +831,23 @@ mod tests {
         }
         assert!(last < 0.1 * first, "loss {first} -> {last}");
         assert_eq!(mlp.accuracy(&params, x.view(), &labels), 1.0);
+    }
+
+    #[test]
+    fn test_loss_is_the_training_loss_without_l2() {
+        let mlp = Mlp::new(&[4, 8, 3]).unwrap();
+        let mut rng = StdRng::seed_from_u64(2);
+        let n = 2500; // more than two chunks
+        let labels: Vec<u8> = (0..n).map(|i| (i % 3) as u8).collect();
+        let x = Array2::from_shape_fn((n, 4), |_| rng.random_range(-1.0f32..1.0));
+        let params = mlp.init(5);
+        let (loss, _) = mlp.loss_and_grads(&params, x.view(), &labels, 0.0);
+        let (acc, test_loss) = mlp.accuracy_and_loss(&params, x.view(), &labels);
+        assert!(
+            (loss - test_loss).abs() < 1e-4 * loss,
+            "{loss} vs {test_loss}"
+        );
+        assert_eq!(acc, mlp.accuracy(&params, x.view(), &labels));
     }
 
     #[test]

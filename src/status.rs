@@ -1,9 +1,11 @@
 //! `dtf status`: asks every ps task of a running cluster for its `State` and
 //! reads the newest checkpoint, for one table (or one JSON object).
 //!
-//! Workers serve no RPC, so for them only what the config says is known
-//! (address, role); their reachability is reported as unknown rather than
-//! guessed from a port nobody listens on.
+//! Workers serve no RPC: what is known of them comes from the ps tasks,
+//! which record every worker's latest push (its step, examples/s, and how
+//! long ago). A worker is `live` when a ps heard from it within
+//! [`STALE_AFTER`], `stale` when only before, `never seen` when no ps that
+//! answered ever had a push from it.
 
 use crate::auth::Credentials;
 use crate::checkpoint;
@@ -20,6 +22,11 @@ use tonic::Code;
 /// How long to wait for each ps to answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A worker whose latest push is older than this is `stale`: a training
+/// worker pushes many times a second, and a sync worker waiting for its
+/// peers gives up after a minute (its wait logs say why).
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
 /// One task of the cluster as `dtf status` sees it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TaskStatus {
@@ -31,6 +38,10 @@ pub struct TaskStatus {
     pub address: String,
     /// Whether it answered; `None` for workers, which do not listen.
     pub reachable: Option<bool>,
+    /// Workers: `live`, `stale` or `never seen` (see [`STALE_AFTER`]).
+    pub contact: Option<String>,
+    /// Workers: seconds since a ps last had a push from it.
+    pub last_contact_secs: Option<f64>,
     /// Why it did not answer.
     pub error: Option<String>,
     /// Changes on every ps start. A string in JSON: a random 64-bit id
@@ -39,9 +50,9 @@ pub struct TaskStatus {
     pub incarnation: Option<u64>,
     /// The shard holds values.
     pub initialized: Option<bool>,
-    /// The shard's step (ps 0: the global step).
+    /// The shard's step (ps 0: the global step); a worker's latest push's step.
     pub global_step: Option<u64>,
-    /// Examples per second the ps saw lately.
+    /// Examples per second the ps saw lately; a worker's, as the ps saw them.
     pub examples_per_sec: Option<f64>,
     /// The chief declared the run complete.
     pub complete: Option<bool>,
@@ -99,13 +110,12 @@ async fn explain(addr: &str, credentials: &Credentials, status: tonic::Status) -
     );
     if broken && !credentials.tls() && crate::auth::answers_with_tls(addr).await {
         return format!(
-            "{}: {} (the ps answers with TLS, which is not set here; {})",
-            status.code(),
-            status.message(),
+            "{} (the ps answers with TLS, which is not set here; {})",
+            crate::rpc::explain(&status),
             crate::auth::TLS_ADVICE
         );
     }
-    format!("{}: {}", status.code(), status.message())
+    crate::rpc::explain(&status)
 }
 
 /// Every ps's `State` (or why not) and the transport it was asked over.
@@ -145,8 +155,11 @@ async fn ask_all(
 pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     let answers = ask_all(config, credentials).await;
     let mut tasks = Vec::new();
+    // What every ps that answered knows of the workers.
+    let mut heard: Vec<pb::WorkerContact> = Vec::new();
     for (i, (addr, (answer, via))) in config.cluster.ps.iter().zip(answers).enumerate() {
         let s = answer.as_ref().ok();
+        heard.extend(s.iter().flat_map(|s| s.workers.iter().cloned()));
         tasks.push(TaskStatus {
             task: format!("ps:{i}"),
             role: "ps".into(),
@@ -160,15 +173,11 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             complete: s.map(|s| s.complete),
             transport: via.map(|v| v.to_string()),
             shm_connections: s.map(|s| s.shm_connections),
+            ..Default::default()
         });
     }
     for (i, addr) in config.cluster.worker.iter().enumerate() {
-        tasks.push(TaskStatus {
-            task: format!("worker:{i}"),
-            role: if i == 0 { "chief" } else { "worker" }.into(),
-            address: addr.clone(),
-            ..Default::default()
-        });
+        tasks.push(worker_status(i, addr, &heard));
     }
     let (checkpoint, checkpoint_error) = match newest_checkpoint(config) {
         Ok(c) => (Some(c), None),
@@ -192,6 +201,32 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
         checkpoint,
         checkpoint_error,
         all_ps_reachable,
+    }
+}
+
+/// Worker `index` at `addr`, from what the ps tasks heard: the freshest
+/// contact any ps had, and the step and rate it reported.
+fn worker_status(index: usize, addr: &str, heard: &[pb::WorkerContact]) -> TaskStatus {
+    let latest = heard
+        .iter()
+        .filter(|c| c.task as usize == index)
+        .min_by(|a, b| a.seconds_ago.total_cmp(&b.seconds_ago));
+    TaskStatus {
+        task: format!("worker:{index}"),
+        role: if index == 0 { "chief" } else { "worker" }.into(),
+        address: addr.to_owned(),
+        contact: Some(
+            match latest {
+                None => "never seen",
+                Some(c) if c.seconds_ago > STALE_AFTER.as_secs_f64() => "stale",
+                Some(_) => "live",
+            }
+            .into(),
+        ),
+        last_contact_secs: latest.map(|c| c.seconds_ago),
+        global_step: latest.map(|c| c.step),
+        examples_per_sec: latest.map(|c| c.examples_per_sec),
+        ..Default::default()
     }
 }
 
@@ -225,7 +260,7 @@ impl Status {
                 "TASK",
                 "ROLE",
                 "ADDRESS",
-                "REACHABLE",
+                "REACHABLE/SEEN",
                 "INCARNATION",
                 "INIT",
                 "STEP",
@@ -241,10 +276,12 @@ impl Status {
                 t.task.clone(),
                 t.role.clone(),
                 t.address.clone(),
-                match t.reachable {
-                    Some(true) => "yes".into(),
-                    Some(false) => "NO".into(),
-                    None => "- (no RPC)".into(),
+                match (t.reachable, &t.contact, t.last_contact_secs) {
+                    (Some(true), ..) => "yes".into(),
+                    (Some(false), ..) => "NO".into(),
+                    (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),
+                    (None, Some(c), None) => c.clone(),
+                    (None, None, _) => "-".into(),
                 },
                 t.incarnation
                     .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
@@ -344,6 +381,38 @@ mod tests {
         assert!(
             table.contains("ps:0") && table.contains("NO") && table.contains("worker:1"),
             "{table}"
+        );
+        assert_eq!(s.tasks[1].contact.as_deref(), Some("never seen"));
+    }
+
+    #[test]
+    fn a_worker_is_live_stale_or_never_seen_by_its_freshest_contact() {
+        let contact = |task, step, seconds_ago| pb::WorkerContact {
+            task,
+            step,
+            seconds_ago,
+            examples_per_sec: 500.0,
+        };
+        // Two ps tasks heard worker 0; the freshest contact counts.
+        let heard = [
+            contact(0, 90, 30.0),
+            contact(0, 120, 0.2),
+            contact(1, 7, 60.0),
+        ];
+        let w0 = worker_status(0, "h:1", &heard);
+        assert_eq!(
+            (w0.contact.as_deref(), w0.global_step, w0.role.as_str()),
+            (Some("live"), Some(120), "chief")
+        );
+        let w1 = worker_status(1, "h:2", &heard);
+        assert_eq!(
+            (w1.contact.as_deref(), w1.global_step),
+            (Some("stale"), Some(7))
+        );
+        let w2 = worker_status(2, "h:3", &heard);
+        assert_eq!(
+            (w2.contact.as_deref(), w2.global_step),
+            (Some("never seen"), None)
         );
     }
 }

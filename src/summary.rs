@@ -178,6 +178,10 @@ pub struct Summaries {
     writer: Option<EventWriter>,
     /// The next step at or past which to write.
     next: u64,
+    /// The `train.save_summaries_steps` that `next` was computed with: a
+    /// reload that changes it moves `next` at once, rather than after the
+    /// old interval (a million steps, say) has run out.
+    every: u64,
     /// The step and time of the previous summary, for `global_step/sec`.
     last: Option<(u64, Instant)>,
 }
@@ -191,6 +195,7 @@ impl Summaries {
         Self {
             writer,
             next: 0,
+            every: 0,
             last: None,
         }
     }
@@ -214,6 +219,12 @@ impl Summaries {
     /// if a summary is due (`every`: `train.save_summaries_steps`).
     pub fn on_step(&mut self, step: u64, every: u64, loss: f32, learning_rate: f32) {
         let every = every.max(1);
+        if every != self.every {
+            self.every = every;
+            if let Some((prev, _)) = self.last {
+                self.next = (prev / every + 1) * every;
+            }
+        }
         if step < self.next {
             return;
         }
@@ -331,5 +342,26 @@ mod tests {
             ["loss", "learning_rate", "global_step/sec"]
         );
         assert_eq!(tags(&events[5]), ["accuracy", "ema_accuracy"]);
+    }
+
+    #[test]
+    fn a_reloaded_interval_applies_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Summaries::open(dir.path());
+        let path = s.path().unwrap().to_path_buf();
+        for step in [0, 5, 10] {
+            s.on_step(step, 1_000_000, 1.0, 0.5);
+        }
+        // save_summaries_steps reloaded from a million to 4: the multiple of 4
+        // after the last summary (step 0) is long past, so step 11 is written
+        // at once, then every multiple.
+        for step in [11, 12, 13, 16] {
+            s.on_step(step, 4, 1.0, 0.5);
+        }
+        let steps: Vec<i64> = records(&std::fs::read(&path).unwrap())[1..]
+            .iter()
+            .map(|r| pb::Event::decode(r.as_slice()).unwrap().step)
+            .collect();
+        assert_eq!(steps, vec![0, 11, 12, 16]);
     }
 }

@@ -6,7 +6,13 @@ Usage: python3 tests/checkpoint_numpy.py CKPT_FILE DATA_DIR
 CKPT_FILE is a model.ckpt-<N>.safetensors file; its model.ckpt-<N>.ema.safetensors
 sibling is read too. DATA_DIR holds t10k-images-idx3-ubyte and
 t10k-labels-idx1-ubyte, gzipped (.gz) or raw. Prints one JSON line:
-{"global_step": n, "accuracy": a, "ema_accuracy": b}
+{"global_step": n, "accuracy": a, "ema_accuracy": b, "optimizer": {...},
+ "slots": {name: [shape...], ...}}
+
+The optimizer's slots (`layer1/weights/Adam`, `beta1_power`, ...) sit in the
+model file beside the variables, named in its `slots` metadata; they play no
+part in the accuracy, and are listed with their shapes so that a test can
+check them against the variables.
 
 This is the independent reference `dtf eval --json` is compared against, so it
 reimplements the forward pass from DESIGN.md ("The model and its math"):
@@ -19,6 +25,7 @@ import os
 import sys
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 EMA_SUFFIX = "/ExponentialMovingAverage"
@@ -77,6 +84,19 @@ def main():
     model = load_file(ckpt)
     ema = load_file(ema_path)
     step = int(model["global_step"])
+    with safe_open(ckpt, framework="numpy") as f:
+        meta = f.metadata() or {}
+    optimizer = json.loads(meta.get("optimizer", '{"name": "sgd"}'))
+    slots = {}
+    for name in json.loads(meta.get("slots", "[]")):
+        if name not in model:
+            sys.exit(f"{ckpt}: metadata lists slot {name} but the file has no such tensor")
+        var = name.rsplit("/", 1)[0]
+        if "/" in name and model[name].shape != model[var].shape:
+            sys.exit(f"{ckpt}: slot {name} has shape {model[name].shape}, {var} {model[var].shape}")
+        if not np.all(np.isfinite(model[name])):
+            sys.exit(f"{ckpt}: slot {name} is not finite")
+        slots[name] = list(model[name].shape)
 
     images = read_idx(data_dir, "t10k-images-idx3-ubyte")
     labels = read_idx(data_dir, "t10k-labels-idx1-ubyte").astype(np.int64)
@@ -86,6 +106,8 @@ def main():
         "global_step": step,
         "accuracy": accuracy(layers(model), x, labels),
         "ema_accuracy": accuracy(layers(ema, EMA_SUFFIX), x, labels),
+        "optimizer": optimizer,
+        "slots": slots,
     }
     print(json.dumps(result))
 

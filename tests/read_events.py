@@ -2,6 +2,7 @@
 """Read a dtf TensorBoard events file with TensorBoard's own code.
 
 Usage: python3 tests/read_events.py EVENTS_FILE
+       python3 tests/read_events.py --accumulator RUN_DIR
 
 Prints one JSON object:
 {"records": n, "file_version": "brain.Event:2",
@@ -18,6 +19,10 @@ TensorFlow. Two passes:
 2. `EventFileLoader`, what TensorBoard itself loads runs with, decodes the
    events; scalars are read whether they come back as `simple_value` or
    migrated to a scalar tensor.
+
+With --accumulator, the directory is read as TensorBoard reads a run, by
+`EventAccumulator` (every events file in it, in order), and the output is
+{"scalars": {"tag": [[step, value], ...], ...}}.
 """
 
 import json
@@ -46,7 +51,26 @@ def scalar(value):
     return float(value.simple_value)
 
 
+def accumulate(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+        SCALARS,
+    )
+
+    acc = EventAccumulator(run_dir, size_guidance={SCALARS: 0})
+    acc.Reload()
+    scalars = {
+        tag: [[e.step, e.value] for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+    }
+    json.dump({"scalars": scalars}, sys.stdout)
+    print()
+
+
 def main():
+    if sys.argv[1] == "--accumulator":
+        accumulate(sys.argv[2])
+        return
     path = sys.argv[1]
     records = count_records(path)
     out = {"records": records, "file_version": None, "events": []}

@@ -30,13 +30,20 @@ enum Command {
     Eval {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
-        /// Directory of the IDX files.
+        /// The test data: a directory of IDX files, a .npz (x_test, y_test) or a test .csv.
         #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
         data: PathBuf,
+        /// The label column of a CSV (default: the checkpoint's, else "label").
+        #[arg(long)]
+        label: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
+    /// Class and class probabilities of every row of FILE, from a checkpoint alone.
+    Predict(PredictArgs),
+    /// Write a checkpoint as a model for other runtimes.
+    Export(ExportArgs),
     /// What a checkpoint holds: tensors, shapes, dtypes, metadata.
     Inspect {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
@@ -99,7 +106,14 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Local(args) => local(args),
-        Command::Eval { path, data, json } => eval(&path, &data, json),
+        Command::Eval {
+            path,
+            data,
+            label,
+            json,
+        } => eval(&path, &data, label, json),
+        Command::Predict(args) => predict(args),
+        Command::Export(args) => export(args),
         Command::Bench {
             data,
             widths,
@@ -113,8 +127,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 /// `dtf eval`: the accuracy of a checkpoint, raw and EMA.
-fn eval(path: &std::path::Path, data: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let ev = dtf::eval::evaluate(path, data)?;
+fn eval(
+    path: &std::path::Path,
+    data: &std::path::Path,
+    label: Option<String>,
+    json: bool,
+) -> Result<ExitCode> {
+    let mut cfg = dtf::data::test_config_for_path(data)?;
+    cfg.label = match label {
+        Some(l) => l,
+        None => dtf::predict::Trained::load(path)?
+            .meta
+            .label
+            .unwrap_or(cfg.label),
+    };
+    let ev = dtf::eval::evaluate_on(path, &cfg)?;
     if json {
         println!("{}", serde_json::to_string(&ev)?);
     } else {
@@ -122,8 +149,81 @@ fn eval(path: &std::path::Path, data: &std::path::Path, json: bool) -> Result<Ex
         println!("global_step   {}", ev.global_step);
         println!("accuracy      {:.4}", ev.accuracy);
         println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        println!("loss          {:.4}", ev.loss);
         println!("examples      {}", ev.examples);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf predict`'s options.
+#[derive(clap::Args)]
+struct PredictArgs {
+    /// A model.ckpt-N.safetensors file or a checkpoint directory (its newest).
+    checkpoint: PathBuf,
+    /// The rows: a .npy array [N, …], a .npz with array x, or a .csv with a header.
+    #[arg(long)]
+    input: PathBuf,
+    /// A CSV column to leave out (default: the checkpoint's label column, else "label").
+    #[arg(long)]
+    label: Option<String>,
+    /// The trained weights instead of their moving averages (EMA).
+    #[arg(long)]
+    raw: bool,
+    /// One JSON object per row ({"class": …, "probabilities": […]}) instead of CSV.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `dtf predict`: class and probabilities per row, on stdout.
+fn predict(args: PredictArgs) -> Result<ExitCode> {
+    use std::io::Write;
+    let model = dtf::predict::Trained::load(&args.checkpoint)?;
+    let label = args
+        .label
+        .or_else(|| model.meta.label.clone())
+        .unwrap_or_else(|| "label".into());
+    let x = dtf::predict::read_input(&args.input, &label)?;
+    let probabilities = model.probabilities(x, !args.raw, &args.input)?;
+    let predictions = dtf::predict::predictions(&probabilities);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        for p in &predictions {
+            serde_json::to_writer(&mut out, p)?;
+            writeln!(out)?;
+        }
+        out.flush()?;
+    } else {
+        dtf::predict::write_csv(&mut out, &predictions)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf export`'s options.
+#[derive(clap::Args)]
+struct ExportArgs {
+    /// A model.ckpt-N.safetensors file or a checkpoint directory (its newest).
+    checkpoint: PathBuf,
+    /// Write an ONNX model (opset 13: input "input", output "probabilities") here.
+    #[arg(long, required = true)]
+    onnx: PathBuf,
+    /// The trained weights instead of their moving averages (EMA).
+    #[arg(long)]
+    raw: bool,
+}
+
+/// `dtf export --onnx`: the checkpoint as an ONNX model.
+fn export(args: ExportArgs) -> Result<ExitCode> {
+    let model = dtf::predict::Trained::load(&args.checkpoint)?;
+    dtf::export::write_onnx(&model, !args.raw, &args.onnx)?;
+    eprintln!(
+        "{}: ONNX model {:?} ({} weights) of {} (global step {})",
+        args.onnx.display(),
+        model.meta.layers,
+        if args.raw { "raw" } else { "EMA" },
+        model.file.display(),
+        model.global_step
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -162,7 +262,12 @@ fn inspect(path: &std::path::Path, json: bool) -> Result<ExitCode> {
 
 /// `dtf status`: every task's state; exit 1 if a ps does not answer.
 fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let cfg = Config::load(config)?;
+    let cfg = Config::load(config).map_err(|e| match e {
+        dtf::config::ConfigError::Read { .. } => anyhow::anyhow!(
+            "{e}; give the cluster's file with --config (dtf local prints the command for its run)"
+        ),
+        e => e.into(),
+    })?;
     let credentials = dtf::auth::Credentials::load(&cfg)?;
     let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
     if json {
@@ -179,13 +284,21 @@ fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
 
 /// `dtf check-config`: exit 78 naming what is wrong.
 fn check_config(config: &std::path::Path) -> Result<ExitCode> {
-    match Config::load(config) {
+    // The daemons' own checks (a worker's, the most a task checks), so
+    // `valid` here means they start.
+    let checked = Config::load(config)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut cfg| {
+            dtf::daemon::preflight(&mut cfg, dtf::config::Role::Worker)?;
+            Ok(cfg)
+        });
+    match checked {
         Ok(_) => {
             println!("{}: valid", config.display());
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e:#}");
             Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
         }
     }
@@ -206,9 +319,15 @@ struct LocalArgs {
     /// async or sync.
     #[arg(long, value_enum, default_value = "async")]
     mode: ModeArg,
-    /// Directory of the IDX files (default: data.dir, /usr/share/datasets/fashion-mnist).
+    /// The data set: a directory of IDX files, a .npz (x_train, y_train, x_test,
+    /// y_test) or a training .csv (default: the config's [data], else
+    /// /usr/share/datasets/fashion-mnist).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// The test .csv for a training .csv given as --data (default: its name
+    /// with "train" replaced by "test").
+    #[arg(long)]
+    test: Option<PathBuf>,
     /// Keep checkpoints here (default: a fresh directory, printed at the end).
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
@@ -218,6 +337,9 @@ struct LocalArgs {
     /// Hyperparameters from this config file (cluster and paths are replaced).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Also run dtf-evaluator: every checkpoint scored into CHECKPOINT_DIR/eval, the best kept in CHECKPOINT_DIR/best.
+    #[arg(long)]
+    evaluator: bool,
     /// Print one JSON object on stdout, and the summary on stderr.
     #[arg(long)]
     json: bool,
@@ -262,8 +384,10 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         steps,
         mode,
         data: args.data,
+        test: args.test,
         checkpoint_dir: args.checkpoint_dir,
         save_secs: args.save_secs,
+        evaluator: args.evaluator,
         bin_dir,
         progress: std::io::stderr().is_terminal(),
         base,
@@ -275,8 +399,12 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         .context("creating a run directory")?
         .keep();
     eprintln!(
-        "dtf local: {ps} ps + {workers} workers, {mode:?}, to step {steps}; run directory {}",
+        "dtf local: {ps} ps + {workers} workers, {mode}, to step {steps}; run directory {}",
         run_dir.display()
+    );
+    eprintln!(
+        "watch it from another shell: dtf status --config {}",
+        run_dir.join("dtf.toml").display()
     );
     let rt = tokio::runtime::Runtime::new()?;
     let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
@@ -309,6 +437,16 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
                 report.seconds
             ));
             say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            if let Some(b) = &report.best {
+                say(format!(
+                    "best checkpoint: {} (global_step {}, {} {:.4}; {} checkpoints scored)",
+                    b.checkpoint.display(),
+                    b.global_step,
+                    b.metric,
+                    b.score,
+                    b.scored
+                ));
+            }
             ExitCode::SUCCESS
         }
         dtf::local::Outcome::Stopped(s) => {

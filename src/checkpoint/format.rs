@@ -1,7 +1,7 @@
 //! The file format: encoding a [`Checkpoint`] to two safetensors files, and
 //! decoding and verifying them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
@@ -10,9 +10,15 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::{
     CRC_PREFIX, Checkpoint, CheckpointError, EMA_BYTES, EMA_SUFFIX, FORMAT, GLOBAL_STEP,
-    MAX_HEADER_BYTES, MODEL_BYTES, parse_step,
+    MAX_HEADER_BYTES, MODEL_BYTES, Slots, parse_step,
 };
 use crate::model::VarSpec;
+use crate::optimizer::{self, Optimizer};
+
+/// Metadata key of the optimizer and its hyperparameters (JSON).
+const OPTIMIZER_KEY: &str = "optimizer";
+/// Metadata key of the JSON list of slot tensors in the model file.
+const SLOTS_KEY: &str = "slots";
 
 // ---------------------------------------------------------------------------
 // Encoding
@@ -89,13 +95,62 @@ fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
             "refusing to save: shadow {name:?} belongs to no variable"
         ));
     }
+    check_slots_saveable(ckpt)
+}
+
+/// The slots must be exactly the optimizer's for the variables, in order,
+/// finite, and the non-slot scalars usable.
+fn check_slots_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    let specs = var_specs(&ckpt.variables);
+    let want = ckpt.slots.optimizer.slot_specs(&specs);
+    let got: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let want_names: Vec<&str> = want.iter().map(|s| s.name.as_str()).collect();
+    if got != want_names {
+        return Err(format!(
+            "refusing to save: slots {got:?} are not those of {} for these variables ({want_names:?})",
+            ckpt.slots.optimizer.name()
+        ));
+    }
+    for (spec, (name, value)) in want.iter().zip(&ckpt.slots.tensors) {
+        if value.shape() != spec.shape.as_slice() {
+            return Err(format!(
+                "refusing to save: slot {name:?} has shape {:?}, expected {:?}",
+                value.shape(),
+                spec.shape
+            ));
+        }
+        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: slot {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+        if spec.var.is_none() {
+            optimizer::check_non_slot(name, value.iter().copied().next().unwrap_or(f32::NAN))
+                .map_err(|e| format!("refusing to save: {e}"))?;
+        }
+    }
     Ok(())
 }
 
+/// The specs of named arrays.
+fn var_specs(vars: &[(String, ArrayD<f32>)]) -> Vec<VarSpec> {
+    vars.iter()
+        .map(|(n, a)| VarSpec {
+            name: n.clone(),
+            shape: a.shape().to_vec(),
+        })
+        .collect()
+}
+
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
-pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+/// `extra` is more metadata for the model file (the model's description,
+/// [`super::meta`]); it may not replace a key this module writes.
+pub(super) fn to_bytes(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     check_saveable(ckpt)?;
-    let (model, ema) = encode(ckpt)?;
+    let (model, ema) = encode_with(ckpt, extra)?;
     // What would not load back must not be written: readers refuse headers
     // beyond the bound (thousands of tensors fit in it).
     for bytes in [&model, &ema] {
@@ -110,7 +165,16 @@ pub(super) fn to_bytes(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> 
 }
 
 /// [`to_bytes`] without the checks (tests use it to write damaged checkpoints).
+#[cfg(test)]
 pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
+    encode_with(ckpt, &BTreeMap::new())
+}
+
+/// [`encode`] with `extra` metadata in the model file.
+fn encode_with(
+    ckpt: &Checkpoint,
+    extra: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let step = ckpt.global_step.to_string();
     let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
 
@@ -126,6 +190,13 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
         Vec::new(),
         step_i64.to_le_bytes().to_vec(),
     ));
+    model.extend(
+        ckpt.slots
+            .tensors
+            .iter()
+            .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a))),
+    );
+    let slot_names: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
     let mut model_meta = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("global_step".to_string(), step.clone()),
@@ -134,7 +205,22 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
             "variables".to_string(),
             serde_json::to_string(&var_names).map_err(|e| e.to_string())?,
         ),
+        (
+            OPTIMIZER_KEY.to_string(),
+            serde_json::to_string(&ckpt.slots.optimizer).map_err(|e| e.to_string())?,
+        ),
+        (
+            SLOTS_KEY.to_string(),
+            serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
+        ),
     ]);
+
+    for (key, value) in extra {
+        if model_meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
+            return Err(format!("metadata key {key:?} is reserved"));
+        }
+        model_meta.insert(key.clone(), value.clone());
+    }
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
         ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
@@ -367,7 +453,8 @@ pub(super) fn parse(
         ));
     }
     check_step_tensor(&m, model_path)?;
-    let listed = listed_variables(&m, model_path)?;
+    let (optimizer, slot_names) = listed_slots(&m, model_path)?;
+    let listed = listed_variables(&m, &slot_names, model_path)?;
     let specs = read_plan(&listed, expected, model_path)?;
 
     let mut variables = Vec::with_capacity(specs.len());
@@ -384,11 +471,81 @@ pub(super) fn parse(
         shadows.push((name.clone(), shadow));
     }
     check_no_stray_shadows(&e, &specs, ema_path)?;
+    let slots = read_slots(&m, model_path, optimizer, &slot_names, &variables)?;
     Ok(Checkpoint {
         global_step: m.global_step,
         variables,
         shadows,
+        slots,
     })
+}
+
+/// The metadata's optimizer and its list of slot tensors; neither present
+/// (a checkpoint from before optimizers) is SGD without slots.
+fn listed_slots(
+    m: &Parsed<'_>,
+    model_path: &Path,
+) -> Result<(Optimizer, Vec<String>), CheckpointError> {
+    let optimizer = match m.meta.get(OPTIMIZER_KEY) {
+        None => Optimizer::Sgd,
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            CheckpointError::invalid(
+                model_path,
+                format!(
+                    "metadata \"{OPTIMIZER_KEY}\" is {text:?}, not an optimizer ({e}); expected \
+                     e.g. {{\"name\":\"adam\",\"beta1\":0.9,\"beta2\":0.999,\"epsilon\":1e-8}}"
+                ),
+            )
+        })?,
+    };
+    let names = match m.meta.get(SLOTS_KEY) {
+        None => Vec::new(),
+        Some(text) => serde_json::from_str(text).map_err(|_| {
+            CheckpointError::invalid(
+                model_path,
+                format!("metadata \"{SLOTS_KEY}\" is {text:?}, not a JSON list of names"),
+            )
+        })?,
+    };
+    Ok((optimizer, names))
+}
+
+/// The slots listed in the metadata, checked to be exactly those of the
+/// optimizer for `variables`, each of its variable's shape, finite, and the
+/// non-slot scalars usable.
+fn read_slots(
+    m: &Parsed<'_>,
+    model_path: &Path,
+    optimizer: Optimizer,
+    listed: &[String],
+    variables: &[(String, ArrayD<f32>)],
+) -> Result<Slots, CheckpointError> {
+    let specs = optimizer.slot_specs(&var_specs(variables));
+    let mut want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let mut got: Vec<&str> = listed.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    got.sort_unstable();
+    if want != got {
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "metadata \"{SLOTS_KEY}\" lists {got:?}, but the slots of {} for these \
+                 variables are {want:?}",
+                optimizer.name()
+            ),
+        ));
+    }
+    let mut tensors = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        let value = read_f32(m, model_path, &spec.name, Some(&spec.shape))?;
+        if spec.var.is_none() {
+            let v = value.iter().copied().next().unwrap_or(f32::NAN);
+            optimizer::check_non_slot(&spec.name, v)
+                .map_err(|e| CheckpointError::invalid(model_path, e))?;
+        }
+        tensors.push((spec.name.clone(), value));
+    }
+    Ok(Slots { optimizer, tensors })
 }
 
 /// The model file's `global_step` tensor: an I64 scalar equal to its metadata.
@@ -424,8 +581,12 @@ fn check_step_tensor(m: &Parsed<'_>, model_path: &Path) -> Result<(), Checkpoint
 }
 
 /// The metadata's `variables` list, checked to name every tensor of the model
-/// file but `global_step` exactly once.
-fn listed_variables(m: &Parsed<'_>, model_path: &Path) -> Result<Vec<String>, CheckpointError> {
+/// file but `global_step` and the `slots` exactly once.
+fn listed_variables(
+    m: &Parsed<'_>,
+    slots: &[String],
+    model_path: &Path,
+) -> Result<Vec<String>, CheckpointError> {
     let listed: Vec<String> = m
         .meta
         .get("variables")
@@ -440,7 +601,7 @@ fn listed_variables(m: &Parsed<'_>, model_path: &Path) -> Result<Vec<String>, Ch
         .tensors
         .iter()
         .map(|(n, _)| n)
-        .filter(|n| *n != GLOBAL_STEP)
+        .filter(|n| *n != GLOBAL_STEP && !slots.iter().any(|s| s == n))
         .collect();
     let listed_set: HashSet<&str> = listed.iter().map(String::as_str).collect();
     if listed_set != in_file || listed_set.len() != listed.len() {
@@ -550,7 +711,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn valid_pair() -> (Vec<u8>, Vec<u8>) {
-        to_bytes(&sample(77, &SMALL)).unwrap()
+        to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
     }
 
     proptest! {
@@ -625,6 +786,48 @@ mod tests {
     }
 
     #[test]
+    fn slots_round_trip_under_tensorflow_names() {
+        let c = sample_with_adam(5, &SMALL);
+        let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+        assert_eq!(from_bytes(&model, &ema, Some(&small_specs())).unwrap(), c);
+        // Without a model (dtf eval, inspect) they load, listed apart from the variables.
+        let back = from_bytes(&model, &ema, None).unwrap();
+        assert_eq!(back.variables.len(), 4);
+        assert_eq!(back.slots, c.slots);
+        let (tensors, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
+        for name in [
+            "layer1/weights/Adam",
+            "layer2/biases/Adam_1",
+            "beta1_power",
+            "beta2_power",
+        ] {
+            assert!(tensors.tensor(name).is_ok(), "{name} missing");
+        }
+        assert!(meta["optimizer"].contains("\"name\":\"adam\""), "{meta:?}");
+        assert!(meta["optimizer"].contains("\"beta2\":0.999"), "{meta:?}");
+    }
+
+    #[test]
+    fn slots_that_do_not_match_their_optimizer_are_refused() {
+        let mut c = sample_with_adam(5, &SMALL);
+        c.slots.tensors.pop();
+        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("not those of adam")));
+        let mut c = sample_with_adam(5, &SMALL);
+        // After the 4 variables' 8 slots: beta1_power.
+        c.slots.tensors[8].1.fill(1.0);
+        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("beta1_power")));
+        // Written anyway, a file whose slots disagree with its optimizer is refused on load.
+        let mut c = sample_with_adam(5, &SMALL);
+        c.slots.optimizer = crate::optimizer::Optimizer::Momentum {
+            momentum: 0.9,
+            use_nesterov: false,
+        };
+        let (model, ema) = encode(&c).unwrap();
+        let err = from_bytes(&model, &ema, None).unwrap_err().to_string();
+        assert!(err.contains("the slots of momentum"), "{err}");
+    }
+
+    #[test]
     fn a_huge_header_is_refused_before_parsing() {
         let (_, ema) = valid_pair();
         let huge = with_header_of(MAX_HEADER_BYTES as usize + 1);
@@ -652,8 +855,9 @@ mod tests {
             global_step: 1,
             variables: (0..n).map(|i| (name(i), one())).collect(),
             shadows: (0..n).map(|i| (name(i), one())).collect(),
+            slots: Slots::default(),
         };
-        let err = to_bytes(&ckpt).unwrap_err();
+        let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
         assert!(err.contains("header would be"), "{err}");
     }
 }

@@ -4,15 +4,25 @@
 //! A checkpoint at step `N` is two files in the checkpoint directory:
 //!
 //! - `model.ckpt-N.safetensors`: every variable as F32 plus `global_step` as
-//!   an I64 scalar (TensorFlow keeps the step as a variable too);
+//!   an I64 scalar (TensorFlow keeps the step as a variable too), and the
+//!   optimizer's slots under TensorFlow's names (`layer1/weights/Adam`,
+//!   `layer1/weights/Adam_1`, `…/Momentum`, `…/Adagrad`, and the F32 scalars
+//!   `beta1_power`, `beta2_power`);
 //! - `model.ckpt-N.ema.safetensors`: the shadows, `<var>/ExponentialMovingAverage`.
 //!
 //! Both carry string metadata: `format = "dtf-1"`, `global_step`, `kind`
 //! (`variables` or `ema`), `crc32:<tensor>` (CRC-32 of the tensor's bytes, so
 //! that bit rot inside the data is caught, not only in the header), and in the
 //! model file `variables`, a JSON list of the variable names in model order
-//! (safetensors itself keeps no order). Any safetensors reader (Python
+//! (safetensors itself keeps no order), `optimizer`, the optimizer and its
+//! hyperparameters as JSON (`{"name":"adam","beta1":0.9,…}`), and `slots`, a
+//! JSON list of its slot tensors. A file without `optimizer` (written before
+//! dtf had optimizers) is plain SGD without slots. Any safetensors reader (Python
 //! `safetensors.numpy.load_file`, PyTorch) loads them as they are.
+//!
+//! The evaluator's best checkpoints are copies of such pairs in
+//! `best/` beside them, ranked by `best/index.json` ([`best`]); the
+//! chief's retention never looks into that directory.
 //!
 //! The `checkpoint` index names the newest and all kept checkpoints, in the
 //! spirit of TensorFlow's file of that name. It is a convenience for people
@@ -20,20 +30,24 @@
 //! scan the directory and take the highest step that verifies, because a
 //! crash can leave the index stale (and anyone can edit it).
 
+pub mod best;
 mod format;
 mod inspect;
+mod meta;
 mod restore;
 mod save;
 
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::optimizer::Optimizer;
 use ndarray::ArrayD;
 use safetensors::SafeTensorError;
 
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
-pub use restore::{load, resolve, restore_latest};
+pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
+pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
 
 /// Value of the `format` metadata key this module writes and accepts.
@@ -75,6 +89,28 @@ pub struct Checkpoint {
     /// EMA shadows keyed by the *variable's* name (on disk:
     /// `<var>/ExponentialMovingAverage`), in the same order as `variables`.
     pub shadows: Vec<(String, ArrayD<f32>)>,
+    /// The optimizer of the run and its slots.
+    pub slots: Slots,
+}
+
+/// The optimizer state a checkpoint carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slots {
+    /// The optimizer, with the hyperparameters of the run that saved it.
+    pub optimizer: Optimizer,
+    /// Its slots and non-slot scalars under TensorFlow's names, in
+    /// [`Optimizer::slot_specs`] order for `variables`.
+    pub tensors: Vec<(String, ArrayD<f32>)>,
+}
+
+impl Default for Slots {
+    /// Plain SGD: no slots.
+    fn default() -> Self {
+        Slots {
+            optimizer: Optimizer::Sgd,
+            tensors: Vec::new(),
+        }
+    }
 }
 
 /// What went wrong with a checkpoint; every variant names the file or directory.
@@ -273,7 +309,38 @@ mod fixtures {
                 .enumerate()
                 .map(|(k, s)| (s.name.clone(), make(k, s, -0.5)))
                 .collect(),
+            slots: Slots::default(),
         }
+    }
+
+    pub(super) const ADAM: crate::optimizer::Optimizer = crate::optimizer::Optimizer::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+    };
+
+    /// [`sample`] with Adam's slots, each value telling where it sits.
+    pub(super) fn sample_with_adam(step: u64, layers: &[usize]) -> Checkpoint {
+        let mut c = sample(step, layers);
+        let slots = ADAM.slot_specs(&specs(layers));
+        c.slots = Slots {
+            optimizer: ADAM,
+            tensors: slots
+                .iter()
+                .enumerate()
+                .map(|(k, s)| {
+                    let n: usize = s.shape.iter().product();
+                    let v = (0..n)
+                        .map(|i| 0.5 / (k + 2) as f32 + i as f32 * 1e-4)
+                        .collect();
+                    (
+                        s.name.clone(),
+                        ArrayD::from_shape_vec(IxDyn(&s.shape), v).unwrap(),
+                    )
+                })
+                .collect(),
+        };
+        c
     }
 
     pub(super) fn small_specs() -> Vec<VarSpec> {

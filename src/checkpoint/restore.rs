@@ -12,6 +12,7 @@ use super::{
     model_file_name, parse_ema_name, parse_model_name,
 };
 use crate::model::VarSpec;
+use crate::optimizer::MAX_SLOTS;
 
 /// The most bytes of the `checkpoint` index read: about 60 bytes a line, so
 /// some 17,000 kept checkpoints (`max_to_keep = 0` keeps all).
@@ -152,8 +153,10 @@ impl Limit {
     };
 
     /// (model file, EMA file) bounds: with the model known, exactly its f32
-    /// tensors (and the model file's 8-byte `global_step`), 8 bytes of header
-    /// length and at most [`MAX_HEADER_BYTES`] of header.
+    /// tensors (and the model file's 8-byte `global_step`, and room for the
+    /// slots of any optimizer: [`MAX_SLOTS`] per variable and two f32
+    /// scalars), 8 bytes of header length and at most [`MAX_HEADER_BYTES`]
+    /// of header.
     pub(super) fn pair(expected: Option<&[VarSpec]>) -> (Limit, Limit) {
         let Some(expected) = expected else {
             return (Limit::ANY, Limit::ANY);
@@ -170,7 +173,11 @@ impl Limit {
             allowed: "a checkpoint file of this model can take (its tensors \
                       and a header of at most 1 MiB): not a checkpoint of this model?",
         };
-        (bound(tensors.saturating_add(8)), bound(tensors))
+        let slots = tensors.saturating_mul(MAX_SLOTS as u64).saturating_add(8);
+        (
+            bound(tensors.saturating_add(8).saturating_add(slots)),
+            bound(tensors),
+        )
     }
 }
 
@@ -187,6 +194,30 @@ impl Limit {
 /// device...), [`CheckpointError::TooLarge`], [`CheckpointError::Safetensors`],
 /// [`CheckpointError::Invalid`].
 pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, CheckpointError> {
+    load_verbatim(path, expected).map(|v| v.checkpoint)
+}
+
+/// A checkpoint as [`load_verbatim`] read it: what it holds, and the two
+/// files' bytes exactly as read and verified.
+#[derive(Debug, Clone)]
+pub struct Verbatim {
+    /// What the files hold.
+    pub checkpoint: Checkpoint,
+    /// The model file's bytes.
+    pub model: Vec<u8>,
+    /// The EMA file's bytes.
+    pub ema: Vec<u8>,
+}
+
+/// [`load`], keeping the bytes it verified: the evaluator copies exactly
+/// what it scored into `best/`, even if the chief's retention deletes the
+/// files meanwhile.
+///
+/// Errors: as [`load`].
+pub fn load_verbatim(
+    path: &Path,
+    expected: Option<&[VarSpec]>,
+) -> Result<Verbatim, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
     let (model_limit, ema_limit) = Limit::pair(expected);
     let model = read(path, model_limit)?;
@@ -203,7 +234,11 @@ pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, Che
             ),
         ));
     }
-    Ok(ckpt)
+    Ok(Verbatim {
+        checkpoint: ckpt,
+        model,
+        ema,
+    })
 }
 
 /// The newest checkpoint in `dir` that verifies against `expected`.
@@ -250,7 +285,8 @@ pub fn restore_latest(
 }
 
 /// For `dtf eval`, `dtf inspect` and `dtf status`: a file resolves to itself;
-/// a directory to its newest checkpoint by the rule [`restore_latest`] uses —
+/// a directory with a best index (`best/index.json`, the evaluator's) to the
+/// best checkpoint it names, if that verifies; any other directory to its newest checkpoint by the rule [`restore_latest`] uses —
 /// the highest step among the `model.ckpt-<N>.safetensors` files that verify
 /// (as [`load`] checks them, with no model to compare to) — so the tools and
 /// a restarting chief never disagree. If none verifies, the highest step, so
@@ -267,6 +303,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     let meta = fs::metadata(path).map_err(|e| CheckpointError::io(path, "open", e))?;
     if !meta.is_dir() {
         return Ok(path.to_path_buf());
+    }
+    // The evaluator's `best/` directory: its index ranks, not the steps.
+    if let Some(best) = super::best::read_index(path).and_then(|i| i.best_file(path))
+        && load(&best, None).is_ok()
+    {
+        return Ok(best);
     }
     let steps = scan_steps(path)?;
     let Some(&highest) = steps.model.last() else {

@@ -1,6 +1,6 @@
 //! Writing checkpoints: [`Saver`], atomic writes, retention, the index.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -29,6 +29,9 @@ pub struct Saver {
     max_to_keep: usize,
     /// How bytes reach a temp file; [`write_all`] except in fault-injection tests.
     write: WriteFn,
+    /// More metadata for every model file: the model's description
+    /// ([`super::ModelMeta`]).
+    metadata: BTreeMap<String, String>,
 }
 
 impl Saver {
@@ -47,7 +50,15 @@ impl Saver {
             dir: dir.to_path_buf(),
             max_to_keep,
             write: write_all,
+            metadata: BTreeMap::new(),
         })
+    }
+
+    /// Writes `meta` into every model file's metadata, so the checkpoint
+    /// alone says how to use it (`dtf eval`, `predict`, `export`).
+    pub fn with_model(mut self, meta: &super::ModelMeta) -> Self {
+        self.metadata = meta.to_metadata();
+        self
     }
 
     /// Writes `model.ckpt-<step>.ema.safetensors`, then
@@ -69,7 +80,7 @@ impl Saver {
         let model_path = self.dir.join(&model_name);
         let ema_path = self.dir.join(ema_file_name(ckpt.global_step));
         let (model_bytes, ema_bytes) =
-            to_bytes(ckpt).map_err(|p| CheckpointError::invalid(&model_path, p))?;
+            to_bytes(ckpt, &self.metadata).map_err(|p| CheckpointError::invalid(&model_path, p))?;
 
         self.remove_stale_temps();
         let model_existed = model_path.exists();
@@ -187,7 +198,7 @@ impl Saver {
 }
 
 /// `.<name>.tmp-<pid>` beside `path`: hidden, and never matching a checkpoint name.
-fn temp_path(path: &Path) -> PathBuf {
+pub(super) fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -205,7 +216,7 @@ fn temp_owner(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io(dir, "fsync directory", e))

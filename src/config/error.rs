@@ -27,12 +27,14 @@ pub enum ConfigError {
         problem: String,
     },
     /// The configuration file could not be read (missing, permissions).
-    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    /// The reason is in the message, not a `source`: printed with its
+    /// chain (`{:#}`), it would otherwise say the same thing twice.
+    #[error("{}: cannot read the configuration file: {problem}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: FileProblem,
+        problem: FileProblem,
     },
     /// A document is not valid TOML (or `TF_CONFIG` not valid JSON).
     #[error("{origin}: {message}")]

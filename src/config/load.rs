@@ -41,12 +41,12 @@ impl Config {
             .and_then(|bytes| {
                 String::from_utf8(bytes).map_err(|e| FileProblem::Io {
                     action: "read",
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                    error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                 })
             })
-            .map_err(|source| ConfigError::Read {
+            .map_err(|problem| ConfigError::Read {
                 path: path.to_owned(),
-                source,
+                problem,
             })?;
         let origin = path.display().to_string();
         let tf_cluster = match std::env::var(TF_CONFIG) {
@@ -90,6 +90,8 @@ impl Config {
         let index = match (task, task_from_env()?) {
             (Some(i), _) => i,
             (None, Some(t)) if t.role == role => t.index,
+            // One evaluator per cluster: nothing to choose between.
+            (None, None) if role == Role::Evaluator => 0,
             (None, Some(t)) => {
                 return Err(ConfigError::WrongRole {
                     named: t.role,
@@ -108,7 +110,7 @@ impl Config {
 ///
 /// With a `chief` list in the cluster, the chief is worker 0 and `worker` i
 /// is worker i + (number of chiefs), matching how [`Config::load`] builds
-/// `cluster.worker`. Task types are `chief`, `worker` and `ps`.
+/// `cluster.worker`. Task types are `chief`, `worker`, `ps` and `evaluator`.
 /// Errors: [`ConfigError::Syntax`] for malformed JSON, [`ConfigError::Key`]
 /// for an unknown task type.
 pub fn task_from_env() -> Result<Option<TaskId>, ConfigError> {
@@ -155,12 +157,16 @@ pub fn task_from_tf_config(json: &str) -> Result<Option<TaskId>, ConfigError> {
             role: Role::Ps,
             index: task.index,
         },
+        "evaluator" => TaskId {
+            role: Role::Evaluator,
+            index: task.index,
+        },
         other => {
             return Err(ConfigError::Key {
                 origin: TF_CONFIG.into(),
                 key: "task.type".into(),
                 problem: format!(
-                    "invalid value {other:?}: expected \"chief\", \"worker\" or \"ps\""
+                    "invalid value {other:?}: expected \"chief\", \"worker\", \"ps\" or \"evaluator\""
                 ),
             });
         }
@@ -423,11 +429,16 @@ mod tests {
             "TF_CONFIG",
             r#"{"task": {"type": "evaluator", "index": 0}}"#,
         );
-        let err = task_from_env().unwrap_err().to_string();
-        assert!(
-            err.contains("task.type") && err.contains("evaluator"),
-            "{err}"
+        assert_eq!(
+            task_from_env().unwrap(),
+            Some(TaskId {
+                role: Role::Evaluator,
+                index: 0
+            })
         );
+        set_env("TF_CONFIG", r#"{"task": {"type": "master", "index": 0}}"#);
+        let err = task_from_env().unwrap_err().to_string();
+        assert!(err.contains("task.type") && err.contains("master"), "{err}");
 
         remove_env("TF_CONFIG");
         assert_eq!(task_from_env().unwrap(), None);

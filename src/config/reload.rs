@@ -18,7 +18,8 @@ pub enum Applier {
     /// The worker's training loop (`worker::run`) re-reads it every step.
     TrainingLoop,
     /// The chief's checkpoint timer (`worker::CheckpointTimer`) re-reads it
-    /// at least every second and at each save.
+    /// at least every second and at each save; the chief's step loop
+    /// re-reads `save_steps` every step.
     CheckpointTimer,
     /// `metrics::spawn` re-binds `/metrics` when the address changes.
     MetricsServer,
@@ -38,6 +39,7 @@ pub struct LiveKey {
 pub const LIVE_KEYS: &[LiveKey] = &[
     live("log.level", Applier::LogFilter),
     live("checkpoint.save_secs", Applier::CheckpointTimer),
+    live("checkpoint.save_steps", Applier::CheckpointTimer),
     live("checkpoint.max_to_keep", Applier::CheckpointTimer),
     live("train.last_step", Applier::TrainingLoop),
     live("train.learning_rate", Applier::TrainingLoop),
@@ -64,7 +66,13 @@ impl Config {
     /// `new` must already be validated ([`Config::load`] does). The keys that
     /// may differ are [`LIVE_KEYS`].
     /// Errors: [`ConfigError::NotReloadable`] naming every such key.
-    pub fn reload(&self, new: Config) -> Result<Config, ConfigError> {
+    pub fn reload(&self, mut new: Config) -> Result<Config, ConfigError> {
+        // With `model.hidden`, the running widths were resolved from the data
+        // at start ([`Config::resolve_layers`]); the same hidden widths mean
+        // the same model, without reading the data set again.
+        if new.model.hidden.is_some() && new.model.hidden == self.model.hidden {
+            new.model.layers = self.model.layers.clone();
+        }
         let keys: Vec<String> = self
             .changed_keys(&new)
             .into_iter()
@@ -98,12 +106,25 @@ mod tests {
     use crate::config::*;
 
     #[test]
+    fn widths_resolved_from_the_data_survive_a_reload() {
+        let text = "[model]\nhidden = [8]\n";
+        let mut old = Config::from_toml_str(text, "f").unwrap();
+        old.resolve_layers(4, 3, "d").unwrap();
+        let new = Config::from_toml_str(&format!("{text}[train]\nlast_step = 5\n"), "f").unwrap();
+        let reloaded = old.reload(new).unwrap();
+        assert_eq!(reloaded.model.layers, [4, 8, 3]);
+        let other = Config::from_toml_str("[model]\nhidden = [9]\n", "f").unwrap();
+        let err = old.reload(other).unwrap_err().to_string();
+        assert!(err.contains("model.hidden"), "{err}");
+    }
+
+    #[test]
     fn reload_accepts_live_keys_only() {
         let old = Config::default();
         let mut new = old.clone();
         new.train.last_step = 30000;
         new.log.level = "debug".into();
-        new.checkpoint.save_secs = 10;
+        new.checkpoint.save_secs = Some(10);
         assert_eq!(
             old.changed_keys(&new),
             ["checkpoint.save_secs", "log.level", "train.last_step"]
@@ -139,7 +160,10 @@ mod tests {
 
     #[test]
     fn reloadable_keys_are_real_keys() {
-        let keys = leaves(&Config::default());
+        // Unset by default, so not a leaf of the default config.
+        let mut config = Config::default();
+        config.checkpoint.save_secs = Some(60);
+        let keys = leaves(&config);
         for live in LIVE_KEYS {
             assert!(
                 keys.contains_key(live.key),

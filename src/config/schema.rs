@@ -23,6 +23,9 @@ pub enum Role {
     Ps,
     /// Worker: computes gradients; worker 0 is the chief.
     Worker,
+    /// Evaluator (`dtf-evaluator`): scores each new checkpoint; talks to no
+    /// ps, so it has no address in `[cluster]`. One per cluster, index 0.
+    Evaluator,
 }
 
 /// One task of the cluster, e.g. `worker:1`.
@@ -42,6 +45,20 @@ pub enum Mode {
     Async,
     /// SyncReplicasOptimizer: gradients averaged per step.
     Sync,
+}
+
+/// `train.optimizer`: which update rule the ps tasks apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// `GradientDescentOptimizer`.
+    Sgd,
+    /// `MomentumOptimizer` (`train.momentum`, `train.use_nesterov`).
+    Momentum,
+    /// `AdamOptimizer` (`train.beta1`, `train.beta2`, `train.epsilon`).
+    Adam,
+    /// `AdagradOptimizer` (`train.initial_accumulator_value`).
+    Adagrad,
 }
 
 /// How variables are assigned to ps tasks.
@@ -68,6 +85,8 @@ pub struct Config {
     pub data: DataConfig,
     /// `[checkpoint]`: where and how often the chief saves.
     pub checkpoint: CheckpointConfig,
+    /// `[eval]`: what the evaluator keeps of the checkpoints it scores.
+    pub eval: EvalConfig,
     /// `[security]`: the shared token.
     pub security: SecurityConfig,
     /// `[metrics]`: the Prometheus endpoint.
@@ -95,7 +114,8 @@ pub struct ClusterConfig {
     /// How a task reaches each ps: shared memory on this host, or TCP.
     pub transport: Transport,
     /// Directory of the ps tasks' shared-memory sockets; empty: the default
-    /// (`$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/dtf`, else `/tmp/dtf-<uid>`).
+    /// (`$RUNTIME_DIRECTORY`, else `/run/dtf` when it exists, else
+    /// `$XDG_RUNTIME_DIR/dtf`, else `/tmp/dtf-<uid>`).
     pub runtime_dir: String,
 }
 
@@ -139,22 +159,90 @@ pub struct TrainConfig {
     pub log_step_count_steps: u64,
     /// Summaries every this many global steps (reloadable).
     pub save_summaries_steps: u64,
+    /// The update rule; its slots live on the ps tasks (not reloadable).
+    pub optimizer: OptimizerKind,
+    /// Momentum: the accumulator's decay.
+    pub momentum: f32,
+    /// Momentum: Nesterov's variant.
+    pub use_nesterov: bool,
+    /// Adam: decay of the first moment.
+    pub beta1: f32,
+    /// Adam: decay of the second moment.
+    pub beta2: f32,
+    /// Adam: added to `√v` (TensorFlow's "epsilon hat").
+    pub epsilon: f32,
+    /// Adagrad: what every accumulator starts at.
+    pub initial_accumulator_value: f32,
+}
+
+impl TrainConfig {
+    /// The optimizer these keys describe (those of the other optimizers are ignored).
+    pub fn optimizer(&self) -> crate::optimizer::Optimizer {
+        use crate::optimizer::Optimizer;
+        match self.optimizer {
+            OptimizerKind::Sgd => Optimizer::Sgd,
+            OptimizerKind::Momentum => Optimizer::Momentum {
+                momentum: self.momentum,
+                use_nesterov: self.use_nesterov,
+            },
+            OptimizerKind::Adam => Optimizer::Adam {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                epsilon: self.epsilon,
+            },
+            OptimizerKind::Adagrad => Optimizer::Adagrad {
+                initial_accumulator_value: self.initial_accumulator_value,
+            },
+        }
+    }
 }
 
 /// `[model]`: the MLP's shape. Not reloadable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Widths, input first, classes last.
+    /// Widths, input first, classes last. With `hidden` set, filled in from
+    /// the data (its width, its classes) around the hidden widths.
     pub layers: Vec<usize>,
+    /// Only the hidden widths (`[500]`); the input width and the class count
+    /// come from the data. Exclusive with an explicit `layers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<usize>>,
 }
 
-/// `[data]`: where the IDX files are.
+/// The format of a data set (`data.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// MNIST-format IDX files in `data.dir`.
+    Idx,
+    /// One NumPy `.npz` at `data.path`: `x_train`, `y_train`, `x_test`, `y_test`.
+    Npz,
+    /// CSV files `data.train` and `data.test` with a header and a label column.
+    Csv,
+}
+
+/// `[data]`: where the data set is, in which format, and how it is preprocessed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
+    /// `idx` (`dir`), `npz` (`path`) or `csv` (`train`, `test`, `label`).
+    pub format: DataFormat,
     /// Directory of `train-images-idx3-ubyte[.gz]` and the other IDX files.
     pub dir: PathBuf,
+    /// The `.npz` file (format `npz`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The training CSV file (format `csv`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train: Option<PathBuf>,
+    /// The test CSV file (format `csv`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test: Option<PathBuf>,
+    /// The CSV column holding the class index (format `csv`).
+    pub label: String,
+    /// Standardize features with the training split's mean and std.
+    pub standardize: bool,
 }
 
 /// `[checkpoint]`: the chief's checkpoints.
@@ -163,10 +251,84 @@ pub struct DataConfig {
 pub struct CheckpointConfig {
     /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint` index.
     pub dir: PathBuf,
-    /// Seconds between saves (reloadable).
-    pub save_secs: u64,
+    /// Seconds between saves (reloadable). Unset (`None`) means
+    /// [`DEFAULT_SAVE_SECS`] when `save_steps` is 0 and no timed saves when
+    /// it is not: setting both is an error, as in TensorFlow's `RunConfig`,
+    /// and a default of 60 that could not be left out would make every
+    /// `save_steps` an error. See [`CheckpointConfig::save_interval`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_secs: Option<u64>,
+    /// Save every this many global steps instead (TensorFlow's
+    /// `save_checkpoint_steps`); 0: off, save by time (reloadable).
+    pub save_steps: u64,
     /// Newest checkpoints kept (reloadable).
     pub max_to_keep: usize,
+}
+
+/// `checkpoint.save_secs` when neither it nor `checkpoint.save_steps` is set.
+pub const DEFAULT_SAVE_SECS: u64 = 60;
+
+/// `[eval]`: the evaluator's best checkpoints. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// How many of the best checkpoints `checkpoint.dir/best/` keeps.
+    pub keep_best: usize,
+    /// What "best" means.
+    pub metric: Metric,
+}
+
+/// The score that ranks checkpoints in `checkpoint.dir/best/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Test accuracy of the EMA shadows; higher is better.
+    EmaAccuracy,
+    /// Test accuracy of the raw variables; higher is better.
+    Accuracy,
+    /// Test cross-entropy of the raw variables; lower is better.
+    Loss,
+}
+
+impl Metric {
+    /// The name in `dtf.toml` and in the TensorBoard tags.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::EmaAccuracy => "ema_accuracy",
+            Metric::Accuracy => "accuracy",
+            Metric::Loss => "loss",
+        }
+    }
+
+    /// Whether score `a` is better than `b` (NaN is never better).
+    pub fn better(self, a: f32, b: f32) -> bool {
+        match self {
+            Metric::Loss => a < b,
+            _ => a > b,
+        }
+    }
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            keep_best: 3,
+            metric: Metric::EmaAccuracy,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// How often the chief saves by time: `None` when it saves by steps
+    /// (`save_steps` > 0), else `save_secs` or [`DEFAULT_SAVE_SECS`].
+    pub fn save_interval(&self) -> Option<std::time::Duration> {
+        if self.save_steps > 0 {
+            return None;
+        }
+        Some(std::time::Duration::from_secs(
+            self.save_secs.unwrap_or(DEFAULT_SAVE_SECS),
+        ))
+    }
 }
 
 /// `[security]`: authentication, and optional mutual TLS.
@@ -237,11 +399,22 @@ impl Sources {
         }
     }
 }
+/// As the config spells it: `async`, `sync`.
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Async => "async",
+            Mode::Sync => "sync",
+        })
+    }
+}
+
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Role::Ps => "ps",
             Role::Worker => "worker",
+            Role::Evaluator => "evaluator",
         })
     }
 }
@@ -281,6 +454,15 @@ impl Default for TrainConfig {
             seed: 0,
             log_step_count_steps: 100,
             save_summaries_steps: 100,
+            // TensorFlow 1.x's defaults (MomentumOptimizer has none for
+            // `momentum`; 0.9 is the usual choice).
+            optimizer: OptimizerKind::Sgd,
+            momentum: 0.9,
+            use_nesterov: false,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            initial_accumulator_value: 0.1,
         }
     }
 }
@@ -289,6 +471,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             layers: vec![784, 500, 10],
+            hidden: None,
         }
     }
 }
@@ -296,7 +479,13 @@ impl Default for ModelConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
+            format: DataFormat::Idx,
             dir: DEFAULT_DATA_DIR.into(),
+            path: None,
+            train: None,
+            test: None,
+            label: "label".into(),
+            standardize: false,
         }
     }
 }
@@ -305,7 +494,8 @@ impl Default for CheckpointConfig {
     fn default() -> Self {
         Self {
             dir: "/var/lib/dtf/checkpoints".into(),
-            save_secs: 60,
+            save_secs: None,
+            save_steps: 0,
             max_to_keep: 5,
         }
     }
@@ -347,11 +537,13 @@ impl Config {
             .map(String::as_str)
     }
 
-    /// A role's key (`cluster.ps`, `cluster.worker`) and address list.
+    /// A role's key (`cluster.ps`, `cluster.worker`) and address list; the
+    /// evaluator has none (it serves nothing but its metrics).
     pub(super) fn addresses(&self, role: Role) -> (&'static str, &[String]) {
         match role {
             Role::Ps => ("cluster.ps", &self.cluster.ps),
             Role::Worker => ("cluster.worker", &self.cluster.worker),
+            Role::Evaluator => ("evaluator", &[]),
         }
     }
 
@@ -429,6 +621,11 @@ mod tests {
             "tls_cert",
             "tls_key",
             "tls_ca",
+            "hidden",
+            "path",
+            "train",
+            "test",
+            "save_secs",
         ] {
             assert!(
                 text.contains(&format!("\n# {key} = ")),

@@ -20,13 +20,14 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 /// Why a file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FileProblem {
-    /// Opening, inspecting or reading it failed.
-    #[error("cannot {action}: {source}")]
+    /// Opening, inspecting or reading it failed. (`error`, not `source`:
+    /// the message already holds it; see [`super::ConfigError::Read`].)
+    #[error("cannot {action}: {error}")]
     Io {
         /// `open`, `stat` or `read`.
         action: &'static str,
         /// The system's reason.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A FIFO, socket, device or directory.
     #[error("it is {kind}, not a regular file: expected a file with the content")]
@@ -105,7 +106,7 @@ pub fn read_file(key: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>
 /// Errors: [`FileProblem`].
 pub(super) fn read_regular(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, FileProblem> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let io = |action| move |source| FileProblem::Io { action, source };
+    let io = |action| move |error| FileProblem::Io { action, error };
     // Refuse special files before opening: opening a FIFO for reading
     // blocks until a writer appears.
     regular(&std::fs::metadata(path).map_err(io("stat"))?)?;

@@ -28,13 +28,23 @@ impl Config {
                 ),
             ));
         };
-        if need.ps > memory {
+        // Each optimizer slot is one more copy of the variables on the ps.
+        let slots = self.train.optimizer().slot_names().len() as u64;
+        let ps = need
+            .ps
+            .saturating_add(need.variables.saturating_mul(4 * slots));
+        if ps > memory {
+            let with = if slots == 0 {
+                String::new()
+            } else {
+                format!(" and {slots} slot(s) of train.optimizer")
+            };
             return Err(self.bad(
                 "model.layers",
                 format!(
-                    "invalid value {layers:?}: {} f32 variables and their EMA shadows need at \
-                     least {} bytes, more than {have}: expected a smaller model",
-                    need.variables, need.ps
+                    "invalid value {layers:?}: {} f32 variables and their EMA shadows{with} \
+                     need at least {ps} bytes, more than {have}: expected a smaller model",
+                    need.variables
                 ),
             ));
         }
@@ -122,6 +132,22 @@ mod tests {
         let err = error_for("[model]\nlayers = [784, 100000000, 10]", "model.layers");
         assert!(err.contains("636000000080 bytes"), "{err}");
         assert!(err.contains("MemTotal"), "{err}");
+    }
+
+    #[test]
+    fn adam_slots_count_towards_the_ps_memory() {
+        // [784, 1e7, 10]: 7,950,000,010 variables: 63.6 GB for values and
+        // shadows, 127.2 GB with Adam's two slots; the machine has 100 GB.
+        let mut c = Config::default();
+        c.model.layers = vec![784, 10_000_000, 10];
+        c.train.optimizer = crate::config::OptimizerKind::Adam;
+        let err = c.check_fits(100_000_000_000).unwrap_err().to_string();
+        assert!(
+            err.contains("2 slot(s)") && err.contains("127200000160 bytes"),
+            "{err}"
+        );
+        c.train.optimizer = crate::config::OptimizerKind::Sgd;
+        assert!(c.check_fits(100_000_000_000).is_ok());
     }
 
     #[test]

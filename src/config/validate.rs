@@ -3,7 +3,7 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, Role, TaskId};
+use super::schema::{Config, DataFormat, ModelConfig, Role, TaskId};
 use super::size::memory_bytes;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,11 +15,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_cluster()?;
         self.validate_train()?;
+        self.validate_optimizer()?;
         self.validate_sync()?;
         self.validate_model()?;
         self.check_fits(memory_bytes())?;
         self.validate_data()?;
         self.validate_checkpoint()?;
+        self.validate_eval()?;
         self.validate_security()?;
         self.validate_metrics()?;
         self.validate_log()
@@ -30,7 +32,13 @@ impl Config {
     /// Errors: [`ConfigError::Task`], naming the list and where it came from.
     pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
         let (key, list) = self.addresses(task.role);
-        let count = list.len();
+        // The evaluator has no address: a cluster has one, task 0 (TF's
+        // `evaluator` task type, whose index is always 0 too).
+        let count = if task.role == Role::Evaluator {
+            1
+        } else {
+            list.len()
+        };
         if task.index < count {
             return Ok(());
         }
@@ -43,7 +51,7 @@ impl Config {
     }
 
     /// The error for `key`, naming where its value came from.
-    pub(super) fn bad(&self, key: &str, problem: String) -> ConfigError {
+    pub fn bad(&self, key: &str, problem: String) -> ConfigError {
         ConfigError::Key {
             origin: self.sources.origin(key).to_owned(),
             key: key.to_owned(),
@@ -171,6 +179,37 @@ impl Config {
         Ok(())
     }
 
+    /// The optimizers' hyperparameters, every one of them whichever optimizer
+    /// is chosen: a bad value is a mistake even where it is not used yet.
+    fn validate_optimizer(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        // A decay of 1 or more never forgets (Adam's bias correction then
+        // divides by zero); below 0 it oscillates.
+        for (key, value) in [
+            ("train.momentum", t.momentum),
+            ("train.beta1", t.beta1),
+            ("train.beta2", t.beta2),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(self.bad(key, invalid(value, "a number in [0, 1)")));
+            }
+        }
+        // Adam divides by `√v + epsilon` with `v` starting at 0, Adagrad by
+        // `√accum`: either at 0 divides zero by zero on a zero gradient.
+        for (key, value) in [
+            ("train.epsilon", t.epsilon),
+            (
+                "train.initial_accumulator_value",
+                t.initial_accumulator_value,
+            ),
+        ] {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(self.bad(key, invalid(value, "a finite number above 0")));
+            }
+        }
+        Ok(())
+    }
+
     /// `train.replicas_to_aggregate` and `train.total_num_replicas` against
     /// the number of workers.
     fn validate_sync(&self) -> Result<(), ConfigError> {
@@ -197,8 +236,26 @@ impl Config {
         Ok(())
     }
 
-    /// `[model]`: at least two widths, none zero.
+    /// `[model]`: at least two widths, none zero; `hidden` only without `layers`.
     fn validate_model(&self) -> Result<(), ConfigError> {
+        if let Some(hidden) = &self.model.hidden {
+            if self.model.layers != ModelConfig::default().layers {
+                return Err(self.bad(
+                    "model.hidden",
+                    format!(
+                        "is set together with model.layers = {:?}: expected one of them \
+                         (hidden: the data gives the input width and the classes)",
+                        self.model.layers
+                    ),
+                ));
+            }
+            if let Some(i) = hidden.iter().position(|&w| w == 0) {
+                return Err(self.bad(
+                    &format!("model.hidden[{i}]"),
+                    invalid(0, "a positive width"),
+                ));
+            }
+        }
         let layers = &self.model.layers;
         if layers.len() < 2 {
             return Err(self.bad(
@@ -218,10 +275,80 @@ impl Config {
         Ok(())
     }
 
-    /// `[data]`: an empty `dir` would silently mean the working directory.
+    /// `[data]`: an empty `dir` would silently mean the working directory;
+    /// each format needs its path keys.
     fn validate_data(&self) -> Result<(), ConfigError> {
-        if self.data.dir.as_os_str().is_empty() {
+        let d = &self.data;
+        if d.dir.as_os_str().is_empty() {
             return Err(self.bad("data.dir", "is empty: expected a path".into()));
+        }
+        let needed: &[(&str, &Option<std::path::PathBuf>)] = match d.format {
+            DataFormat::Idx => &[],
+            DataFormat::Npz => &[("data.path", &d.path)],
+            DataFormat::Csv => &[("data.train", &d.train), ("data.test", &d.test)],
+        };
+        for (key, value) in needed {
+            if value.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+                return Err(self.bad(
+                    "data.format",
+                    format!(
+                        "is {:?}, which needs {key} (a file path), and {key} is not set",
+                        d.format
+                    ),
+                ));
+            }
+        }
+        if d.format == DataFormat::Csv && d.label.trim().is_empty() {
+            return Err(self.bad(
+                "data.label",
+                "is empty: expected the name of the CSV column holding the class index".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts the data's shape into the model: with `model.hidden`, the widths
+    /// become `[features, hidden…, classes]`; with `model.layers` alone, its
+    /// first width must be the data's and its last hold every class.
+    /// `data` names the data set in errors.
+    ///
+    /// Errors: [`ConfigError::Key`] naming `model.layers[i]` (a mismatch) or
+    /// `model.layers`/`train.batch_size` (the resolved model does not fit).
+    pub fn resolve_layers(
+        &mut self,
+        features: usize,
+        classes: usize,
+        data: &str,
+    ) -> Result<(), ConfigError> {
+        if let Some(hidden) = &self.model.hidden {
+            let mut layers = vec![features];
+            layers.extend(hidden);
+            layers.push(classes);
+            self.model.layers = layers;
+            return self.check_fits(memory_bytes());
+        }
+        let layers = &self.model.layers;
+        let last = layers.len() - 1;
+        if layers[0] != features {
+            return Err(self.bad(
+                "model.layers[0]",
+                format!(
+                    "is {}, but the data ({data}) has {features} features per row: expected \
+                     {features}, or give only the hidden widths as model.hidden",
+                    layers[0]
+                ),
+            ));
+        }
+        if layers[last] < classes {
+            return Err(self.bad(
+                &format!("model.layers[{last}]"),
+                format!(
+                    "is {}, but the data ({data}) has labels up to {}: expected at least \
+                     {classes} classes, or give only the hidden widths as model.hidden",
+                    layers[last],
+                    classes - 1
+                ),
+            ));
         }
         Ok(())
     }
@@ -232,16 +359,44 @@ impl Config {
         if c.dir.as_os_str().is_empty() {
             return Err(self.bad("checkpoint.dir", "is empty: expected a path".into()));
         }
-        if c.save_secs < 1 {
-            return Err(self.bad(
-                "checkpoint.save_secs",
-                invalid(c.save_secs, "a positive number of seconds"),
-            ));
+        if let Some(secs) = c.save_secs {
+            if secs < 1 {
+                return Err(self.bad(
+                    "checkpoint.save_secs",
+                    invalid(secs, "a positive number of seconds"),
+                ));
+            }
+            // TensorFlow's RunConfig refuses both too: which would win is a guess.
+            if c.save_steps > 0 {
+                return Err(self.bad(
+                    "checkpoint.save_secs",
+                    format!(
+                        "is set ({secs}) and so is checkpoint.save_steps ({}) (from {}): \
+                         expected one of them; remove checkpoint.save_secs to save every \
+                         {} steps, or set checkpoint.save_steps = 0 to save by time",
+                        c.save_steps,
+                        self.sources.origin("checkpoint.save_steps"),
+                        c.save_steps
+                    ),
+                ));
+            }
         }
         if c.max_to_keep < 1 {
             return Err(self.bad(
                 "checkpoint.max_to_keep",
                 invalid(c.max_to_keep, "a positive integer"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[eval]`: at least one best checkpoint kept (the metric's names are
+    /// checked by its type).
+    fn validate_eval(&self) -> Result<(), ConfigError> {
+        if self.eval.keep_best < 1 {
+            return Err(self.bad(
+                "eval.keep_best",
+                invalid(self.eval.keep_best, "a positive integer"),
             ));
         }
         Ok(())
@@ -443,12 +598,30 @@ mod tests {
                 "[train]\nsave_summaries_steps = 0",
                 "train.save_summaries_steps",
             ),
+            ("[train]\nmomentum = 1.0", "train.momentum"),
+            ("[train]\nmomentum = -0.1", "train.momentum"),
+            ("[train]\nbeta1 = 1.0", "train.beta1"),
+            ("[train]\nbeta2 = nan", "train.beta2"),
+            ("[train]\nepsilon = 0.0", "train.epsilon"),
+            (
+                "[train]\ninitial_accumulator_value = 0.0",
+                "train.initial_accumulator_value",
+            ),
+            (
+                "[train]\ninitial_accumulator_value = inf",
+                "train.initial_accumulator_value",
+            ),
             ("[model]\nlayers = [784]", "model.layers"),
             ("[model]\nlayers = [784, 0, 10]", "model.layers[1]"),
             ("[cluster]\nps = []", "cluster.ps"),
             ("[cluster]\nworker = []", "cluster.worker"),
             ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
             ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+            (
+                "[checkpoint]\nsave_secs = 10\nsave_steps = 100",
+                "checkpoint.save_steps",
+            ),
+            ("[eval]\nkeep_best = 0", "eval.keep_best"),
             ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
             ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
             ("[log]\nlevel = \"degub\"", "log.level"),
@@ -459,6 +632,49 @@ mod tests {
             let err = error_for(text, key);
             assert!(err.contains("expected"), "{err}");
         }
+    }
+
+    #[test]
+    fn optimizers_take_tensorflow_defaults_and_their_keys() {
+        use crate::optimizer::Optimizer;
+        let default = Config::from_toml_str("", "f").unwrap();
+        assert_eq!(default.train.optimizer(), Optimizer::Sgd);
+        let adam = Config::from_toml_str("[train]\noptimizer = \"adam\"\n", "f").unwrap();
+        assert_eq!(
+            adam.train.optimizer(),
+            Optimizer::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-8
+            }
+        );
+        let momentum = Config::from_toml_str(
+            "[train]\noptimizer = \"momentum\"\nmomentum = 0.5\nuse_nesterov = true\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            momentum.train.optimizer(),
+            Optimizer::Momentum {
+                momentum: 0.5,
+                use_nesterov: true
+            }
+        );
+        let adagrad = Config::from_toml_str("[train]\noptimizer = \"adagrad\"\n", "f").unwrap();
+        assert_eq!(
+            adagrad.train.optimizer(),
+            Optimizer::Adagrad {
+                initial_accumulator_value: 0.1
+            }
+        );
+        let err = Config::from_toml_str("[train]\noptimizer = \"rmsprop\"\n", "f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("train.optimizer") || err.contains("rmsprop"),
+            "{err}"
+        );
+        assert!(err.contains("adam"), "the error lists the choices: {err}");
     }
 
     #[test]
@@ -631,5 +847,38 @@ mod tests {
             "/f",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn hidden_widths_take_the_data_shape_and_layers_must_fit_it() {
+        let mut c = Config::from_toml_str("[model]\nhidden = [32, 16]\n", "f").unwrap();
+        c.resolve_layers(20, 3, "d").unwrap();
+        assert_eq!(c.model.layers, [20, 32, 16, 3]);
+        error_for("[model]\nhidden = [32, 0]\n", "model.hidden[1]");
+        error_for("[model]\nhidden = [32]\nlayers = [5, 3]\n", "model.hidden");
+
+        let mut c = Config::from_toml_str("[model]\nlayers = [20, 8, 3]\n", "f").unwrap();
+        c.resolve_layers(20, 2, "d").unwrap();
+        let err = c.resolve_layers(21, 3, "the npz").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[0]") && err.contains("21 features"),
+            "{err}"
+        );
+        let err = c.resolve_layers(20, 5, "d").unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers[2]") && err.contains("labels up to 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn each_data_format_needs_its_paths() {
+        error_for("[data]\nformat = \"npz\"\n", "data.path");
+        error_for("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "data.test");
+        error_for(
+            "[data]\nformat = \"csv\"\ntrain = \"a\"\ntest = \"b\"\nlabel = \"\"\n",
+            "data.label",
+        );
+        Config::from_toml_str("[data]\nformat = \"npz\"\npath = \"x.npz\"\n", "f").unwrap();
     }
 }

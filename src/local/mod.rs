@@ -11,6 +11,7 @@
 use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
+use crate::data;
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
 use crate::transport::Cluster;
@@ -34,6 +35,9 @@ pub const WORKER_STOP_LIMIT: Duration = Duration::from_secs(35);
 /// SIGTERM before SIGKILL: they hold nothing that is not in a checkpoint.
 pub const PS_STOP_LIMIT: Duration = Duration::from_secs(5);
 
+/// The evaluator's niceness in `dtf local`, as `dtf-evaluator.service`'s `Nice=`.
+pub const EVALUATOR_NICE: i32 = 10;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -45,13 +49,18 @@ pub struct Options {
     pub steps: u64,
     /// Training mode.
     pub mode: Mode,
-    /// Where the IDX files are (default: the config default).
+    /// The data set: a directory of IDX files, a `.npz` or a training
+    /// `.csv` (default: the config's `[data]`).
     pub data: Option<PathBuf>,
+    /// The test `.csv` beside `data` (default: its name with `train` → `test`).
+    pub test: Option<PathBuf>,
     /// Keep checkpoints here (default: a fresh directory under the run directory).
     pub checkpoint_dir: Option<PathBuf>,
     /// Overrides `checkpoint.save_secs`.
     pub save_secs: Option<u64>,
-    /// Where `dtf-ps` and `dtf-worker` are.
+    /// Run `dtf-evaluator` beside the cluster (`dtf local --evaluator`).
+    pub evaluator: bool,
+    /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are.
     pub bin_dir: PathBuf,
     /// Show a progress bar (on a terminal).
     pub progress: bool,
@@ -125,13 +134,58 @@ pub struct Report {
     pub checkpoint_dir: PathBuf,
     /// Where the configuration and the tasks' logs are.
     pub run_dir: PathBuf,
+    /// With `--evaluator`: the best checkpoint it kept, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best: Option<Best>,
+}
+
+/// The evaluator's best checkpoint, for the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Best {
+    /// Its model file in `checkpoint.dir/best/`.
+    pub checkpoint: PathBuf,
+    /// Its step.
+    pub global_step: u64,
+    /// `[eval] metric`.
+    pub metric: String,
+    /// Its score by that metric.
+    pub score: f32,
+    /// How many checkpoints the evaluator scored.
+    pub scored: usize,
+}
+
+/// The best checkpoint in `dir/best/`, from its index.
+fn best_of(cfg: &Config) -> Option<Best> {
+    let dir = cfg.checkpoint.dir.join(checkpoint::best::DIR);
+    let index = checkpoint::best::read_index(&dir)?;
+    let first = index.checkpoints.first()?;
+    let scores = eval::Scores {
+        accuracy: first.accuracy,
+        ema_accuracy: first.ema_accuracy,
+        loss: first.loss,
+    };
+    let ledger = cfg
+        .checkpoint
+        .dir
+        .join(crate::evaluator::EVAL_DIR)
+        .join(crate::evaluator::LEDGER);
+    let scored = std::fs::read_to_string(ledger)
+        .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count())
+        .unwrap_or(0);
+    Some(Best {
+        checkpoint: index.best_file(&dir)?,
+        global_step: first.global_step,
+        metric: index.metric.clone(),
+        score: scores.get(cfg.eval.metric),
+        scored,
+    })
 }
 
 /// One spawned task.
 struct Task {
-    /// `ps:0`, `worker:1`.
+    /// `ps:0`, `worker:1`, `evaluator:0`.
     name: String,
-    /// A worker (stopped before the ps tasks).
+    /// A worker or the evaluator (stopped before the ps tasks).
     worker: bool,
     /// Its stdout and stderr.
     log: PathBuf,
@@ -175,14 +229,23 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     // The shared-memory sockets of this run, apart from any other's.
     cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
     if let Some(d) = &opts.data {
-        cfg.data.dir = d.clone();
+        cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
+    }
+    // With `model.hidden`, the data's shape goes into the tasks' config once,
+    // here: they need not read the data for it. (Explicit widths are checked
+    // by the workers, which read the data anyway; a task that fails on it is
+    // named with its log.)
+    if cfg.model.hidden.is_some() {
+        data::resolve_model(&mut cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
+        cfg.model.hidden = None;
     }
     cfg.checkpoint.dir = opts
         .checkpoint_dir
         .clone()
         .unwrap_or_else(|| run_dir.join("checkpoints"));
     if let Some(s) = opts.save_secs {
-        cfg.checkpoint.save_secs = s;
+        cfg.checkpoint.save_secs = Some(s);
     }
     let token_path = run_dir.join("token");
     let token = format!("{:032x}", rand::random::<u128>());
@@ -244,13 +307,24 @@ fn spawn(
     // the chief could not write a checkpoint anyway, and nothing is left
     // draining for 30 s after the owner is gone.
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure calls only prctl(2) and
-    // getppid(2), both async-signal-safe, and allocates nothing (an OS error
+    // The evaluator below training, as its unit's Nice=10: it takes the CPU
+    // the training tasks leave.
+    let niceness = if name.starts_with("evaluator") {
+        EVALUATOR_NICE
+    } else {
+        0
+    };
+    // SAFETY: between fork and exec the closure calls only prctl(2),
+    // nice(2) and getppid(2), all async-signal-safe, and allocates nothing (an OS error
     // code is not an allocation).
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Best effort: nice(2) may fail only with EPERM for negative values.
+            if niceness != 0 {
+                libc::nice(niceness);
             }
             // dtf local may have died before prctl took effect: the child was
             // then reparented and no signal will come, so do not exec at all.
@@ -274,7 +348,7 @@ fn spawn(
         .spawn()
         .map_err(io(format!("starting {}", bin.display())))?;
     Ok(Task {
-        worker: name.starts_with("worker"),
+        worker: name.starts_with("worker") || name.starts_with("evaluator"),
         name,
         log,
         child,
@@ -347,8 +421,8 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         }
     }
     bar.finish_and_clear();
-    let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.dir.clone());
-    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate(&dir, &data));
+    let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.clone());
+    let evaluation = tokio::task::spawn_blocking(move || eval::evaluate_on(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
     let ev: Evaluation = tokio::select! {
         ev = evaluation => ev.map_err(|e| LocalError::Setup(format!("evaluation task: {e}")))??,
@@ -373,23 +447,28 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         ema_test_accuracy: ev.ema_accuracy,
         steps_per_sec: rate.per_sec(),
         seconds: started.elapsed().as_secs_f64(),
+        best: opts.evaluator.then(|| best_of(&cfg)).flatten(),
         checkpoint_dir: cfg.checkpoint.dir,
         run_dir: run_dir.to_path_buf(),
     }))
 }
 
-/// Starts every ps task, then every worker, each with its own metrics port
-/// when `metrics.listen` is set.
+/// Starts every ps task, then every worker, then (`--evaluator`) the
+/// evaluator, each with its own metrics port when `metrics.listen` is set.
+/// The evaluator exits by itself once it has scored the final checkpoint,
+/// so the run ends when every task has exited, as without it.
 fn spawn_all(
     opts: &Options,
     cfg: &Config,
     config_path: &Path,
     run_dir: &Path,
 ) -> Result<Vec<Task>, LocalError> {
+    let evaluators = usize::from(opts.evaluator);
     let roles = (0..opts.ps)
         .map(|i| ("dtf-ps", i, format!("ps:{i}")))
-        .chain((0..opts.workers).map(|i| ("dtf-worker", i, format!("worker:{i}"))));
-    let metrics = metrics_addresses(&cfg.metrics.listen, opts.ps + opts.workers);
+        .chain((0..opts.workers).map(|i| ("dtf-worker", i, format!("worker:{i}"))))
+        .chain((0..evaluators).map(|i| ("dtf-evaluator", i, format!("evaluator:{i}"))));
+    let metrics = metrics_addresses(&cfg.metrics.listen, opts.ps + opts.workers + evaluators);
     let mut tasks = Vec::new();
     for (k, (bin, i, name)) in roles.enumerate() {
         let listen = metrics.as_ref().map(|m| m[k].as_str());

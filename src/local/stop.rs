@@ -227,6 +227,7 @@ fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
     let paths = [
         ("--config", opts.base_path.as_deref()),
         ("--data", opts.data.as_deref()),
+        ("--test", opts.test.as_deref()),
         ("--checkpoint-dir", Some(checkpoint_dir)),
     ];
     for (flag, path) in paths {
@@ -237,6 +238,9 @@ fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
     }
     if let Some(s) = opts.save_secs {
         args.extend(["--save-secs".into(), s.to_string()]);
+    }
+    if opts.evaluator {
+        args.push("--evaluator".into());
     }
     args.extend(["--steps".into(), opts.steps.to_string()]);
     args.iter()

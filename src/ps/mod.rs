@@ -6,6 +6,7 @@
 pub mod limits;
 pub mod shard;
 mod shm;
+pub mod workers;
 
 use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId, Transport};
@@ -64,6 +65,12 @@ struct Inner {
     refusals: Arc<limits::RefusalLog>,
     /// Open shared-memory connections ([`shm`]), for `State` and metrics.
     shm_connections: AtomicU32,
+    /// Slots per variable of the optimizer (for the response budget).
+    slots_per_var: u32,
+    /// The live configuration (`train.last_step` bounds every push).
+    config: watch::Receiver<Arc<Config>>,
+    /// Every worker's latest push, for `State` (and so `dtf status`).
+    workers: Mutex<workers::Workers>,
 }
 
 /// The gRPC service of one ps task.
@@ -73,10 +80,13 @@ pub struct PsService {
 }
 
 impl PsService {
-    /// Builds the shard of ps task `task` as `config` places the model.
+    /// Builds the shard of ps task `task` as `config` places the model;
+    /// reloads of `config` move `train.last_step`.
     ///
     /// Errors: [`PsError::Model`] for a bad `model.layers`.
-    pub fn new(config: &Config, task: usize) -> Result<Self, PsError> {
+    pub fn new(config: watch::Receiver<Arc<Config>>, task: usize) -> Result<Self, PsError> {
+        let live = config;
+        let config: Arc<Config> = live.borrow().clone();
         let mlp = Mlp::new(&config.model.layers)?;
         let specs = placement::shard(
             &mlp.variables(),
@@ -95,7 +105,14 @@ impl PsService {
             .iter()
             .map(|s| 4 * s.shape.iter().product::<usize>())
             .sum();
-        let shard = Shard::new(task, specs, rule, config.train.moving_average_decay);
+        let optimizer = config.train.optimizer();
+        let shard = Shard::new(
+            task,
+            specs,
+            rule,
+            config.train.moving_average_decay,
+            optimizer,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 task,
@@ -108,6 +125,9 @@ impl PsService {
                 budget: limits::Budget::new(shard_bytes),
                 refusals: Arc::new(limits::RefusalLog::default()),
                 shm_connections: AtomicU32::new(0),
+                slots_per_var: optimizer.slot_names().len() as u32,
+                config: live,
+                workers: Mutex::new(workers::Workers::new(config.cluster.worker.len())),
             }),
         })
     }
@@ -134,13 +154,15 @@ impl PsService {
         self.inner.shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Encodes the current values (and shadows) under the lock: a consistent snapshot.
+    /// Encodes the current values (and shadows, and slots) under the lock:
+    /// a consistent snapshot.
     fn snapshot(
         &self,
         shard: &Shard,
         names: &[String],
         with_shadows: bool,
-    ) -> Result<(Vec<pb::Tensor>, Vec<pb::Tensor>), Status> {
+        with_slots: bool,
+    ) -> Result<Snapshot, Status> {
         let values = shard.values()?;
         let pick = |i: usize| names.is_empty() || names.contains(&shard.specs()[i].name);
         for n in names {
@@ -166,7 +188,27 @@ impl PsService {
         } else {
             Vec::new()
         };
-        Ok((vars, shadows))
+        let slots = if with_slots {
+            let slots = shard.slots()?;
+            let specs = shard.optimizer().slot_specs(shard.specs());
+            specs
+                .iter()
+                .filter(|spec| spec.var.is_none_or(pick))
+                .map(|spec| match spec.var {
+                    Some(i) => rpc::encode(&spec.name, &slots.per_var[i][spec.index]),
+                    None => rpc::encode(
+                        &spec.name,
+                        &ndarray::ArrayD::from_elem(
+                            ndarray::IxDyn(&[]),
+                            slots.non_slots[spec.index],
+                        ),
+                    ),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok((vars, shadows, slots))
     }
 
     /// Waits (at most [`STEP_WAIT`]) until the step is at least `min_step` or the run is complete.
@@ -193,6 +235,9 @@ impl PsService {
     }
 }
 
+/// A snapshot's (variables, shadows, slots) as wire tensors.
+type Snapshot = (Vec<pb::Tensor>, Vec<pb::Tensor>, Vec<pb::Tensor>);
+
 /// `tensors` checked as the shard's variables ([`Shard::arrange_bytes`]),
 /// copied out in model order.
 fn arranged(shard: &Shard, tensors: &[pb::Tensor]) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
@@ -218,6 +263,20 @@ impl PsService {
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
+        let workers = self
+            .inner
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .report(Instant::now())
+            .into_iter()
+            .map(|w| pb::WorkerContact {
+                task: w.worker,
+                step: w.step,
+                seconds_ago: w.since.as_secs_f64(),
+                examples_per_sec: w.examples_per_sec,
+            })
+            .collect();
         pb::StateResponse {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
@@ -232,6 +291,7 @@ impl PsService {
             last_loss: s.last_loss(),
             examples_per_sec: rate,
             shm_connections: self.inner.shm_connections.load(Ordering::Relaxed),
+            workers,
         }
     }
 
@@ -253,7 +313,18 @@ impl PsService {
         } else {
             Some(arranged(&s, &req.shadows)?)
         };
-        let applied = s.initialize(values, shadows, req.global_step, req.force);
+        // No slots: fresh ones (a new run, or a checkpoint of another optimizer).
+        let slots = if req.slots.is_empty() {
+            None
+        } else {
+            let views = req
+                .slots
+                .iter()
+                .map(rpc::view)
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(s.arrange_slots(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?)
+        };
+        let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
             info!(
                 ps = self.inner.task,
@@ -289,6 +360,7 @@ impl PsService {
             pb::PullResponse {
                 variables: Vec::new(),
                 shadows: Vec::new(),
+                slots: Vec::new(),
                 global_step: s.step(),
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
@@ -309,6 +381,12 @@ impl PsService {
         grads: &[rpc::TensorView<'_>],
         read: impl FnOnce(&Shard) -> Result<T, Status>,
     ) -> Result<(Option<T>, pb::PushResponse), Status> {
+        // Any authenticated push is contact, applied or not.
+        self.inner
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .heard(req.worker, req.step, self.inner.batch_size, Instant::now());
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -323,6 +401,7 @@ impl PsService {
             if s.is_complete() {
                 None
             } else {
+                s.set_last_step(self.inner.config.borrow().train.last_step);
                 let grads =
                     s.arrange_bytes(grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
                 let outcome =
@@ -331,7 +410,7 @@ impl PsService {
                 Some(outcome)
             }
         };
-        if outcome.is_some() {
+        if outcome.is_some_and(|o| o != Pushed::AtLastStep) {
             self.count_examples(self.inner.batch_size);
         }
         if outcome == Some(Pushed::Pending) && req.pull {
@@ -383,14 +462,18 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::PullRequest>,
     ) -> Result<Response<pb::PullResponse>, Status> {
-        let reserved = self.reserve(&req, 1 + u32::from(req.get_ref().with_shadows))?;
+        let snapshots = {
+            let r = req.get_ref();
+            1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * self.inner.slots_per_var
+        };
+        let reserved = self.reserve(&req, snapshots)?;
         let req = req.into_inner();
-        let ((variables, shadows), mut answer) = self
+        let ((variables, shadows, slots), mut answer) = self
             .pull_with(req.min_step, |s| {
-                self.snapshot(s, &req.names, req.with_shadows)
+                self.snapshot(s, &req.names, req.with_shadows, req.with_slots)
             })
             .await?;
-        (answer.variables, answer.shadows) = (variables, shadows);
+        (answer.variables, answer.shadows, answer.slots) = (variables, shadows, slots);
         let mut res = Response::new(answer);
         res.extensions_mut().insert(reserved);
         Ok(res)
@@ -414,7 +497,7 @@ impl ParameterServer for PsService {
             .map(rpc::view)
             .collect::<Result<Vec<_>, _>>()?;
         let (variables, answer) = self
-            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false)?.0))
+            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false, false)?.0))
             .await?;
         let mut res = Response::new(pb::PushResponse {
             variables: variables.unwrap_or_default(),
@@ -440,17 +523,19 @@ impl ParameterServer for PsService {
 ///
 /// Errors: [`PsError`] when the model is invalid or the server fails.
 pub async fn serve(
-    config: &Config,
+    live: watch::Receiver<Arc<Config>>,
     task: usize,
     credentials: &Credentials,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
-    let service = PsService::new(config, task)?;
+    let service = PsService::new(live.clone(), task)?;
     {
         let service = service.clone();
         crate::metrics::observe_ps(move || service.state_now());
     }
+    let config: Arc<Config> = live.borrow().clone();
+    let config = &*config;
     rpc::keep_freed_buffers();
     let limit = transport::message_limit(config);
     let id = TaskId {
@@ -460,7 +545,7 @@ pub async fn serve(
     {
         let s = service.lock();
         let names: Vec<&str> = s.specs().iter().map(|v| v.name.as_str()).collect();
-        info!(task = %format!("{:?}:{}", id.role, id.index).to_lowercase(), variables = ?names, "Serving shard.");
+        info!(task = %id, variables = ?names, "Serving shard.");
     }
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter

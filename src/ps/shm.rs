@@ -272,15 +272,22 @@ async fn call(
                 ));
             }
             let (_, values, shadows) = region.split();
-            let (_, answer) = service
+            let (slots, mut answer) = service
                 .pull_with(req.min_step, |s| {
                     write_area(s.values()?, layout, values);
                     if req.with_shadows {
                         write_area(s.shadows()?, layout, shadows);
                     }
-                    Ok(())
+                    // The optimizer's slots (the chief's snapshot, once per
+                    // checkpoint) have no area: they travel in the message.
+                    if req.with_slots {
+                        Ok(service.snapshot(s, &[], false, true)?.2)
+                    } else {
+                        Ok(Vec::new())
+                    }
                 })
                 .await?;
+            answer.slots = slots;
             Ok(answer.encode_to_vec())
         }
         kind::PUSH => {

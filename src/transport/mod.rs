@@ -17,6 +17,7 @@ pub mod tcp;
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
 use crate::model::VarSpec;
+use crate::optimizer::{self, SlotSpec};
 use crate::{pb, placement};
 use futures::future::try_join_all;
 use ndarray::ArrayD;
@@ -31,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::net::UnixStream;
 use tonic::{Code, Status};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Deadline of every call to a ps.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,9 +53,13 @@ pub fn message_limit(config: &Config) -> usize {
     2 * 4 * floats + (1 << 20)
 }
 
+/// The shipped units' runtime directory (`RuntimeDirectory=dtf`).
+const UNITS_RUNTIME_DIR: &str = "/run/dtf";
+
 /// Where the ps tasks of this host put their shared-memory sockets:
 /// `cluster.runtime_dir`, else systemd's `$RUNTIME_DIRECTORY` (the units'
-/// `RuntimeDirectory=dtf`, /run/dtf), else `$XDG_RUNTIME_DIR/dtf`, else
+/// `RuntimeDirectory=dtf`), else /run/dtf when it exists (so an operator's
+/// `dtf status` finds the units' sockets), else `$XDG_RUNTIME_DIR/dtf`, else
 /// `/tmp/dtf-<uid>`.
 pub fn runtime_dir(config: &Config) -> PathBuf {
     if !config.cluster.runtime_dir.is_empty() {
@@ -64,6 +69,9 @@ pub fn runtime_dir(config: &Config) -> PathBuf {
         && let Some(first) = dirs.to_string_lossy().split(':').find(|d| !d.is_empty())
     {
         return PathBuf::from(first);
+    }
+    if Path::new(UNITS_RUNTIME_DIR).is_dir() {
+        return PathBuf::from(UNITS_RUNTIME_DIR);
     }
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return Path::new(&dir).join("dtf");
@@ -104,7 +112,7 @@ impl fmt::Display for Via {
 
 /// A failed call to one ps task.
 #[derive(Debug, thiserror::Error)]
-#[error("ps:{ps}: {status}")]
+#[error("ps:{ps}: {}", rpc::explain(status))]
 pub struct PsCallError {
     /// Which ps task.
     pub ps: usize,
@@ -178,6 +186,8 @@ struct ShmLink {
     conn: tokio::sync::Mutex<Option<ShmConn>>,
     /// A failed handshake was logged (once: then TCP serves quietly).
     warned: AtomicBool,
+    /// A connection was open before: the next one is a reconnect, logged.
+    opened: AtomicBool,
 }
 
 /// A connection that failed: the call ends `UNAVAILABLE`; the caller retries
@@ -240,6 +250,12 @@ impl ShmLink {
             match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
                 Ok(Ok(c)) => {
                     self.warned.store(false, Ordering::Relaxed);
+                    if self.opened.swap(true, Ordering::Relaxed) {
+                        // The first connection is reported by the worker
+                        // ("Connected to ps."); a new one means the ps
+                        // restarted or the connection broke.
+                        info!(ps = self.ps, transport = %Via::Shm, "Reconnected to ps.");
+                    }
                     *conn = Some(c);
                 }
                 Ok(Err(reason)) => {
@@ -320,6 +336,26 @@ pub struct Cluster {
     by_ps: Vec<Vec<usize>>,
     /// Incarnation each shard had at the last pull (0: unknown).
     incarnations: Vec<u64>,
+    /// The optimizer's slots of every variable, in the order snapshots
+    /// return them and [`Cluster::initialize`] takes them.
+    slot_specs: Vec<SlotSpec>,
+    /// The ps whose copy of the non-slot scalars a snapshot keeps:
+    /// TensorFlow's home for them (see [`optimizer::non_slot_owner`]).
+    non_slot_ps: usize,
+}
+
+/// The state of the whole model at one moment, shard by shard: what a
+/// checkpoint holds.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// ps 0's step: the global step.
+    pub step: u64,
+    /// Every variable, model order.
+    pub values: Vec<ArrayD<f32>>,
+    /// Their EMA shadows, same order.
+    pub shadows: Vec<ArrayD<f32>>,
+    /// The optimizer's slots, in [`crate::optimizer::Optimizer::slot_specs`] order.
+    pub slots: Vec<ArrayD<f32>>,
 }
 
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
@@ -393,11 +429,14 @@ impl Cluster {
                     timeout,
                     conn: tokio::sync::Mutex::new(None),
                     warned: AtomicBool::new(false),
+                    opened: AtomicBool::new(false),
                 }))
             })
             .collect();
         let incarnations = vec![0; clients.len()];
         let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
+        let slot_specs = config.train.optimizer().slot_specs(&specs);
+        let non_slot_ps = optimizer::non_slot_owner(&specs).map_or(0, |i| owner[i]);
         Ok(Self {
             clients,
             shm,
@@ -406,6 +445,8 @@ impl Cluster {
             owner,
             by_ps,
             incarnations,
+            slot_specs,
+            non_slot_ps,
         })
     }
 
@@ -504,18 +545,21 @@ impl Cluster {
         futures::future::join_all((0..self.num_ps()).map(|ps| self.state_of(ps))).await
     }
 
-    /// One ps's pull into its arrays (and shadows): `(step, incarnation, complete)`.
+    /// One ps's pull into its arrays (and shadows). With `with_slots` (a
+    /// snapshot) the optimizer's slots come back as tensors in the answer.
     async fn pull_one(
         &self,
         ps: usize,
         min_step: u64,
         values: &mut [&mut ArrayD<f32>],
         shadows: Option<&mut [&mut ArrayD<f32>]>,
+        with_slots: bool,
     ) -> Result<pb::PullResponse, Status> {
         let req = pb::PullRequest {
             names: vec![],
             with_shadows: shadows.is_some(),
             min_step,
+            with_slots,
         };
         if let Some((link, mut conn)) = self.shm(ps).await {
             let r: pb::PullResponse = link.call(&mut conn, kind::PULL, &req).await?;
@@ -548,7 +592,7 @@ impl Cluster {
         let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
             let min_step = min_steps.map_or(0, |m| m[ps]);
             async move {
-                this.pull_one(ps, min_step, &mut out, None)
+                this.pull_one(ps, min_step, &mut out, None, false)
                     .await
                     .map_err(call(ps))
             }
@@ -647,12 +691,14 @@ impl Cluster {
     }
 
     /// Initializes the shards of the ps tasks in `only` from `values` (model
-    /// order) and optional `shadows`, at `step`. Returns the shards that took it.
+    /// order), optional `shadows` and optional `slots` ([`Snapshot::slots`]
+    /// order; `None`: fresh), at `step`. Returns the shards that took it.
     pub async fn initialize(
         &self,
         only: &[usize],
         values: &[ArrayD<f32>],
         shadows: Option<&[ArrayD<f32>]>,
+        slots: Option<&[ArrayD<f32>]>,
         step: u64,
         force: bool,
     ) -> Result<Vec<usize>, PsCallError> {
@@ -663,12 +709,24 @@ impl Cluster {
                     .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
                     .collect()
             };
+            // A shard's slots, and every shard's copy of the non-slot scalars.
+            let slots = slots
+                .map(|slots| {
+                    self.slot_specs
+                        .iter()
+                        .zip(slots)
+                        .filter(|(spec, _)| spec.var.is_none_or(|i| self.by_ps[ps].contains(&i)))
+                        .map(|(spec, a)| rpc::encode(&spec.name, a))
+                        .collect()
+                })
+                .unwrap_or_default();
             // Tensors inline on both transports: once per run, off the step path.
             let req = pb::InitializeRequest {
                 variables: enc(values),
                 shadows: shadows.map(enc).unwrap_or_default(),
                 global_step: step,
                 force,
+                slots,
             };
             async move {
                 let r: Result<pb::InitializeResponse, Status> = match self.shm(ps).await {
@@ -690,29 +748,78 @@ impl Cluster {
             .collect())
     }
 
-    /// Every variable and its EMA shadow (model order) and the global step: a
+    /// Every variable, its EMA shadow and its slots, and the global step: a
     /// consistent snapshot per shard, for checkpoints and evaluation.
-    pub async fn snapshot(&self) -> Result<(u64, Vec<ArrayD<f32>>, Vec<ArrayD<f32>>), PsCallError> {
+    pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
         let mut values: Vec<ArrayD<f32>> = self
             .specs
             .iter()
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
             .collect();
         let mut shadows = values.clone();
-        let steps = {
+        let replies = {
             let slots = self
                 .slots(&mut values)
                 .into_iter()
                 .zip(self.slots(&mut shadows));
             try_join_all(slots.enumerate().map(|(ps, (mut v, mut s))| async move {
-                self.pull_one(ps, 0, &mut v, Some(&mut s))
+                self.pull_one(ps, 0, &mut v, Some(&mut s), true)
                     .await
-                    .map(|r| r.global_step)
                     .map_err(call(ps))
             }))
             .await?
         };
-        Ok((steps.first().copied().unwrap_or(0), values, shadows))
+        let step = replies.first().map_or(0, |r| r.global_step);
+        let slots = self.gather_slots(&replies)?;
+        Ok(Snapshot {
+            step,
+            values,
+            shadows,
+            slots,
+        })
+    }
+
+    /// The optimizer's slots from every shard's snapshot answer, in
+    /// [`Snapshot::slots`] order: each slot from the ps holding its
+    /// variable, the non-slot scalars from TensorFlow's home for them.
+    fn gather_slots(&self, replies: &[pb::PullResponse]) -> Result<Vec<ArrayD<f32>>, PsCallError> {
+        let mut slots: Vec<ArrayD<f32>> = self
+            .slot_specs
+            .iter()
+            .map(|s| ArrayD::zeros(s.shape.as_slice()))
+            .collect();
+        let mut got = vec![false; slots.len()];
+        for (ps, r) in replies.iter().enumerate() {
+            for t in &r.slots {
+                let bad = |why: &str| PsCallError {
+                    ps,
+                    status: Status::internal(format!("ps:{ps} sent slot {:?}: {why}", t.name)),
+                };
+                let j = self
+                    .slot_specs
+                    .iter()
+                    .position(|s| s.name == t.name)
+                    .ok_or_else(|| bad("not a slot of this optimizer"))?;
+                match self.slot_specs[j].var {
+                    Some(i) if self.owner[i] != ps => {
+                        return Err(bad("its variable is not on that ps"));
+                    }
+                    // Every shard keeps a copy; the checkpoint takes TensorFlow's.
+                    None if ps != self.non_slot_ps => continue,
+                    _ => {}
+                }
+                rpc::decode_into(t, &mut slots[j]).map_err(|e| call(ps)(e.into()))?;
+                got[j] = true;
+            }
+        }
+        if let Some(j) = got.iter().position(|g| !g) {
+            let spec = &self.slot_specs[j];
+            return Err(PsCallError {
+                ps: spec.var.map_or(self.non_slot_ps, |i| self.owner[i]),
+                status: Status::internal(format!("slot {:?} missing from the snapshot", spec.name)),
+            });
+        }
+        Ok(slots)
     }
 
     /// Tells every ps the run is complete (best effort per task).

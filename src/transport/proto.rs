@@ -52,6 +52,35 @@ const SHOWN_DIMS: usize = 8;
 /// Characters shown of a name in a message.
 const SHOWN_NAME: usize = 128;
 
+/// A status as one line for people: the code in words, the message, then
+/// whatever its causes add (a connection error's reason sits in the
+/// transport error's chain, e.g. "Connection refused"), never the struct
+/// dump that `Status`'s own `Display` gives.
+pub fn explain(status: &tonic::Status) -> String {
+    let mut code = String::new();
+    for (i, c) in format!("{:?}", status.code()).chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            code.push(' ');
+        }
+        code.extend(c.to_lowercase());
+    }
+    let mut line = code;
+    if !status.message().is_empty() {
+        line.push_str(": ");
+        line.push_str(status.message());
+    }
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
 /// The one place the ps makes a status: `message` cut to
 /// [`MAX_STATUS_MESSAGE`] bytes (at a character boundary, saying so).
 pub fn status(code: tonic::Code, message: impl fmt::Display) -> tonic::Status {
@@ -283,6 +312,20 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn explain_is_one_line_in_words() {
+        let s = tonic::Status::new(tonic::Code::FailedPrecondition, "pull again");
+        assert_eq!(explain(&s), "failed precondition: pull again");
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let s = tonic::Status::from_error(Box::new(io));
+        let line = explain(&s);
+        assert!(
+            line.contains("Connection refused") && !line.contains("metadata"),
+            "{line}"
+        );
+        assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+    }
     use ndarray::IxDyn;
 
     #[test]

@@ -6,16 +6,18 @@
 
 use super::backoff::Backoff;
 use super::{Outcome, Worker, WorkerError};
-use crate::checkpoint::{self, Checkpoint, Saver};
-use crate::config::Config;
-use crate::data::{Dataset, Split};
+use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
+use crate::config::{Config, DataFormat};
+use crate::data::{self, Preprocessing, Split};
 use crate::model::Mlp;
+use crate::optimizer::Optimizer;
 use crate::summary::Summaries;
-use crate::transport::Cluster;
+use crate::transport::{Cluster, Snapshot};
 use ndarray::ArrayD;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -27,7 +29,8 @@ const FINAL_SAVE_ATTEMPTS: u32 = 3;
 /// What the chief runs beside its steps: the checkpoint timer and the
 /// summaries. Built only on worker 0.
 pub(super) struct Chief {
-    /// Saves every `checkpoint.save_secs`, off the step loop.
+    /// Saves every `checkpoint.save_secs` (and the step loop's snapshots
+    /// every `checkpoint.save_steps`), off the step loop.
     timer: CheckpointTimer,
     /// The TensorBoard events file (off after a write error).
     summaries: Summaries,
@@ -42,6 +45,7 @@ impl Chief {
                 worker.config.clone(),
                 worker.cluster.clone(),
                 worker.mlp.clone(),
+                worker.preprocessing.clone(),
             ),
             summaries: Summaries::open(&cfg.checkpoint.dir),
         }
@@ -51,6 +55,28 @@ impl Chief {
     pub(super) fn on_step(&mut self, cfg: &Config, step: u64, loss: f32, lr: f32) {
         self.summaries
             .on_step(step, cfg.train.save_summaries_steps, loss, lr);
+    }
+
+    /// After a step that moved the global step from `before` to `after`:
+    /// with `checkpoint.save_steps` = N, a checkpoint when `after` has
+    /// reached the next multiple of N (TensorFlow's `save_checkpoint_steps`).
+    ///
+    /// The snapshot is taken here, before the chief's next step, so with one
+    /// worker, or in sync mode, the checkpoint is at exactly the multiple;
+    /// with async workers it is at the first global step the chief sees at or
+    /// past it. Writing it goes to the timer's task, off the step loop. The
+    /// step at `last_step` is left to the final checkpoint.
+    pub(super) async fn after_step(&self, worker: &Worker, cfg: &Config, before: u64, after: u64) {
+        let every = cfg.checkpoint.save_steps;
+        if every == 0 || after / every <= before / every || after >= cfg.train.last_step {
+            return;
+        }
+        match worker.cluster.snapshot().await {
+            Ok(snapshot) => self.timer.save(snapshot).await,
+            Err(e) => {
+                warn!(global_step = after, error = %e, "Checkpoint skipped: could not read the variables.")
+            }
+        }
     }
 
     /// The end of the run, however it ended: stops the timer, then the final
@@ -81,17 +107,26 @@ impl Worker {
         let dir = cfg.checkpoint.dir.clone();
         let found =
             tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
-        let (values, shadows, step, from) = match found {
+        let optimizer = cfg.train.optimizer();
+        let (values, shadows, slots, step, from) = match found {
             Some((path, c)) => {
                 let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
                 let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
-                (values, Some(shadows), c.global_step, Some(path))
+                let slots = restored_slots(optimizer, c.slots, &path);
+                (values, Some(shadows), slots, c.global_step, Some(path))
             }
-            None => (self.mlp.init(cfg.train.seed), None, 0, None),
+            None => (self.mlp.init(cfg.train.seed), None, None, 0, None),
         };
         let took = self
             .cluster
-            .initialize(missing, &values, shadows.as_deref(), step, force)
+            .initialize(
+                missing,
+                &values,
+                shadows.as_deref(),
+                slots.as_deref(),
+                step,
+                force,
+            )
             .await?;
         match &from {
             Some(path) => {
@@ -105,7 +140,14 @@ impl Worker {
         // A failure is logged and counted; the periodic and final saves try again.
         if all && !took.is_empty() {
             let shadows = shadows.unwrap_or_else(|| values.clone());
-            let _ = save_checkpoint(&cfg, &self.mlp, step, values, shadows).await;
+            let slots = slots.unwrap_or_else(|| optimizer.initial_slots(&self.mlp.variables()));
+            let snapshot = Snapshot {
+                step,
+                values,
+                shadows,
+                slots,
+            };
+            let _ = save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot).await;
         }
         Ok(())
     }
@@ -123,7 +165,7 @@ impl Worker {
         // must hear of it. On a stop, one attempt is all it gets.
         let stopping = matches!(outcome, Outcome::Stopped { .. });
         let mut backoff = Backoff::new();
-        let (step, values, shadows) = loop {
+        let snapshot = loop {
             match self.cluster.snapshot().await {
                 Ok(s) => break s,
                 Err(e) if !stopping && (e.is_unavailable() || e.needs_pull()) => {
@@ -132,18 +174,20 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             }
         };
-        self.save_final(step, &values, &shadows).await?;
+        self.save_final(&snapshot).await?;
+        let (step, values, shadows) = (snapshot.step, &snapshot.values, &snapshot.shadows);
         if let Outcome::Finished { .. } = outcome {
-            let test = Dataset::load(&cfg.data.dir, Split::Test)?;
+            let mut test = data::load(&cfg.data, Split::Test)?;
             test.check_labels(self.mlp.classes())?;
+            test.set_preprocessing(self.preprocessing.clone())?;
             let (x, y) = test.all();
-            let acc = self.mlp.accuracy(&values, x.view(), &y);
-            let ema = self.mlp.accuracy(&shadows, x.view(), &y);
+            let acc = self.mlp.accuracy(values, x.view(), &y);
+            let ema = self.mlp.accuracy(shadows, x.view(), &y);
             info!(
                 global_step = step,
-                loss,
-                test_accuracy = acc,
-                ema_test_accuracy = ema,
+                loss = %format!("{loss:.4}"),
+                test_accuracy = %format!("{acc:.4}"),
+                ema_test_accuracy = %format!("{ema:.4}"),
                 "Final evaluation."
             );
             summaries.on_eval(step, acc, ema);
@@ -154,17 +198,13 @@ impl Worker {
 
     /// The final checkpoint, retried a few times: a run is complete only once
     /// it is durable, so a failure here is the chief's error, never a skip.
-    async fn save_final(
-        &self,
-        step: u64,
-        values: &[ArrayD<f32>],
-        shadows: &[ArrayD<f32>],
-    ) -> Result<(), WorkerError> {
+    async fn save_final(&self, snapshot: &Snapshot) -> Result<(), WorkerError> {
         let cfg = self.cfg();
+        let step = snapshot.step;
         let mut backoff = Backoff::new();
         let mut attempt = 1;
         loop {
-            match save_checkpoint(&cfg, &self.mlp, step, values.to_vec(), shadows.to_vec()).await {
+            match save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
                     return Err(WorkerError::FinalCheckpoint {
@@ -183,31 +223,85 @@ impl Worker {
     }
 }
 
+/// The checkpoint's slots to restore with the variables when they are the
+/// configured optimizer's; else `None` (fresh slots), said once per process:
+/// changing `train.optimizer` is a warm start, as TensorFlow's
+/// `init_from_checkpoint` allows, and the next checkpoint holds only the new
+/// optimizer's slots.
+fn restored_slots(
+    optimizer: Optimizer,
+    saved: checkpoint::Slots,
+    path: &std::path::Path,
+) -> Option<Vec<ArrayD<f32>>> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if saved.optimizer.name() == optimizer.name() {
+        if saved.optimizer != optimizer && !WARNED.swap(true, Ordering::Relaxed) {
+            info!(checkpoint = %path.display(), saved = %saved.optimizer.describe(), now = %optimizer.describe(), "Restoring the optimizer's slots; its hyperparameters changed.");
+        }
+        return Some(saved.tensors.into_iter().map(|(_, a)| a).collect());
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        let dropped: Vec<&str> = saved.tensors.iter().map(|(n, _)| n.as_str()).collect();
+        warn!(
+            checkpoint = %path.display(),
+            saved = saved.optimizer.name(),
+            now = optimizer.name(),
+            dropped = dropped.len(),
+            "The checkpoint is of another optimizer: the variables are restored, the slots of train.optimizer start fresh, and the checkpoint's slots are dropped from the next checkpoint."
+        );
+    }
+    None
+}
+
 /// Writes a checkpoint off the hot path. A failure is logged at ERROR and
 /// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
 /// saves go on training, the final one fails the run.
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
-    step: u64,
-    values: Vec<ArrayD<f32>>,
-    shadows: Vec<ArrayD<f32>>,
+    preprocessing: &Preprocessing,
+    snapshot: Snapshot,
 ) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
     let specs = mlp.variables();
+    let step = snapshot.step;
+    let optimizer = cfg.train.optimizer();
+    let slot_names = optimizer.slot_specs(&specs).into_iter().map(|s| s.name);
+    // Everything needed to use the checkpoint without the config or the data.
+    let meta = ModelMeta {
+        layers: mlp.layers().to_vec(),
+        activation: checkpoint::ACTIVATION.into(),
+        classes: mlp.classes(),
+        preprocessing: preprocessing.clone(),
+        label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
+        hyperparameters: serde_json::to_value(&cfg.train).ok(),
+    };
     let ckpt = Checkpoint {
         global_step: step,
-        variables: specs.iter().map(|s| s.name.clone()).zip(values).collect(),
-        shadows: specs.iter().map(|s| s.name.clone()).zip(shadows).collect(),
+        variables: specs
+            .iter()
+            .map(|s| s.name.clone())
+            .zip(snapshot.values)
+            .collect(),
+        shadows: specs
+            .iter()
+            .map(|s| s.name.clone())
+            .zip(snapshot.shadows)
+            .collect(),
+        slots: checkpoint::Slots {
+            optimizer,
+            tensors: slot_names.zip(snapshot.slots).collect(),
+        },
     };
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();
     let at = dir.clone();
-    let result = tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.save(&ckpt))
-        .await
-        .unwrap_or_else(|e| {
-            let e = std::io::Error::other(format!("the saving task failed: {e}"));
-            Err(checkpoint::CheckpointError::io(&at, "save", e))
-        });
+    let result =
+        tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.with_model(&meta).save(&ckpt))
+            .await
+            .unwrap_or_else(|e| {
+                let e = std::io::Error::other(format!("the saving task failed: {e}"));
+                Err(checkpoint::CheckpointError::io(&at, "save", e))
+            });
     match &result {
         Ok(path) => {
             crate::metrics::global().checkpoint_written(started.elapsed());
@@ -224,31 +318,59 @@ async fn save_checkpoint(
 /// The chief's periodic saver: a task of its own, so saving never stalls steps.
 struct CheckpointTimer {
     stop: CancellationToken,
+    /// Snapshots the step loop took (`checkpoint.save_steps`), to write.
+    saves: mpsc::Sender<Snapshot>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl CheckpointTimer {
-    fn start(config: watch::Receiver<Arc<Config>>, cluster: Cluster, mlp: Mlp) -> Self {
+    fn start(
+        config: watch::Receiver<Arc<Config>>,
+        cluster: Cluster,
+        mlp: Mlp,
+        preprocessing: Preprocessing,
+    ) -> Self {
         let stop = CancellationToken::new();
         let token = stop.clone();
+        // Two queued: a save slower than N steps then slows the chief down
+        // rather than dropping checkpoints that were asked for by step.
+        let (saves, mut queued) = mpsc::channel::<Snapshot>(2);
         let task = tokio::spawn(async move {
             let mut last = Instant::now();
             loop {
                 let cfg = config.borrow().clone();
-                let due = last + Duration::from_secs(cfg.checkpoint.save_secs);
+                // None: saving by steps (checkpoint.save_steps), not by time.
+                let due = cfg.checkpoint.save_interval().map(|i| last + i);
+                let recheck = Instant::now() + Duration::from_secs(1);
                 tokio::select! {
-                    _ = token.cancelled() => return,
+                    // Saves asked for by step first, and all of them before
+                    // stopping: each was promised by `checkpoint.save_steps`.
+                    biased;
+                    Some(snapshot) = queued.recv() => {
+                        // Logged and counted there; training goes on.
+                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
+                        last = Instant::now();
+                        continue;
+                    }
+                    _ = token.cancelled() => {
+                        queued.close();
+                        while let Some(snapshot) = queued.recv().await {
+                            let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
+                        }
+                        return;
+                    }
                     // Re-read the interval at least every second: a reload may shorten it.
-                    _ = tokio::time::sleep_until(due.min(Instant::now() + Duration::from_secs(1)).into()) => {}
+                    _ = tokio::time::sleep_until(due.map_or(recheck, |d| d.min(recheck)).into()) => {}
                 }
+                let Some(due) = due else { continue };
                 if Instant::now() < due {
                     continue;
                 }
                 last = Instant::now();
                 match cluster.snapshot().await {
-                    Ok((step, values, shadows)) => {
+                    Ok(snapshot) => {
                         // Logged and counted there; training goes on.
-                        let _ = save_checkpoint(&cfg, &mlp, step, values, shadows).await;
+                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
                     }
                     Err(e) => {
                         warn!(error = %e, "Checkpoint skipped: could not read the variables.")
@@ -256,7 +378,12 @@ impl CheckpointTimer {
                 }
             }
         });
-        Self { stop, task }
+        Self { stop, saves, task }
+    }
+
+    /// Queues a snapshot for writing; waits while two are queued already.
+    async fn save(&self, snapshot: Snapshot) {
+        let _ = self.saves.send(snapshot).await;
     }
 
     async fn stop(self) {

@@ -13,7 +13,7 @@ pub use crate::transport as client;
 use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
-use crate::data::{Batches, Dataset, Split};
+use crate::data::{self, Batches, Dataset, Preprocessing, Split};
 use crate::model::{self, Mlp};
 use crate::transport::{Cluster, Progress, PsCallError};
 use backoff::{Backoff, WAIT_LOG_EVERY};
@@ -43,7 +43,10 @@ pub enum WorkerError {
     #[error("{0}")]
     Cluster(String),
     /// The data's width is not the model's input width.
-    #[error("data.dir {dir}: images have {pixels} pixels but model.layers[0] is {inputs}")]
+    #[error(
+        "{dir}: rows have {pixels} features but model.layers[0] is {inputs} \
+         (or give only the hidden widths as model.hidden)"
+    )]
     DataWidth {
         dir: std::path::PathBuf,
         pixels: usize,
@@ -136,6 +139,8 @@ struct Worker {
     cluster: Cluster,
     /// Training data.
     train: Dataset,
+    /// How the training data's rows become inputs; every checkpoint records it.
+    preprocessing: Preprocessing,
     /// `train_examples / batch_size`.
     decay_steps: f64,
     shutdown: CancellationToken,
@@ -161,10 +166,10 @@ pub async fn run(
             info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
         }
     }
-    let train = Dataset::load(&cfg.data.dir, Split::Train)?;
+    let mut train = data::load(&cfg.data, Split::Train)?;
     if train.features() != cfg.model.layers[0] {
         return Err(WorkerError::DataWidth {
-            dir: cfg.data.dir.clone(),
+            dir: train.path().to_path_buf(),
             pixels: train.features(),
             inputs: cfg.model.layers[0],
         });
@@ -173,10 +178,14 @@ pub async fn run(
     if cfg.train.batch_size > train.len() {
         return Err(WorkerError::BatchTooLarge {
             batch: cfg.train.batch_size,
-            dir: cfg.data.dir.clone(),
+            dir: train.path().to_path_buf(),
             examples: train.len(),
         });
     }
+    // Every worker fits the same preprocessing to the same training split,
+    // so all of them (and the chief's checkpoints) agree on it.
+    let preprocessing = train.fitted_preprocessing(cfg.data.standardize);
+    train.set_preprocessing(preprocessing.clone())?;
     let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
     let mut w = Worker {
         task,
@@ -184,6 +193,7 @@ pub async fn run(
         mlp,
         cluster,
         train,
+        preprocessing,
         decay_steps,
         shutdown,
     };
@@ -334,6 +344,9 @@ impl Worker {
                 progress = self
                     .wait_for_step(progress, &tags, last_progress, &mut buf.params)
                     .await?;
+            }
+            if let Some(c) = &chief {
+                c.after_step(self, &cfg, step, progress.global_step()).await;
             }
             if progress.global_step() > step {
                 last_progress = Instant::now();

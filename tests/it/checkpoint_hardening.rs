@@ -154,3 +154,51 @@ fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
         .unwrap();
     assert_eq!(ckpt.global_step, 200, "{}", path.display());
 }
+
+/// A chief that finds checkpoints but none that verifies does not start
+/// afresh (new checkpoints would bury the operator's): it exits 1 naming the
+/// directory and the newest's fault, leaves every file in place, and the ps
+/// stays uninitialized.
+#[test]
+fn a_chief_whose_checkpoints_all_fail_to_verify_exits_1_and_keeps_them() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = c.cfg.checkpoint.dir.clone();
+    let good = write_checkpoint(&c.cfg, 50);
+    // Flip one byte of the tensor data: the CRC no longer matches.
+    let mut bytes = std::fs::read(&good).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&good, &bytes).unwrap();
+    let before = checkpoint_steps(&dir);
+    assert_eq!(before, vec![50]);
+
+    c.start("ps", 0);
+    c.wait_log("ps:0", "Parameter server ready.", 1, DEADLINE);
+    c.start("worker", 0);
+    let status = c.wait("worker:0", DEADLINE);
+    let log = c.log("worker:0");
+    assert_eq!(status.code(), Some(1), "worker:0 {status}; log:\n{log}");
+    assert!(
+        log.contains("none of its 1 checkpoints verifies") && log.contains("model.ckpt-50"),
+        "{log}"
+    );
+    assert_eq!(
+        checkpoint_steps(&dir),
+        before,
+        "no checkpoint written or removed"
+    );
+    assert_eq!(
+        std::fs::read(&good).unwrap(),
+        bytes,
+        "the damaged file is left as it was"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let state = rt.block_on(async {
+        let mut ps = c.client(0, Some(TOKEN)).await;
+        ps.state(dtf::pb::StateRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert!(!state.initialized, "the ps was initialized: {state:?}");
+}

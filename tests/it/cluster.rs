@@ -87,3 +87,19 @@ async fn sync_run_averages_exactly_replicas_per_update_and_ends_at_last_step() {
     tokio::task::block_in_place(|| c.wait_all_success(RUN));
     assert_eq!(final_eval(&c).global_step, 150);
 }
+
+/// A model whose every message is over gRPC's 4 MiB default (64·20000 +
+/// 20000·4 weights: 5.5 MB a pull or a push) trains and checkpoints: the
+/// limit is derived from the model (`ps::message_limit`), not the default.
+#[test]
+fn a_model_over_grpc_default_message_size_trains() {
+    let mut c = Cluster::new(1, 1, 20, Mode::Async);
+    c.cfg.model.layers = vec![64, 20_000, CLASSES];
+    c.write_config();
+    c.start_all();
+    c.wait_all_success(RUN);
+    let ev = final_eval(&c);
+    assert_eq!(ev.global_step, 20);
+    let file = std::fs::metadata(c.cfg.checkpoint.dir.join("model.ckpt-20.safetensors")).unwrap();
+    assert!(file.len() > 4 << 20, "checkpoint of {} bytes", file.len());
+}

@@ -209,6 +209,92 @@ fn token_file_problems_exit_78_naming_it() {
     );
 }
 
+/// `dtf-ps --config F --task 0 check-config`.
+fn ps_check(config: &Path) -> Ran {
+    let args = [os("--config"), config.as_os_str(), os("--task"), os("0")];
+    let mut args = args.to_vec();
+    args.push(os("check-config"));
+    run("dtf-ps", &args, &[], QUICK)
+}
+
+/// One validation path: what stops a daemon from starting makes every
+/// `check-config` refuse the file too, so `valid` means the daemons start.
+#[test]
+fn every_check_config_refuses_what_stops_a_start() {
+    let (mut c, _) = base();
+    let good = c.cfg.clone();
+    let token_name = c.cfg.security.token_file.display().to_string();
+    let file = c.config_path.display().to_string();
+    let data = c.cfg.data.dir.display().to_string();
+    type Break = fn(&mut Cluster);
+    let cases: [(&str, Break, &[&str]); 3] = [
+        (
+            "token 0644",
+            |c| {
+                let perm = std::fs::Permissions::from_mode(0o644);
+                std::fs::set_permissions(&c.cfg.security.token_file, perm).unwrap();
+            },
+            &["security.token_file", "0644"],
+        ),
+        (
+            "layers [100, 10] on 64-pixel images",
+            |c| c.cfg.model.layers = vec![100, CLASSES],
+            &["model.layers", "100 inputs", "64 pixels"],
+        ),
+        (
+            "batch larger than the data",
+            |c| c.cfg.train.batch_size = 5000,
+            &["train.batch_size", "5000", "2000 training examples"],
+        ),
+    ];
+    for (what, break_it, names) in cases {
+        c.cfg = good.clone();
+        c.write_config();
+        std::fs::set_permissions(
+            &c.cfg.security.token_file,
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        break_it(&mut c);
+        c.write_config();
+        let mut names = names.to_vec();
+        names.push(if what.starts_with("token") {
+            &token_name
+        } else {
+            &data
+        });
+        if !what.starts_with("token") {
+            names.push(&file);
+        }
+        assert_config_error(
+            &format!("dtf check-config, {what}"),
+            &dtf_check(&c.config_path),
+            &names,
+        );
+        assert_config_error(
+            &format!("dtf-ps check-config, {what}"),
+            &ps_check(&c.config_path),
+            &names,
+        );
+        assert_config_error(
+            &format!("dtf-worker check-config, {what}"),
+            &worker_check(&c.config_path, Some(1), &[]),
+            &names,
+        );
+        assert_config_error(
+            &format!("dtf-ps start, {what}"),
+            &ps(&c.config_path, 0, &[]),
+            &names,
+        );
+    }
+    // Data this host cannot read is not an error here: a ps host need not hold it.
+    c.cfg = good;
+    c.cfg.data.dir = c.dir.path().join("elsewhere");
+    c.write_config();
+    let ran = dtf_check(&c.config_path);
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn tf_config_selects_the_task_and_the_cluster() {
     let (mut c, _) = base();

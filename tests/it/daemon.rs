@@ -135,6 +135,20 @@ async fn ps_notifies_ready_reloading_and_stopping() {
     );
     ps_answers(&c).await;
 
+    // The rejected files left the running configuration as it was: a
+    // reload of it with one key changed names that key alone.
+    let reloads = c.log("ps:0").matches("Configuration reloaded.").count();
+    let t = monotonic_usec();
+    c.cfg.log.level = "info".into();
+    c.write_config_by_rename();
+    expect_reload(&n, t, "the running config with log.level changed");
+    let log = c.wait_log("ps:0", "Configuration reloaded.", reloads + 1, SOON);
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("Configuration reloaded."))
+        .unwrap_or_default();
+    assert!(last.contains(r#"changed=["log.level"]"#), "{last}");
+
     // SIGTERM: STOPPING=1 (once), exit 0.
     c.signal("ps:0", libc::SIGTERM);
     let msg = n.next(SOON, "STOPPING=1");
@@ -160,7 +174,19 @@ async fn worker_is_ready_only_when_training_and_reports_steps() {
     c.start_with_env("worker", 0, &[("NOTIFY_SOCKET", n.path.as_os_str())]);
 
     // No ps yet: the worker waits, and is not ready — not even after a reload.
-    c.wait_log("worker:0", "Waiting for the ps tasks", 1, SOON);
+    let waiting = c.wait_log("worker:0", "Waiting for the ps tasks", 1, SOON);
+    // The reason in one line for people: which ps, what failed; no dumps.
+    let line = waiting
+        .lines()
+        .find(|l| l.contains("Waiting for the ps tasks"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("ps:0: unavailable") && line.contains("refused"),
+        "{line}"
+    );
+    for dump in ["metadata", "Status {", "ConnectError", "Error("] {
+        assert!(!line.contains(dump), "{dump} in {line}");
+    }
     c.signal("worker:0", libc::SIGHUP);
     c.wait_log("worker:0", "Configuration reloaded.", 1, SOON);
     let early = n.drain();
@@ -268,7 +294,7 @@ fn watchdog_pings_at_half_the_interval() {
 fn sigterm_mid_run_finishes_the_step_and_the_chief_checkpoints() {
     let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
     // Only the start and the stop write checkpoints.
-    c.cfg.checkpoint.save_secs = 3600;
+    c.cfg.checkpoint.save_secs = Some(3600);
     c.write_config();
     c.start_all();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -119,7 +119,7 @@ fn daemon_man_pages_document_every_flag_and_subcommand() {
         .filter(|n| n != "help")
         .collect();
     assert!(!subcommands.is_empty());
-    for page in ["dtf-ps.8", "dtf-worker.8"] {
+    for page in ["dtf-ps.8", "dtf-worker.8", "dtf-evaluator.8"] {
         let src = man(page);
         // Described in the option list, not only named in the SYNOPSIS.
         let description = sections(&src, ".Sh ")
@@ -321,11 +321,16 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
         }
     }
     for optional in [
+        "checkpoint.save_secs",
         "train.replicas_to_aggregate",
         "train.total_num_replicas",
         "security.tls_cert",
         "security.tls_key",
         "security.tls_ca",
+        "model.hidden",
+        "data.path",
+        "data.train",
+        "data.test",
     ] {
         keys.entry(optional.to_owned()).or_insert(None);
     }

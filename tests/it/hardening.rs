@@ -272,9 +272,11 @@ fn network_partition_between_ps_and_workers_stalls_training_and_it_resumes() {
         std::thread::sleep(Duration::from_millis(200));
     }
     for w in ["worker:0", "worker:1"] {
+        let exited = c.child(w).try_wait().unwrap();
         assert!(
-            c.child(w).try_wait().unwrap().is_none(),
-            "{w} gave up during the partition"
+            exited.is_none(),
+            "{w} gave up during the partition ({exited:?}); its log:\n{}",
+            c.log(w)
         );
     }
     net.link(true);

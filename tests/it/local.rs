@@ -81,10 +81,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     ] {
         assert!(first.get(key).is_some(), "{key} missing from {first}");
     }
-    assert!(
-        (100..=101).contains(&first["global_step"].as_u64().unwrap()),
-        "{first}"
-    );
+    assert_eq!(first["global_step"], 100, "{first}");
 
     // A second run on the same directory continues where the first stopped.
     let out = run("200");
@@ -94,10 +91,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         String::from_utf8_lossy(&out.stderr)
     );
     let second = sole_json(&out);
-    assert!(
-        (200..=201).contains(&second["global_step"].as_u64().unwrap()),
-        "{second}"
-    );
+    assert_eq!(second["global_step"], 200, "{second}");
     let run_dir = second["run_dir"].as_str().unwrap();
     let chief = std::fs::read_to_string(format!("{run_dir}/logs/worker-0.log")).unwrap();
     assert!(
@@ -193,23 +187,46 @@ fn local_run_with_a_failing_task_stops_and_names_it() {
     );
 }
 
+/// `--steps N` ends at exactly N, in both modes: no push is applied past
+/// `last_step`, so two workers racing for the last step cannot overshoot it,
+/// and the final checkpoint is `model.ckpt-N`.
+#[test]
+fn local_steps_end_exactly_at_last_step_in_both_modes() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let config = c.config_path.to_str().unwrap();
+    for mode in ["async", "sync"] {
+        let ckpt = c.dir.path().join(mode);
+        let out = dtf(&[
+            "local",
+            "--config",
+            config,
+            "--workers",
+            "2",
+            "--mode",
+            mode,
+            "--steps",
+            "2000",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "dtf local --mode {mode} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = sole_json(&out);
+        assert_eq!(report["global_step"], 2000, "{mode}: {report}");
+        let steps = checkpoint_steps(&ckpt);
+        assert_eq!(steps.last(), Some(&2000), "{mode}: checkpoints {steps:?}");
+    }
+}
+
 #[test]
 fn local_tasks_each_serve_metrics_on_their_own_port() {
     let mut c = Cluster::new(1, 2, 100, Mode::Async);
     // Three consecutive free ports, the first in the base config.
-    let base = loop {
-        let p: u16 = free_addrs(1)[0]
-            .rsplit_once(':')
-            .unwrap()
-            .1
-            .parse()
-            .unwrap();
-        if p < u16::MAX - 2
-            && (1..3).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok())
-        {
-            break p;
-        }
-    };
+    let base = free_port_run(3);
     c.cfg.metrics.listen = format!("127.0.0.1:{base}");
     c.write_config();
     let config = c.config_path.to_str().unwrap();

@@ -232,6 +232,8 @@ fn every_task_serves_metrics_on_its_own_address_and_global_step_increases() {
     assert!(steps > 0.0);
     assert!(sample(&chief, "dtf_examples_total").unwrap() >= steps * 20.0 - 20.0);
     assert!(sample(&chief, "dtf_push_seconds_count").unwrap() > 0.0);
+    // Every worker pulls the variables before its first step.
+    assert!(sample(&chief, "dtf_pull_seconds_count").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_sent_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_received_bytes_total").unwrap() > 0.0);
     assert!(sample(&chief, "dtf_loss").unwrap().is_finite());
@@ -286,7 +288,17 @@ fn json_of(out: &std::process::Output) -> Value {
 #[test]
 fn status_lists_every_task_and_fails_when_a_ps_is_down() {
     let mut c = Cluster::new(2, 2, 1_000_000, Mode::Async);
-    c.start_all();
+    for (role, i) in [("ps", 0), ("ps", 1), ("worker", 0)] {
+        c.start(role, i);
+    }
+    // Workers are known from their pushes: worker 1 has not started.
+    let json = until(RUN, "dtf status to show the chief training", || {
+        let j = json_of(&c.dtf(&["status", "--json"]));
+        (j["tasks"][2]["contact"] == "live").then_some(j)
+    });
+    assert_eq!(json["tasks"][3]["contact"], "never seen", "{json}");
+    assert_eq!(json["tasks"][3]["global_step"], Value::Null, "{json}");
+    c.start("worker", 1);
     // Wait until both shards are initialized and training has moved.
     let json = until(RUN, "dtf status to show a training cluster", || {
         let out = c.dtf(&["status", "--json"]);
@@ -295,6 +307,7 @@ fn status_lists_every_task_and_fails_when_a_ps_is_down() {
             && j["tasks"][0]["initialized"] == true
             && j["tasks"][1]["initialized"] == true
             && j["global_step"].as_u64().is_some_and(|s| s > 0)
+            && j["tasks"][3]["contact"] == "live"
             && j["checkpoint"].is_object();
         ready.then_some(j)
     });
@@ -321,6 +334,14 @@ fn status_lists_every_task_and_fails_when_a_ps_is_down() {
         Value::Null,
         "workers do not listen: unknown, not guessed"
     );
+    for w in &tasks[2..] {
+        assert!(w["global_step"].as_u64().is_some_and(|s| s > 0), "{w}");
+        assert!(
+            w["examples_per_sec"].as_f64().is_some_and(|r| r > 0.0),
+            "{w}"
+        );
+        assert!(w["last_contact_secs"].as_f64().is_some(), "{w}");
+    }
     assert_eq!(json["complete"], false);
     assert_eq!(json["all_ps_reachable"], true);
     assert!(json["checkpoint"]["age_secs"].as_f64().is_some());
@@ -341,21 +362,60 @@ fn status_lists_every_task_and_fails_when_a_ps_is_down() {
         &c.cfg.cluster.ps[0],
         &c.cfg.cluster.ps[1],
         "checkpoint",
+        "live (",
     ] {
         assert!(table.contains(needle), "{needle} missing from:\n{table}");
     }
 
+    // A worker that stopped pushing goes stale; the cluster is still up.
+    c.kill("worker:1");
+    let out = until(RUN, "dtf status to show worker 1 stale", || {
+        let out = c.dtf(&["status", "--json"]);
+        (json_of(&out)["tasks"][3]["contact"] == "stale").then_some(out)
+    });
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json_of(&out)["tasks"][2]["contact"], "live");
+    let table = String::from_utf8(c.dtf(&["status"]).stdout).unwrap();
+    assert!(table.contains("stale ("), "{table}");
+
     c.kill("ps:1");
     let out = c.dtf(&["status", "--json"]);
-    assert!(!out.status.success(), "a ps is down: dtf status must fail");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a ps is down: dtf status exits 1"
+    );
     let j = json_of(&out);
     assert_eq!(j["tasks"][1]["reachable"], false);
     assert_eq!(j["tasks"][0]["reachable"], true);
     assert_eq!(j["all_ps_reachable"], false);
     let out = c.dtf(&["status"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("ps:1"),
         "the table names the unreachable ps"
     );
+}
+
+/// Without a readable config, one line that says what to do, naming the
+/// file once and the reason once.
+#[test]
+fn status_without_a_config_says_so_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("dtf.toml");
+    let ran = run(
+        "dtf",
+        &["status".as_ref(), "--config".as_ref(), missing.as_os_str()],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(ran.status.code(), Some(1), "{}", ran.stderr);
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", ran.stderr);
+    let line = lines[0];
+    assert!(
+        line.contains(&missing.display().to_string()) && line.contains("--config"),
+        "{line}"
+    );
+    assert_eq!(line.matches("No such file").count(), 1, "{line}");
 }

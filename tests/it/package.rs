@@ -31,9 +31,10 @@ fn unit_values(text: &str) -> BTreeMap<String, Vec<String>> {
     values
 }
 
-const UNITS: [(&str, &str); 2] = [
+const UNITS: [(&str, &str); 3] = [
     ("dtf-ps@.service", "dtf-ps"),
     ("dtf-worker@.service", "dtf-worker"),
+    ("dtf-evaluator.service", "dtf-evaluator"),
 ];
 
 #[test]
@@ -222,10 +223,32 @@ fn package_ships_every_man_page_unit_and_script() {
 }
 
 #[test]
+fn the_evaluator_runs_below_training() {
+    let values = unit_values(&read("packaging/debian/dtf-evaluator.service"));
+    let one = |k: &str| -> i64 {
+        values[k]
+            .last()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("dtf-evaluator.service: {k}="))
+    };
+    // systemd's default CPUWeight= is 100, Nice= 0; the training units set neither.
+    assert!(one("CPUWeight") < 100);
+    assert!(one("Nice") > 0);
+    for (unit, _) in &UNITS[..2] {
+        let training = unit_values(&read(&format!("packaging/debian/{unit}")));
+        assert!(!training.contains_key("CPUWeight") && !training.contains_key("Nice"));
+    }
+    let target = read("packaging/debian/dtf.target");
+    let unit = read("packaging/debian/dtf-evaluator.service");
+    assert!(unit.contains("\nPartOf=dtf.target\n") && target.contains("dtf-evaluator"));
+}
+
+#[test]
 fn units_raise_the_descriptor_limit() {
     // The default soft limit of 1024 is what an idle-connection flood
     // exhausted first (issue 15); the ps caps connections well below this.
-    for (unit, _) in UNITS {
+    // The evaluator serves only its metrics: the default is plenty.
+    for (unit, _) in UNITS.iter().filter(|(_, bin)| *bin != "dtf-evaluator") {
         let values = unit_values(&read(&format!("packaging/debian/{unit}")));
         let limit: Vec<u64> = values
             .get("LimitNOFILE")

@@ -30,6 +30,7 @@ async fn live_ps() -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) {
         shadows: vec![],
         global_step: 7,
         force: false,
+        slots: vec![],
     };
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)
@@ -203,6 +204,7 @@ async fn a_step_a_checkpoint_cannot_hold_is_refused() {
             shadows: vec![],
             global_step: u64::MAX,
             force: true,
+            slots: vec![],
         })
         .await
         .unwrap_err();

@@ -28,6 +28,7 @@ async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) 
         shadows: vec![],
         global_step: 7,
         force: false,
+        slots: vec![],
     };
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)
@@ -154,6 +155,7 @@ async fn malformed_pushes_are_rejected_and_change_nothing() {
         .initialize(pb::InitializeRequest {
             variables: bad,
             force: true,
+            slots: vec![],
             ..Default::default()
         })
         .await
@@ -230,5 +232,38 @@ async fn sync_rejects_duplicate_and_future_pushes_and_drops_stale_ones() {
     assert_eq!(
         (s.updates_applied, s.gradients_aggregated, s.stale_gradients),
         (1, 2, 1)
+    );
+}
+
+/// A ps applies no push past `train.last_step` (100 here): two async
+/// workers that both read step 99 cannot take the run to 101. And it
+/// records who pushed: `State` lists each worker with its latest step.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_push_is_applied_past_last_step_and_state_lists_the_pushers() {
+    let (_c, mut ps, values) = live_ps(Mode::Async).await;
+    for step in 7..99 {
+        let res = ps.push(push(grads(&values))).await.unwrap().into_inner();
+        assert_eq!(res.global_step, step + 1);
+    }
+    // Both workers read step 99; the first push makes it 100, the second is not applied.
+    let at = |worker| pb::PushRequest {
+        step: 99,
+        worker,
+        ..push(grads(&values))
+    };
+    assert_eq!(ps.push(at(1)).await.unwrap().into_inner().global_step, 100);
+    let before = snapshot(&mut ps).await;
+    let res = ps.push(at(0)).await.unwrap().into_inner();
+    assert_eq!(res.global_step, 100, "a push past last_step was applied");
+    assert_eq!(snapshot(&mut ps).await, before, "the values changed");
+
+    let state = ps.state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!(state.global_step, 100);
+    let seen: Vec<(u32, u64)> = state.workers.iter().map(|w| (w.task, w.step)).collect();
+    assert_eq!(seen, [(0, 99), (1, 99)]);
+    assert!(
+        state.workers.iter().all(|w| w.seconds_ago < 60.0),
+        "{:?}",
+        state.workers
     );
 }

@@ -90,8 +90,25 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
     c.cfg.train.replicas_to_aggregate = Some(2);
     c.cfg.train.total_num_replicas = Some(3);
     c.use_transport(transport);
-    c.start_all();
-    reach(&c, 0, 30).await;
+    // The backups are waiting before the chief starts the run, so every
+    // step has three racers (a late starter could miss the run entirely).
+    c.start("ps", 0);
+    for w in [2, 1] {
+        c.start("worker", w);
+        c.wait_log(
+            &format!("worker:{w}"),
+            "Waiting for the chief to initialize the model.",
+            1,
+            RUN,
+        );
+    }
+    c.start("worker", 0);
+    let ps = c.client(0, Some(TOKEN)).await;
+    eventually(RUN, "a late third gradient dropped as stale", || {
+        let mut ps = ps.clone();
+        async move { state(&mut ps).await.filter(|s| s.stale_gradients > 0) }
+    })
+    .await;
     c.kill("worker:2");
     c.procs.retain(|(n, _)| n != "worker:2");
     let s = finish(&mut c).await.remove(0);
@@ -101,29 +118,67 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
         2 * s.updates_applied,
         "every update averages exactly 2 gradients"
     );
+    // While all three pushed, the third gradient of each step came after
+    // the update: dropped as stale, never applied.
+    assert!(
+        s.stale_gradients > 0,
+        "the backup's late gradients are counted as stale: {s:?}"
+    );
     c.assert_transport(transport);
 }
 }
 
 crate::on_each_transport! {
 async fn killing_the_chief_and_then_the_ps_mid_run_still_completes(transport) {
-    let mut c = Cluster::new(1, 2, 300, Mode::Sync);
+    // Far away: on shared memory the tiny model does thousands of steps a
+    // second, so the run is ended by a live last_step once the faults are done.
+    let mut c = Cluster::new(1, 2, 1_000_000, Mode::Sync);
     c.use_transport(transport);
     c.start_all();
     reach(&c, 0, 60).await;
     c.kill("worker:0");
     // Without the chief the other worker cannot complete a step (no backups):
     // it must wait, not fail, and say why in its log.
+    let log = c.wait_log(
+        "worker:1",
+        "Waiting for the other replicas' gradients.",
+        1,
+        RUN,
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("Waiting for the other replicas"))
+        .unwrap_or_default();
+    assert!(line.contains("replicas_to_aggregate=2"), "{line}");
+    assert!(
+        c.child("worker:1").try_wait().unwrap().is_none(),
+        "worker:1 must wait, not exit:\n{log}"
+    );
     c.start("worker", 0);
     reach(&c, 0, 120).await;
     c.kill("ps:0");
     c.start("ps", 0);
     // The workers found the new ps on the same transport as before.
     let s = reach(&c, 0, 180).await;
-    let shm = u32::from(transport == dtf::config::Transport::Auto);
-    assert_eq!(s.shm_connections, 2 * shm, "{s:?}");
+    if transport == dtf::config::Transport::Auto {
+        for w in ["worker:0", "worker:1"] {
+            let log = c.wait_log(w, "Reconnected to ps.", 1, RUN);
+            let line = log.lines().find(|l| l.contains("Reconnected to ps.")).unwrap_or_default();
+            assert!(line.contains("transport=shm"), "{w}: {line}");
+        }
+    } else {
+        assert_eq!(s.shm_connections, 0, "{s:?}");
+    }
+    let last = s.global_step + 5000;
+    c.cfg.train.last_step = last;
+    c.write_config_by_rename();
+    for n in ["ps:0", "worker:0", "worker:1"] {
+        c.wait_log(n, "Configuration reloaded.", 1, RUN);
+    }
+    let now = reach(&c, 0, 0).await.global_step;
+    assert!(now < last, "step {now} already past {last} when the reload landed");
     let s = finish(&mut c).await.remove(0);
-    assert_eq!(s.global_step, 300);
+    assert_eq!(s.global_step, last);
     assert_eq!(s.gradients_aggregated, 2 * s.updates_applied);
     let chief = c.log("worker:0");
     assert!(

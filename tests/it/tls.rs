@@ -266,6 +266,9 @@ fn a_tls_mismatch_is_explained_and_the_worker_waits() {
         ("DTF_SECURITY__TLS_CA", sec.tls_ca.unwrap()),
     ];
     let tls_env: Vec<(&str, &OsStr)> = tls_env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    // TLS is for paths that cross a network: on one host the shared-memory
+    // transport would carry the run whatever TLS says, so this is TCP's test.
+    c.use_transport(dtf::config::Transport::Tcp);
 
     // TLS on the ps only.
     c.start_with_env("ps", 0, &tls_env);

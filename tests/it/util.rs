@@ -23,6 +23,7 @@ pub fn bin(name: &str) -> PathBuf {
         "dtf" => PathBuf::from(env!("CARGO_BIN_EXE_dtf")),
         "dtf-ps" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-ps")),
         "dtf-worker" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-worker")),
+        "dtf-evaluator" => PathBuf::from(env!("CARGO_BIN_EXE_dtf-evaluator")),
         other => panic!("no binary {other}"),
     }
 }
@@ -57,13 +58,60 @@ pub fn tiny_data(dir: &Path, train: usize, test: usize) -> PathBuf {
     data
 }
 
-/// Free 127.0.0.1 addresses.
+/// Where the tests take their ports from: below the kernel's ephemeral
+/// range (`net.ipv4.ip_local_port_range`, 32768–60999 by default), so no
+/// port-0 bind and no outgoing connection on this host is ever given one.
+/// Only the tests take them, and they agree through a lock per port.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// The port locks this test process holds, for its whole life: a daemon
+/// it starts binds the port after the probe listener is gone, and no other
+/// test (in this process or another, of this checkout or another) can take
+/// it meanwhile. The kernel drops the locks when the process exits.
+static HELD_PORTS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+/// Locks `port` for this process if no other test holds it and nothing
+/// else listens on it.
+fn take_port(port: u16) -> bool {
+    use std::os::fd::AsRawFd;
+    let dir = std::env::temp_dir().join("dtf-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let Ok(file) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return false;
+    }
+    if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        return false;
+    }
+    HELD_PORTS.lock().unwrap().push(file);
+    true
+}
+
+/// `n` consecutive ports that this test alone will use (see [`TEST_PORTS`]).
+pub fn free_port_run(n: usize) -> u16 {
+    use rand::Rng;
+    let span = TEST_PORTS.end - TEST_PORTS.start - n as u16;
+    for _ in 0..10_000 {
+        let base = TEST_PORTS.start + rand::rng().random_range(0..span);
+        if (0..n as u16).all(|k| take_port(base + k)) {
+            return base;
+        }
+    }
+    panic!("no {n} free consecutive ports in {TEST_PORTS:?}");
+}
+
+/// Free 127.0.0.1 addresses that no other test will take (see [`TEST_PORTS`]).
 pub fn free_addrs(n: usize) -> Vec<String> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter()
-        .map(|l| l.local_addr().unwrap().to_string())
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port_run(1)))
         .collect()
 }
 
@@ -94,7 +142,7 @@ impl Cluster {
         cfg.model.layers = vec![SIDE * SIDE, 16, CLASSES];
         cfg.data.dir = data;
         cfg.checkpoint.dir = dir.path().join("ckpt");
-        cfg.checkpoint.save_secs = 1;
+        cfg.checkpoint.save_secs = Some(1);
         let token = dir.path().join("token");
         std::fs::write(&token, TOKEN).unwrap();
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -515,6 +563,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         global_step: step,
         variables: names.iter().cloned().zip(values.iter().cloned()).collect(),
         shadows: names.into_iter().zip(values).collect(),
+        slots: Default::default(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)
         .unwrap()

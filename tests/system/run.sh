@@ -5,7 +5,9 @@
 #
 # Boots a Debian 12 container with systemd-nspawn (systemd as PID 1, its own
 # loopback: --private-network), installs the .deb and runs a 1 ps + 2 worker
-# cluster on Fashion-MNIST through the template units: readiness and STATUS,
+# cluster on Fashion-MNIST through the template units, with dtf-evaluator
+# beside it (it scores checkpoints while training, keeps the best in best/,
+# and stops by itself after the final one): readiness and STATUS,
 # SIGKILL of a worker and of the ps (systemd restarts them, the chief
 # restores the checkpoint), reload by file change and by `systemctl reload`
 # (valid, invalid, not reloadable), the end of the run (every unit inactive
@@ -44,7 +46,9 @@ ROOT_OFFLINE=procps
 PS_ADDR=127.0.0.1:2222
 W0_ADDR=127.0.0.1:2223
 W1_ADDR=127.0.0.1:2224
-UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1)
+# dtf-evaluator runs beside the cluster: the same lifecycle checks apply to it
+# (start, reloads, the stop at last_step, once it has scored the final checkpoint).
+UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1 dtf-evaluator)
 FINAL_STEPS=2500     # the run ends at max(this, current step + 500)
 MIN_ACCURACY=0.7
 
@@ -332,7 +336,36 @@ for u in dtf-worker@0 dtf-worker@1; do
 		fail "$u STATUS reports training (StatusText='$(prop "$u" StatusText)')"
 	fi
 done
+
+# --- the shared-memory transport between the hardened units -----------------------
+
+# The ps and both workers are separate sandboxed services (PrivateTmp=,
+# PrivateDevices=, ProtectSystem=strict): they meet through the socket in
+# /run/dtf (RuntimeDirectory=dtf) and memfd regions, not TCP.
+# shm_connections N: dtf status --json says ps:0 has at least N shm peers
+# (dtf status itself, as root, also comes through shared memory).
+shm_connections() {
+	local n
+	n=$(in_ct dtf status --json 2>/dev/null | sed -n 's/.*"task":"ps:0"[^}]*"shm_connections":\([0-9]*\).*/\1/p')
+	[ -n "$n" ] && [ "$n" -ge "$1" ]
+}
+for u in dtf-worker@0 dtf-worker@1; do
+	line=$(in_ct journalctl --no-pager -o cat -u "$u.service" | grep 'Connected to ps' | tail -n1)
+	check "$u reached the ps through shared memory: $line" contains "$line" "transport=shm"
+done
+check "the ps socket is in the units' runtime directory ($(in_ct ls -l /run/dtf 2>&1 | tr '\n' ' '))" \
+	in_ct test -S "/run/dtf/ps-${PS_ADDR##*:}.sock"
+shm_json=$(in_ct dtf status --json 2>&1 || true)
+check "dtf status --json: ps:0 reached over shm, with the workers' connections ($(grep -o '"transport":"[a-z]*","shm_connections":[0-9]*' <<<"$shm_json" | head -n1))" \
+	wait_for 30 shm_connections 2
+check "dtf status --json says transport shm for ps:0" contains "$shm_json" '"transport":"shm"'
 status_line=$(in_ct systemctl --no-pager status dtf-worker@0 2>&1 | grep -m1 'Status:' || true)
+evaluator_scored() { contains "$(prop dtf-evaluator StatusText)" "newest step"; }
+if wait_for 120 evaluator_scored; then
+	pass "dtf-evaluator STATUS reports a scored checkpoint: $(prop dtf-evaluator StatusText)"
+else
+	fail "dtf-evaluator STATUS reports a scored checkpoint (StatusText='$(prop dtf-evaluator StatusText)')"
+fi
 check "systemctl status dtf-worker@0 shows the STATUS line ($status_line)" \
 	contains "$status_line" step
 
@@ -357,8 +390,10 @@ fi
 # --- SIGKILL the ps ---------------------------------------------------------------------
 
 # A checkpoint newer than the start must exist for the chief to restore.
-has_checkpoint() { in_ct sh -c 'ls /var/lib/dtf/checkpoints/model.ckpt-*.safetensors' >/dev/null 2>&1; }
-check "the chief wrote a checkpoint before the ps is killed" wait_for 30 has_checkpoint
+# A timed checkpoint, past the one written at step 0 on init: the restore
+# after the kill must bring back trained values, not the initial ones.
+has_checkpoint() { in_ct sh -c 'ls /var/lib/dtf/checkpoints/' 2>/dev/null | grep -Eq '^model\.ckpt-[1-9][0-9]*\.safetensors$'; }
+check "the chief wrote a timed checkpoint (step > 0) before the ps is killed" wait_for 30 has_checkpoint
 ps_restarts=$(prop dtf-ps@0 NRestarts)
 w0_restarts=$(prop dtf-worker@0 NRestarts)
 w1_restarts=$(prop dtf-worker@1 NRestarts)
@@ -385,6 +420,7 @@ for u in dtf-worker@0 dtf-worker@1; do
 		fail "$u trains after the ps restart (StatusText='$(prop "$u" StatusText)', before the kill: step ${step_before_ps_kill[$u]:-?})"
 	fi
 done
+check "the restarted ps serves the workers through shared memory again" wait_for 60 shm_connections 2
 check "the workers rode out the ps restart without restarting themselves" \
 	test "$(prop dtf-worker@0 NRestarts):$(prop dtf-worker@1 NRestarts)" = "$w0_restarts:$w1_restarts"
 check "all units active after the ps restart" all_active
@@ -508,6 +544,19 @@ else
 fi
 check "dtf eval evaluated the final checkpoint" \
 	contains "$eval_json" "\"global_step\":${final_ckpt:-x},"
+# The evaluator scored checkpoints while the cluster trained, then the final one.
+scored=$(journal_count dtf-evaluator 'Checkpoint scored.')
+check "dtf-evaluator scored checkpoints while training ($scored)" test "${scored:-0}" -ge 2
+check "dtf-evaluator wrote TensorBoard events to checkpoints/eval/" \
+	in_ct sh -c 'ls /var/lib/dtf/checkpoints/eval/events.out.tfevents.* >/dev/null'
+check "dtf-evaluator scored the final checkpoint (step ${final_ckpt:-?})" \
+	in_ct grep -q "\"global_step\":${final_ckpt:-x}," /var/lib/dtf/checkpoints/eval/evaluated.jsonl
+nbest=$(in_ct sh -c 'ls /var/lib/dtf/checkpoints/best/' 2>/dev/null | grep -c '^model\.ckpt-[0-9]*\.safetensors$' || true)
+check "best/ holds 1 to 3 checkpoints ($nbest)" test "${nbest:-0}" -ge 1 -a "${nbest:-0}" -le 3
+best_json=$(in_ct dtf eval /var/lib/dtf/checkpoints/best --json 2>&1 || true)
+best_step=$(in_ct sed -n 's/.*"file": "model\.ckpt-\([0-9]*\)\.safetensors".*/\1/p' /var/lib/dtf/checkpoints/best/index.json 2>/dev/null | head -n1)
+check "dtf eval checkpoints/best evaluates the best one, step ${best_step:-?} ($best_json)" \
+	contains "$best_json" "\"global_step\":${best_step:-x},"
 
 # A task started again on a complete run says so and exits 0 at once
 # (docs/design.md, Recovery), without a restart loop.

@@ -1,4 +1,4 @@
-//! MNIST-format (IDX) data sets: reading `.gz` or raw files, batching.
+//! IDX (MNIST-format) files: `data.format = "idx"`, `data.dir`.
 //!
 //! An IDX file is a big-endian header — a magic number whose third byte is
 //! the element type (0x08, unsigned byte) and whose fourth is the number of
@@ -7,12 +7,10 @@
 //! is detected from the gzip magic bytes, not from the name, so a renamed
 //! file still loads.
 
+use super::{DataError, Dataset, Features, Split, format_error};
 use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
-use ndarray::Array2;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -22,71 +20,6 @@ const IMAGES_MAGIC: u32 = 0x0000_0803;
 const LABELS_MAGIC: u32 = 0x0000_0801;
 /// The first two bytes of every gzip stream (RFC 1952).
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-/// Which half of the data set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Split {
-    /// `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`
-    Train,
-    /// `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`
-    Test,
-}
-
-impl Split {
-    /// File names (without `.gz`) of the images and the labels.
-    pub fn file_names(self) -> (&'static str, &'static str) {
-        match self {
-            Split::Train => ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-            Split::Test => ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-        }
-    }
-}
-
-/// Errors reading a data set; each names the file.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    /// The file could not be opened or read (or its gzip stream is corrupt).
-    #[error("{path}: {source}")]
-    Io {
-        /// The file being read.
-        path: PathBuf,
-        /// What the OS or the gzip decoder reported.
-        source: std::io::Error,
-    },
-    /// The file's contents are not what an IDX file of its kind must hold.
-    #[error("{path}: {what}")]
-    Format {
-        /// The offending file.
-        path: PathBuf,
-        /// What is wrong, with the expected and the found values.
-        what: String,
-    },
-    /// Neither `<name>.gz` nor `<name>` exists in the data directory.
-    #[error(
-        "{path}: no such file (nor {alt}); install the data set with \
-         `apt install dataset-fashion-mnist` (Debian package dataset-fashion-mnist) \
-         or set data.dir to a directory holding MNIST-format IDX files"
-    )]
-    Missing {
-        /// The gzipped name, tried first.
-        path: PathBuf,
-        /// The raw name, tried second.
-        alt: PathBuf,
-    },
-}
-
-/// Images kept as bytes (converted to f32 per batch) and their labels.
-#[derive(Debug, Clone)]
-pub struct Dataset {
-    /// `len · features` pixels, row-major.
-    images: Vec<u8>,
-    /// One class index per image.
-    labels: Vec<u8>,
-    /// Pixels per image (rows · cols).
-    features: usize,
-    /// Where the labels came from, for error messages (empty for `from_parts`).
-    labels_path: PathBuf,
-}
 
 impl Dataset {
     /// Loads `split` from `dir`, taking `<name>.gz` or `<name>`, whichever
@@ -134,103 +67,48 @@ impl Dataset {
                 ),
             ));
         }
-        Ok(Dataset {
-            images: pixels,
-            labels: label_bytes,
-            features,
-            labels_path: labels.to_path_buf(),
-        })
+        Dataset::new(Features::Bytes(pixels), label_bytes, features, labels)
     }
+}
 
-    /// From raw parts, for the tests below. `images.len()` must be
-    /// `labels.len() · features`.
-    #[cfg(test)]
-    fn from_parts(images: Vec<u8>, labels: Vec<u8>, features: usize) -> Self {
-        assert_eq!(
-            images.len(),
-            labels.len() * features,
-            "from_parts: {} pixels for {} labels × {features} features",
-            images.len(),
-            labels.len()
-        );
-        Dataset {
-            images,
-            labels,
-            features,
-            labels_path: PathBuf::new(),
+/// The images of `split` in `dir`: how many, and pixels per image, read
+/// from the IDX header alone (a check of the configuration costs 16 bytes,
+/// not the whole set).
+///
+/// Errors: [`DataError::Missing`], [`DataError::Io`] when the file cannot
+/// be read; [`DataError::Format`] for a header that is not idx3 images.
+pub fn images_shape(dir: &Path, split: Split) -> Result<(usize, usize), DataError> {
+    let path = find_file(dir, split.file_names().0)?;
+    let io = |source| DataError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::File::open(&path).map_err(io)?;
+    let mut head = Vec::with_capacity(16);
+    (&mut file).take(16).read_to_end(&mut head).map_err(io)?;
+    if head.starts_with(&GZIP_MAGIC) {
+        let raw = std::io::Cursor::new(std::mem::take(&mut head)).chain(file);
+        MultiGzDecoder::new(raw)
+            .take(16)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+    }
+    let bad = |what: String| format_error(&path, what);
+    let word = |i: usize| {
+        head.get(i..i + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    match (word(0), word(4), word(8), word(12)) {
+        (Some(m), Some(n), Some(rows), Some(cols)) if m == IMAGES_MAGIC as usize => {
+            Ok((n, rows * cols))
         }
-    }
-
-    /// Number of examples.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// True when there are no examples.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-
-    /// Pixels per example (784 for MNIST).
-    pub fn features(&self) -> usize {
-        self.features
-    }
-
-    /// The labels, one class index per example.
-    pub fn labels(&self) -> &[u8] {
-        &self.labels
-    }
-
-    /// Checks that every label is a class index below `classes` (the model's
-    /// output width), so the math never sees an out-of-range label.
-    ///
-    /// Errors: [`DataError::Format`] naming the first bad label and its index.
-    pub fn check_labels(&self, classes: usize) -> Result<(), DataError> {
-        match self
-            .labels
-            .iter()
-            .enumerate()
-            .find(|&(_, &l)| usize::from(l) >= classes)
-        {
-            None => Ok(()),
-            Some((i, &l)) => Err(format_error(
-                &self.labels_path,
-                format!("label {i} is {l}: expected a class index below {classes}"),
-            )),
-        }
-    }
-
-    /// Fills `x` (indices.len() × features, pixel/255) and `y` for the given rows.
-    ///
-    /// `x` and `y` are the caller's buffers, reused across calls: `x` is only
-    /// reallocated when its shape is not already `indices.len() × features`.
-    ///
-    /// # Panics
-    ///
-    /// When an index is `>= len()` (indices come from [`Batches`]).
-    pub fn batch(&self, indices: &[usize], x: &mut Array2<f32>, y: &mut Vec<u8>) {
-        let f = self.features;
-        if x.dim() != (indices.len(), f) {
-            *x = Array2::zeros((indices.len(), f));
-        }
-        for (mut row, &i) in x.rows_mut().into_iter().zip(indices) {
-            let pixels = &self.images[i * f..(i + 1) * f];
-            row.iter_mut()
-                .zip(pixels)
-                .for_each(|(o, &p)| *o = f32::from(p) / 255.0);
-        }
-        y.clear();
-        y.extend(indices.iter().map(|&i| self.labels[i]));
-    }
-
-    /// Every example, as (x, labels): for evaluation.
-    pub fn all(&self) -> (Array2<f32>, Vec<u8>) {
-        let x = Array2::from_shape_vec(
-            (self.len(), self.features),
-            self.images.iter().map(|&p| f32::from(p) / 255.0).collect(),
-        )
-        .expect("images.len() == len · features by construction");
-        (x, self.labels.clone())
+        (Some(m), ..) if m != IMAGES_MAGIC as usize => Err(bad(format!(
+            "wrong magic number: expected {IMAGES_MAGIC:#010x} (idx3 unsigned-byte images), found {m:#010x}"
+        ))),
+        _ => Err(bad(format!(
+            "truncated header: expected 16 bytes, found {}",
+            head.len()
+        ))),
     }
 }
 
@@ -253,13 +131,6 @@ fn find_file(dir: &Path, name: &str) -> Result<PathBuf, DataError> {
     Err(DataError::Missing { path: gz, alt: raw })
 }
 
-fn format_error(path: &Path, what: impl Into<String>) -> DataError {
-    DataError::Format {
-        path: path.to_path_buf(),
-        what: what.into(),
-    }
-}
-
 /// Reads a whole IDX file (decompressing it if it starts with the gzip magic)
 /// and checks it against `magic`; returns the dimensions and the elements.
 fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError> {
@@ -267,10 +138,14 @@ fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError>
         path: path.to_path_buf(),
         source,
     };
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = super::read_file(path)?;
     let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+        // A small gzip stream may inflate without end: at most one byte past
+        // this machine's memory is inflated, and that is refused.
+        let limit = super::max_bytes();
         let mut out = Vec::with_capacity(bytes.len() * 4);
         MultiGzDecoder::new(&bytes[..])
+            .take(limit.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|e| {
                 io(std::io::Error::new(
@@ -278,6 +153,13 @@ fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError>
                     format!("corrupt gzip data: {e}"),
                 ))
             })?;
+        if out.len() as u64 > limit {
+            return Err(DataError::TooLarge {
+                path: path.to_path_buf(),
+                size: out.len() as u64,
+                limit,
+            });
+        }
         out
     } else {
         bytes
@@ -343,61 +225,6 @@ fn parse_idx(bytes: &[u8], magic: u32) -> Result<(Vec<usize>, Vec<u8>), String> 
         ));
     }
     Ok((dims, data.to_vec()))
-}
-
-/// An endless stream of shuffled mini-batch indices: a new permutation each epoch.
-///
-/// When fewer than `batch_size` indices remain in an epoch they are dropped
-/// and a fresh permutation starts, so every batch is full and every index
-/// appears at most once per epoch (what `tf.data`'s
-/// `shuffle().batch(drop_remainder=True)` does). With 60000 examples and
-/// batches of 100 nothing is ever dropped.
-#[derive(Debug)]
-pub struct Batches {
-    /// Current permutation of 0..len.
-    order: Vec<usize>,
-    /// Next position in `order`.
-    pos: usize,
-    /// Examples per batch.
-    batch_size: usize,
-    /// Seeded per worker.
-    rng: rand::rngs::StdRng,
-}
-
-impl Batches {
-    /// Batches of `batch_size` indices into `0..len`, shuffled from `seed`.
-    ///
-    /// # Panics
-    ///
-    /// When `batch_size` is 0 or larger than `len` (the config is validated
-    /// against the data set before this is built).
-    pub fn new(len: usize, batch_size: usize, seed: u64) -> Self {
-        assert!(
-            batch_size > 0 && batch_size <= len,
-            "batch size {batch_size} must be in 1..={len} (the number of examples)"
-        );
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut order: Vec<usize> = (0..len).collect();
-        order.shuffle(&mut rng);
-        Batches {
-            order,
-            pos: 0,
-            batch_size,
-            rng,
-        }
-    }
-
-    /// The next `batch_size` indices (wrapping into a fresh permutation).
-    pub fn next_indices(&mut self) -> &[usize] {
-        if self.pos + self.batch_size > self.order.len() {
-            // Shuffling the previous permutation gives a uniform one again.
-            self.order.shuffle(&mut self.rng);
-            self.pos = 0;
-        }
-        let start = self.pos;
-        self.pos += self.batch_size;
-        &self.order[start..self.pos]
-    }
 }
 
 /// Writes `header` then `body` to `path`, gzipped when it ends in `.gz`.
@@ -467,7 +294,6 @@ pub fn write_idx_labels(path: &Path, labels: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashSet;
 
     /// `n` 2×3 images whose pixels encode their index, labels `i % 10`.
     fn sample(n: usize) -> (Vec<u8>, Vec<u8>) {
@@ -499,7 +325,7 @@ mod tests {
             let ds = Dataset::load(dir.path(), Split::Train).unwrap();
             assert_eq!(ds.len(), 7);
             assert_eq!(ds.features(), 6);
-            assert_eq!(ds.images, images);
+            assert_eq!(ds.values, Features::Bytes(images));
             assert_eq!(ds.labels(), &labels[..]);
         }
         // The gzip file really is compressed (detected by magic, not name).
@@ -507,6 +333,26 @@ mod tests {
         write_split(dir.path(), Split::Test, ".gz", 3);
         let bytes = std::fs::read(dir.path().join("t10k-images-idx3-ubyte.gz")).unwrap();
         assert_eq!(bytes[..2], GZIP_MAGIC);
+    }
+
+    #[test]
+    fn images_shape_reads_the_header_alone() {
+        for suffix in ["", ".gz"] {
+            let dir = tempfile::tempdir().unwrap();
+            write_split(dir.path(), Split::Train, suffix, 7);
+            assert_eq!(images_shape(dir.path(), Split::Train).unwrap(), (7, 6));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            images_shape(dir.path(), Split::Train),
+            Err(DataError::Missing { .. })
+        ));
+        // Labels where images belong: the wrong magic number.
+        write_idx_labels(&dir.path().join("train-images-idx3-ubyte"), &[1, 2]).unwrap();
+        assert!(matches!(
+            images_shape(dir.path(), Split::Train),
+            Err(DataError::Format { .. })
+        ));
     }
 
     #[test]
@@ -521,7 +367,7 @@ mod tests {
         std::fs::rename(&gz_images, &plain_images).unwrap();
         std::fs::rename(&gz_labels, &plain_labels).unwrap();
         let ds = Dataset::from_files(&plain_images, &plain_labels).unwrap();
-        assert_eq!(ds.images, images);
+        assert_eq!(ds.values, Features::Bytes(images));
     }
 
     #[test]
@@ -634,80 +480,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("t10k-labels-idx1-ubyte"), "{msg}");
-    }
-
-    #[test]
-    fn check_labels_rejects_out_of_range() {
-        let ds = Dataset::from_parts(vec![0; 6], vec![1, 9, 3], 2);
-        assert!(ds.check_labels(10).is_ok());
-        let msg = ds.check_labels(5).unwrap_err().to_string();
-        assert!(msg.contains("label 1 is 9"), "{msg}");
-    }
-
-    #[test]
-    fn batch_scales_pixels_and_reuses_buffer() {
-        let ds = Dataset::from_parts(vec![0, 255, 51, 102, 10, 20], vec![4, 7, 1], 2);
-        let mut x = Array2::zeros((0, 0));
-        let mut y = vec![99];
-        ds.batch(&[1, 0], &mut x, &mut y);
-        assert_eq!(x, ndarray::array![[0.2, 0.4], [0.0, 1.0]]);
-        assert_eq!(y, [7, 4]);
-        let ptr = x.as_ptr();
-        ds.batch(&[2, 2], &mut x, &mut y);
-        assert_eq!(x.as_ptr(), ptr, "same-shape batch must reuse the buffer");
-        assert_eq!(x.row(0).to_vec(), [10.0 / 255.0, 20.0 / 255.0]);
-        assert_eq!(y, [1, 1]);
-        let (all_x, all_y) = ds.all();
-        assert_eq!(all_x.dim(), (3, 2));
-        assert_eq!(all_x[[0, 1]], 1.0);
-        assert_eq!(all_y, [4, 7, 1]);
-    }
-
-    #[test]
-    fn batches_cover_every_index_once_per_epoch() {
-        let (len, bs) = (100, 10);
-        let mut b = Batches::new(len, bs, 3);
-        let mut epochs = Vec::new();
-        for _ in 0..3 {
-            let mut seen = Vec::new();
-            for _ in 0..len / bs {
-                let idx = b.next_indices();
-                assert_eq!(idx.len(), bs);
-                seen.extend_from_slice(idx);
-            }
-            let set: HashSet<usize> = seen.iter().copied().collect();
-            assert_eq!(set.len(), len);
-            assert!(set.iter().all(|&i| i < len));
-            epochs.push(seen);
-        }
-        assert_ne!(epochs[0], epochs[1], "each epoch is a new permutation");
-        assert_ne!(epochs[0], (0..len).collect::<Vec<_>>(), "shuffled");
-    }
-
-    #[test]
-    fn batches_drop_the_remainder() {
-        // 10 examples, batches of 4: two batches per epoch, 2 indices dropped.
-        let mut b = Batches::new(10, 4, 0);
-        for _ in 0..5 {
-            let mut seen = HashSet::new();
-            for _ in 0..2 {
-                for &i in b.next_indices() {
-                    assert!(seen.insert(i), "index {i} twice in one epoch");
-                }
-            }
-            assert_eq!(seen.len(), 8);
-        }
-    }
-
-    #[test]
-    fn batches_are_deterministic_per_seed() {
-        let take = |seed| {
-            let mut b = Batches::new(50, 7, seed);
-            (0..20)
-                .flat_map(|_| b.next_indices().to_vec())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(take(1), take(1));
-        assert_ne!(take(1), take(2));
     }
 }

@@ -1,0 +1,228 @@
+//! What a checkpoint says about its model besides the tensors, so that
+//! `dtf eval`, `dtf predict` and `dtf export` need no configuration: the
+//! layers, the activation, the preprocessing, the class count and the
+//! training hyperparameters, as string metadata of the model file.
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `layers` | JSON widths, input first: `[784,500,10]` |
+//! | `activation` | `relu` (hidden layers; the output is `softmax`) |
+//! | `classes` | the class count, the last width |
+//! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
+//! | `label` | the CSV label column, when the data was CSV |
+//! | `hyperparameters` | JSON: the `[train]` table the checkpoint was written under |
+//!
+//! A checkpoint written before these keys existed has none of them: it is
+//! today's MLP, read back as layers from its weights, ReLU, pixels / 255.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{Checkpoint, CheckpointError, MAX_HEADER_BYTES};
+use crate::data::Preprocessing;
+
+/// The only hidden activation dtf trains.
+pub const ACTIVATION: &str = "relu";
+
+/// A checkpoint's model, as its metadata (or, for an older checkpoint, its
+/// weights) describes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelMeta {
+    /// Widths, input first, classes last.
+    pub layers: Vec<usize>,
+    /// The hidden layers' activation (`relu`).
+    pub activation: String,
+    /// The number of classes (the last width).
+    pub classes: usize,
+    /// How raw features become the model's input.
+    pub preprocessing: Preprocessing,
+    /// The CSV column that held the labels, when the data was CSV.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The `[train]` table at the time of writing; `None` for an older checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hyperparameters: Option<serde_json::Value>,
+}
+
+impl ModelMeta {
+    /// The metadata entries of this description.
+    pub fn to_metadata(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::from([
+            ("layers".to_owned(), json(&self.layers)),
+            ("activation".to_owned(), self.activation.clone()),
+            ("classes".to_owned(), self.classes.to_string()),
+            ("preprocessing".to_owned(), json(&self.preprocessing)),
+        ]);
+        if let Some(label) = &self.label {
+            out.insert("label".to_owned(), label.clone());
+        }
+        if let Some(h) = &self.hyperparameters {
+            out.insert("hyperparameters".to_owned(), h.to_string());
+        }
+        out
+    }
+
+    /// The model described by `meta` (a model file's metadata), checked
+    /// against `weights` (the widths its weight matrices chain to); without
+    /// the keys, the MLP dtf always trained: those widths, ReLU, pixels / 255.
+    ///
+    /// Errors: a sentence saying which key is malformed or disagrees with
+    /// the weights.
+    pub fn from_metadata(
+        meta: &HashMap<String, String>,
+        weights: &[usize],
+    ) -> Result<Self, String> {
+        let get = |k: &str| meta.get(k).map(String::as_str);
+        let layers: Vec<usize> = match get("layers") {
+            None => weights.to_vec(),
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| format!("metadata layers {text:?} is not a list of widths: {e}"))?,
+        };
+        if layers != weights {
+            return Err(format!(
+                "metadata layers {layers:?} disagree with the weights' widths {weights:?}"
+            ));
+        }
+        let activation = get("activation").unwrap_or(ACTIVATION).to_owned();
+        if activation != ACTIVATION {
+            return Err(format!(
+                "metadata activation {activation:?}: only {ACTIVATION:?} is known"
+            ));
+        }
+        let last = *layers.last().ok_or("no layers")?;
+        let classes = match get("classes") {
+            None => last,
+            Some(c) => c
+                .parse()
+                .map_err(|_| format!("metadata classes {c:?} is not a count"))?,
+        };
+        if classes != last {
+            return Err(format!(
+                "metadata classes {classes} disagree with the output width {last}"
+            ));
+        }
+        let preprocessing = match get("preprocessing") {
+            None => Preprocessing::legacy(),
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| format!("metadata preprocessing is malformed: {e}"))?,
+        };
+        if let Preprocessing::Standardize { mean, std } = &preprocessing
+            && (mean.len() != layers[0] || std.len() != layers[0])
+        {
+            return Err(format!(
+                "metadata preprocessing standardizes {} features, the model takes {}",
+                mean.len(),
+                layers[0]
+            ));
+        }
+        let hyperparameters = get("hyperparameters")
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| format!("metadata hyperparameters are malformed: {e}"))?;
+        Ok(ModelMeta {
+            layers,
+            activation,
+            classes,
+            preprocessing,
+            label: get("label").map(str::to_owned),
+            hyperparameters,
+        })
+    }
+}
+
+/// A metadata value as JSON. Plain data (numbers, strings, lists):
+/// serializing cannot fail.
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// The widths implied by the checkpoint's `layerN/weights` shapes, in order.
+///
+/// Errors: a sentence when a weight is not a matrix, the widths do not chain,
+/// or there are none.
+pub fn widths(ckpt: &Checkpoint) -> Result<Vec<usize>, String> {
+    let mut layers: Vec<usize> = Vec::new();
+    for (name, a) in &ckpt.variables {
+        if name.ends_with("/weights") {
+            if a.ndim() != 2 {
+                return Err(format!(
+                    "{name} has shape {:?}, expected a matrix",
+                    a.shape()
+                ));
+            }
+            if layers.is_empty() {
+                layers.push(a.shape()[0]);
+            }
+            layers.push(a.shape()[1]);
+        }
+    }
+    if layers.len() < 2 {
+        return Err("the checkpoint holds no layer weights".into());
+    }
+    Ok(layers)
+}
+
+/// The string metadata of the safetensors file at `path`, reading only its
+/// header (bounded by [`MAX_HEADER_BYTES`]).
+///
+/// Errors: [`CheckpointError::Io`] when it cannot be read,
+/// [`CheckpointError::HeaderTooLarge`], [`CheckpointError::Invalid`] when
+/// the header is not JSON.
+pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointError> {
+    let io = |source| CheckpointError::io(path, "read", source);
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES {
+        return Err(CheckpointError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            bytes: n,
+        });
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let value: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| CheckpointError::invalid(path, format!("header is not JSON: {e}")))?;
+    Ok(value
+        .get("__metadata__")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_defaults_for_old_checkpoints() {
+        let m = ModelMeta {
+            layers: vec![3, 4, 2],
+            activation: ACTIVATION.into(),
+            classes: 2,
+            preprocessing: Preprocessing::Standardize {
+                mean: vec![0.5, 1.0, -2.0],
+                std: vec![1.0, 2.0, 0.25],
+            },
+            label: Some("y".into()),
+            hyperparameters: Some(serde_json::json!({"learning_rate": 0.01})),
+        };
+        let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
+        assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap(), m);
+        // Keys absent: the MLP dtf always trained.
+        let old = ModelMeta::from_metadata(&HashMap::new(), &[784, 500, 10]).unwrap();
+        assert_eq!(old.preprocessing, Preprocessing::Scale { divisor: 255.0 });
+        assert_eq!((old.classes, old.hyperparameters), (10, None));
+        // Disagreement with the weights is named.
+        let err = ModelMeta::from_metadata(&meta, &[3, 5, 2]).unwrap_err();
+        assert!(err.contains("disagree"), "{err}");
+    }
+}

@@ -1,0 +1,225 @@
+//! CSV data sets: `data.format = "csv"`, `data.train`, `data.test`, `data.label`.
+//!
+//! Kaggle's layout (`fashion-mnist_train.csv`: `label,pixel1,…,pixel784`): a
+//! header line, then one row per example. The column named `data.label`
+//! holds the class index (an integer 0–255); every other column is a numeric
+//! feature. A file whose every feature cell is an integer 0–255 is byte data,
+//! held as bytes and scaled by 1/255 as IDX pixels are; any other number makes
+//! the whole file float data (f32, used as is or standardized).
+
+use super::{DataError, Dataset, Features, format_error};
+use std::path::Path;
+
+/// Rows of features read from a CSV file.
+#[derive(Debug)]
+pub struct Rows {
+    /// The feature values, row-major.
+    pub values: Features,
+    /// The label of each row, when the file has the label column.
+    pub labels: Option<Vec<u8>>,
+    /// Features per row.
+    pub features: usize,
+}
+
+/// Loads the CSV file at `path` with its labels in the column `label`.
+///
+/// Errors: [`DataError::Io`] when it cannot be read; [`DataError::Format`]
+/// naming the line (and column) of a row with the wrong number of cells, a
+/// cell that is not a number, a label that is not a class index 0–255, and
+/// naming the label column when the header lacks it;
+/// [`DataError::TooLarge`] for a file larger than this machine's memory.
+pub fn load(path: &Path, label: &str) -> Result<Dataset, DataError> {
+    let rows = read(path, Some(label), true)?;
+    let labels = rows.labels.unwrap_or_default();
+    Dataset::new(rows.values, labels, rows.features, path)
+}
+
+/// Reads the CSV file at `path`: its features, and its labels when the column
+/// `label` is there (`require_label`: it must be).
+///
+/// Errors: as [`load`].
+pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Rows, DataError> {
+    let file = super::open_file(path)?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(std::io::BufReader::new(file));
+    let headers = reader
+        .headers()
+        .map_err(|e| csv_error(path, e))?
+        .iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    if headers.is_empty() || headers.iter().all(String::is_empty) {
+        return Err(format_error(
+            path,
+            "line 1: no header: expected a header line naming the columns",
+        ));
+    }
+    let label_at = label.and_then(|l| headers.iter().position(|h| h.trim() == l));
+    if require_label && label_at.is_none() {
+        return Err(format_error(
+            path,
+            format!(
+                "line 1: no column {:?} among {} columns (first {:?}): set data.label to the \
+                 label column's name",
+                label.unwrap_or_default(),
+                headers.len(),
+                headers.first().map(String::as_str).unwrap_or_default()
+            ),
+        ));
+    }
+    let features = headers.len() - usize::from(label_at.is_some());
+    if features == 0 {
+        return Err(format_error(path, "line 1: no feature columns"));
+    }
+    let mut bytes: Option<Vec<u8>> = Some(Vec::new());
+    let mut floats: Vec<f32> = Vec::new();
+    let mut labels = Vec::new();
+    let mut record = ::csv::ByteRecord::new();
+    loop {
+        match reader.read_byte_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(csv_error(path, e)),
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        for (j, cell) in record.iter().enumerate() {
+            let cell = std::str::from_utf8(cell).unwrap_or("").trim();
+            if Some(j) == label_at {
+                labels.push(cell.parse::<u8>().map_err(|_| {
+                    format_error(
+                        path,
+                        format!(
+                            "line {line}, column {:?}: label {cell:?} is not a class index: \
+                             expected an integer 0–255",
+                            headers[j]
+                        ),
+                    )
+                })?);
+                continue;
+            }
+            if let Some(b) = bytes.as_mut() {
+                if let Ok(v) = cell.parse::<u8>() {
+                    b.push(v);
+                    continue;
+                }
+                // The first cell that is not a byte: the file is float data.
+                floats = b.iter().map(|&v| f32::from(v)).collect();
+                bytes = None;
+            }
+            match cell.parse::<f32>() {
+                Ok(v) if v.is_finite() => floats.push(v),
+                _ => {
+                    return Err(format_error(
+                        path,
+                        format!(
+                            "line {line}, column {:?}: {cell:?} is not a finite number",
+                            headers[j]
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    let values = match bytes {
+        Some(b) => Features::Bytes(b),
+        None => Features::Floats(floats),
+    };
+    Ok(Rows {
+        values,
+        labels: label_at.map(|_| labels),
+        features,
+    })
+}
+
+/// A csv crate error as a format error naming the line.
+fn csv_error(path: &Path, e: ::csv::Error) -> DataError {
+    let what = match e.kind() {
+        ::csv::ErrorKind::UnequalLengths {
+            pos,
+            expected_len,
+            len,
+        } => format!(
+            "line {}: {len} cells, the header has {expected_len}: every row needs one cell per column",
+            pos.as_ref().map_or(0, |p| p.line())
+        ),
+        ::csv::ErrorKind::Io(err) => {
+            return DataError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(err.kind(), err.to_string()),
+            };
+        }
+        _ => match e.position() {
+            Some(p) => format!("line {}: {e}", p.line()),
+            None => e.to_string(),
+        },
+    };
+    format_error(path, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.csv");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn byte_columns_stay_bytes_and_floats_make_floats() {
+        let (_d, path) = write("label,p1,p2\n3,0,255\n1,7,8\n");
+        let ds = load(&path, "label").unwrap();
+        assert_eq!(ds.values, Features::Bytes(vec![0, 255, 7, 8]));
+        assert_eq!(ds.labels(), &[3, 1]);
+        assert_eq!(ds.features(), 2);
+        // The label column may be anywhere; a float anywhere makes floats.
+        let (_d, path) = write("a,b,y\n1,2.5,0\n3,-4,1\n");
+        let ds = load(&path, "y").unwrap();
+        assert_eq!(ds.values, Features::Floats(vec![1.0, 2.5, 3.0, -4.0]));
+        assert_eq!(ds.labels(), &[0, 1]);
+    }
+
+    #[test]
+    fn bad_rows_are_refused_with_their_line() {
+        let cases = [
+            (
+                "label,p1\n1,2\n1,2,3\n",
+                "line 3: 3 cells, the header has 2",
+            ),
+            (
+                "label,p1\n1,2\n1,abc\n",
+                "line 3, column \"p1\": \"abc\" is not",
+            ),
+            ("label,p1\n1,nan\n", "line 2, column \"p1\": \"nan\" is not"),
+            (
+                "label,p1\n1,2\n300,2\n",
+                "line 3, column \"label\": label \"300\"",
+            ),
+            ("y,p1\n1,2\n", "no column \"label\""),
+            ("label,p1\n", "holds no examples"),
+            ("", "no header"),
+        ];
+        for (text, want) in cases {
+            let (_d, path) = write(text);
+            let msg = load(&path, "label").unwrap_err().to_string();
+            assert!(msg.contains(want), "{text:?}: {msg}");
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+        }
+    }
+
+    #[test]
+    fn rows_without_labels_for_predict() {
+        let (_d, path) = write("p1,p2\n1,2\n3,4\n");
+        let rows = read(&path, Some("label"), false).unwrap();
+        assert_eq!(rows.labels, None);
+        assert_eq!(rows.values, Features::Bytes(vec![1, 2, 3, 4]));
+        // With the label column present, it is left out of the features.
+        let (_d, path) = write("label,p1,p2\n1,1,2\n");
+        let rows = read(&path, Some("label"), false).unwrap();
+        assert_eq!(rows.features, 2);
+        assert_eq!(rows.labels, Some(vec![1]));
+    }
+}

@@ -1,0 +1,797 @@
+//! Data sets: reading them in one of three formats, preprocessing, batching.
+//!
+//! - `idx` — MNIST-format IDX files in a directory (`data.dir`), see [`idx`];
+//! - `npz` — one NumPy `.npz` with `x_train`, `y_train`, `x_test`, `y_test`
+//!   (Keras's layout), see [`npz`];
+//! - `csv` — a training and a test CSV file with a header and a label
+//!   column, see [`csv`].
+//!
+//! A data set is held in memory as the file had it: byte features stay one
+//! byte each (60000 × 784 Fashion-MNIST images are 47 MB), float features
+//! four. Every row becomes f32 only when it is batched, through the
+//! [`Preprocessing`] that the checkpoint records so that `dtf eval`,
+//! `dtf predict` and an exported ONNX model see inputs the way training did.
+//! Nothing trains on half-read data: a bad row, cell, label or array is an
+//! error naming its line or name before the first step.
+
+pub mod csv;
+pub mod idx;
+pub mod npz;
+
+use crate::config::{DataConfig, DataFormat};
+use ndarray::Array2;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub use idx::{images_shape, write_idx_images, write_idx_labels};
+
+/// Labels are class indices held in one byte: at most this many classes.
+pub const MAX_CLASSES: usize = 256;
+
+/// Which half of the data set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`; `x_train`; `data.train`.
+    Train,
+    /// `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`; `x_test`; `data.test`.
+    Test,
+}
+
+impl Split {
+    /// File names (without `.gz`) of the images and the labels.
+    pub fn file_names(self) -> (&'static str, &'static str) {
+        match self {
+            Split::Train => ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+            Split::Test => ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+        }
+    }
+}
+
+/// Errors reading a data set; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read (or its gzip stream is corrupt).
+    #[error("{path}: {source}")]
+    Io {
+        /// The file being read.
+        path: PathBuf,
+        /// What the OS or the gzip decoder reported.
+        source: std::io::Error,
+    },
+    /// The file's contents are not what a file of its format must hold.
+    #[error("{path}: {what}")]
+    Format {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong (with its line, column or array), the expected and
+        /// the found values.
+        what: String,
+    },
+    /// Neither `<name>.gz` nor `<name>` exists in the data directory.
+    #[error(
+        "{path}: no such file (nor {alt}); install the data set with \
+         `apt install dataset-fashion-mnist` (Debian package dataset-fashion-mnist) \
+         or set data.dir to a directory holding MNIST-format IDX files"
+    )]
+    Missing {
+        /// The gzipped name, tried first.
+        path: PathBuf,
+        /// The raw name, tried second.
+        alt: PathBuf,
+    },
+    /// A file is larger than this machine could hold in memory.
+    #[error(
+        "{path}: is {size} bytes, more than the {limit} bytes of this machine's memory \
+         (data sets are held in memory)"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// What it holds (or claims to), in bytes.
+        size: u64,
+        /// The most it may hold.
+        limit: u64,
+    },
+    /// The configuration does not say where the data is.
+    #[error("{key} is not set: data.format = \"{format}\" needs it")]
+    Unset {
+        /// The missing key, e.g. `data.path`.
+        key: &'static str,
+        /// The format that needs it.
+        format: &'static str,
+    },
+    /// A path whose format cannot be told from its name (`dtf local --data`).
+    #[error(
+        "{path}: cannot tell the data format: expected a directory of IDX files, \
+         a .npz file, or a .csv file"
+    )]
+    UnknownFormat {
+        /// The path as given.
+        path: PathBuf,
+    },
+    /// The training and the test split disagree on the number of features.
+    #[error(
+        "the training data has {train} features per row, the test data ({path}) {test}: \
+         they must agree"
+    )]
+    SplitWidths {
+        /// The test file.
+        path: PathBuf,
+        /// Features per training row.
+        train: usize,
+        /// Features per test row.
+        test: usize,
+    },
+}
+
+/// The feature values, as the file had them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Features {
+    /// One byte per value (IDX, uint8 arrays, CSV of integers 0–255).
+    Bytes(Vec<u8>),
+    /// f32 values (float arrays, other CSV).
+    Floats(Vec<f32>),
+}
+
+impl Features {
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Features::Bytes(v) => v.len(),
+            Features::Floats(v) => v.len(),
+        }
+    }
+
+    /// True when there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How a row of raw features becomes the model's input. Recorded in every
+/// checkpoint (metadata `preprocessing`) and built into an exported model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Preprocessing {
+    /// `x / divisor`: 255 for byte data (pixels to [0, 1]), 1 for float data.
+    Scale {
+        /// What every feature is divided by.
+        divisor: f32,
+    },
+    /// `(x − mean) / std` per feature, with the training split's mean and
+    /// standard deviation (`data.standardize = true`); a constant feature's
+    /// std is taken as 1, so it becomes 0 rather than NaN.
+    Standardize {
+        /// Per-feature mean of the training split.
+        mean: Vec<f32>,
+        /// Per-feature standard deviation of the training split (never 0).
+        std: Vec<f32>,
+    },
+}
+
+impl Preprocessing {
+    /// What a checkpoint without the metadata was trained with: IDX pixels / 255.
+    pub fn legacy() -> Self {
+        Preprocessing::Scale { divisor: 255.0 }
+    }
+
+    /// The features this preprocessing is for, if it says (standardization does).
+    pub fn features(&self) -> Option<usize> {
+        match self {
+            Preprocessing::Scale { .. } => None,
+            Preprocessing::Standardize { mean, .. } => Some(mean.len()),
+        }
+    }
+
+    /// Fills `out` with the preprocessed `row`.
+    fn apply<T: Copy + Into<f32>>(&self, row: &[T], out: &mut [f32]) {
+        match self {
+            Preprocessing::Scale { divisor } => out
+                .iter_mut()
+                .zip(row)
+                .for_each(|(o, &v)| *o = v.into() / divisor),
+            Preprocessing::Standardize { mean, std } => {
+                for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+                    *o = (v.into() - mean[j]) / std[j];
+                }
+            }
+        }
+    }
+
+    /// Preprocesses rows of f32 (any number, `features` wide) in place.
+    ///
+    /// Panics when `x`'s width is not the standardization's.
+    pub fn apply_rows(&self, x: &mut Array2<f32>) {
+        for mut row in x.rows_mut() {
+            let raw: Vec<f32> = row.to_vec();
+            self.apply(
+                &raw,
+                row.as_slice_mut().expect("rows of a standard-layout array"),
+            );
+        }
+    }
+}
+
+/// Features and labels of one split, held as the file had them.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// `len · features` values, row-major.
+    values: Features,
+    /// One class index per row.
+    labels: Vec<u8>,
+    /// Values per row.
+    features: usize,
+    /// Where the labels came from, for error messages (empty for `from_parts`).
+    labels_path: PathBuf,
+    /// How a row becomes the model's input.
+    preprocessing: Preprocessing,
+}
+
+/// Width and class count of a data set, read off the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Features per row: the model's input width.
+    pub features: usize,
+    /// 1 + the largest label in either split: the model's output width.
+    pub classes: usize,
+    /// Rows in the training split: the largest batch it can give.
+    pub examples: usize,
+}
+
+/// Loads `split` of the data set `cfg` describes, in its format, with the
+/// default preprocessing (bytes / 255, floats as they are).
+///
+/// Errors: [`DataError`] naming the file and what is wrong in it; `Unset`
+/// when the format's path keys are not set.
+pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
+    match cfg.format {
+        DataFormat::Idx => Dataset::load(&cfg.dir, split),
+        DataFormat::Npz => {
+            let path = cfg.path.as_deref().ok_or(DataError::Unset {
+                key: "data.path",
+                format: "npz",
+            })?;
+            npz::load(path, split)
+        }
+        DataFormat::Csv => {
+            let (key, path) = match split {
+                Split::Train => ("data.train", cfg.train.as_deref()),
+                Split::Test => ("data.test", cfg.test.as_deref()),
+            };
+            let path = path.ok_or(DataError::Unset { key, format: "csv" })?;
+            csv::load(path, &cfg.label)
+        }
+    }
+}
+
+/// Loads both splits and the preprocessing the training split implies
+/// (standardization when `cfg.standardize`), applied to both.
+///
+/// Errors: as [`load`]; [`DataError::SplitWidths`] when the splits' widths differ.
+pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
+    let mut train = load(cfg, Split::Train)?;
+    let mut test = load(cfg, Split::Test)?;
+    if train.features() != test.features() {
+        return Err(DataError::SplitWidths {
+            path: test.labels_path.clone(),
+            train: train.features(),
+            test: test.features(),
+        });
+    }
+    let p = train.fitted_preprocessing(cfg.standardize);
+    train.preprocessing = p.clone();
+    test.preprocessing = p;
+    Ok((train, test))
+}
+
+/// The data set's shape: its width and 1 + the largest label of either split.
+pub fn shape(train: &Dataset, test: &Dataset) -> Shape {
+    let max = |d: &Dataset| d.labels.iter().copied().max().map_or(0, usize::from);
+    Shape {
+        features: train.features(),
+        classes: max(train).max(max(test)) + 1,
+        examples: train.len(),
+    }
+}
+
+/// Whether the data set `cfg` describes is on this host (its training file
+/// or directory exists); whether it reads is for [`load`] to say.
+pub fn is_present(cfg: &DataConfig) -> bool {
+    let path = match cfg.format {
+        DataFormat::Idx => Some(cfg.dir.as_path()),
+        DataFormat::Npz => cfg.path.as_deref(),
+        DataFormat::Csv => cfg.train.as_deref(),
+    };
+    path.is_some_and(Path::exists)
+}
+
+/// Errors putting the data's shape into the model ([`resolve_model`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// Where `cfg` says the data is, in words, for messages.
+pub fn describe(cfg: &DataConfig) -> String {
+    let show = |p: &Option<PathBuf>| p.as_deref().unwrap_or(Path::new("")).display().to_string();
+    match cfg.format {
+        DataFormat::Idx => cfg.dir.display().to_string(),
+        DataFormat::Npz => show(&cfg.path),
+        DataFormat::Csv => format!("{} and {}", show(&cfg.train), show(&cfg.test)),
+    }
+}
+
+/// Reads the data set `cfg.data` names and puts its shape into `cfg.model`
+/// ([`crate::config::Config::resolve_layers`]): with `model.hidden` the
+/// widths come from the data; otherwise they are checked against it.
+///
+/// Errors: [`ResolveError::Data`] for unreadable data,
+/// [`ResolveError::Config`] naming the `model.layers` width that does not fit.
+pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveError> {
+    let (train, test) = load_both(&cfg.data)?;
+    let s = shape(&train, &test);
+    cfg.resolve_layers(s.features, s.classes, &describe(&cfg.data))?;
+    Ok(s)
+}
+
+/// A data configuration for a path given on the command line (`dtf local
+/// --data`, `dtf eval --data`): a directory is IDX, `*.npz` is NumPy, `*.csv`
+/// is CSV whose test file is `test` or, when absent, the file beside it with
+/// `train` replaced by `test` in its name (Kaggle's `fashion-mnist_train.csv`
+/// and `fashion-mnist_test.csv`). Other keys are kept from `base`.
+///
+/// Errors: [`DataError::UnknownFormat`] for any other path;
+/// [`DataError::Io`] when it cannot be looked at.
+pub fn config_for_path(
+    base: &DataConfig,
+    path: &Path,
+    test: Option<&Path>,
+) -> Result<DataConfig, DataError> {
+    let mut cfg = base.clone();
+    let meta = std::fs::metadata(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if meta.is_dir() {
+        cfg.format = DataFormat::Idx;
+        cfg.dir = path.to_path_buf();
+    } else if ext.as_deref() == Some("npz") {
+        cfg.format = DataFormat::Npz;
+        cfg.path = Some(path.to_path_buf());
+    } else if ext.as_deref() == Some("csv") {
+        cfg.format = DataFormat::Csv;
+        cfg.train = Some(path.to_path_buf());
+        cfg.test = Some(match test {
+            Some(t) => t.to_path_buf(),
+            None => beside(path).ok_or_else(|| DataError::Format {
+                path: path.to_path_buf(),
+                what: "the file name has no \"train\" to replace by \"test\": \
+                       give the test file with --test"
+                    .into(),
+            })?,
+        });
+    } else {
+        return Err(DataError::UnknownFormat {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(cfg)
+}
+
+/// A data configuration whose test split is `path` (`dtf eval --data`): a
+/// directory of IDX files, a `.npz` (its `x_test`, `y_test`), or the test
+/// `.csv` itself.
+///
+/// Errors: as [`config_for_path`].
+pub fn test_config_for_path(path: &Path) -> Result<DataConfig, DataError> {
+    let is_csv = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    if is_csv {
+        return Ok(DataConfig {
+            format: DataFormat::Csv,
+            test: Some(path.to_path_buf()),
+            ..DataConfig::default()
+        });
+    }
+    config_for_path(&DataConfig::default(), path, None)
+}
+
+/// `…train….csv` → `…test….csv` in the same directory (the last `train`).
+fn beside(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let at = name.rfind("train")?;
+    let test = format!("{}test{}", &name[..at], &name[at + "train".len()..]);
+    Some(path.with_file_name(test))
+}
+
+/// The most bytes a data file may hold (or decompress to): this machine's
+/// memory, since it is all held in memory.
+pub(crate) fn max_bytes() -> u64 {
+    crate::config::memory_bytes()
+}
+
+/// Opens `path` for reading if it is a regular file no larger than
+/// [`max_bytes`]: a FIFO would block, a device never end.
+///
+/// Errors: [`DataError::Io`], [`DataError::Format`] for a special file,
+/// [`DataError::TooLarge`].
+pub(crate) fn open_file(path: &Path) -> Result<std::fs::File, DataError> {
+    let io = |source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if let Some(kind) = crate::files::special_kind(meta.file_type()) {
+        return Err(format_error(
+            path,
+            format!("is {kind}, not a regular file: expected a data file"),
+        ));
+    }
+    let limit = max_bytes();
+    if meta.len() > limit {
+        return Err(DataError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit,
+        });
+    }
+    Ok(file)
+}
+
+/// The whole of `path`, as [`open_file`] allows it.
+///
+/// Errors: as [`open_file`].
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
+    use std::io::Read;
+    let mut file = open_file(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+impl Dataset {
+    /// From features and labels read from `path` (the labels' file, for
+    /// error messages), checking that they agree and that no label exceeds
+    /// [`MAX_CLASSES`]. The preprocessing is bytes / 255, floats as they are.
+    pub(crate) fn new(
+        values: Features,
+        labels: Vec<u8>,
+        features: usize,
+        path: &Path,
+    ) -> Result<Self, DataError> {
+        if labels.is_empty() {
+            return Err(format_error(path, "holds no examples"));
+        }
+        if features == 0 {
+            return Err(format_error(path, "rows have no features"));
+        }
+        if Some(values.len()) != labels.len().checked_mul(features) {
+            return Err(format_error(
+                path,
+                format!(
+                    "holds {} values for {} labels of {features} features",
+                    values.len(),
+                    labels.len()
+                ),
+            ));
+        }
+        let preprocessing = match values {
+            Features::Bytes(_) => Preprocessing::Scale { divisor: 255.0 },
+            Features::Floats(_) => Preprocessing::Scale { divisor: 1.0 },
+        };
+        Ok(Dataset {
+            values,
+            labels,
+            features,
+            labels_path: path.to_path_buf(),
+            preprocessing,
+        })
+    }
+
+    /// From raw parts, for the tests below. `images.len()` must be
+    /// `labels.len() · features`.
+    #[cfg(test)]
+    fn from_parts(images: Vec<u8>, labels: Vec<u8>, features: usize) -> Self {
+        Dataset::new(Features::Bytes(images), labels, features, Path::new(""))
+            .expect("consistent parts")
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Values per example (784 for MNIST).
+    pub fn features(&self) -> usize {
+        self.features
+    }
+
+    /// The labels, one class index per example.
+    pub fn labels(&self) -> &[u8] {
+        &self.labels
+    }
+
+    /// The file the labels came from.
+    pub fn path(&self) -> &Path {
+        &self.labels_path
+    }
+
+    /// How rows become the model's input.
+    pub fn preprocessing(&self) -> &Preprocessing {
+        &self.preprocessing
+    }
+
+    /// Uses `p` from now on (a checkpoint's, or the training split's).
+    ///
+    /// Errors: [`DataError::Format`] when `p` standardizes another width.
+    pub fn set_preprocessing(&mut self, p: Preprocessing) -> Result<(), DataError> {
+        if let Some(n) = p.features().filter(|&n| n != self.features) {
+            return Err(format_error(
+                &self.labels_path,
+                format!(
+                    "rows have {} features, the model's standardization {n}",
+                    self.features
+                ),
+            ));
+        }
+        self.preprocessing = p;
+        Ok(())
+    }
+
+    /// The preprocessing this split implies as training data: its own mean
+    /// and std when `standardize`, else bytes / 255 and floats as they are.
+    pub fn fitted_preprocessing(&self, standardize: bool) -> Preprocessing {
+        if !standardize {
+            return self.preprocessing.clone();
+        }
+        let f = self.features;
+        let mut sum = vec![0f64; f];
+        let mut sq = vec![0f64; f];
+        let mut add = |j: usize, v: f64| {
+            sum[j] += v;
+            sq[j] += v * v;
+        };
+        match &self.values {
+            Features::Bytes(v) => v
+                .iter()
+                .enumerate()
+                .for_each(|(i, &x)| add(i % f, f64::from(x))),
+            Features::Floats(v) => v
+                .iter()
+                .enumerate()
+                .for_each(|(i, &x)| add(i % f, f64::from(x))),
+        }
+        let n = self.len() as f64;
+        let mean: Vec<f32> = sum.iter().map(|s| (s / n) as f32).collect();
+        let std = sum
+            .iter()
+            .zip(&sq)
+            .map(|(s, q)| {
+                let m = s / n;
+                let var = (q / n - m * m).max(0.0);
+                let sd = var.sqrt() as f32;
+                // A constant feature carries no information: 0 after
+                // centring, never a division by zero.
+                if sd > 0.0 && sd.is_finite() { sd } else { 1.0 }
+            })
+            .collect();
+        Preprocessing::Standardize { mean, std }
+    }
+
+    /// Checks that every label is a class index below `classes` (the model's
+    /// output width), so the math never sees an out-of-range label.
+    ///
+    /// Errors: [`DataError::Format`] naming the first bad label and its index.
+    pub fn check_labels(&self, classes: usize) -> Result<(), DataError> {
+        match self
+            .labels
+            .iter()
+            .enumerate()
+            .find(|&(_, &l)| usize::from(l) >= classes)
+        {
+            None => Ok(()),
+            Some((i, &l)) => Err(format_error(
+                &self.labels_path,
+                format!("label {i} is {l}: expected a class index below {classes}"),
+            )),
+        }
+    }
+
+    /// Fills `x` (indices.len() × features, preprocessed) and `y` for the given rows.
+    ///
+    /// `x` and `y` are the caller's buffers, reused across calls: `x` is only
+    /// reallocated when its shape is not already `indices.len() × features`.
+    ///
+    /// # Panics
+    ///
+    /// When an index is `>= len()` (indices come from [`Batches`]).
+    pub fn batch(&self, indices: &[usize], x: &mut Array2<f32>, y: &mut Vec<u8>) {
+        let f = self.features;
+        if x.dim() != (indices.len(), f) {
+            *x = Array2::zeros((indices.len(), f));
+        }
+        for (mut row, &i) in x.rows_mut().into_iter().zip(indices) {
+            let out = row
+                .as_slice_mut()
+                .expect("rows of a standard-layout array are contiguous");
+            match &self.values {
+                Features::Bytes(v) => self.preprocessing.apply(&v[i * f..(i + 1) * f], out),
+                Features::Floats(v) => self.preprocessing.apply(&v[i * f..(i + 1) * f], out),
+            }
+        }
+        y.clear();
+        y.extend(indices.iter().map(|&i| self.labels[i]));
+    }
+
+    /// Every example, as (x, labels): for evaluation.
+    pub fn all(&self) -> (Array2<f32>, Vec<u8>) {
+        let mut x = Array2::zeros((0, 0));
+        let mut y = Vec::new();
+        let indices: Vec<usize> = (0..self.len()).collect();
+        self.batch(&indices, &mut x, &mut y);
+        (x, y)
+    }
+}
+
+pub(crate) fn format_error(path: &Path, what: impl Into<String>) -> DataError {
+    DataError::Format {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+/// An endless stream of shuffled mini-batch indices: a new permutation each epoch.
+///
+/// When fewer than `batch_size` indices remain in an epoch they are dropped
+/// and a fresh permutation starts, so every batch is full and every index
+/// appears at most once per epoch (what `tf.data`'s
+/// `shuffle().batch(drop_remainder=True)` does). With 60000 examples and
+/// batches of 100 nothing is ever dropped.
+#[derive(Debug)]
+pub struct Batches {
+    /// Current permutation of 0..len.
+    order: Vec<usize>,
+    /// Next position in `order`.
+    pos: usize,
+    /// Examples per batch.
+    batch_size: usize,
+    /// Seeded per worker.
+    rng: rand::rngs::StdRng,
+}
+
+impl Batches {
+    /// Batches of `batch_size` indices into `0..len`, shuffled from `seed`.
+    ///
+    /// # Panics
+    ///
+    /// When `batch_size` is 0 or larger than `len` (the config is validated
+    /// against the data set before this is built).
+    pub fn new(len: usize, batch_size: usize, seed: u64) -> Self {
+        assert!(
+            batch_size > 0 && batch_size <= len,
+            "batch size {batch_size} must be in 1..={len} (the number of examples)"
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..len).collect();
+        order.shuffle(&mut rng);
+        Batches {
+            order,
+            pos: 0,
+            batch_size,
+            rng,
+        }
+    }
+
+    /// The next `batch_size` indices (wrapping into a fresh permutation).
+    pub fn next_indices(&mut self) -> &[usize] {
+        if self.pos + self.batch_size > self.order.len() {
+            // Shuffling the previous permutation gives a uniform one again.
+            self.order.shuffle(&mut self.rng);
+            self.pos = 0;
+        }
+        let start = self.pos;
+        self.pos += self.batch_size;
+        &self.order[start..self.pos]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn check_labels_rejects_out_of_range() {
+        let ds = Dataset::from_parts(vec![0; 6], vec![1, 9, 3], 2);
+        assert!(ds.check_labels(10).is_ok());
+        let msg = ds.check_labels(5).unwrap_err().to_string();
+        assert!(msg.contains("label 1 is 9"), "{msg}");
+    }
+
+    #[test]
+    fn batch_scales_pixels_and_reuses_buffer() {
+        let ds = Dataset::from_parts(vec![0, 255, 51, 102, 10, 20], vec![4, 7, 1], 2);
+        let mut x = Array2::zeros((0, 0));
+        let mut y = vec![99];
+        ds.batch(&[1, 0], &mut x, &mut y);
+        assert_eq!(x, ndarray::array![[0.2, 0.4], [0.0, 1.0]]);
+        assert_eq!(y, [7, 4]);
+        let ptr = x.as_ptr();
+        ds.batch(&[2, 2], &mut x, &mut y);
+        assert_eq!(x.as_ptr(), ptr, "same-shape batch must reuse the buffer");
+        assert_eq!(x.row(0).to_vec(), [10.0 / 255.0, 20.0 / 255.0]);
+        assert_eq!(y, [1, 1]);
+        let (all_x, all_y) = ds.all();
+        assert_eq!(all_x.dim(), (3, 2));
+        assert_eq!(all_x[[0, 1]], 1.0);
+        assert_eq!(all_y, [4, 7, 1]);
+    }
+
+    #[test]
+    fn batches_cover_every_index_once_per_epoch() {
+        let (len, bs) = (100, 10);
+        let mut b = Batches::new(len, bs, 3);
+        let mut epochs = Vec::new();
+        for _ in 0..3 {
+            let mut seen = Vec::new();
+            for _ in 0..len / bs {
+                let idx = b.next_indices();
+                assert_eq!(idx.len(), bs);
+                seen.extend_from_slice(idx);
+            }
+            let set: HashSet<usize> = seen.iter().copied().collect();
+            assert_eq!(set.len(), len);
+            assert!(set.iter().all(|&i| i < len));
+            epochs.push(seen);
+        }
+        assert_ne!(epochs[0], epochs[1], "each epoch is a new permutation");
+        assert_ne!(epochs[0], (0..len).collect::<Vec<_>>(), "shuffled");
+    }
+
+    #[test]
+    fn batches_drop_the_remainder() {
+        // 10 examples, batches of 4: two batches per epoch, 2 indices dropped.
+        let mut b = Batches::new(10, 4, 0);
+        for _ in 0..5 {
+            let mut seen = HashSet::new();
+            for _ in 0..2 {
+                for &i in b.next_indices() {
+                    assert!(seen.insert(i), "index {i} twice in one epoch");
+                }
+            }
+            assert_eq!(seen.len(), 8);
+        }
+    }
+
+    #[test]
+    fn batches_are_deterministic_per_seed() {
+        let take = |seed| {
+            let mut b = Batches::new(50, 7, seed);
+            (0..20)
+                .flat_map(|_| b.next_indices().to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(take(1), take(1));
+        assert_ne!(take(1), take(2));
+    }
+}

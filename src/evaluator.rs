@@ -1,0 +1,704 @@
+//! The evaluator (`dtf-evaluator`, `TF_CONFIG` task type `evaluator`):
+//! TensorFlow's `SidecarEvaluator` and `BestExporter` in one task beside
+//! training. It talks to no ps; everything it needs is in `checkpoint.dir`.
+//!
+//! - It watches `checkpoint.dir` (inotify, as the config watcher does, plus
+//!   a rescan every [`RESCAN`] in case an event is lost or the directory
+//!   does not exist yet) and scores each new checkpoint once: test accuracy
+//!   of the variables and of their EMA shadows, and test loss.
+//! - Newest first: when training writes faster than it scores, the newest
+//!   unscored checkpoint is always next, so it never falls behind for good;
+//!   older ones are scored when it has nothing newer to do (those the
+//!   chief's retention deleted meanwhile are gone, and skipped).
+//! - The scores go to TensorBoard as `accuracy`, `ema_accuracy` and `loss`
+//!   at the checkpoint's step in `checkpoint.dir/eval/events.out.tfevents.*`,
+//!   to Prometheus, and to `eval/evaluated.jsonl`, a line per checkpoint:
+//!   what it remembers across restarts, so nothing is scored twice.
+//! - The `[eval] keep_best` best by `[eval] metric` are copied to
+//!   `checkpoint.dir/best/` ([`crate::checkpoint::best`]): the very bytes it
+//!   verified and scored, so the chief's retention deleting the originals
+//!   meanwhile does not matter.
+//! - A checkpoint that does not verify (half-written by something other
+//!   than dtf's atomic saver, or damaged) is skipped with a warning, and
+//!   tried again only once its files change: a copy still in progress is
+//!   scored when it completes, a damaged file is not read over and over.
+//! - It exits 0 once it has scored a checkpoint at or past `train.last_step`
+//!   and has nothing left to score: the run is over.
+
+use crate::checkpoint::best::{self, BestDir, Entry, Index};
+use crate::checkpoint::{self, CheckpointError};
+use crate::config::{Config, Metric};
+use crate::data;
+use crate::eval::{self, Scores};
+use crate::model::{Mlp, VarSpec};
+use crate::summary::EventWriter;
+use ndarray::{Array2, ArrayD};
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The evaluator's directory under `checkpoint.dir`: events and ledger.
+pub const EVAL_DIR: &str = "eval";
+/// The ledger in [`EVAL_DIR`]: one JSON object per scored checkpoint.
+pub const LEDGER: &str = "evaluated.jsonl";
+/// How often the directory is rescanned without an inotify event.
+pub const RESCAN: Duration = Duration::from_secs(5);
+/// The largest ledger read: about 90 bytes a line, so some 700,000 checkpoints.
+const MAX_LEDGER_BYTES: u64 = 64 << 20;
+
+/// Why the evaluator cannot work (it exits 1; systemd restarts it).
+#[derive(Debug, thiserror::Error)]
+pub enum EvaluatorError {
+    /// The test set cannot be read or does not fit the model.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    /// `model.layers` does not describe a model, or the test images do not fit it.
+    #[error("{0}")]
+    Model(String),
+    /// `best/` cannot be created or listed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The ledger cannot be read or written.
+    #[error("evaluator ledger {path}: {source}")]
+    Ledger {
+        /// `checkpoint.dir/eval/evaluated.jsonl`.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A blocking task panicked.
+    #[error("the evaluation task failed: {0}")]
+    Task(String),
+}
+
+/// One line of the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// The checkpoint's step.
+    pub global_step: u64,
+    /// Its scores.
+    #[serde(flatten)]
+    pub scores: Scores,
+}
+
+/// What the files of a checkpoint looked like when it failed to verify:
+/// (size, mtime) of the model and the EMA file, `None` where missing.
+type Signature = [Option<(u64, SystemTime)>; 2];
+
+/// The best checkpoints: the ranking, and the directory that holds them.
+pub struct Best {
+    /// `checkpoint.dir/best`.
+    dir: BestDir,
+    /// `[eval] metric`.
+    metric: Metric,
+    /// `[eval] keep_best`.
+    keep: usize,
+    /// The kept checkpoints, best first.
+    entries: Vec<Entry>,
+}
+
+impl Best {
+    /// Opens `dir`, re-ranking what its index holds by `metric` and keeping
+    /// `keep` (the config may have changed since it was written).
+    ///
+    /// Errors: [`CheckpointError::Io`] if the directory cannot be created or written.
+    pub fn open(dir: &Path, metric: Metric, keep: usize) -> Result<Self, CheckpointError> {
+        let (dir, index) = BestDir::open(dir)?;
+        let mut best = Best {
+            dir,
+            metric,
+            keep,
+            entries: Vec::new(),
+        };
+        if let Some(index) = index {
+            let before = index.checkpoints.clone();
+            let (kept, removed) = best.rank(index.checkpoints);
+            best.entries = kept;
+            if best.entries != before || index.metric != metric.name() {
+                best.dir.replace(&best.index(), None, &removed)?;
+            }
+        }
+        Ok(best)
+    }
+
+    /// `entries` best first by the metric (ties: the older step first, so
+    /// a checkpoint must beat the kept ones to replace them), cut at `keep`:
+    /// (kept, steps of the rest).
+    fn rank(&self, mut entries: Vec<Entry>) -> (Vec<Entry>, Vec<u64>) {
+        let metric = self.metric;
+        let score = |e: &Entry| {
+            Scores {
+                accuracy: e.accuracy,
+                ema_accuracy: e.ema_accuracy,
+                loss: e.loss,
+            }
+            .get(metric)
+        };
+        entries.sort_by(|a, b| {
+            let (x, y) = (score(a), score(b));
+            let order = if metric.better(x, y) {
+                std::cmp::Ordering::Less
+            } else if metric.better(y, x) {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            };
+            // NaN ranks last: it is never better, nor is anything better than it.
+            order
+                .then_with(|| score(a).is_nan().cmp(&score(b).is_nan()))
+                .then_with(|| a.global_step.cmp(&b.global_step))
+        });
+        let removed = entries
+            .iter()
+            .skip(self.keep)
+            .map(|e| e.global_step)
+            .collect();
+        entries.truncate(self.keep);
+        (entries, removed)
+    }
+
+    fn index(&self) -> Index {
+        Index {
+            metric: self.metric.name().into(),
+            checkpoints: self.entries.clone(),
+        }
+    }
+
+    /// The kept checkpoints, best first.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Offers a scored checkpoint, with the bytes of its two files. If it
+    /// ranks among the best, they are written into the directory and the
+    /// checkpoint that dropped out is removed. Returns whether it was kept.
+    ///
+    /// Errors: [`CheckpointError::Io`]; the set is then unchanged.
+    pub fn offer(
+        &mut self,
+        step: u64,
+        scores: Scores,
+        model: &[u8],
+        ema: &[u8],
+    ) -> Result<bool, CheckpointError> {
+        let mut entries: Vec<Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.global_step != step)
+            .cloned()
+            .collect();
+        entries.push(Entry {
+            file: checkpoint::model_file_name(step),
+            global_step: step,
+            accuracy: scores.accuracy,
+            ema_accuracy: scores.ema_accuracy,
+            loss: scores.loss,
+        });
+        let (kept, removed) = self.rank(entries);
+        if !kept.iter().any(|e| e.global_step == step) {
+            return Ok(false);
+        }
+        let index = Index {
+            metric: self.metric.name().into(),
+            checkpoints: kept.clone(),
+        };
+        self.dir
+            .replace(&index, Some((step, model, ema)), &removed)?;
+        self.entries = kept;
+        Ok(true)
+    }
+}
+
+/// The evaluator's state: the model and test set, what it has scored, the
+/// best set, and where it writes.
+pub struct Evaluator {
+    /// `checkpoint.dir`.
+    dir: PathBuf,
+    /// `checkpoint.dir/eval`.
+    eval_dir: PathBuf,
+    /// The model of `model.layers`.
+    mlp: Mlp,
+    /// Its variables, to verify checkpoints against.
+    specs: Vec<VarSpec>,
+    /// The test images.
+    x: Array2<f32>,
+    /// The test labels.
+    y: Vec<u8>,
+    /// The events file, created at the first score; `None` before, or after
+    /// a write error (then off for this run, as the chief's summaries).
+    events: Option<EventWriter>,
+    /// The events file could not be written: do not try again.
+    events_off: bool,
+    /// Every checkpoint scored, by step (from the ledger, then this run).
+    scored: BTreeMap<u64, Scores>,
+    /// Checkpoints that did not verify, with what their files looked like.
+    failed: HashMap<u64, Signature>,
+    /// The best checkpoints.
+    best: Best,
+}
+
+impl Evaluator {
+    /// Loads the test set, the ledger and the best set for `cfg`.
+    ///
+    /// Errors: [`EvaluatorError`]: no usable test set, a ledger or `best/`
+    /// that cannot be read or created.
+    pub fn open(cfg: &Config) -> Result<Self, EvaluatorError> {
+        let mlp = Mlp::new(&cfg.model.layers).map_err(|e| EvaluatorError::Model(e.to_string()))?;
+        // Both splits: the test rows take the training split's
+        // preprocessing (its mean and std with `data.standardize`).
+        let (_, test) = data::load_both(&cfg.data)?;
+        test.check_labels(mlp.classes())?;
+        if test.features() != mlp.inputs() {
+            return Err(EvaluatorError::Model(format!(
+                "model.layers takes {} inputs, the rows of {} have {} features",
+                mlp.inputs(),
+                data::describe(&cfg.data),
+                test.features()
+            )));
+        }
+        let (x, y) = test.all();
+        let dir = cfg.checkpoint.dir.clone();
+        let eval_dir = dir.join(EVAL_DIR);
+        fs::create_dir_all(&eval_dir).map_err(|source| EvaluatorError::Ledger {
+            path: eval_dir.clone(),
+            source,
+        })?;
+        let scored = read_ledger(&eval_dir.join(LEDGER))?;
+        let best = Best::open(&dir.join(best::DIR), cfg.eval.metric, cfg.eval.keep_best)?;
+        Ok(Evaluator {
+            specs: mlp.variables(),
+            mlp,
+            x,
+            y,
+            events: None,
+            events_off: false,
+            scored,
+            failed: HashMap::new(),
+            best,
+            dir,
+            eval_dir,
+        })
+    }
+
+    /// Every checkpoint scored so far, by step.
+    pub fn scored(&self) -> &BTreeMap<u64, Scores> {
+        &self.scored
+    }
+
+    /// The best checkpoints.
+    pub fn best(&self) -> &Best {
+        &self.best
+    }
+
+    /// The step to score next: the newest checkpoint in the directory not
+    /// scored yet, skipping those that failed and have not changed since.
+    pub fn next(&self) -> Option<u64> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return None;
+        };
+        let mut steps: Vec<u64> = entries
+            .flatten()
+            .filter_map(|e| checkpoint::parse_model_name(e.file_name().to_str()?))
+            .filter(|s| !self.scored.contains_key(s))
+            .collect();
+        steps.sort_unstable_by(|a, b| b.cmp(a));
+        steps
+            .into_iter()
+            .find(|s| self.failed.get(s) != Some(&self.signature(*s)))
+    }
+
+    fn signature(&self, step: u64) -> Signature {
+        let look = |name: String| {
+            let m = fs::metadata(self.dir.join(name)).ok()?;
+            Some((m.len(), m.modified().ok()?))
+        };
+        [
+            look(checkpoint::model_file_name(step)),
+            look(checkpoint::ema_file_name(step)),
+        ]
+    }
+
+    /// Scores the checkpoint at `step` (blocking: run it off the runtime).
+    /// Returns its record, or `None` when it does not verify (logged; tried
+    /// again once its files change) or is gone.
+    ///
+    /// Errors: [`EvaluatorError::Ledger`] when the ledger cannot be written.
+    pub fn evaluate(&mut self, step: u64) -> Result<Option<Record>, EvaluatorError> {
+        let path = self.dir.join(checkpoint::model_file_name(step));
+        let signature = self.signature(step);
+        let started = std::time::Instant::now();
+        let verbatim = match checkpoint::load_verbatim(&path, Some(&self.specs)) {
+            Ok(v) => v,
+            Err(e) => {
+                if signature[0].is_none() {
+                    debug!(step, "Checkpoint gone before it was scored (retention).");
+                } else {
+                    crate::metrics::global().eval_skipped();
+                    warn!(step, error = %e, "Checkpoint not scored: it does not verify (half-written or damaged); it is tried again if its files change.");
+                }
+                self.failed.insert(step, signature);
+                return Ok(None);
+            }
+        };
+        self.failed.remove(&step);
+        let tensors = |named: &[(String, ArrayD<f32>)]| -> Vec<ArrayD<f32>> {
+            named.iter().map(|(_, a)| a.clone()).collect()
+        };
+        let ckpt = &verbatim.checkpoint;
+        let (values, shadows) = (tensors(&ckpt.variables), tensors(&ckpt.shadows));
+        let scores = eval::score(&self.mlp, &values, &shadows, self.x.view(), &self.y);
+        // Best set, ledger, events, in that order: a crash before the ledger
+        // line means the checkpoint is scored again after a restart, which
+        // the best set takes as the same entry, and no event was written yet;
+        // a crash after it can cost one event, never write one twice.
+        let kept = match self
+            .best
+            .offer(step, scores, &verbatim.model, &verbatim.ema)
+        {
+            Ok(kept) => kept,
+            Err(e) => {
+                warn!(step, error = %e, "Best checkpoints not updated.");
+                false
+            }
+        };
+        let record = Record {
+            global_step: step,
+            scores,
+        };
+        append_ledger(&self.eval_dir.join(LEDGER), &record)?;
+        self.scored.insert(step, scores);
+        self.write_events(step, scores);
+        let best = self.best.entries().first();
+        crate::metrics::global().evaluated(
+            step,
+            scores,
+            best.map(|b| score_of(b, self.best.metric)),
+        );
+        info!(
+            step,
+            accuracy = scores.accuracy,
+            ema_accuracy = scores.ema_accuracy,
+            loss = scores.loss,
+            best = kept,
+            millis = started.elapsed().as_millis() as u64,
+            "Checkpoint scored."
+        );
+        Ok(Some(record))
+    }
+
+    fn write_events(&mut self, step: u64, s: Scores) {
+        if self.events_off {
+            return;
+        }
+        if self.events.is_none() {
+            match EventWriter::create(&self.eval_dir) {
+                Ok(w) => self.events = Some(w),
+                Err(e) => {
+                    warn!(error = %e, "TensorBoard events are off for this run.");
+                    self.events_off = true;
+                    return;
+                }
+            }
+        }
+        if let Some(w) = &mut self.events {
+            let values = [
+                ("accuracy", s.accuracy),
+                ("ema_accuracy", s.ema_accuracy),
+                ("loss", s.loss),
+            ];
+            if let Err(e) = w.scalars(step, &values) {
+                warn!(error = %e, "Event not written; TensorBoard events are off for this run.");
+                self.events = None;
+                self.events_off = true;
+            }
+        }
+    }
+
+    /// The highest step scored when it is at or past `last_step`: the run
+    /// is over as far as the evaluator is concerned.
+    pub fn complete(&self, last_step: u64) -> Option<u64> {
+        self.scored
+            .keys()
+            .next_back()
+            .copied()
+            .filter(|&s| s >= last_step)
+    }
+
+    /// One line for systemd's STATUS= and logs.
+    pub fn status(&self) -> String {
+        let newest = match self.scored.iter().next_back() {
+            Some((step, s)) => format!(
+                "step {step}: ema_accuracy {:.4}, accuracy {:.4}, loss {:.4}",
+                s.ema_accuracy, s.accuracy, s.loss
+            ),
+            None => "nothing scored yet".into(),
+        };
+        match self.best.entries().first() {
+            Some(b) => format!(
+                "{} scored, newest {newest}; best step {} ({} {:.4})",
+                self.scored.len(),
+                b.global_step,
+                self.best.metric.name(),
+                score_of(b, self.best.metric)
+            ),
+            None => format!("{} scored, {newest}", self.scored.len()),
+        }
+    }
+}
+
+fn score_of(e: &Entry, metric: Metric) -> f32 {
+    Scores {
+        accuracy: e.accuracy,
+        ema_accuracy: e.ema_accuracy,
+        loss: e.loss,
+    }
+    .get(metric)
+}
+
+/// The ledger's records by step; a missing ledger is empty, a line that does
+/// not parse (the torn last line of a crash) is skipped.
+fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
+    let err = |source| EvaluatorError::Ledger {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(err(e)),
+    };
+    if !file.metadata().map_err(err)?.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    let mut text = String::new();
+    file.take(MAX_LEDGER_BYTES)
+        .read_to_string(&mut text)
+        .map_err(err)?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<Record>(line) {
+            Ok(r) => {
+                out.insert(r.global_step, r.scores);
+            }
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "Skipping a ledger line that does not parse.")
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Appends `record` as one line, after a newline if a crash left the last
+/// line torn (so the torn line does not swallow this one).
+fn append_ledger(path: &Path, record: &Record) -> Result<(), EvaluatorError> {
+    let err = |source| EvaluatorError::Ledger {
+        path: path.to_path_buf(),
+        source,
+    };
+    let torn = match fs::read(path) {
+        Ok(b) => b.last().is_some_and(|&c| c != b'\n'),
+        Err(_) => false,
+    };
+    let mut line = if torn {
+        "\n".to_string()
+    } else {
+        String::new()
+    };
+    line.push_str(&serde_json::to_string(record).map_err(|e| err(std::io::Error::other(e)))?);
+    line.push('\n');
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(err)?;
+    file.write_all(line.as_bytes()).map_err(err)
+}
+
+/// Watches `dir` and sends `()` when something in it is created, renamed
+/// or written; `None` if it cannot be watched (yet): the rescan covers it.
+fn watch_dir(dir: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && matches!(ev.kind, EventKind::Create(_) | EventKind::Modify(_))
+        {
+            let _ = tx.send(());
+        }
+    })
+    .ok()?;
+    watcher.watch(dir, RecursiveMode::NonRecursive).ok()?;
+    debug!(dir = %dir.display(), "Watching the checkpoint directory.");
+    Some(watcher)
+}
+
+/// What the evaluator tells systemd: readiness, then a status line after
+/// each checkpoint. `daemon::Notifier` implements it.
+pub trait Reporter: Sync {
+    /// `READY=1` with a `STATUS=` line.
+    fn ready(&self, status: &str);
+    /// `STATUS=` only.
+    fn status(&self, status: &str);
+}
+
+/// The evaluator's job: open, say ready, then score checkpoints until the
+/// run is complete or `shutdown`.
+///
+/// Errors: [`EvaluatorError`] when the test set, the ledger or `best/`
+/// cannot be used; a checkpoint that does not verify is never an error.
+pub async fn run(
+    config: watch::Receiver<Arc<Config>>,
+    reporter: &dyn Reporter,
+    shutdown: CancellationToken,
+) -> Result<(), EvaluatorError> {
+    let cfg = config.borrow().clone();
+    let dir = cfg.checkpoint.dir.clone();
+    let opened = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || Evaluator::open(&cfg))
+    };
+    let mut ev = opened
+        .await
+        .map_err(|e| EvaluatorError::Task(e.to_string()))??;
+    info!(dir = %dir.display(), scored_before = ev.scored().len(), best = ev.best().entries().len(), metric = cfg.eval.metric.name(), "Evaluator ready.");
+    reporter.ready(&format!(
+        "evaluator: watching {}; {}",
+        dir.display(),
+        ev.status()
+    ));
+    let (wake_tx, mut wake) = mpsc::unbounded_channel();
+    let mut watcher = None;
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        // The directory may not exist until the chief's first save.
+        if watcher.is_none() {
+            watcher = watch_dir(&dir, wake_tx.clone());
+        }
+        // Drain the events that led here: this scan sees what they announced.
+        while wake.try_recv().is_ok() {}
+        let next = ev.next();
+        if let Some(step) = next {
+            let (back, result) = tokio::task::spawn_blocking(move || {
+                let r = ev.evaluate(step);
+                (ev, r)
+            })
+            .await
+            .map_err(|e| EvaluatorError::Task(e.to_string()))?;
+            ev = back;
+            if result?.is_some() {
+                reporter.status(&format!("evaluator: {}", ev.status()));
+            }
+            continue;
+        }
+        let last_step = config.borrow().train.last_step;
+        if let Some(step) = ev.complete(last_step) {
+            info!(
+                global_step = step,
+                "The run is complete and every checkpoint is scored; exiting."
+            );
+            reporter.status(&format!("evaluator: run complete; {}", ev.status()));
+            return Ok(());
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = wake.recv() => {
+                // Let a burst of events (temp file, renames, index) settle.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ = tokio::time::sleep(RESCAN) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scores(ema_accuracy: f32, loss: f32) -> Scores {
+        Scores {
+            accuracy: 0.5,
+            ema_accuracy,
+            loss,
+        }
+    }
+
+    #[test]
+    fn the_best_set_keeps_the_best_by_its_metric_and_survives_reopening() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("best");
+        let mut best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
+        let kept: Vec<bool> = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4), (50, 0.6)]
+            .iter()
+            .map(|&(step, ema)| best.offer(step, scores(ema, 1.0), b"m", b"e").unwrap())
+            .collect();
+        // 50 ties with 30: the older one stays.
+        assert_eq!(kept, [true, true, true, false, false]);
+        let steps = |b: &Best| {
+            b.entries()
+                .iter()
+                .map(|e| e.global_step)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(steps(&best), [20, 30]);
+        let mut files: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        assert_eq!(
+            files,
+            [
+                "index.json",
+                "model.ckpt-20.ema.safetensors",
+                "model.ckpt-20.safetensors",
+                "model.ckpt-30.ema.safetensors",
+                "model.ckpt-30.safetensors"
+            ]
+        );
+        let again = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
+        assert_eq!(steps(&again), [20, 30]);
+        // Fewer kept after a config change: the worst goes at once.
+        let fewer = Best::open(&dir, Metric::EmaAccuracy, 1).unwrap();
+        assert_eq!(steps(&fewer), [20]);
+        assert!(!dir.join("model.ckpt-30.safetensors").exists());
+    }
+
+    #[test]
+    fn loss_ranks_lower_first_and_nan_last() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut best = Best::open(&tmp.path().join("best"), Metric::Loss, 3).unwrap();
+        for (step, loss) in [(1, 0.9), (2, f32::NAN), (3, 0.3), (4, 0.5)] {
+            best.offer(step, scores(0.5, loss), b"m", b"e").unwrap();
+        }
+        let steps: Vec<u64> = best.entries().iter().map(|e| e.global_step).collect();
+        assert_eq!(steps, [3, 4, 1]);
+    }
+
+    #[test]
+    fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(LEDGER);
+        let r = |step| Record {
+            global_step: step,
+            scores: scores(0.5, 1.0),
+        };
+        append_ledger(&path, &r(10)).unwrap();
+        let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"global_step\": 2").unwrap();
+        append_ledger(&path, &r(30)).unwrap();
+        let read = read_ledger(&path).unwrap();
+        assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
+    }
+}
