@@ -7,6 +7,8 @@ pub mod limits;
 pub mod shard;
 pub mod workers;
 
+pub mod tls;
+
 use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId};
 use crate::model::Mlp;
@@ -524,9 +526,9 @@ pub async fn serve(
             }
         })
     };
-    let incoming = limits::incoming(listener, refusals);
+    let incoming = limits::incoming(listener, refusals, credentials.server_tls());
     let result = credentials
-        .server()?
+        .server()
         .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
         .initial_stream_window_size(window(limit))
