@@ -75,7 +75,11 @@ fn reason(e: &io::Error, head: &[u8]) -> String {
             "not TLS: a plaintext HTTP/2 (gRPC) client; set security.tls_* on every task or on none"
                 .into()
         } else {
-            format!("not TLS: the client's first bytes {head:02x?} are not a TLS handshake")
+            // Escaped: readable when it is text ("GET ", "SSH-"), safe when not.
+            format!(
+                "not TLS: the client's first bytes \"{}\" are not a TLS handshake",
+                head.escape_ascii()
+            )
         };
     }
     let Some(tls) = e.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) else {
@@ -230,8 +234,13 @@ mod tests {
             ),
             (
                 rustls(TlsError::InvalidMessage(InvalidMessage::InvalidContentType)),
+                b"GET ",
+                "not TLS: the client's first bytes \"GET \"",
+            ),
+            (
+                rustls(TlsError::InvalidMessage(InvalidMessage::InvalidContentType)),
                 b"\x00\x01ab",
-                "not TLS",
+                "bytes \"\\x00\\x01ab\"",
             ),
             (
                 rustls(TlsError::NoCertificatesPresented),
