@@ -435,6 +435,18 @@ async fn a_tls_ps_logs_each_failed_handshake_with_the_peer_and_why() {
     assert!(answer.is_err(), "no client certificate got {answer:?}");
     assert_refused(&c, peer, "no client certificate");
 
+    // A client that trusts another CA, and so not the ps.
+    let identity = Identity::from_pem(std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    let distrusting = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(stranger.pem()))
+        .identity(identity);
+    let (peer, answer) = state_from("127.0.0.8", &addr, Some(distrusting)).await;
+    assert!(
+        answer.is_err(),
+        "a client that cannot verify the ps got {answer:?}"
+    );
+    assert_refused(&c, peer, "the client rejected the ps's certificate");
+
     // Bytes that are not TLS at all.
     let (socket, peer) = socket_from("127.0.0.5");
     let mut garbage = socket.connect(addr.parse().unwrap()).await.unwrap();
