@@ -1,13 +1,13 @@
 //! The parameter-server task: serves its shard over gRPC.
 //!
 //! [`serve`] is the entry point (an already-bound listener and a shutdown
-//! token, so tests bind port 0). [`shard`] holds the update rules.
+//! token, so tests bind port 0). [`shard`] holds the update rules,
+//! [`limits`] the bounds on connections and calls, [`tls`] the handshake.
 
 pub mod limits;
 pub mod shard;
-pub mod workers;
-
 pub mod tls;
+pub mod workers;
 
 use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId};
