@@ -5,10 +5,13 @@ use crate::config::{Config, ConfigError, read_file};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig, server::WebPkiClientVerifier};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server};
 use tonic::{Request, Status};
 
 /// What a task proves itself with and checks its peers against, read once
@@ -19,6 +22,8 @@ pub struct Credentials {
     token: String,
     /// This host's certificate and key, and the cluster's CA; `None`: plaintext.
     tls: Option<(Identity, Certificate)>,
+    /// The same, as the ps's side of the handshake ([`crate::ps::tls`]).
+    server_tls: Option<TlsAcceptor>,
 }
 
 impl Credentials {
@@ -33,6 +38,7 @@ impl Credentials {
             // validate() allows all three or none.
             return Ok(Self::plaintext(token));
         };
+        let (cert_path, ca_path) = (cert, ca);
         let cert = read_certificates("security.tls_cert", cert)?;
         let ca = read_certificates("security.tls_ca", ca)?;
         let key_pem = read_file("security.tls_key", key, true)?;
@@ -43,19 +49,24 @@ impl Credentials {
                 problem: format!("not a PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"),
             });
         }
-        let creds = Self {
+        // rustls checks that the key is the certificate's.
+        let server_tls = server_tls(&cert, &key_pem, &ca).map_err(|(name, problem)| {
+            let path = match name {
+                "security.tls_cert" => cert_path,
+                "security.tls_ca" => ca_path,
+                _ => key,
+            };
+            ConfigError::File {
+                key: name,
+                path: path.to_owned(),
+                problem,
+            }
+        })?;
+        Ok(Self {
             token,
             tls: Some((Identity::from_pem(cert, key_pem), Certificate::from_pem(ca))),
-        };
-        // rustls checks that the key is the certificate's.
-        if let Err(e) = creds.server() {
-            return Err(ConfigError::File {
-                key: "security.tls_key",
-                path: key.to_owned(),
-                problem: format!("cannot serve with security.tls_cert and this key: {e}"),
-            });
-        }
-        Ok(creds)
+            server_tls: Some(server_tls),
+        })
     }
 
     /// The token alone, over plaintext.
@@ -63,6 +74,7 @@ impl Credentials {
         Self {
             token: token.into(),
             tls: None,
+            server_tls: None,
         }
     }
 
@@ -92,20 +104,18 @@ impl Credentials {
         }
     }
 
-    /// A server builder that, when TLS is on, requires every client to
-    /// present a certificate the CA signed.
-    ///
-    /// Errors: the certificate and key do not go together.
-    pub fn server(&self) -> Result<Server, tonic::transport::Error> {
-        let builder = Server::builder();
-        match &self.tls {
-            None => Ok(builder),
-            Some((identity, ca)) => builder.tls_config(
-                ServerTlsConfig::new()
-                    .identity(identity.clone())
-                    .client_ca_root(ca.clone()),
-            ),
-        }
+    /// A server builder. It never does TLS itself: tonic's handshake drops
+    /// the reason a client failed it, so the ps does its own in its accept
+    /// loop with [`Credentials::server_tls`] and logs who failed and why.
+    pub fn server(&self) -> Server {
+        Server::builder()
+    }
+
+    /// When TLS is on, the ps's side of the handshake: it presents this
+    /// host's certificate, offers HTTP/2 (ALPN `h2`) and requires every
+    /// client to present a certificate the cluster CA signed.
+    pub fn server_tls(&self) -> Option<TlsAcceptor> {
+        self.server_tls.clone()
     }
 
     /// The server's check of the token.
@@ -166,6 +176,47 @@ pub async fn answers_with_tls(addr: &str) -> bool {
         .ok()
         .flatten()
         .unwrap_or(false)
+}
+
+/// The ps's TLS configuration from PEM files already checked to parse:
+/// `cert` (with its chain) and `key` presented, clients verified against
+/// `ca`, a client certificate required, HTTP/2 negotiated (ALPN `h2`). The
+/// ring provider, as tonic's client side uses (`tls-ring`).
+///
+/// Errors: the key of the file at fault and the problem in words, e.g. a
+/// key that is not the certificate's.
+fn server_tls(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<TlsAcceptor, (&'static str, String)> {
+    const CERT: &str = "security.tls_cert";
+    const CA: &str = "security.tls_ca";
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (CERT, e.to_string()))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key).map_err(|e| ("security.tls_key", e.to_string()))?;
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        let c = c.map_err(|e| (CA, e.to_string()))?;
+        roots
+            .add(c)
+            .map_err(|e| (CA, format!("not a usable CA certificate: {e}")))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| (CA, e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| (CERT, e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| {
+            (
+                "security.tls_key",
+                format!("cannot serve with security.tls_cert and this key: {e}"),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// A PEM file of one or more certificates, checked to parse.

@@ -11,8 +11,9 @@
 //! - At most [`MAX_REQUESTS`] calls in progress, and response bytes reserved
 //!   from a budget of [`RESPONSE_BUDGET`] shard snapshots; past either, the call
 //!   gets `RESOURCE_EXHAUSTED` (the worker backs off and retries).
-//! - Every refused call or connection is logged with the peer's address, at
-//!   most once per peer per [`REFUSAL_LOG_INTERVAL`].
+//! - Every refused call or connection, and every failed TLS handshake
+//!   ([`super::tls`]), is logged with the peer's address, at most once per
+//!   peer per [`REFUSAL_LOG_INTERVAL`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -27,7 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::body::Body;
 use tonic::codegen::{Service, http};
@@ -35,6 +38,8 @@ use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::transport::server::Connected;
 use tracing::{info, warn};
+
+use super::tls::{self, Io};
 
 /// Open connections a ps accepts: far above any real cluster (one per
 /// worker, plus `dtf status`), far below what exhausts its memory.
@@ -170,12 +175,9 @@ impl ConnInfo {
     }
 }
 
-/// The connection of a request, plain or under TLS.
+/// The connection of a request, plain or under TLS ([`Io`]).
 fn conn_info(ext: &http::Extensions) -> Option<&ConnInfo> {
-    ext.get::<ConnInfo>().or_else(|| {
-        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
-            .map(|t| t.get_ref())
-    })
+    ext.get::<ConnInfo>()
 }
 
 /// The peer's address of a request that came through [`incoming`].
@@ -196,6 +198,25 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// What requests on this connection know of it.
+    pub(super) fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    /// Waits for the client's first bytes and copies up to `buf.len()` of
+    /// them, leaving them to be read; 0 when it closed without sending any.
+    ///
+    /// Errors: the connection idled or was shed ([`Conn::closing`]), or the
+    /// socket failed.
+    pub(super) async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            self.closing(cx)?;
+            let mut read = ReadBuf::new(buf);
+            self.stream.poll_peek(cx, &mut read)
+        })
+        .await
+    }
+
     /// An error once the connection must close. Polled on every read: the
     /// server always has one pending, so the timers wake it.
     fn closing(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
@@ -305,12 +326,29 @@ fn connection_cap() -> usize {
     MAX_CONNECTIONS
 }
 
+/// What the accept loop of [`incoming`] holds.
+struct Accepting {
+    /// Where clients connect.
+    listener: TcpListener,
+    /// The connections open.
+    registry: Arc<Registry>,
+    /// Where refusals go.
+    log: Arc<RefusalLog>,
+    /// The ps's side of TLS; None: plaintext.
+    tls: Option<TlsAcceptor>,
+    /// Handshakes in progress, one task each (aborted when the server drops
+    /// the stream).
+    handshakes: JoinSet<Option<tokio_rustls::server::TlsStream<Conn>>>,
+}
+
 /// Accepts connections on `listener` within the connection limits, for
-/// `Server::serve_with_incoming_shutdown`.
+/// `Server::serve_with_incoming_shutdown`; with `tls`, yields each once its
+/// handshake is done, and logs those that fail it.
 pub fn incoming(
     listener: TcpListener,
     log: Arc<RefusalLog>,
-) -> impl futures::Stream<Item = io::Result<Conn>> + Send + 'static {
+    tls: Option<TlsAcceptor>,
+) -> impl futures::Stream<Item = io::Result<Io>> + Send + 'static {
     let cap = connection_cap();
     info!(
         max_connections = cap,
@@ -324,27 +362,55 @@ pub fn incoming(
         next_id: AtomicU64::new(0),
         cap,
     });
-    futures::stream::unfold(
-        (listener, registry, log),
-        |(listener, registry, log)| async move {
-            loop {
-                let (stream, remote) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of descriptors (EMFILE/ENFILE) or a connection
-                        // reset before accept: keep serving those open; a
-                        // pause so a full table does not spin the loop.
-                        log.refused(None, &format!("accept failed: {e}"));
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
+    let state = Accepting {
+        listener,
+        registry,
+        log,
+        tls,
+        handshakes: JoinSet::new(),
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            tokio::select! {
+                // Finished handshakes first: their clients are waiting.
+                biased;
+                Some(done) = s.handshakes.join_next(), if !s.handshakes.is_empty() => {
+                    match done {
+                        Ok(Some(stream)) => return Some((Ok(Io::Tls(Box::new(stream))), s)),
+                        // Failed, and logged.
+                        Ok(None) => {}
+                        Err(e) => warn!(error = %e, "A TLS handshake task failed."),
                     }
-                };
-                if let Some(conn) = admit(&registry, stream, remote, &log) {
-                    return Some((Ok(conn), (listener, registry, log)));
+                }
+                accepted = s.listener.accept() => {
+                    let (stream, remote) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(e) => {
+                            // Out of descriptors (EMFILE/ENFILE) or a connection
+                            // reset before accept: keep serving those open; a
+                            // pause so a full table does not spin the loop.
+                            s.log.refused(None, &format!("accept failed: {e}"));
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let Some(conn) = admit(&s.registry, stream, remote, &s.log) else {
+                        continue;
+                    };
+                    match &s.tls {
+                        None => return Some((Ok(Io::Plain(conn)), s)),
+                        // In a task of its own: a client that connects and
+                        // says nothing holds up no one else's accept.
+                        Some(acceptor) => {
+                            let (acceptor, log) = (acceptor.clone(), s.log.clone());
+                            s.handshakes
+                                .spawn(async move { tls::handshake(&acceptor, conn, &log).await });
+                        }
+                    }
                 }
             }
-        },
-    )
+        }
+    })
 }
 
 /// Registers an accepted connection, shedding the oldest unauthenticated

@@ -1,11 +1,13 @@
 //! The parameter-server task: serves its shard over gRPC.
 //!
 //! [`serve`] is the entry point (an already-bound listener and a shutdown
-//! token, so tests bind port 0). [`shard`] holds the update rules.
+//! token, so tests bind port 0). [`shard`] holds the update rules,
+//! [`limits`] the bounds on connections and calls, [`tls`] the handshake.
 
 pub mod limits;
 pub mod shard;
 mod shm;
+pub mod tls;
 pub mod workers;
 
 use crate::auth::Credentials;
@@ -595,9 +597,9 @@ pub async fn serve(
         },
         _ => None,
     };
-    let incoming = limits::incoming(listener, refusals);
+    let incoming = limits::incoming(listener, refusals, credentials.server_tls());
     let result = credentials
-        .server()?
+        .server()
         .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
         .initial_stream_window_size(tcp::window(limit))

@@ -2,7 +2,8 @@
 //! over it and `dtf status` reads it; a ps with TLS answers no plaintext
 //! client and no client without a certificate from the cluster's CA, and a
 //! client that does not trust the CA refuses the ps. Bad TLS files exit 78
-//! naming the key.
+//! naming the key. The ps logs every failed handshake with the peer and why,
+//! and a client that never handshakes holds up no one.
 
 use crate::config_errors::{assert_config_error, ps, worker_check};
 use crate::util::*;
@@ -12,10 +13,14 @@ use dtf::pb;
 use dtf::pb::parameter_server_client::ParameterServerClient;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use std::ffi::OsStr;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// A certificate authority of its own.
 fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -305,4 +310,211 @@ fn a_tls_mismatch_is_explained_and_the_worker_waits() {
         "the worker should wait for the ps, not exit:\n{}",
         c.log("worker:0")
     );
+}
+
+/// A socket bound to `ip` (any of 127.0.0.0/8 reaches a ps on 127.0.0.1),
+/// and its address: the peer the ps will name. The ps logs one refusal per
+/// peer address per 10 s, so each case below comes from an address of its own.
+fn socket_from(ip: &str) -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    let local = socket.local_addr().unwrap();
+    (socket, local)
+}
+
+/// A client of the ps at `addr` with the cluster token, on one connection
+/// from `ip`: over TLS with `tls`, plaintext without.
+type OneConnection = ParameterServerClient<InterceptedService<Channel, AddToken>>;
+
+/// A client of the ps at `addr` from `ip`, over TLS with `tls` or plaintext
+/// without, that never reconnects (a call after its connection closed
+/// fails); returns the client's address too.
+async fn client_from(
+    ip: &str,
+    addr: &str,
+    tls: Option<ClientTlsConfig>,
+) -> (SocketAddr, Result<OneConnection, tonic::Status>) {
+    let (socket, local) = socket_from(ip);
+    let target: SocketAddr = addr.parse().unwrap();
+    // The one socket whose address is known; a reconnection gets an error.
+    let socket = Arc::new(Mutex::new(Some(socket)));
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let socket = socket.lock().unwrap().take();
+        async move {
+            let socket = socket.ok_or_else(|| std::io::Error::other("one connection only"))?;
+            let stream = socket.connect(target).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).unwrap();
+    }
+    let client = endpoint
+        .connect_with_connector(connector)
+        .await
+        .map(|channel| {
+            ParameterServerClient::with_interceptor(channel, AddToken::new(TOKEN).unwrap())
+        })
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e:?}")));
+    (local, client)
+}
+
+/// A gRPC `State` call to the ps at `addr` from `ip` ([`client_from`]);
+/// returns the client's address and the answer.
+async fn state_from(
+    ip: &str,
+    addr: &str,
+    tls: Option<ClientTlsConfig>,
+) -> (SocketAddr, Result<pb::StateResponse, tonic::Status>) {
+    let (local, client) = client_from(ip, addr, tls).await;
+    let answer = match client {
+        Ok(mut client) => client
+            .state(pb::StateRequest {})
+            .await
+            .map(|r| r.into_inner()),
+        Err(e) => Err(e),
+    };
+    (local, answer)
+}
+
+/// Waits for the ps's "Refused." line naming `peer`, and asserts its reason
+/// says `reason`.
+fn assert_refused(c: &Cluster, peer: SocketAddr, reason: &str) {
+    let needle = format!("Refused. peer={peer} ");
+    let log = c.wait_log("ps:0", &needle, 1, Duration::from_secs(20));
+    let line = log.lines().find(|l| l.contains(&needle)).unwrap();
+    eprintln!("{line}");
+    assert!(
+        line.contains(&format!("reason=TLS handshake failed: {reason}")),
+        "the refusal of {peer} should say {reason:?}:\n{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_ps_logs_each_failed_handshake_with_the_peer_and_why() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let ca = enable_tls(&mut c);
+    let (cert, key) = (
+        c.cfg.security.tls_cert.clone().unwrap(),
+        c.cfg.security.tls_key.clone().unwrap(),
+    );
+    let addr = c.cfg.cluster.ps[0].clone();
+    c.start("ps", 0);
+    let good = eventually(Duration::from_secs(20), "the ps over TLS", || async {
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+            .await
+            .ok()
+    })
+    .await;
+    let trusting = || ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem()));
+
+    // A gRPC client without TLS.
+    let (peer, answer) = state_from("127.0.0.2", &addr, None).await;
+    assert!(answer.is_err(), "a plaintext client got {answer:?}");
+    assert_refused(&c, peer, "not TLS: a plaintext HTTP/2 (gRPC) client");
+
+    // A certificate from another CA.
+    let stranger = authority("another CA");
+    let other = c.dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let (s_cert, s_key) = host_files(&stranger, &other, "stranger");
+    let identity = Identity::from_pem(
+        std::fs::read(&s_cert).unwrap(),
+        std::fs::read(&s_key).unwrap(),
+    );
+    let (peer, answer) = state_from("127.0.0.3", &addr, Some(trusting().identity(identity))).await;
+    assert!(
+        answer.is_err(),
+        "a certificate of another CA got {answer:?}"
+    );
+    assert_refused(&c, peer, "client certificate not signed by the cluster CA");
+
+    // No client certificate.
+    let (peer, answer) = state_from("127.0.0.4", &addr, Some(trusting())).await;
+    assert!(answer.is_err(), "no client certificate got {answer:?}");
+    assert_refused(&c, peer, "no client certificate");
+
+    // A client that trusts another CA, and so not the ps.
+    let identity = Identity::from_pem(std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    let distrusting = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(stranger.pem()))
+        .identity(identity);
+    let (peer, answer) = state_from("127.0.0.8", &addr, Some(distrusting)).await;
+    assert!(
+        answer.is_err(),
+        "a client that cannot verify the ps got {answer:?}"
+    );
+    assert_refused(&c, peer, "the client rejected the ps's certificate");
+
+    // Bytes that are not TLS at all.
+    let (socket, peer) = socket_from("127.0.0.5");
+    let mut garbage = socket.connect(addr.parse().unwrap()).await.unwrap();
+    garbage.write_all(b"\x00\x01garbage\r\n").await.unwrap();
+    assert_refused(&c, peer, "not TLS: the client's first bytes");
+
+    // A cluster member is served as before.
+    let after = tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+        .await
+        .unwrap();
+    assert_eq!(after.incarnation, good.incarnation);
+    assert!(c.child("ps:0").try_wait().unwrap().is_none(), "ps exited");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_never_starts_its_handshake_holds_up_no_one() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let ca = enable_tls(&mut c);
+    let (cert, key) = (
+        c.cfg.security.tls_cert.clone().unwrap(),
+        c.cfg.security.tls_key.clone().unwrap(),
+    );
+    let addr = c.cfg.cluster.ps[0].clone();
+    c.start("ps", 0);
+    eventually(Duration::from_secs(20), "the ps over TLS", || async {
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+            .await
+            .ok()
+    })
+    .await;
+    // A cluster member on one connection, answered once: from then on the
+    // connection is authenticated and outlives the 10 s given to others.
+    let identity = Identity::from_pem(std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.pem()))
+        .identity(identity);
+    let (_, member) = client_from("127.0.0.7", &addr, Some(tls)).await;
+    let mut member = member.unwrap();
+    member.state(pb::StateRequest {}).await.unwrap();
+
+    // Connected, and silent.
+    let (socket, peer) = socket_from("127.0.0.6");
+    let mut idle = socket.connect(addr.parse().unwrap()).await.unwrap();
+    // A new client connects, handshakes and is answered while it is open:
+    // well within the 10 s the ps gives the silent one.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN),
+    )
+    .await;
+    assert!(
+        matches!(answer, Ok(Ok(_))),
+        "a good client behind a silent one got {answer:?}"
+    );
+    // The silent one is closed at the deadline, and logged.
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(30), idle.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the ps should close a connection that never handshakes: {read:?}"
+    );
+    assert_refused(&c, peer, "handshake not done within 10 s of connecting");
+    // The member's connection, older than the silent one, is still open.
+    member
+        .state(pb::StateRequest {})
+        .await
+        .expect("an authenticated TLS connection stays open");
 }
