@@ -184,14 +184,27 @@ pub fn non_slot_owner(vars: &[VarSpec]) -> Option<usize> {
     (0..vars.len()).min_by(|&a, &b| vars[a].name.cmp(&vars[b].name))
 }
 
-/// Why a non-slot scalar cannot be used: Adam divides by `1 − beta1_power`.
-pub fn check_non_slot(name: &str, value: f32) -> Result<(), String> {
+/// A non-slot scalar (Adam's `beta1_power`) outside what the rule can use.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{name} = {value}: expected a number in [0, 1) (a power of beta1 or beta2)")]
+pub struct NonSlotError {
+    /// The scalar's name (`beta1_power`).
+    pub name: String,
+    /// Its value.
+    pub value: f32,
+}
+
+/// Checks a non-slot scalar: Adam divides by `1 − beta1_power`.
+///
+/// Errors: [`NonSlotError`] for a value outside `[0, 1)`.
+pub fn check_non_slot(name: &str, value: f32) -> Result<(), NonSlotError> {
     if (0.0..1.0).contains(&value) {
         Ok(())
     } else {
-        Err(format!(
-            "{name} = {value}: expected a number in [0, 1) (a power of beta1 or beta2)"
-        ))
+        Err(NonSlotError {
+            name: name.to_owned(),
+            value,
+        })
     }
 }
 
