@@ -273,28 +273,20 @@ mod tests {
     // kernels; f32 agrees to a few ulps.
 
     #[test]
-    fn momentum_matches_tensorflow() {
+    fn momentum_and_nesterov_match_tensorflow() {
         // w = 1, accum = 0, lr = 0.1, momentum = 0.9; g = 0.5, then g = -1.
-        let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, false);
-        // accum = 0.5; w = 1 − 0.05 = 0.95
-        close(a, 0.5);
-        close(w, 0.95);
-        let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, false);
-        // accum = 0.45 − 1 = −0.55; w = 0.95 + 0.055 = 1.005
-        close(a, -0.55);
-        close(w, 1.005);
-    }
-
-    #[test]
-    fn nesterov_matches_tensorflow() {
-        let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, true);
-        // accum = 0.5; w = 1 − (0.05 + 0.5·0.9·0.1) = 1 − 0.095 = 0.905
-        close(a, 0.5);
-        close(w, 0.905);
-        let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, true);
-        // accum = −0.55; w = 0.905 − (−0.1 + (−0.55)(0.9)(0.1)) = 0.905 + 0.1495 = 1.0545
-        close(a, -0.55);
-        close(w, 1.0545);
+        // Momentum: accum = 0.5, w = 1 − 0.05 = 0.95; then
+        //   accum = 0.45 − 1 = −0.55, w = 0.95 + 0.055 = 1.005.
+        // Nesterov: accum = 0.5, w = 1 − (0.05 + 0.5·0.9·0.1) = 0.905; then
+        //   accum = −0.55, w = 0.905 − (−0.1 + (−0.55)(0.9)(0.1)) = 1.0545.
+        for (nesterov, w1, w2) in [(false, 0.95, 1.005), (true, 0.905, 1.0545)] {
+            let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, nesterov);
+            close(a, 0.5);
+            close(w, w1);
+            let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, nesterov);
+            close(a, -0.55);
+            close(w, w2);
+        }
     }
 
     /// β1 and β2 as TensorFlow holds them: f32 (0.999 is not exact in f32,
