@@ -275,8 +275,7 @@ mod tests {
     #[test]
     fn an_index_naming_a_path_or_garbage_is_ignored() {
         let tmp = tempfile::tempdir().unwrap();
-        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
-        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        saved(tmp.path(), &[100, 200]);
         let mut index = Index {
             metric: "loss".into(),
             checkpoints: vec![entry(100, 0.9)],

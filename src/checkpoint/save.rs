@@ -333,9 +333,7 @@ mod tests {
     #[test]
     fn index_names_newest_and_all_kept() {
         let tmp = tempfile::tempdir().unwrap();
-        let s = saver(tmp.path(), 5);
-        s.save(&sample(1000, &SMALL)).unwrap();
-        s.save(&sample(1200, &SMALL)).unwrap();
+        saved(tmp.path(), &[1000, 1200]);
         let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
         assert_eq!(
             index,
