@@ -141,27 +141,49 @@ impl Shard {
             [beta1_power, beta2_power] => optimizer::adam_alpha(lr, *beta1_power, *beta2_power),
             _ => 0.0,
         };
-        let rates = Rates {
-            lr,
-            scale,
-            alpha,
-            ema: 1.0 - decay,
-        };
+        // SGD's `w -= lr · scale · g` as one product.
+        let (k, rate) = (lr * scale, 1.0 - decay);
         let values = self.values.as_mut().expect("checked by caller");
         let (new_w, new_s) = &mut self.scratch;
         let contiguous = "arrays built by dtf are contiguous";
         for i in 0..values.len() {
-            let bad = update_var(
-                self.optimizer,
-                rates,
+            let (w, sh, g) = (
                 values[i].as_slice().expect(contiguous),
                 self.shadows[i].as_slice().expect(contiguous),
                 grads[i],
-                &self.slots.per_var[i],
-                &mut self.scratch_slots[i],
+            );
+            let (nw, ns) = (
                 new_w[i].as_slice_mut().expect(contiguous),
                 new_s[i].as_slice_mut().expect(contiguous),
             );
+            let (slots, next) = (&self.slots.per_var[i], &mut self.scratch_slots[i]);
+            let bad = match self.optimizer {
+                Optimizer::Sgd => lanes::<0>(w, sh, g, slots, next, nw, ns, rate, |w, g, []| {
+                    (w - k * g, [])
+                }),
+                Optimizer::Momentum {
+                    momentum,
+                    use_nesterov,
+                } => lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+                    let (w, a) = optimizer::momentum(w, g * scale, a, lr, momentum, use_nesterov);
+                    (w, [a])
+                }),
+                Optimizer::Adam {
+                    beta1,
+                    beta2,
+                    epsilon,
+                } => lanes::<2>(w, sh, g, slots, next, nw, ns, rate, |w, g, [m, v]| {
+                    let (w, m, v) =
+                        optimizer::adam(w, g * scale, m, v, alpha, beta1, beta2, epsilon);
+                    (w, [m, v])
+                }),
+                Optimizer::Adagrad { .. } => {
+                    lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+                        let (w, a) = optimizer::adagrad(w, g * scale, a, lr);
+                        (w, [a])
+                    })
+                }
+            };
             if bad {
                 return Err(ShardError::Overflow {
                     lr,
@@ -181,88 +203,6 @@ impl Shard {
         }
         self.step += 1;
         Ok(())
-    }
-}
-
-/// The numbers one update uses for every variable.
-#[derive(Debug, Clone, Copy)]
-struct Rates {
-    /// The learning rate.
-    lr: f32,
-    /// What the gradient is multiplied by first (sync: `1 / replicas`).
-    scale: f32,
-    /// Adam's bias-corrected step size (0 for the other rules).
-    alpha: f32,
-    /// The EMA's `1 − decay` at this step.
-    ema: f32,
-}
-
-/// One variable's update by `opt`: from its values `w`, shadow `s`,
-/// gradient `g` (little-endian f32 bytes) and `slots`, into `nw`, `ns` and
-/// `next`. Returns whether any new value, shadow or slot is NaN or infinite.
-///
-/// Slices as arguments, as [`lanes`] takes them: with the slices in structs
-/// the pass measured about 10 % slower (a reference argument is what tells
-/// the compiler that the arrays do not overlap).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn update_var(
-    opt: Optimizer,
-    r: Rates,
-    w: &[f32],
-    s: &[f32],
-    g: &[u8],
-    slots: &[ArrayD<f32>],
-    next: &mut [ArrayD<f32>],
-    nw: &mut [f32],
-    ns: &mut [f32],
-) -> bool {
-    const EXP: u32 = 0x7f80_0000;
-    let Rates {
-        lr,
-        scale,
-        alpha,
-        ema: rate,
-    } = r;
-    match opt {
-        Optimizer::Sgd => {
-            // Plain slices and a branch-free check on the exponent
-            // bits: one vectorized pass over the five arrays.
-            let k = lr * scale;
-            let mut bad = 0u32;
-            let lanes = w
-                .iter()
-                .zip(s)
-                .zip(g.chunks_exact(4))
-                .zip(nw.iter_mut().zip(ns));
-            for (((w, s), g), (nw, ns)) in lanes {
-                let w2 = w - k * le_f32(g);
-                let s2 = model::ema_step(*s, w2, rate);
-                *nw = w2;
-                *ns = s2;
-                bad |= u32::from(w2.to_bits() & EXP == EXP) | u32::from(s2.to_bits() & EXP == EXP);
-            }
-            bad != 0
-        }
-        Optimizer::Momentum {
-            momentum,
-            use_nesterov,
-        } => lanes::<1>(w, s, g, slots, next, nw, ns, rate, |w, g, [a]| {
-            let (w, a) = optimizer::momentum(w, g * scale, a, lr, momentum, use_nesterov);
-            (w, [a])
-        }),
-        Optimizer::Adam {
-            beta1,
-            beta2,
-            epsilon,
-        } => lanes::<2>(w, s, g, slots, next, nw, ns, rate, |w, g, [m, v]| {
-            let (w, m, v) = optimizer::adam(w, g * scale, m, v, alpha, beta1, beta2, epsilon);
-            (w, [m, v])
-        }),
-        Optimizer::Adagrad { .. } => lanes::<1>(w, s, g, slots, next, nw, ns, rate, |w, g, [a]| {
-            let (w, a) = optimizer::adagrad(w, g * scale, a, lr);
-            (w, [a])
-        }),
     }
 }
 
