@@ -18,8 +18,19 @@ pub enum EvalError {
     #[error(transparent)]
     Model(#[from] PredictError),
     /// The test data does not fit the model.
-    #[error("{0}")]
-    Mismatch(String),
+    #[error(
+        "{model}: the model takes {inputs} inputs, the rows of {data} have {features} features"
+    )]
+    Width {
+        /// The checkpoint's model file.
+        model: PathBuf,
+        /// The model's input width.
+        inputs: usize,
+        /// The test data's file.
+        data: PathBuf,
+        /// The rows' width.
+        features: usize,
+    },
 }
 
 /// What `dtf eval --json` prints.
@@ -108,13 +119,12 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
     let mut test = data::load(data, Split::Test)?;
     let file = &model.file;
     if test.features() != model.mlp.inputs() {
-        return Err(EvalError::Mismatch(format!(
-            "{}: the model takes {} inputs, the rows of {} have {} features",
-            file.display(),
-            model.mlp.inputs(),
-            test.path().display(),
-            test.features()
-        )));
+        return Err(EvalError::Width {
+            model: file.clone(),
+            inputs: model.mlp.inputs(),
+            data: test.path().to_path_buf(),
+            features: test.features(),
+        });
     }
     test.check_labels(model.mlp.classes())?;
     test.set_preprocessing(model.meta.preprocessing.clone())?;

@@ -58,9 +58,19 @@ pub enum EvaluatorError {
     /// The test set cannot be read or does not fit the model.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
-    /// `model.layers` does not describe a model, or the test images do not fit it.
-    #[error("{0}")]
-    Model(String),
+    /// `model.layers` does not describe a model.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The test rows do not fit the model.
+    #[error("model.layers takes {inputs} inputs, the rows of {data} have {features} features")]
+    Width {
+        /// The model's input width.
+        inputs: usize,
+        /// The data set, as [`data::describe`] names it.
+        data: String,
+        /// The rows' width.
+        features: usize,
+    },
     /// `best/` cannot be created or listed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -74,7 +84,7 @@ pub enum EvaluatorError {
     },
     /// A blocking task panicked.
     #[error("the evaluation task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// One line of the ledger.
@@ -254,18 +264,17 @@ impl Evaluator {
     /// Errors: [`EvaluatorError`]: no usable test set, a ledger or `best/`
     /// that cannot be read or created.
     pub fn open(cfg: &Config) -> Result<Self, EvaluatorError> {
-        let mlp = Mlp::new(&cfg.model.layers).map_err(|e| EvaluatorError::Model(e.to_string()))?;
+        let mlp = Mlp::new(&cfg.model.layers)?;
         // Both splits: the test rows take the training split's
         // preprocessing (its mean and std with `data.standardize`).
         let (_, test) = data::load_both(&cfg.data)?;
         test.check_labels(mlp.classes())?;
         if test.features() != mlp.inputs() {
-            return Err(EvaluatorError::Model(format!(
-                "model.layers takes {} inputs, the rows of {} have {} features",
-                mlp.inputs(),
-                data::describe(&cfg.data),
-                test.features()
-            )));
+            return Err(EvaluatorError::Width {
+                inputs: mlp.inputs(),
+                data: data::describe(&cfg.data),
+                features: test.features(),
+            });
         }
         let (x, y) = test.all();
         let dir = cfg.checkpoint.dir.clone();
@@ -567,9 +576,7 @@ pub async fn run(
         let cfg = cfg.clone();
         tokio::task::spawn_blocking(move || Evaluator::open(&cfg))
     };
-    let mut ev = opened
-        .await
-        .map_err(|e| EvaluatorError::Task(e.to_string()))??;
+    let mut ev = opened.await??;
     info!(dir = %dir.display(), scored_before = ev.scored().len(), best = ev.best().entries().len(), metric = cfg.eval.metric.name(), "Evaluator ready.");
     reporter.ready(&format!(
         "evaluator: watching {}; {}",
@@ -594,8 +601,7 @@ pub async fn run(
                 let r = ev.evaluate(step);
                 (ev, r)
             })
-            .await
-            .map_err(|e| EvaluatorError::Task(e.to_string()))?;
+            .await?;
             ev = back;
             if result?.is_some() {
                 reporter.status(&format!("evaluator: {}", ev.status()));
@@ -623,82 +629,4 @@ pub async fn run(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scores(ema_accuracy: f32, loss: f32) -> Scores {
-        Scores {
-            accuracy: 0.5,
-            ema_accuracy,
-            loss,
-        }
-    }
-
-    #[test]
-    fn the_best_set_keeps_the_best_by_its_metric_and_survives_reopening() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("best");
-        let mut best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
-        let kept: Vec<bool> = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.4), (50, 0.6)]
-            .iter()
-            .map(|&(step, ema)| best.offer(step, scores(ema, 1.0), b"m", b"e").unwrap())
-            .collect();
-        // 50 ties with 30: the older one stays.
-        assert_eq!(kept, [true, true, true, false, false]);
-        let steps = |b: &Best| {
-            b.entries()
-                .iter()
-                .map(|e| e.global_step)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(steps(&best), [20, 30]);
-        let mut files: Vec<String> = fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        files.sort();
-        assert_eq!(
-            files,
-            [
-                "index.json",
-                "model.ckpt-20.ema.safetensors",
-                "model.ckpt-20.safetensors",
-                "model.ckpt-30.ema.safetensors",
-                "model.ckpt-30.safetensors"
-            ]
-        );
-        let again = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
-        assert_eq!(steps(&again), [20, 30]);
-        // Fewer kept after a config change: the worst goes at once.
-        let fewer = Best::open(&dir, Metric::EmaAccuracy, 1).unwrap();
-        assert_eq!(steps(&fewer), [20]);
-        assert!(!dir.join("model.ckpt-30.safetensors").exists());
-    }
-
-    #[test]
-    fn loss_ranks_lower_first_and_nan_last() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut best = Best::open(&tmp.path().join("best"), Metric::Loss, 3).unwrap();
-        for (step, loss) in [(1, 0.9), (2, f32::NAN), (3, 0.3), (4, 0.5)] {
-            best.offer(step, scores(0.5, loss), b"m", b"e").unwrap();
-        }
-        let steps: Vec<u64> = best.entries().iter().map(|e| e.global_step).collect();
-        assert_eq!(steps, [3, 4, 1]);
-    }
-
-    #[test]
-    fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join(LEDGER);
-        let r = |step| Record {
-            global_step: step,
-            scores: scores(0.5, 1.0),
-        };
-        append_ledger(&path, &r(10)).unwrap();
-        let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"global_step\": 2").unwrap();
-        append_ledger(&path, &r(30)).unwrap();
-        let read = read_ledger(&path).unwrap();
-        assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
-    }
-}
+mod tests;

@@ -44,6 +44,42 @@ pub enum ExportError {
 
 /// The ONNX model of `model`, with the EMA weights (`ema`) or the trained ones.
 pub fn onnx_model(model: &Trained, ema: bool) -> pb::ModelProto {
+    let entry = |k: &str, v: String| pb::StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v),
+    };
+    pb::ModelProto {
+        ir_version: Some(IR_VERSION),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(OPSET),
+        }],
+        producer_name: Some("dtf".into()),
+        producer_version: Some(env!("CARGO_PKG_VERSION").into()),
+        model_version: Some(model.global_step as i64),
+        doc_string: Some(format!(
+            "dtf MLP {:?} from {} (global step {}), {} weights",
+            model.meta.layers,
+            model.file.display(),
+            model.global_step,
+            if ema { "EMA" } else { "raw" }
+        )),
+        graph: Some(graph(model, ema)),
+        metadata_props: vec![
+            entry("global_step", model.global_step.to_string()),
+            entry("weights", if ema { "ema" } else { "raw" }.into()),
+            entry(
+                "preprocessing",
+                serde_json::to_string(&model.meta.preprocessing).unwrap_or_default(),
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The graph: preprocessing, then each layer's MatMul, Add and Relu, then
+/// Softmax.
+fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
     let mut g = Graph::default();
     let features = model.mlp.inputs() as i64;
     let mut x = INPUT.to_owned();
@@ -90,43 +126,12 @@ pub fn onnx_model(model: &Trained, ema: bool) -> pb::ModelProto {
         }],
         ..Default::default()
     });
-    let graph = pb::GraphProto {
+    pb::GraphProto {
         node: g.nodes,
         name: Some("dtf_mlp".into()),
         initializer: g.initializers,
         input: vec![value_info(INPUT, "features", features)],
         output: vec![value_info(OUTPUT, "classes", model.mlp.classes() as i64)],
-        ..Default::default()
-    };
-    let entry = |k: &str, v: String| pb::StringStringEntryProto {
-        key: Some(k.into()),
-        value: Some(v),
-    };
-    pb::ModelProto {
-        ir_version: Some(IR_VERSION),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(OPSET),
-        }],
-        producer_name: Some("dtf".into()),
-        producer_version: Some(env!("CARGO_PKG_VERSION").into()),
-        model_version: Some(model.global_step as i64),
-        doc_string: Some(format!(
-            "dtf MLP {:?} from {} (global step {}), {} weights",
-            model.meta.layers,
-            model.file.display(),
-            model.global_step,
-            if ema { "EMA" } else { "raw" }
-        )),
-        graph: Some(graph),
-        metadata_props: vec![
-            entry("global_step", model.global_step.to_string()),
-            entry("weights", if ema { "ema" } else { "raw" }.into()),
-            entry(
-                "preprocessing",
-                serde_json::to_string(&model.meta.preprocessing).unwrap_or_default(),
-            ),
-        ],
         ..Default::default()
     }
 }

@@ -10,14 +10,17 @@
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
-//!   mini-batches.
+//!   mini-batches (`batches`).
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
-//!   retention, the index), `format` (encode, decode, verify), `restore` (load, the
+//!   retention, the index), `format` (encode, decode, verify; `saveable`: what may be
+//!   saved), `restore` (load, the
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
 //!   `best` (the best checkpoints' directory).
 //! - [`placement`] — which ps task holds which variable.
-//! - [`ps`] — the parameter-server task: its shard, the functions every call runs, the
-//!   gRPC service and the shared-memory server.
+//! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on
+//!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
+//!   functions every call runs, the gRPC service, the shared-memory server, `limits`
+//!   and `tls` (the bounds on connections and calls, and the handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`.

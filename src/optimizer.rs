@@ -184,14 +184,27 @@ pub fn non_slot_owner(vars: &[VarSpec]) -> Option<usize> {
     (0..vars.len()).min_by(|&a, &b| vars[a].name.cmp(&vars[b].name))
 }
 
-/// Why a non-slot scalar cannot be used: Adam divides by `1 − beta1_power`.
-pub fn check_non_slot(name: &str, value: f32) -> Result<(), String> {
+/// A non-slot scalar (Adam's `beta1_power`) outside what the rule can use.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{name} = {value}: expected a number in [0, 1) (a power of beta1 or beta2)")]
+pub struct NonSlotError {
+    /// The scalar's name (`beta1_power`).
+    pub name: String,
+    /// Its value.
+    pub value: f32,
+}
+
+/// Checks a non-slot scalar: Adam divides by `1 − beta1_power`.
+///
+/// Errors: [`NonSlotError`] for a value outside `[0, 1)`.
+pub fn check_non_slot(name: &str, value: f32) -> Result<(), NonSlotError> {
     if (0.0..1.0).contains(&value) {
         Ok(())
     } else {
-        Err(format!(
-            "{name} = {value}: expected a number in [0, 1) (a power of beta1 or beta2)"
-        ))
+        Err(NonSlotError {
+            name: name.to_owned(),
+            value,
+        })
     }
 }
 
@@ -260,28 +273,20 @@ mod tests {
     // kernels; f32 agrees to a few ulps.
 
     #[test]
-    fn momentum_matches_tensorflow() {
+    fn momentum_and_nesterov_match_tensorflow() {
         // w = 1, accum = 0, lr = 0.1, momentum = 0.9; g = 0.5, then g = -1.
-        let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, false);
-        // accum = 0.5; w = 1 − 0.05 = 0.95
-        close(a, 0.5);
-        close(w, 0.95);
-        let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, false);
-        // accum = 0.45 − 1 = −0.55; w = 0.95 + 0.055 = 1.005
-        close(a, -0.55);
-        close(w, 1.005);
-    }
-
-    #[test]
-    fn nesterov_matches_tensorflow() {
-        let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, true);
-        // accum = 0.5; w = 1 − (0.05 + 0.5·0.9·0.1) = 1 − 0.095 = 0.905
-        close(a, 0.5);
-        close(w, 0.905);
-        let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, true);
-        // accum = −0.55; w = 0.905 − (−0.1 + (−0.55)(0.9)(0.1)) = 0.905 + 0.1495 = 1.0545
-        close(a, -0.55);
-        close(w, 1.0545);
+        // Momentum: accum = 0.5, w = 1 − 0.05 = 0.95; then
+        //   accum = 0.45 − 1 = −0.55, w = 0.95 + 0.055 = 1.005.
+        // Nesterov: accum = 0.5, w = 1 − (0.05 + 0.5·0.9·0.1) = 0.905; then
+        //   accum = −0.55, w = 0.905 − (−0.1 + (−0.55)(0.9)(0.1)) = 1.0545.
+        for (nesterov, w1, w2) in [(false, 0.95, 1.005), (true, 0.905, 1.0545)] {
+            let (w, a) = momentum(1.0, 0.5, 0.0, 0.1, 0.9, nesterov);
+            close(a, 0.5);
+            close(w, w1);
+            let (w, a) = momentum(w, -1.0, a, 0.1, 0.9, nesterov);
+            close(a, -0.55);
+            close(w, w2);
+        }
     }
 
     /// β1 and β2 as TensorFlow holds them: f32 (0.999 is not exact in f32,

@@ -91,12 +91,27 @@ enum ModeArg {
     Sync,
 }
 
+/// The error and its causes, as `{:#}` prints them, but without a cause
+/// whose text the message already ends with: a library error that keeps its
+/// cause as `source` often names it in its own message too.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !out.ends_with(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -298,7 +313,7 @@ fn check_config(config: &std::path::Path) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
         }
     }

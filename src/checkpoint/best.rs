@@ -12,15 +12,15 @@
 //! [`super::resolve`] reads the index, so `dtf eval checkpoint.dir/best`
 //! evaluates the best checkpoint, not the newest.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::restore::{Limit, read};
-use super::save::{sync_dir, temp_path};
+use super::save::{remove_pair, sync_dir, write_all, write_temp};
 use super::{CheckpointError, ema_file_name, model_file_name, parse_ema_name, parse_model_name};
 
 /// The directory's name under `checkpoint.dir`.
@@ -185,18 +185,9 @@ impl BestDir {
             return Err(e);
         }
         for &step in removed {
-            for path in [
-                self.dir.join(model_file_name(step)),
-                self.dir.join(ema_file_name(step)),
-            ] {
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    // Not in the index any more: removed at the next open.
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "Cannot delete a checkpoint that dropped out of the best.")
-                    }
-                }
+            // Not in the index any more: removed at the next open.
+            for (path, e) in remove_pair(&self.dir, step) {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot delete a checkpoint that dropped out of the best.")
             }
         }
         Ok(())
@@ -205,25 +196,11 @@ impl BestDir {
 
 /// Temp file (mode 0640), fsync, rename over `path`.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o640)
-            .open(&tmp)
-            .map_err(|e| CheckpointError::io(&tmp, "create", e))?;
-        file.write_all(bytes)
-            .map_err(|e| CheckpointError::io(&tmp, "write", e))?;
-        file.sync_all()
-            .map_err(|e| CheckpointError::io(&tmp, "fsync", e))?;
-        fs::rename(&tmp, path).map_err(|e| CheckpointError::io(path, "rename into place", e))
-    })();
-    if result.is_err() {
+    let tmp = write_temp(path, bytes, write_all)?;
+    fs::rename(&tmp, path).map_err(|e| {
         let _ = fs::remove_file(&tmp);
-    }
-    result
+        CheckpointError::io(path, "rename into place", e)
+    })
 }
 
 #[cfg(test)]
@@ -298,8 +275,7 @@ mod tests {
     #[test]
     fn an_index_naming_a_path_or_garbage_is_ignored() {
         let tmp = tempfile::tempdir().unwrap();
-        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
-        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        saved(tmp.path(), &[100, 200]);
         let mut index = Index {
             metric: "loss".into(),
             checkpoints: vec![entry(100, 0.9)],

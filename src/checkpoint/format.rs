@@ -20,6 +20,9 @@ const OPTIMIZER_KEY: &str = "optimizer";
 /// Metadata key of the JSON list of slot tensors in the model file.
 const SLOTS_KEY: &str = "slots";
 
+mod saveable;
+use saveable::check_saveable;
+
 // ---------------------------------------------------------------------------
 // Encoding
 
@@ -35,101 +38,6 @@ fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
         out.extend_from_slice(&x.to_le_bytes());
     }
     out
-}
-
-/// Checks that `ckpt` would load back, so that a bad state (a diverged run's
-/// NaNs) is refused at save time instead of becoming the newest checkpoint.
-fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
-    if i64::try_from(ckpt.global_step).is_err() {
-        return Err(format!(
-            "global_step {} does not fit the on-disk int64",
-            ckpt.global_step
-        ));
-    }
-    let mut names = HashSet::new();
-    for (name, value) in &ckpt.variables {
-        if name == GLOBAL_STEP || name.ends_with(EMA_SUFFIX) || name.is_empty() {
-            return Err(format!(
-                "refusing to save a variable named {name:?}: the name is reserved"
-            ));
-        }
-        if !names.insert(name.as_str()) {
-            return Err(format!("refusing to save: variable {name:?} appears twice"));
-        }
-        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
-            return Err(format!(
-                "refusing to save: variable {name:?} holds a non-finite value at flat index {i}"
-            ));
-        }
-    }
-    let shadows: HashMap<&str, &ArrayD<f32>> =
-        ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    if shadows.len() != ckpt.shadows.len() {
-        return Err("refusing to save: a shadow appears twice".into());
-    }
-    for (name, value) in &ckpt.variables {
-        let Some(shadow) = shadows.get(name.as_str()) else {
-            return Err(format!(
-                "refusing to save: variable {name:?} has no EMA shadow"
-            ));
-        };
-        if shadow.shape() != value.shape() {
-            return Err(format!(
-                "refusing to save: shadow of {name:?} has shape {:?}, the variable {:?}",
-                shadow.shape(),
-                value.shape()
-            ));
-        }
-        if let Some(i) = shadow.iter().position(|x| !x.is_finite()) {
-            return Err(format!(
-                "refusing to save: shadow of {name:?} holds a non-finite value at flat index {i}"
-            ));
-        }
-    }
-    if let Some((name, _)) = ckpt
-        .shadows
-        .iter()
-        .find(|(n, _)| !names.contains(n.as_str()))
-    {
-        return Err(format!(
-            "refusing to save: shadow {name:?} belongs to no variable"
-        ));
-    }
-    check_slots_saveable(ckpt)
-}
-
-/// The slots must be exactly the optimizer's for the variables, in order,
-/// finite, and the non-slot scalars usable.
-fn check_slots_saveable(ckpt: &Checkpoint) -> Result<(), String> {
-    let specs = var_specs(&ckpt.variables);
-    let want = ckpt.slots.optimizer.slot_specs(&specs);
-    let got: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let want_names: Vec<&str> = want.iter().map(|s| s.name.as_str()).collect();
-    if got != want_names {
-        return Err(format!(
-            "refusing to save: slots {got:?} are not those of {} for these variables ({want_names:?})",
-            ckpt.slots.optimizer.name()
-        ));
-    }
-    for (spec, (name, value)) in want.iter().zip(&ckpt.slots.tensors) {
-        if value.shape() != spec.shape.as_slice() {
-            return Err(format!(
-                "refusing to save: slot {name:?} has shape {:?}, expected {:?}",
-                value.shape(),
-                spec.shape
-            ));
-        }
-        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
-            return Err(format!(
-                "refusing to save: slot {name:?} holds a non-finite value at flat index {i}"
-            ));
-        }
-        if spec.var.is_none() {
-            optimizer::check_non_slot(name, value.iter().copied().next().unwrap_or(f32::NAN))
-                .map_err(|e| format!("refusing to save: {e}"))?;
-        }
-    }
-    Ok(())
 }
 
 /// The specs of named arrays.
@@ -170,15 +78,16 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
     encode_with(ckpt, &BTreeMap::new())
 }
 
+/// A tensor as it is written: name, dtype, shape, little-endian bytes.
+type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
 /// [`encode`] with `extra` metadata in the model file.
 fn encode_with(
     ckpt: &Checkpoint,
     extra: &BTreeMap<String, String>,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
     let step = ckpt.global_step.to_string();
-    let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
-
-    let mut model: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
+    let mut model: Vec<Tensor> = ckpt
         .variables
         .iter()
         .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a)))
@@ -196,35 +105,11 @@ fn encode_with(
             .iter()
             .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a))),
     );
-    let slot_names: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let mut model_meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
-        ("global_step".to_string(), step.clone()),
-        ("kind".to_string(), "variables".to_string()),
-        (
-            "variables".to_string(),
-            serde_json::to_string(&var_names).map_err(|e| e.to_string())?,
-        ),
-        (
-            OPTIMIZER_KEY.to_string(),
-            serde_json::to_string(&ckpt.slots.optimizer).map_err(|e| e.to_string())?,
-        ),
-        (
-            SLOTS_KEY.to_string(),
-            serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
-        ),
-    ]);
-
-    for (key, value) in extra {
-        if model_meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
-            return Err(format!("metadata key {key:?} is reserved"));
-        }
-        model_meta.insert(key.clone(), value.clone());
-    }
+    let mut model_meta = model_metadata(ckpt, &step, extra)?;
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
         ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    let ema: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
+    let ema: Vec<Tensor> = ckpt
         .variables
         .iter()
         .filter_map(|(n, _)| by_name.get(n.as_str()).map(|a| (n, a)))
@@ -242,23 +127,58 @@ fn encode_with(
         ("global_step".to_string(), step),
         ("kind".to_string(), "ema".to_string()),
     ]);
-
-    let encode_file = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
-                       meta: &mut HashMap<String, String>|
-     -> Result<Vec<u8>, String> {
-        let mut views = Vec::with_capacity(tensors.len());
-        for (name, dtype, shape, bytes) in tensors {
-            meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
-            let view = TensorView::new(*dtype, shape.clone(), bytes)
-                .map_err(|e| format!("cannot encode tensor {name:?}: {e}"))?;
-            views.push((name.as_str(), view));
-        }
-        safetensors::serialize(views, Some(meta.clone())).map_err(|e| e.to_string())
-    };
     Ok((
         encode_file(&model, &mut model_meta)?,
         encode_file(&ema, &mut ema_meta)?,
     ))
+}
+
+/// The model file's metadata: format, step, the variables', optimizer's and
+/// slots' lists, and `extra`, which may not replace any of these.
+fn model_metadata(
+    ckpt: &Checkpoint,
+    step: &str,
+    extra: &BTreeMap<String, String>,
+) -> Result<HashMap<String, String>, String> {
+    let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
+    let slot_names: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let mut meta = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("global_step".to_string(), step.to_string()),
+        ("kind".to_string(), "variables".to_string()),
+        (
+            "variables".to_string(),
+            serde_json::to_string(&var_names).map_err(|e| e.to_string())?,
+        ),
+        (
+            OPTIMIZER_KEY.to_string(),
+            serde_json::to_string(&ckpt.slots.optimizer).map_err(|e| e.to_string())?,
+        ),
+        (
+            SLOTS_KEY.to_string(),
+            serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
+        ),
+    ]);
+    for (key, value) in extra {
+        if meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
+            return Err(format!("metadata key {key:?} is reserved"));
+        }
+        meta.insert(key.clone(), value.clone());
+    }
+    Ok(meta)
+}
+
+/// One safetensors file of `tensors`, with a `crc32:<name>` per tensor added
+/// to `meta`.
+fn encode_file(tensors: &[Tensor], meta: &mut HashMap<String, String>) -> Result<Vec<u8>, String> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, bytes) in tensors {
+        meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
+        let view = TensorView::new(*dtype, shape.clone(), bytes)
+            .map_err(|e| format!("cannot encode tensor {name:?}: {e}"))?;
+        views.push((name.as_str(), view));
+    }
+    safetensors::serialize(views, Some(meta.clone())).map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------
@@ -541,7 +461,7 @@ fn read_slots(
         if spec.var.is_none() {
             let v = value.iter().copied().next().unwrap_or(f32::NAN);
             optimizer::check_non_slot(&spec.name, v)
-                .map_err(|e| CheckpointError::invalid(model_path, e))?;
+                .map_err(|e| CheckpointError::invalid(model_path, e.to_string()))?;
         }
         tensors.push((spec.name.clone(), value));
     }
@@ -705,159 +625,4 @@ pub fn from_bytes(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::fixtures::*;
-    use super::*;
-    use proptest::prelude::*;
-
-    fn valid_pair() -> (Vec<u8>, Vec<u8>) {
-        to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-
-        #[test]
-        fn arbitrary_bytes_never_panic(model in proptest::collection::vec(any::<u8>(), 0..512),
-                                       ema in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let (good_model, good_ema) = valid_pair();
-            prop_assert!(from_bytes(&model, &ema, None).is_err());
-            prop_assert!(from_bytes(&model, &good_ema, Some(&small_specs())).is_err());
-            prop_assert!(from_bytes(&good_model, &ema, Some(&small_specs())).is_err());
-        }
-
-        #[test]
-        fn mutated_checkpoints_are_rejected_or_unchanged(
-            in_ema in any::<bool>(),
-            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
-            cut in proptest::option::of(any::<prop::sample::Index>()),
-        ) {
-            let (mut model, mut ema) = valid_pair();
-            let target = if in_ema { &mut ema } else { &mut model };
-            for (at, byte) in &flips {
-                let i = at.index(target.len());
-                target[i] = *byte;
-            }
-            if let Some(cut) = cut {
-                let len = cut.index(target.len());
-                target.truncate(len);
-            }
-            for expected in [None, Some(small_specs())] {
-                // Some header bytes are slack (padding spaces may become other
-                // whitespace): if it loads, the content must be the original.
-                if let Ok(c) = from_bytes(&model, &ema, expected.as_deref()) {
-                    prop_assert_eq!(c, sample(77, &SMALL));
-                }
-            }
-        }
-
-        #[test]
-        fn header_json_with_arbitrary_values_never_panics(
-            dtype in prop::sample::select(vec!["F32", "I64", "F16", "BOOL", "U8", "F4"]),
-            shape in proptest::collection::vec(0usize..6, 0..4),
-            step in prop::sample::select(vec!["77", "-1", "", "007", "99999999999999999999"]),
-        ) {
-            // A well-formed safetensors file whose content is wrong in various ways.
-            let n: usize = shape.iter().product();
-            let header = format!(
-                r#"{{"__metadata__":{{"format":"dtf-1","kind":"variables","global_step":"{step}","variables":"[\"layer1/weights\"]"}},"layer1/weights":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[0,{n}]}}}}"#
-            );
-            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-            bytes.extend(header.as_bytes());
-            bytes.extend(std::iter::repeat_n(0u8, n));
-            let (_, ema) = valid_pair();
-            prop_assert!(from_bytes(&bytes, &ema, None).is_err());
-        }
-    }
-
-    /// A well-formed safetensors file (no tensors) whose header is padded
-    /// with JSON metadata to `len` bytes.
-    fn with_header_of(len: usize) -> Vec<u8> {
-        let head = r#"{"__metadata__":{"pad":""#;
-        let tail = r#""}}"#;
-        let pad = len - head.len() - tail.len();
-        let mut header = String::with_capacity(len);
-        header.push_str(head);
-        header.extend(std::iter::repeat_n('x', pad));
-        header.push_str(tail);
-        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-        bytes.extend(header.as_bytes());
-        bytes
-    }
-
-    #[test]
-    fn slots_round_trip_under_tensorflow_names() {
-        let c = sample_with_adam(5, &SMALL);
-        let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
-        assert_eq!(from_bytes(&model, &ema, Some(&small_specs())).unwrap(), c);
-        // Without a model (dtf eval, inspect) they load, listed apart from the variables.
-        let back = from_bytes(&model, &ema, None).unwrap();
-        assert_eq!(back.variables.len(), 4);
-        assert_eq!(back.slots, c.slots);
-        let (tensors, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
-        for name in [
-            "layer1/weights/Adam",
-            "layer2/biases/Adam_1",
-            "beta1_power",
-            "beta2_power",
-        ] {
-            assert!(tensors.tensor(name).is_ok(), "{name} missing");
-        }
-        assert!(meta["optimizer"].contains("\"name\":\"adam\""), "{meta:?}");
-        assert!(meta["optimizer"].contains("\"beta2\":0.999"), "{meta:?}");
-    }
-
-    #[test]
-    fn slots_that_do_not_match_their_optimizer_are_refused() {
-        let mut c = sample_with_adam(5, &SMALL);
-        c.slots.tensors.pop();
-        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("not those of adam")));
-        let mut c = sample_with_adam(5, &SMALL);
-        // After the 4 variables' 8 slots: beta1_power.
-        c.slots.tensors[8].1.fill(1.0);
-        assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("beta1_power")));
-        // Written anyway, a file whose slots disagree with its optimizer is refused on load.
-        let mut c = sample_with_adam(5, &SMALL);
-        c.slots.optimizer = crate::optimizer::Optimizer::Momentum {
-            momentum: 0.9,
-            use_nesterov: false,
-        };
-        let (model, ema) = encode(&c).unwrap();
-        let err = from_bytes(&model, &ema, None).unwrap_err().to_string();
-        assert!(err.contains("the slots of momentum"), "{err}");
-    }
-
-    #[test]
-    fn a_huge_header_is_refused_before_parsing() {
-        let (_, ema) = valid_pair();
-        let huge = with_header_of(MAX_HEADER_BYTES as usize + 1);
-        match from_bytes(&huge, &ema, None) {
-            Err(CheckpointError::HeaderTooLarge { bytes, .. }) => {
-                assert_eq!(bytes, MAX_HEADER_BYTES + 1)
-            }
-            other => panic!("{other:?}"),
-        }
-        // At the bound it parses (and fails later, for what it lacks).
-        let at_bound = with_header_of(MAX_HEADER_BYTES as usize);
-        assert!(matches!(
-            from_bytes(&at_bound, &ema, None),
-            Err(CheckpointError::Invalid { .. })
-        ));
-    }
-
-    #[test]
-    fn a_header_too_large_to_load_is_refused_at_save_time() {
-        // Long names, so a few thousand variables pass the bound.
-        let n = 3000;
-        let name = |i: usize| format!("{}/{i}", "v".repeat(300));
-        let one = || ArrayD::from_shape_vec(IxDyn(&[1]), vec![0.5f32]).unwrap();
-        let ckpt = Checkpoint {
-            global_step: 1,
-            variables: (0..n).map(|i| (name(i), one())).collect(),
-            shadows: (0..n).map(|i| (name(i), one())).collect(),
-            slots: Slots::default(),
-        };
-        let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
-        assert!(err.contains("header would be"), "{err}");
-    }
-}
+mod tests;

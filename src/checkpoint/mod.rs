@@ -347,6 +347,15 @@ mod fixtures {
         specs(&SMALL)
     }
 
+    /// A saver keeping 5 in `dir`, after it saved the [`sample`] of each of `steps`.
+    pub(super) fn saved(dir: &Path, steps: &[u64]) -> Saver {
+        let s = saver(dir, 5);
+        for &step in steps {
+            s.save(&sample(step, &SMALL)).unwrap();
+        }
+        s
+    }
+
     pub(super) fn saver(dir: &Path, keep: usize) -> Saver {
         Saver::new(dir, keep).unwrap()
     }

@@ -438,9 +438,7 @@ mod tests {
     #[test]
     fn restore_finds_newest_file_when_index_points_at_missing_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let s = saver(tmp.path(), 5);
-        s.save(&sample(100, &SMALL)).unwrap();
-        s.save(&sample(200, &SMALL)).unwrap();
+        saved(tmp.path(), &[100, 200]);
         fs::write(
             tmp.path().join(INDEX_FILE),
             "model_checkpoint_path: \"model.ckpt-900.safetensors\"\n",
@@ -593,8 +591,7 @@ mod tests {
     #[test]
     fn a_file_larger_than_the_model_allows_is_refused_unread() {
         let tmp = tempfile::tempdir().unwrap();
-        saver(tmp.path(), 5).save(&sample(100, &SMALL)).unwrap();
-        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        saved(tmp.path(), &[100, 200]);
         // A sparse file: its size is what counts, not what it holds.
         let big = tmp.path().join("model.ckpt-200.safetensors");
         File::options()
@@ -649,9 +646,7 @@ mod tests {
     #[test]
     fn resolve_takes_the_newest_valid_checkpoint_not_the_newest_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let s = saver(tmp.path(), 5);
-        s.save(&sample(100, &SMALL)).unwrap();
-        s.save(&sample(200, &SMALL)).unwrap();
+        saved(tmp.path(), &[100, 200]);
         damage(tmp.path(), Damage::BitFlipInData);
         let valid = tmp.path().join("model.ckpt-100.safetensors");
         assert_eq!(resolve(tmp.path()).unwrap(), valid);

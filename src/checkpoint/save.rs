@@ -13,7 +13,8 @@ use super::{Checkpoint, CheckpointError, INDEX_FILE, PREFIX, ema_file_name, mode
 /// Writes one byte buffer to an open file; a seam so tests can inject ENOSPC.
 type WriteFn = fn(&Path, &mut File, &[u8]) -> io::Result<()>;
 
-fn write_all(_path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+/// Writes all of `bytes`: how every write but a fault-injection test's goes.
+pub(super) fn write_all(_path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
     file.write_all(bytes)
 }
 
@@ -114,19 +115,10 @@ impl Saver {
         self.write_atomically(&self.dir.join(INDEX_FILE), index.as_bytes())?;
 
         for step in pruned {
-            for path in [
-                self.dir.join(model_file_name(step)),
-                self.dir.join(ema_file_name(step)),
-            ] {
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    // The new checkpoint is safe; a file we could not prune is
-                    // only a disk-usage problem, retried at the next save.
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "Cannot delete old checkpoint file.")
-                    }
-                }
+            // The new checkpoint is safe; a file we could not prune is only a
+            // disk-usage problem, retried at the next save.
+            for (path, e) in remove_pair(&self.dir, step) {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot delete old checkpoint file.")
             }
         }
         tracing::debug!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
@@ -136,27 +128,7 @@ impl Saver {
     /// Writes `bytes` to a temp file beside `path`, synced; returns the temp path.
     /// On failure the temp file is removed.
     fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, CheckpointError> {
-        let tmp = temp_path(path);
-        let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o640)
-                .open(&tmp)
-                .map_err(|e| CheckpointError::io(&tmp, "create", e))?;
-            (self.write)(&tmp, &mut file, bytes)
-                .map_err(|e| CheckpointError::io(&tmp, "write", e))?;
-            file.sync_all()
-                .map_err(|e| CheckpointError::io(&tmp, "fsync", e))
-        })();
-        match result {
-            Ok(()) => Ok(tmp),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        }
+        write_temp(path, bytes, self.write)
     }
 
     /// Temp file, fsync, rename over `path`, fsync the directory.
@@ -195,6 +167,49 @@ impl Saver {
             }
         }
     }
+}
+
+/// Writes `bytes` with `write` to a temp file (mode 0640) beside `path`,
+/// synced; returns the temp path. On failure the temp file is removed.
+pub(super) fn write_temp(
+    path: &Path,
+    bytes: &[u8],
+    write: WriteFn,
+) -> Result<PathBuf, CheckpointError> {
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&tmp)
+            .map_err(|e| CheckpointError::io(&tmp, "create", e))?;
+        write(&tmp, &mut file, bytes).map_err(|e| CheckpointError::io(&tmp, "write", e))?;
+        file.sync_all()
+            .map_err(|e| CheckpointError::io(&tmp, "fsync", e))
+    })();
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Deletes the checkpoint pair of `step` in `dir`; a file already gone is
+/// fine. Returns the files that could not be deleted, with why, for the
+/// caller to log: either way the caller goes on.
+pub(super) fn remove_pair(dir: &Path, step: u64) -> Vec<(PathBuf, io::Error)> {
+    [model_file_name(step), ema_file_name(step)]
+        .into_iter()
+        .map(|name| dir.join(name))
+        .filter_map(|path| match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Some((path, e)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `.<name>.tmp-<pid>` beside `path`: hidden, and never matching a checkpoint name.
@@ -318,9 +333,7 @@ mod tests {
     #[test]
     fn index_names_newest_and_all_kept() {
         let tmp = tempfile::tempdir().unwrap();
-        let s = saver(tmp.path(), 5);
-        s.save(&sample(1000, &SMALL)).unwrap();
-        s.save(&sample(1200, &SMALL)).unwrap();
+        saved(tmp.path(), &[1000, 1200]);
         let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
         assert_eq!(
             index,

@@ -418,7 +418,13 @@ mod tests {
             err.starts_with("TF_CONFIG: cluster.worker[0]: duplicate address"),
             "{err}"
         );
+        remove_env("TF_CONFIG");
+    }
 
+    #[test]
+    fn a_malformed_tf_config_or_task_is_an_error_naming_it() {
+        let _env = env_lock();
+        let (_dir, path) = write_config("[train]\nlast_step = 50\nbatch_size = 32\n");
         // Malformed TF_CONFIG is an error naming it, for the cluster and the task.
         set_env("TF_CONFIG", "{\"cluster\": ");
         let err = Config::load(&path).unwrap_err().to_string();

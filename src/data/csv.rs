@@ -43,6 +43,69 @@ pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Row
     let mut reader = ::csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(std::io::BufReader::new(file));
+    let (headers, label_at) = read_header(&mut reader, path, label, require_label)?;
+    let features = headers.len() - usize::from(label_at.is_some());
+    if features == 0 {
+        return Err(format_error(path, "line 1: no feature columns"));
+    }
+    let mut cells = Cells {
+        bytes: Some(Vec::new()),
+        floats: Vec::new(),
+    };
+    let mut labels = Vec::new();
+    let mut record = ::csv::ByteRecord::new();
+    loop {
+        match reader.read_byte_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(csv_error(path, e)),
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        for (j, cell) in record.iter().enumerate() {
+            let cell = std::str::from_utf8(cell).unwrap_or("").trim();
+            if Some(j) == label_at {
+                labels.push(cell.parse::<u8>().map_err(|_| {
+                    format_error(
+                        path,
+                        format!(
+                            "line {line}, column {:?}: label {cell:?} is not a class index: \
+                             expected an integer 0–255",
+                            headers[j]
+                        ),
+                    )
+                })?);
+            } else if !cells.push(cell) {
+                return Err(format_error(
+                    path,
+                    format!(
+                        "line {line}, column {:?}: {cell:?} is not a finite number",
+                        headers[j]
+                    ),
+                ));
+            }
+        }
+    }
+    let values = match cells.bytes {
+        Some(b) => Features::Bytes(b),
+        None => Features::Floats(cells.floats),
+    };
+    Ok(Rows {
+        values,
+        labels: label_at.map(|_| labels),
+        features,
+    })
+}
+
+/// The header's column names and where the label column is among them.
+///
+/// Errors: [`DataError::Format`] for a missing header, or a missing label
+/// column when `require_label`.
+fn read_header<R: std::io::Read>(
+    reader: &mut ::csv::Reader<R>,
+    path: &Path,
+    label: Option<&str>,
+    require_label: bool,
+) -> Result<(Vec<String>, Option<usize>), DataError> {
     let headers = reader
         .headers()
         .map_err(|e| csv_error(path, e))?
@@ -68,68 +131,38 @@ pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Row
             ),
         ));
     }
-    let features = headers.len() - usize::from(label_at.is_some());
-    if features == 0 {
-        return Err(format_error(path, "line 1: no feature columns"));
-    }
-    let mut bytes: Option<Vec<u8>> = Some(Vec::new());
-    let mut floats: Vec<f32> = Vec::new();
-    let mut labels = Vec::new();
-    let mut record = ::csv::ByteRecord::new();
-    loop {
-        match reader.read_byte_record(&mut record) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => return Err(csv_error(path, e)),
+    Ok((headers, label_at))
+}
+
+/// The feature cells read so far: bytes while every cell is an integer
+/// 0–255, floats from the first cell that is not.
+struct Cells {
+    /// Every cell so far, while all are bytes.
+    bytes: Option<Vec<u8>>,
+    /// Every cell so far, once one is not a byte.
+    floats: Vec<f32>,
+}
+
+impl Cells {
+    /// Adds one cell; false when it is not a finite number.
+    fn push(&mut self, cell: &str) -> bool {
+        if let Some(b) = self.bytes.as_mut() {
+            if let Ok(v) = cell.parse::<u8>() {
+                b.push(v);
+                return true;
+            }
+            // The first cell that is not a byte: the file is float data.
+            self.floats = b.iter().map(|&v| f32::from(v)).collect();
+            self.bytes = None;
         }
-        let line = record.position().map_or(0, |p| p.line());
-        for (j, cell) in record.iter().enumerate() {
-            let cell = std::str::from_utf8(cell).unwrap_or("").trim();
-            if Some(j) == label_at {
-                labels.push(cell.parse::<u8>().map_err(|_| {
-                    format_error(
-                        path,
-                        format!(
-                            "line {line}, column {:?}: label {cell:?} is not a class index: \
-                             expected an integer 0–255",
-                            headers[j]
-                        ),
-                    )
-                })?);
-                continue;
+        match cell.parse::<f32>() {
+            Ok(v) if v.is_finite() => {
+                self.floats.push(v);
+                true
             }
-            if let Some(b) = bytes.as_mut() {
-                if let Ok(v) = cell.parse::<u8>() {
-                    b.push(v);
-                    continue;
-                }
-                // The first cell that is not a byte: the file is float data.
-                floats = b.iter().map(|&v| f32::from(v)).collect();
-                bytes = None;
-            }
-            match cell.parse::<f32>() {
-                Ok(v) if v.is_finite() => floats.push(v),
-                _ => {
-                    return Err(format_error(
-                        path,
-                        format!(
-                            "line {line}, column {:?}: {cell:?} is not a finite number",
-                            headers[j]
-                        ),
-                    ));
-                }
-            }
+            _ => false,
         }
     }
-    let values = match bytes {
-        Some(b) => Features::Bytes(b),
-        None => Features::Floats(floats),
-    };
-    Ok(Rows {
-        values,
-        labels: label_at.map(|_| labels),
-        features,
-    })
 }
 
 /// A csv crate error as a format error naming the line.

@@ -310,6 +310,21 @@ mod tests {
         (images, labels)
     }
 
+    /// An image file of `images` 2×3 images and a label file of the first
+    /// `labels` of their labels, named `names`, in a fresh directory.
+    fn files(
+        names: (&str, &str),
+        images: usize,
+        labels: usize,
+    ) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let (pixels, classes) = sample(images);
+        let (i, l) = (dir.path().join(names.0), dir.path().join(names.1));
+        write_idx_images(&i, &pixels, 2, 3).unwrap();
+        write_idx_labels(&l, &classes[..labels]).unwrap();
+        (dir, i, l)
+    }
+
     fn format_message(result: Result<Dataset, DataError>) -> String {
         match result {
             Err(e @ DataError::Format { .. }) => e.to_string(),
@@ -380,12 +395,7 @@ mod tests {
 
     #[test]
     fn wrong_magic_names_expected_and_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let (images, labels) = sample(3);
-        let i = dir.path().join("i");
-        let l = dir.path().join("l");
-        write_idx_images(&i, &images, 2, 3).unwrap();
-        write_idx_labels(&l, &labels).unwrap();
+        let (_dir, i, l) = files(("i", "l"), 3, 3);
         // Swapped: labels where images are expected.
         let msg = format_message(Dataset::from_files(&l, &i));
         assert!(msg.contains(&l.display().to_string()), "{msg}");
@@ -395,12 +405,7 @@ mod tests {
 
     #[test]
     fn truncated_file_says_how_many_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let (images, labels) = sample(3);
-        let i = dir.path().join("i");
-        let l = dir.path().join("l");
-        write_idx_images(&i, &images, 2, 3).unwrap();
-        write_idx_labels(&l, &labels).unwrap();
+        let (_dir, i, l) = files(("i", "l"), 3, 3);
         let bytes = std::fs::read(&i).unwrap();
         std::fs::write(&i, &bytes[..bytes.len() - 5]).unwrap();
         let msg = format_message(Dataset::from_files(&i, &l));
@@ -422,27 +427,17 @@ mod tests {
 
     #[test]
     fn trailing_bytes_are_rejected() {
-        let dir = tempfile::tempdir().unwrap();
-        let (images, labels) = sample(3);
-        let i = dir.path().join("i");
-        let l = dir.path().join("l");
-        write_idx_images(&i, &images, 2, 3).unwrap();
+        let (_dir, i, l) = files(("i", "l"), 3, 3);
         let mut bytes = std::fs::read(&i).unwrap();
         bytes.extend_from_slice(&[0, 0]);
         std::fs::write(&i, bytes).unwrap();
-        write_idx_labels(&l, &labels).unwrap();
         let msg = format_message(Dataset::from_files(&i, &l));
         assert!(msg.contains("2 unexpected bytes"), "{msg}");
     }
 
     #[test]
     fn corrupt_gzip_is_an_io_error_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let (images, labels) = sample(3);
-        let i = dir.path().join("i.gz");
-        let l = dir.path().join("l");
-        write_idx_images(&i, &images, 2, 3).unwrap();
-        write_idx_labels(&l, &labels).unwrap();
+        let (_dir, i, l) = files(("i.gz", "l"), 3, 3);
         let bytes = std::fs::read(&i).unwrap();
         std::fs::write(&i, &bytes[..bytes.len() / 2]).unwrap();
         let err = Dataset::from_files(&i, &l).unwrap_err();
@@ -452,12 +447,7 @@ mod tests {
 
     #[test]
     fn count_mismatch_names_both_files_and_counts() {
-        let dir = tempfile::tempdir().unwrap();
-        let (images, labels) = sample(4);
-        let i = dir.path().join("imgs");
-        let l = dir.path().join("lbls");
-        write_idx_images(&i, &images, 2, 3).unwrap();
-        write_idx_labels(&l, &labels[..3]).unwrap();
+        let (_dir, i, l) = files(("imgs", "lbls"), 4, 3);
         let msg = format_message(Dataset::from_files(&i, &l));
         assert!(msg.contains(&i.display().to_string()), "{msg}");
         assert!(msg.contains(&l.display().to_string()), "{msg}");

@@ -10,7 +10,7 @@
 
 use crate::auth::Credentials;
 use crate::checkpoint;
-use crate::config::{Config, Mode};
+use crate::config::{Config, ConfigError, Mode};
 use crate::data;
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
@@ -85,8 +85,24 @@ pub enum LocalError {
         log: PathBuf,
         tail: String,
     },
+    /// The data set named on the command line cannot be used.
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    /// The model's widths cannot be taken from the data set.
+    #[error(transparent)]
+    Resolve(#[from] data::ResolveError),
+    /// The run's configuration is invalid, or its token cannot be read.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `model.layers` does not describe a model.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The ps addresses or the token cannot make a client (from `Cluster::new`).
     #[error("{0}")]
-    Setup(String),
+    Cluster(String),
+    /// The final evaluation's blocking task panicked or was cancelled.
+    #[error("evaluation task: {0}")]
+    EvalTask(#[source] tokio::task::JoinError),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
     /// Every task exited 0, yet the newest checkpoint is short of the last
@@ -229,15 +245,14 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     // The shared-memory sockets of this run, apart from any other's.
     cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
     if let Some(d) = &opts.data {
-        cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())
-            .map_err(|e| LocalError::Setup(e.to_string()))?;
+        cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())?;
     }
     // With `model.hidden`, the data's shape goes into the tasks' config once,
     // here: they need not read the data for it. (Explicit widths are checked
     // by the workers, which read the data anyway; a task that fails on it is
     // named with its log.)
     if cfg.model.hidden.is_some() {
-        data::resolve_model(&mut cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
+        data::resolve_model(&mut cfg)?;
         cfg.model.hidden = None;
     }
     cfg.checkpoint.dir = opts
@@ -253,8 +268,7 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600))
         .map_err(io("chmod token"))?;
     cfg.security.token_file = token_path;
-    cfg.validate()
-        .map_err(|e| LocalError::Setup(e.to_string()))?;
+    cfg.validate()?;
     let path = run_dir.join("dtf.toml");
     std::fs::write(&path, cfg.to_toml()).map_err(io(format!("writing {}", path.display())))?;
     Ok((path, cfg))
@@ -383,11 +397,9 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     let mut signals = StopSignals::install()?;
     let (config_path, cfg) = prepare(opts, run_dir)?;
     let mut tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
-    let credentials = Credentials::load(&cfg).map_err(|e| LocalError::Setup(e.to_string()))?;
-    let specs = Mlp::new(&cfg.model.layers)
-        .map_err(|e| LocalError::Setup(e.to_string()))?
-        .variables();
-    let cluster = Cluster::new(&cfg, specs, &credentials).map_err(LocalError::Setup)?;
+    let credentials = Credentials::load(&cfg)?;
+    let specs = Mlp::new(&cfg.model.layers)?.variables();
+    let cluster = Cluster::new(&cfg, specs, &credentials).map_err(LocalError::Cluster)?;
 
     let bar = progress_bar(opts);
     let mut rate = StepRate::default();
@@ -425,7 +437,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     let evaluation = tokio::task::spawn_blocking(move || eval::evaluate_on(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
     let ev: Evaluation = tokio::select! {
-        ev = evaluation => ev.map_err(|e| LocalError::Setup(format!("evaluation task: {e}")))??,
+        ev = evaluation => ev.map_err(LocalError::EvalTask)??,
         sig = signals.recv() => {
             let stopped = stop(opts, &cfg, run_dir, &mut tasks, sig, &mut signals).await;
             return Ok(Outcome::Stopped(Stopped {

@@ -200,9 +200,7 @@ async fn terminate(mut tasks: Vec<&mut Task>, limit: Duration) -> Vec<String> {
 
 /// The newest checkpoint of `cfg` that verifies, and its step.
 fn newest_checkpoint(cfg: &Config) -> Result<Option<(PathBuf, u64)>, LocalError> {
-    let specs = Mlp::new(&cfg.model.layers)
-        .map_err(|e| LocalError::Setup(e.to_string()))?
-        .variables();
+    let specs = Mlp::new(&cfg.model.layers)?.variables();
     let newest = checkpoint::restore_latest(&cfg.checkpoint.dir, &specs)
         .map_err(|e| LocalError::Eval(e.into()))?;
     Ok(newest.map(|(path, c)| (path, c.global_step)))

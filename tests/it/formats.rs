@@ -513,3 +513,29 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
     let out = dtf(&["check-config", "-c", cfg.to_str().unwrap()]);
     ok(&out, "dtf check-config with model.hidden");
 }
+
+/// `dtf local --data` naming nothing: the path and the reason, each once
+/// (the error keeps its cause as its source, and dtf prints the chain).
+#[test]
+fn a_missing_data_path_is_named_with_its_reason_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing.npz");
+    let config = base_config(tmp.path(), "");
+    let out = dtf(&[
+        "local",
+        "--config",
+        config.to_str().unwrap(),
+        "--data",
+        missing.to_str().unwrap(),
+        "--steps",
+        "10",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains(&missing.display().to_string()), "{line}");
+    assert_eq!(line.matches("No such file").count(), 1, "{line}");
+}

@@ -1,0 +1,105 @@
+//! What may be saved: a state that would not load back (a diverged run's
+//! NaNs, a reserved name, slots that are not the optimizer's) is refused at
+//! save time instead of becoming the newest checkpoint.
+
+use std::collections::{HashMap, HashSet};
+
+use ndarray::ArrayD;
+
+use super::{Checkpoint, EMA_SUFFIX, GLOBAL_STEP, var_specs};
+use crate::optimizer;
+
+/// Checks that `ckpt` would load back, so that a bad state (a diverged run's
+/// NaNs) is refused at save time instead of becoming the newest checkpoint.
+pub(super) fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    if i64::try_from(ckpt.global_step).is_err() {
+        return Err(format!(
+            "global_step {} does not fit the on-disk int64",
+            ckpt.global_step
+        ));
+    }
+    let mut names = HashSet::new();
+    for (name, value) in &ckpt.variables {
+        if name == GLOBAL_STEP || name.ends_with(EMA_SUFFIX) || name.is_empty() {
+            return Err(format!(
+                "refusing to save a variable named {name:?}: the name is reserved"
+            ));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(format!("refusing to save: variable {name:?} appears twice"));
+        }
+        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: variable {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+    }
+    let shadows: HashMap<&str, &ArrayD<f32>> =
+        ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    if shadows.len() != ckpt.shadows.len() {
+        return Err("refusing to save: a shadow appears twice".into());
+    }
+    for (name, value) in &ckpt.variables {
+        let Some(shadow) = shadows.get(name.as_str()) else {
+            return Err(format!(
+                "refusing to save: variable {name:?} has no EMA shadow"
+            ));
+        };
+        if shadow.shape() != value.shape() {
+            return Err(format!(
+                "refusing to save: shadow of {name:?} has shape {:?}, the variable {:?}",
+                shadow.shape(),
+                value.shape()
+            ));
+        }
+        if let Some(i) = shadow.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: shadow of {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+    }
+    if let Some((name, _)) = ckpt
+        .shadows
+        .iter()
+        .find(|(n, _)| !names.contains(n.as_str()))
+    {
+        return Err(format!(
+            "refusing to save: shadow {name:?} belongs to no variable"
+        ));
+    }
+    check_slots_saveable(ckpt)
+}
+
+/// The slots must be exactly the optimizer's for the variables, in order,
+/// finite, and the non-slot scalars usable.
+fn check_slots_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    let specs = var_specs(&ckpt.variables);
+    let want = ckpt.slots.optimizer.slot_specs(&specs);
+    let got: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let want_names: Vec<&str> = want.iter().map(|s| s.name.as_str()).collect();
+    if got != want_names {
+        return Err(format!(
+            "refusing to save: slots {got:?} are not those of {} for these variables ({want_names:?})",
+            ckpt.slots.optimizer.name()
+        ));
+    }
+    for (spec, (name, value)) in want.iter().zip(&ckpt.slots.tensors) {
+        if value.shape() != spec.shape.as_slice() {
+            return Err(format!(
+                "refusing to save: slot {name:?} has shape {:?}, expected {:?}",
+                value.shape(),
+                spec.shape
+            ));
+        }
+        if let Some(i) = value.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "refusing to save: slot {name:?} holds a non-finite value at flat index {i}"
+            ));
+        }
+        if spec.var.is_none() {
+            optimizer::check_non_slot(name, value.iter().copied().next().unwrap_or(f32::NAN))
+                .map_err(|e| format!("refusing to save: {e}"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! The file format's unit tests: round trips, and each kind of damage refused.
+
+use super::super::fixtures::*;
+use super::*;
+use proptest::prelude::*;
+
+fn valid_pair() -> (Vec<u8>, Vec<u8>) {
+    to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(model in proptest::collection::vec(any::<u8>(), 0..512),
+                                   ema in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let (good_model, good_ema) = valid_pair();
+        prop_assert!(from_bytes(&model, &ema, None).is_err());
+        prop_assert!(from_bytes(&model, &good_ema, Some(&small_specs())).is_err());
+        prop_assert!(from_bytes(&good_model, &ema, Some(&small_specs())).is_err());
+    }
+
+    #[test]
+    fn mutated_checkpoints_are_rejected_or_unchanged(
+        in_ema in any::<bool>(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let (mut model, mut ema) = valid_pair();
+        let target = if in_ema { &mut ema } else { &mut model };
+        for (at, byte) in &flips {
+            let i = at.index(target.len());
+            target[i] = *byte;
+        }
+        if let Some(cut) = cut {
+            let len = cut.index(target.len());
+            target.truncate(len);
+        }
+        for expected in [None, Some(small_specs())] {
+            // Some header bytes are slack (padding spaces may become other
+            // whitespace): if it loads, the content must be the original.
+            if let Ok(c) = from_bytes(&model, &ema, expected.as_deref()) {
+                prop_assert_eq!(c, sample(77, &SMALL));
+            }
+        }
+    }
+
+    #[test]
+    fn header_json_with_arbitrary_values_never_panics(
+        dtype in prop::sample::select(vec!["F32", "I64", "F16", "BOOL", "U8", "F4"]),
+        shape in proptest::collection::vec(0usize..6, 0..4),
+        step in prop::sample::select(vec!["77", "-1", "", "007", "99999999999999999999"]),
+    ) {
+        // A well-formed safetensors file whose content is wrong in various ways.
+        let n: usize = shape.iter().product();
+        let header = format!(
+            r#"{{"__metadata__":{{"format":"dtf-1","kind":"variables","global_step":"{step}","variables":"[\"layer1/weights\"]"}},"layer1/weights":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[0,{n}]}}}}"#
+        );
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend(std::iter::repeat_n(0u8, n));
+        let (_, ema) = valid_pair();
+        prop_assert!(from_bytes(&bytes, &ema, None).is_err());
+    }
+}
+
+/// A well-formed safetensors file (no tensors) whose header is padded
+/// with JSON metadata to `len` bytes.
+fn with_header_of(len: usize) -> Vec<u8> {
+    let head = r#"{"__metadata__":{"pad":""#;
+    let tail = r#""}}"#;
+    let pad = len - head.len() - tail.len();
+    let mut header = String::with_capacity(len);
+    header.push_str(head);
+    header.extend(std::iter::repeat_n('x', pad));
+    header.push_str(tail);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes
+}
+
+#[test]
+fn slots_round_trip_under_tensorflow_names() {
+    let c = sample_with_adam(5, &SMALL);
+    let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+    assert_eq!(from_bytes(&model, &ema, Some(&small_specs())).unwrap(), c);
+    // Without a model (dtf eval, inspect) they load, listed apart from the variables.
+    let back = from_bytes(&model, &ema, None).unwrap();
+    assert_eq!(back.variables.len(), 4);
+    assert_eq!(back.slots, c.slots);
+    let (tensors, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
+    for name in [
+        "layer1/weights/Adam",
+        "layer2/biases/Adam_1",
+        "beta1_power",
+        "beta2_power",
+    ] {
+        assert!(tensors.tensor(name).is_ok(), "{name} missing");
+    }
+    assert!(meta["optimizer"].contains("\"name\":\"adam\""), "{meta:?}");
+    assert!(meta["optimizer"].contains("\"beta2\":0.999"), "{meta:?}");
+}
+
+#[test]
+fn slots_that_do_not_match_their_optimizer_are_refused() {
+    let mut c = sample_with_adam(5, &SMALL);
+    c.slots.tensors.pop();
+    assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("not those of adam")));
+    let mut c = sample_with_adam(5, &SMALL);
+    // After the 4 variables' 8 slots: beta1_power.
+    c.slots.tensors[8].1.fill(1.0);
+    assert!(to_bytes(&c, &BTreeMap::new()).is_err_and(|e| e.contains("beta1_power")));
+    // Written anyway, a file whose slots disagree with its optimizer is refused on load.
+    let mut c = sample_with_adam(5, &SMALL);
+    c.slots.optimizer = crate::optimizer::Optimizer::Momentum {
+        momentum: 0.9,
+        use_nesterov: false,
+    };
+    let (model, ema) = encode(&c).unwrap();
+    let err = from_bytes(&model, &ema, None).unwrap_err().to_string();
+    assert!(err.contains("the slots of momentum"), "{err}");
+}
+
+#[test]
+fn a_huge_header_is_refused_before_parsing() {
+    let (_, ema) = valid_pair();
+    let huge = with_header_of(MAX_HEADER_BYTES as usize + 1);
+    match from_bytes(&huge, &ema, None) {
+        Err(CheckpointError::HeaderTooLarge { bytes, .. }) => {
+            assert_eq!(bytes, MAX_HEADER_BYTES + 1)
+        }
+        other => panic!("{other:?}"),
+    }
+    // At the bound it parses (and fails later, for what it lacks).
+    let at_bound = with_header_of(MAX_HEADER_BYTES as usize);
+    assert!(matches!(
+        from_bytes(&at_bound, &ema, None),
+        Err(CheckpointError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn a_header_too_large_to_load_is_refused_at_save_time() {
+    // Long names, so a few thousand variables pass the bound.
+    let n = 3000;
+    let name = |i: usize| format!("{}/{i}", "v".repeat(300));
+    let one = || ArrayD::from_shape_vec(IxDyn(&[1]), vec![0.5f32]).unwrap();
+    let ckpt = Checkpoint {
+        global_step: 1,
+        variables: (0..n).map(|i| (name(i), one())).collect(),
+        shadows: (0..n).map(|i| (name(i), one())).collect(),
+        slots: Slots::default(),
+    };
+    let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
+    assert!(err.contains("header would be"), "{err}");
+}

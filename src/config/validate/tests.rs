@@ -1,0 +1,325 @@
+//! Validation's unit tests: each section's bad values and the messages they get.
+
+use super::*;
+use crate::config::test_util::*;
+
+#[test]
+fn out_of_range_values_are_errors() {
+    let cases: &[(&str, &str)] = &[
+        ("[train]\nbatch_size = 0", "train.batch_size"),
+        ("[train]\nlearning_rate = 0.0", "train.learning_rate"),
+        ("[train]\nlearning_rate = -0.1", "train.learning_rate"),
+        ("[train]\nlearning_rate = inf", "train.learning_rate"),
+        ("[train]\nlearning_rate = nan", "train.learning_rate"),
+        (
+            "[train]\nlearning_rate_decay = 0.0",
+            "train.learning_rate_decay",
+        ),
+        (
+            "[train]\nlearning_rate_decay = 1.5",
+            "train.learning_rate_decay",
+        ),
+        (
+            "[train]\nregularization_rate = -1e-4",
+            "train.regularization_rate",
+        ),
+        (
+            "[train]\nmoving_average_decay = 1.0",
+            "train.moving_average_decay",
+        ),
+        (
+            "[train]\nmoving_average_decay = -0.5",
+            "train.moving_average_decay",
+        ),
+        ("[train]\nlast_step = 0", "train.last_step"),
+        (
+            "[train]\nlog_step_count_steps = 0",
+            "train.log_step_count_steps",
+        ),
+        (
+            "[train]\nsave_summaries_steps = 0",
+            "train.save_summaries_steps",
+        ),
+        ("[train]\nmomentum = 1.0", "train.momentum"),
+        ("[train]\nmomentum = -0.1", "train.momentum"),
+        ("[train]\nbeta1 = 1.0", "train.beta1"),
+        ("[train]\nbeta2 = nan", "train.beta2"),
+        ("[train]\nepsilon = 0.0", "train.epsilon"),
+        (
+            "[train]\ninitial_accumulator_value = 0.0",
+            "train.initial_accumulator_value",
+        ),
+        (
+            "[train]\ninitial_accumulator_value = inf",
+            "train.initial_accumulator_value",
+        ),
+        ("[model]\nlayers = [784]", "model.layers"),
+        ("[model]\nlayers = [784, 0, 10]", "model.layers[1]"),
+        ("[cluster]\nps = []", "cluster.ps"),
+        ("[cluster]\nworker = []", "cluster.worker"),
+        ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
+        ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+        (
+            "[checkpoint]\nsave_secs = 10\nsave_steps = 100",
+            "checkpoint.save_steps",
+        ),
+        ("[eval]\nkeep_best = 0", "eval.keep_best"),
+        ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
+        ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
+        ("[log]\nlevel = \"degub\"", "log.level"),
+        ("[log]\nlevel = \"dtf=loud\"", "log.level"),
+        ("[log]\nlevel = \"\"", "log.level"),
+    ];
+    for (text, key) in cases {
+        let err = error_for(text, key);
+        assert!(err.contains("expected"), "{err}");
+    }
+}
+
+#[test]
+fn optimizers_take_tensorflow_defaults_and_their_keys() {
+    use crate::optimizer::Optimizer;
+    let default = Config::from_toml_str("", "f").unwrap();
+    assert_eq!(default.train.optimizer(), Optimizer::Sgd);
+    let adam = Config::from_toml_str("[train]\noptimizer = \"adam\"\n", "f").unwrap();
+    assert_eq!(
+        adam.train.optimizer(),
+        Optimizer::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8
+        }
+    );
+    let momentum = Config::from_toml_str(
+        "[train]\noptimizer = \"momentum\"\nmomentum = 0.5\nuse_nesterov = true\n",
+        "f",
+    )
+    .unwrap();
+    assert_eq!(
+        momentum.train.optimizer(),
+        Optimizer::Momentum {
+            momentum: 0.5,
+            use_nesterov: true
+        }
+    );
+    let adagrad = Config::from_toml_str("[train]\noptimizer = \"adagrad\"\n", "f").unwrap();
+    assert_eq!(
+        adagrad.train.optimizer(),
+        Optimizer::Adagrad {
+            initial_accumulator_value: 0.1
+        }
+    );
+    let err = Config::from_toml_str("[train]\noptimizer = \"rmsprop\"\n", "f")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("train.optimizer") || err.contains("rmsprop"),
+        "{err}"
+    );
+    assert!(err.contains("adam"), "the error lists the choices: {err}");
+}
+
+#[test]
+fn sync_replica_counts_are_checked() {
+    let ok = format!(
+        "{TWO_WORKERS}[train]\nmode = \"sync\"\nreplicas_to_aggregate = 1\ntotal_num_replicas = 2\n"
+    );
+    let config = Config::from_toml_str(&ok, "f").unwrap();
+    assert_eq!(
+        (config.replicas_to_aggregate(), config.total_num_replicas()),
+        (1, 2)
+    );
+    let err = error_for(
+        &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 3\n"),
+        "train.replicas_to_aggregate",
+    );
+    assert!(err.contains("1 to 2"), "{err}");
+    error_for(
+        &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 0\n"),
+        "train.replicas_to_aggregate",
+    );
+    error_for(
+        &format!("{TWO_WORKERS}[train]\nreplicas_to_aggregate = 2\ntotal_num_replicas = 1\n"),
+        "train.total_num_replicas",
+    );
+    error_for(
+        &format!("{TWO_WORKERS}[train]\ntotal_num_replicas = 3\n"),
+        "train.total_num_replicas",
+    );
+}
+
+#[test]
+fn addresses_are_checked() {
+    let err = error_for(
+        "[cluster]\nps = [\"a:1\"]\nworker = [\"b:2\", \"a:1\"]\n",
+        "cluster.worker[1]",
+    );
+    assert!(
+        err.contains("duplicate address \"a:1\" (also cluster.ps[0])"),
+        "{err}"
+    );
+    error_for(
+        "[cluster]\nworker = [\"b:2\", \"b:2\"]\n",
+        "cluster.worker[1]",
+    );
+    for bad in [
+        "host",
+        "host:0",
+        "host:65536",
+        ":80",
+        "ho st:1",
+        "::1:80",
+        "[nope]:80",
+        "h:x",
+    ] {
+        error_for(&format!("[cluster]\nps = [\"{bad}\"]\n"), "cluster.ps[0]");
+    }
+    for good in [
+        "10.0.0.1:2222",
+        "ps-0.dtf.svc.cluster.local:2222",
+        "[::1]:2222",
+        "h:65535",
+    ] {
+        Config::from_toml_str(&format!("[cluster]\nps = [\"{good}\"]\n"), "f").unwrap();
+    }
+}
+
+#[test]
+fn task_outside_cluster() {
+    let config = Config::from_toml_str(TWO_WORKERS, "/etc/dtf/dtf.toml").unwrap();
+    config
+        .check_task(TaskId {
+            role: Role::Worker,
+            index: 1,
+        })
+        .unwrap();
+    config
+        .check_task(TaskId {
+            role: Role::Ps,
+            index: 0,
+        })
+        .unwrap();
+    let err = config
+        .check_task(TaskId {
+            role: Role::Worker,
+            index: 3,
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "task worker:3: the cluster has 2 worker tasks (cluster.worker in /etc/dtf/dtf.toml)"
+    );
+    let err = config
+        .check_task(TaskId {
+            role: Role::Ps,
+            index: 1,
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cluster.ps in /etc/dtf/dtf.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tls_needs_all_three_files_or_none() {
+    let base = "[security]\ntls_cert = \"/c\"\ntls_key = \"/k\"\ntls_ca = \"/a\"\n";
+    let all = Config::from_toml_str(&format!("{TWO_WORKERS}{base}"), "/etc/dtf/test.toml");
+    assert_eq!(all.unwrap().security.tls_key, Some("/k".into()));
+    let err = error_for(
+        &format!("{TWO_WORKERS}[security]\ntls_cert = \"/c\"\ntls_ca = \"/a\"\n"),
+        "security.tls_key",
+    );
+    assert!(err.contains("security.tls_cert"), "{err}");
+    error_for(
+        &format!("{TWO_WORKERS}{}", base.replace("\"/a\"", "\"\"")),
+        "security.tls_ca",
+    );
+    // A change of TLS files needs a restart.
+    let old = Config::default();
+    let mut new = old.clone();
+    new.security.tls_ca = Some("/a".into());
+    assert_eq!(old.changed_keys(&new), ["security.tls_ca"]);
+    assert!(old.reload(new).is_err());
+}
+
+#[test]
+fn a_huge_learning_rate_is_refused_naming_the_range() {
+    let err = error_for("[train]\nlearning_rate = 1e30", "train.learning_rate");
+    assert!(err.contains("expected a number in (0, 10]"), "{err}");
+    let err = error_for(
+        "[train]\nregularization_rate = 1e30",
+        "train.regularization_rate",
+    );
+    assert!(err.contains("[0, 1]"), "{err}");
+    let err = error_for(
+        "[train]\nlearning_rate = 5.0\nregularization_rate = 0.5",
+        "train.regularization_rate",
+    );
+    assert!(err.contains("train.learning_rate = 5"), "{err}");
+    Config::from_toml_str(
+        "[train]\nlearning_rate = 0.8\nregularization_rate = 0.0001",
+        "/f",
+    )
+    .unwrap();
+}
+
+#[test]
+fn localhost_and_127_0_0_1_on_one_port_are_a_duplicate() {
+    let err = error_for(
+        "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7000\"]\n",
+        "cluster.worker[0]",
+    );
+    assert!(
+        err.contains("also cluster.ps[0], \"localhost:7000\", the same endpoint"),
+        "{err}"
+    );
+    for (a, b) in [
+        ("[::1]:7000", "localhost:7000"),
+        ("[::ffff:10.0.0.1]:7000", "10.0.0.1:7000"),
+        ("Host-A:7000", "host-a:7000"),
+    ] {
+        error_for(
+            &format!("[cluster]\nps = [\"{a}\"]\nworker = [\"{b}\"]\n"),
+            "cluster.worker[0]",
+        );
+    }
+    Config::from_toml_str(
+        "[cluster]\nps = [\"localhost:7000\"]\nworker = [\"127.0.0.1:7001\"]\n",
+        "/f",
+    )
+    .unwrap();
+}
+
+#[test]
+fn hidden_widths_take_the_data_shape_and_layers_must_fit_it() {
+    let mut c = Config::from_toml_str("[model]\nhidden = [32, 16]\n", "f").unwrap();
+    c.resolve_layers(20, 3, "d").unwrap();
+    assert_eq!(c.model.layers, [20, 32, 16, 3]);
+    error_for("[model]\nhidden = [32, 0]\n", "model.hidden[1]");
+    error_for("[model]\nhidden = [32]\nlayers = [5, 3]\n", "model.hidden");
+
+    let mut c = Config::from_toml_str("[model]\nlayers = [20, 8, 3]\n", "f").unwrap();
+    c.resolve_layers(20, 2, "d").unwrap();
+    let err = c.resolve_layers(21, 3, "the npz").unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers[0]") && err.contains("21 features"),
+        "{err}"
+    );
+    let err = c.resolve_layers(20, 5, "d").unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers[2]") && err.contains("labels up to 4"),
+        "{err}"
+    );
+}
+
+#[test]
+fn each_data_format_needs_its_paths() {
+    error_for("[data]\nformat = \"npz\"\n", "data.path");
+    error_for("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "data.test");
+    error_for(
+        "[data]\nformat = \"csv\"\ntrain = \"a\"\ntest = \"b\"\nlabel = \"\"\n",
+        "data.label",
+    );
+    Config::from_toml_str("[data]\nformat = \"npz\"\npath = \"x.npz\"\n", "f").unwrap();
+}

@@ -1,0 +1,255 @@
+//! How a push becomes an update: async pushes applied at once, sync ones
+//! summed until the step has its replicas, and the optimizer's pass over
+//! every variable, its EMA shadow and its slots.
+
+use super::{Pushed, Rule, Shard, ShardError, le_f32};
+use crate::model;
+use crate::optimizer::{self, Optimizer};
+use ndarray::ArrayD;
+
+impl Shard {
+    /// [`Shard::push_bytes`] from arrays, for the tests below.
+    #[cfg(test)]
+    pub(super) fn push(
+        &mut self,
+        grads: Vec<ArrayD<f32>>,
+        lr: f32,
+        step: u64,
+        worker: u32,
+        loss: f32,
+    ) -> Result<Pushed, ShardError> {
+        let bytes: Vec<&[u8]> = grads
+            .iter()
+            .map(|g| {
+                bytemuck::cast_slice(g.as_slice().expect("arrays built by dtf are contiguous"))
+            })
+            .collect();
+        self.push_bytes(&bytes, lr, step, worker, loss)
+    }
+
+    /// Applies (async) or aggregates (sync) a gradient computed at `step` by
+    /// `worker`, from little-endian f32 bytes as [`Shard::arrange_bytes`]
+    /// returns them: the ps applies a request's gradients without copying them.
+    pub fn push_bytes(
+        &mut self,
+        grads: &[&[u8]],
+        lr: f32,
+        step: u64,
+        worker: u32,
+        loss: f32,
+    ) -> Result<Pushed, ShardError> {
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(ShardError::LearningRate(lr));
+        }
+        self.values()?;
+        // Every update adds one to the step, so at `last_step` none is applied.
+        if self.step >= self.last_step {
+            return Ok(Pushed::AtLastStep);
+        }
+        if loss.is_finite() {
+            self.last_loss = loss;
+        }
+        match self.rule {
+            Rule::Async => {
+                self.apply(grads, lr, step, 1.0)?;
+                self.counters.pushes_applied += 1;
+                Ok(Pushed::Applied)
+            }
+            Rule::Sync { replicas, total } => {
+                self.push_sync(grads, lr, step, worker, replicas, total)
+            }
+        }
+    }
+
+    /// The sync rule: counts `worker`'s gradient for the current step and,
+    /// with the step's `replicas` gradients in, applies their average.
+    fn push_sync(
+        &mut self,
+        grads: &[&[u8]],
+        lr: f32,
+        step: u64,
+        worker: u32,
+        replicas: usize,
+        total: usize,
+    ) -> Result<Pushed, ShardError> {
+        if worker as usize >= total {
+            return Err(ShardError::UnknownWorker { worker, total });
+        }
+        if step < self.step {
+            self.counters.stale_gradients += 1;
+            return Ok(Pushed::Stale);
+        }
+        if step > self.step {
+            return Err(ShardError::FutureStep {
+                ps: self.ps,
+                step,
+                current: self.step,
+            });
+        }
+        if self.pending.workers.contains(&worker) {
+            return Err(ShardError::DuplicatePush { worker, step });
+        }
+        self.pending.workers.insert(worker);
+        for (s, g) in self.pending.sum.iter_mut().zip(grads) {
+            let s = s
+                .as_slice_mut()
+                .expect("arrays built by dtf are contiguous");
+            for (s, g) in s.iter_mut().zip(g.chunks_exact(4)) {
+                *s += le_f32(g);
+            }
+        }
+        if self.pending.workers.len() < replicas {
+            return Ok(Pushed::Pending);
+        }
+        let sum = std::mem::take(&mut self.pending.sum);
+        let bytes: Vec<&[u8]> = sum
+            .iter()
+            .map(|g| {
+                bytemuck::cast_slice(g.as_slice().expect("arrays built by dtf are contiguous"))
+            })
+            .collect();
+        let applied = self.apply(&bytes, lr, step, 1.0 / replicas as f32);
+        self.pending.sum = sum;
+        if applied.is_err() {
+            // The sum cannot be taken apart again: the step's
+            // gradients are dropped and its replicas push anew.
+            self.clear_pending();
+        }
+        applied?;
+        self.counters.updates_applied += 1;
+        self.counters.gradients_aggregated += replicas as u64;
+        self.clear_pending();
+        Ok(Pushed::Applied)
+    }
+
+    /// The optimizer's update of every variable and its slots with
+    /// `scale · g` (SGD: `w -= lr · scale · g`), then the EMA step, then
+    /// `step += 1` (and Adam's powers `*= beta`), reading `g` as
+    /// little-endian f32 bytes (unaligned is fine: they come straight from
+    /// the request).
+    ///
+    /// Computed into `scratch`, then swapped in only when every new value,
+    /// shadow and slot is finite: finite inputs can still overflow (lr 3e38).
+    ///
+    /// Errors: [`ShardError::Overflow`] naming the first variable that
+    /// would become non-finite; nothing changed.
+    fn apply(&mut self, grads: &[&[u8]], lr: f32, step: u64, scale: f32) -> Result<(), ShardError> {
+        let decay = model::ema_decay(self.ema, step);
+        // Adam's step size from this shard's powers, once per update as
+        // TensorFlow computes it.
+        let alpha = match self.slots.non_slots.as_slice() {
+            [beta1_power, beta2_power] => optimizer::adam_alpha(lr, *beta1_power, *beta2_power),
+            _ => 0.0,
+        };
+        // SGD's `w -= lr · scale · g` as one product.
+        let (k, rate) = (lr * scale, 1.0 - decay);
+        let values = self.values.as_mut().expect("checked by caller");
+        let (new_w, new_s) = &mut self.scratch;
+        let contiguous = "arrays built by dtf are contiguous";
+        for i in 0..values.len() {
+            let (w, sh, g) = (
+                values[i].as_slice().expect(contiguous),
+                self.shadows[i].as_slice().expect(contiguous),
+                grads[i],
+            );
+            let (nw, ns) = (
+                new_w[i].as_slice_mut().expect(contiguous),
+                new_s[i].as_slice_mut().expect(contiguous),
+            );
+            let (slots, next) = (&self.slots.per_var[i], &mut self.scratch_slots[i]);
+            let bad = match self.optimizer {
+                Optimizer::Sgd => lanes::<0>(w, sh, g, slots, next, nw, ns, rate, |w, g, []| {
+                    (w - k * g, [])
+                }),
+                Optimizer::Momentum {
+                    momentum,
+                    use_nesterov,
+                } => lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+                    let (w, a) = optimizer::momentum(w, g * scale, a, lr, momentum, use_nesterov);
+                    (w, [a])
+                }),
+                Optimizer::Adam {
+                    beta1,
+                    beta2,
+                    epsilon,
+                } => lanes::<2>(w, sh, g, slots, next, nw, ns, rate, |w, g, [m, v]| {
+                    let (w, m, v) =
+                        optimizer::adam(w, g * scale, m, v, alpha, beta1, beta2, epsilon);
+                    (w, [m, v])
+                }),
+                Optimizer::Adagrad { .. } => {
+                    lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+                        let (w, a) = optimizer::adagrad(w, g * scale, a, lr);
+                        (w, [a])
+                    })
+                }
+            };
+            if bad {
+                return Err(ShardError::Overflow {
+                    lr,
+                    name: self.specs[i].name.clone(),
+                });
+            }
+        }
+        std::mem::swap(values, new_w);
+        std::mem::swap(&mut self.shadows, new_s);
+        std::mem::swap(&mut self.slots.per_var, &mut self.scratch_slots);
+        // TensorFlow's `_finish`: the powers advance once per update.
+        if let (Optimizer::Adam { beta1, beta2, .. }, [p1, p2]) =
+            (self.optimizer, self.slots.non_slots.as_mut_slice())
+        {
+            *p1 *= beta1;
+            *p2 *= beta2;
+        }
+        self.step += 1;
+        Ok(())
+    }
+}
+
+/// One pass over a variable for a rule with `K` slots: `rule(w, g, slots)`
+/// gives the new value and slots, then the EMA step; new values go to `nw`,
+/// `ns` and `next`. Returns whether any new value is NaN or infinite.
+///
+/// Everything is resliced to one length first, so the loop has no bounds
+/// checks left in it and the closure inlines into one pass.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn lanes<const K: usize>(
+    w: &[f32],
+    s: &[f32],
+    g: &[u8],
+    slots: &[ArrayD<f32>],
+    next: &mut [ArrayD<f32>],
+    nw: &mut [f32],
+    ns: &mut [f32],
+    rate: f32,
+    rule: impl Fn(f32, f32, [f32; K]) -> (f32, [f32; K]),
+) -> bool {
+    const EXP: u32 = 0x7f80_0000;
+    let contiguous = "arrays built by dtf are contiguous";
+    let n = w.len();
+    let (s, g, nw, ns) = (&s[..n], &g[..4 * n], &mut nw[..n], &mut ns[..n]);
+    let slots: [&[f32]; K] = std::array::from_fn(|k| &slots[k].as_slice().expect(contiguous)[..n]);
+    let mut outs = next.iter_mut();
+    let next: [&mut [f32]; K] = std::array::from_fn(|_| {
+        let out = outs.next().expect("one scratch array per slot");
+        &mut out.as_slice_mut().expect(contiguous)[..n]
+    });
+    let mut bad = 0u32;
+    for j in 0..n {
+        let (w2, slots2) = rule(
+            w[j],
+            le_f32(&g[4 * j..4 * j + 4]),
+            std::array::from_fn(|k| slots[k][j]),
+        );
+        let s2 = model::ema_step(s[j], w2, rate);
+        nw[j] = w2;
+        ns[j] = s2;
+        bad |= u32::from(w2.to_bits() & EXP == EXP) | u32::from(s2.to_bits() & EXP == EXP);
+        for k in 0..K {
+            next[k][j] = slots2[k];
+            bad |= u32::from(slots2[k].to_bits() & EXP == EXP);
+        }
+    }
+    bad != 0
+}
