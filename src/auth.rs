@@ -87,11 +87,16 @@ impl Credentials {
     /// the ps against the CA and presenting this host's certificate, when TLS
     /// is on; http otherwise.
     ///
-    /// Errors: an address that is not a URI authority.
-    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
+    /// Errors: an address that is not a URI authority, or TLS settings a
+    /// client cannot use.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, ClientError> {
         let scheme = if self.tls() { "https" } else { "http" };
-        let ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| format!("address {addr:?}: {e}"))?;
+        let ep = Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|source| {
+            ClientError::Address {
+                addr: addr.to_owned(),
+                source,
+            }
+        })?;
         match &self.tls {
             None => Ok(ep),
             Some((identity, ca)) => ep
@@ -100,7 +105,10 @@ impl Credentials {
                         .ca_certificate(ca.clone())
                         .identity(identity.clone()),
                 )
-                .map_err(|e| format!("address {addr:?}: TLS: {e}")),
+                .map_err(|source| ClientError::Tls {
+                    addr: addr.to_owned(),
+                    source,
+                }),
         }
     }
 
@@ -132,9 +140,31 @@ impl Credentials {
     /// The client's token header.
     ///
     /// Errors: the token has characters a header cannot carry.
-    pub fn add_token(&self) -> Result<AddToken, String> {
+    pub fn add_token(&self) -> Result<AddToken, ClientError> {
         AddToken::new(&self.token)
     }
+}
+
+/// Why a client of a ps cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address is not a URI authority.
+    #[error("address {addr:?}: {source}")]
+    Address {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The TLS settings cannot make a client.
+    #[error("address {addr:?}: TLS: {source}")]
+    Tls {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The token has characters a header cannot carry.
+    #[error("the cluster token must be printable ASCII without newlines")]
+    Token,
 }
 
 /// Ends every explanation of a TLS mismatch ([`explain_tls_mismatch`]).
@@ -283,10 +313,10 @@ pub struct AddToken {
 
 impl AddToken {
     /// Errors when the token has characters a header cannot carry.
-    pub fn new(token: &str) -> Result<Self, String> {
-        let value = format!("Bearer {token}").parse().map_err(|_| {
-            "the cluster token must be printable ASCII without newlines".to_string()
-        })?;
+    pub fn new(token: &str) -> Result<Self, ClientError> {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Token)?;
         Ok(Self { value })
     }
 }

@@ -135,7 +135,7 @@ async fn ask_all(
                 .cluster
                 .ps
                 .iter()
-                .map(|_| (Err(e.clone()), None))
+                .map(|_| (Err(e.to_string()), None))
                 .collect();
         }
     };

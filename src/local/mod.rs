@@ -98,8 +98,8 @@ pub enum LocalError {
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
     /// The ps addresses or the token cannot make a client (from `Cluster::new`).
-    #[error("{0}")]
-    Cluster(String),
+    #[error(transparent)]
+    Cluster(#[from] crate::transport::ClusterError),
     /// The final evaluation's blocking task panicked or was cancelled.
     #[error("evaluation task: {0}")]
     EvalTask(#[source] tokio::task::JoinError),
@@ -399,7 +399,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
     let mut tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
     let credentials = Credentials::load(&cfg)?;
     let specs = Mlp::new(&cfg.model.layers)?.variables();
-    let cluster = Cluster::new(&cfg, specs, &credentials).map_err(LocalError::Cluster)?;
+    let cluster = Cluster::new(&cfg, specs, &credentials)?;
 
     let bar = progress_bar(opts);
     let mut rate = StepRate::default();

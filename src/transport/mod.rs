@@ -110,6 +110,11 @@ impl fmt::Display for Via {
     }
 }
 
+/// A ps address or the token cannot make a client ([`Cluster::new`]).
+#[derive(Debug, thiserror::Error)]
+#[error("cluster.ps: {0}")]
+pub struct ClusterError(#[source] pub auth::ClientError);
+
 /// A failed call to one ps task.
 #[derive(Debug, thiserror::Error)]
 #[error("ps:{ps}: {}", rpc::explain(status))]
@@ -373,7 +378,7 @@ impl Cluster {
         config: &Config,
         specs: Vec<VarSpec>,
         credentials: &Credentials,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClusterError> {
         Self::with_timeout(config, specs, credentials, CALL_TIMEOUT)
     }
 
@@ -385,18 +390,15 @@ impl Cluster {
         specs: Vec<VarSpec>,
         credentials: &Credentials,
         timeout: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClusterError> {
         let limit = message_limit(config);
         rpc::keep_freed_buffers();
         let clients = config
             .cluster
             .ps
             .iter()
-            .map(|addr| {
-                tcp::client(credentials, addr, limit, timeout)
-                    .map_err(|e| format!("cluster.ps: {e}"))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+            .map(|addr| tcp::client(credentials, addr, limit, timeout).map_err(ClusterError))
+            .collect::<Result<Vec<_>, _>>()?;
         let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
         let mut by_ps = vec![Vec::new(); clients.len()];
         for (i, &p) in owner.iter().enumerate() {

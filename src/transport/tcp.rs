@@ -1,7 +1,7 @@
 //! gRPC over TCP (tonic): the transport between hosts, and to every ps with
 //! `cluster.transport = "tcp"`. The HTTP/2 settings both ends share.
 
-use crate::auth::{AddToken, Credentials};
+use crate::auth::{AddToken, ClientError, Credentials};
 use crate::pb::parameter_server_client::ParameterServerClient;
 use std::time::Duration;
 use tonic::codegen::InterceptedService;
@@ -29,7 +29,7 @@ pub fn client(
     addr: &str,
     limit: usize,
     timeout: Duration,
-) -> Result<Client, String> {
+) -> Result<Client, ClientError> {
     let auth = credentials.add_token()?;
     let ep = credentials
         .endpoint(addr)?

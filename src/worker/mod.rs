@@ -40,8 +40,8 @@ pub enum WorkerError {
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
     /// The ps addresses or the token cannot make a client (from `Cluster::new`).
-    #[error("{0}")]
-    Cluster(String),
+    #[error(transparent)]
+    Cluster(#[from] crate::transport::ClusterError),
     /// The data's width is not the model's input width.
     #[error(
         "{dir}: rows have {pixels} features but model.layers[0] is {inputs} \
@@ -160,7 +160,7 @@ pub async fn run(
     let cfg = config.borrow().clone();
     let mlp = Mlp::new(&cfg.model.layers)?;
     let specs = mlp.variables();
-    let cluster = Cluster::new(&cfg, specs.clone(), credentials).map_err(WorkerError::Cluster)?;
+    let cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
     for (ps, idx) in (0..cluster.num_ps()).map(|p| (p, cluster.shard(p))) {
         for &i in idx {
             info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
