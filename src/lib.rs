@@ -24,7 +24,7 @@
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`.
-//! - [`transport`] — the wire: `Cluster` (the client of every ps, shared by worker,
+//! - [`transport`] — the wire: `cluster::Cluster` (the client of every ps, shared by worker,
 //!   chief, `dtf local` and `dtf status`), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host).
 //! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle

@@ -1,0 +1,530 @@
+//! [`Cluster`]: the client of every ps task that the worker, the chief,
+//! `dtf local` and `dtf status` share. Per ps it takes shared memory
+//! ([`super::ShmLink`]) when it can, gRPC over TCP ([`super::tcp`]) otherwise.
+
+use super::proto as rpc;
+use super::shm::{Area, kind};
+use super::{
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, local_port, lost,
+    message_limit, runtime_dir, socket_path, tcp,
+};
+use crate::auth::{self, Credentials};
+use crate::config::{Config, Transport};
+use crate::model::VarSpec;
+use crate::optimizer::{self, SlotSpec};
+use crate::{pb, placement};
+use futures::future::try_join_all;
+use ndarray::ArrayD;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+use tonic::Status;
+
+/// Connections to every ps task, and where each variable lives.
+#[derive(Clone)]
+pub struct Cluster {
+    /// One gRPC client per ps task.
+    clients: Vec<tcp::Client>,
+    /// The shared-memory way to each ps on this host (`None`: TCP only).
+    shm: Vec<Option<Arc<ShmLink>>>,
+    /// The transport each ps's latest call took ([`Via`] as a byte), for reports.
+    via: Arc<Vec<AtomicU8>>,
+    /// The model's variables in order.
+    specs: Vec<VarSpec>,
+    /// The ps holding each variable.
+    owner: Vec<usize>,
+    /// Variable indices held by each ps.
+    by_ps: Vec<Vec<usize>>,
+    /// Incarnation each shard had at the last pull (0: unknown).
+    incarnations: Vec<u64>,
+    /// The optimizer's slots of every variable, in the order snapshots
+    /// return them and [`Cluster::initialize`] takes them.
+    slot_specs: Vec<SlotSpec>,
+    /// The ps whose copy of the non-slot scalars a snapshot keeps:
+    /// TensorFlow's home for them (see [`optimizer::non_slot_owner`]).
+    non_slot_ps: usize,
+}
+
+/// The state of the whole model at one moment, shard by shard: what a
+/// checkpoint holds.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// ps 0's step: the global step.
+    pub step: u64,
+    /// Every variable, model order.
+    pub values: Vec<ArrayD<f32>>,
+    /// Their EMA shadows, same order.
+    pub shadows: Vec<ArrayD<f32>>,
+    /// The optimizer's slots, in [`crate::optimizer::Optimizer::slot_specs`] order.
+    pub slots: Vec<ArrayD<f32>>,
+}
+
+fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
+    move |status| PsCallError {
+        ps,
+        status: auth::explain_tls_mismatch(status),
+    }
+}
+
+impl Cluster {
+    /// Lazily connected clients (a ps that is not up yet is retried per call).
+    ///
+    /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
+    pub fn new(
+        config: &Config,
+        specs: Vec<VarSpec>,
+        credentials: &Credentials,
+    ) -> Result<Self, ClusterError> {
+        Self::with_timeout(config, specs, credentials, CALL_TIMEOUT)
+    }
+
+    /// [`Cluster::new`] with every call bounded by `timeout` (`dtf status`: short).
+    ///
+    /// Errors: as [`Cluster::new`].
+    pub fn with_timeout(
+        config: &Config,
+        specs: Vec<VarSpec>,
+        credentials: &Credentials,
+        timeout: Duration,
+    ) -> Result<Self, ClusterError> {
+        let limit = message_limit(config);
+        rpc::keep_freed_buffers();
+        let clients = config
+            .cluster
+            .ps
+            .iter()
+            .map(|addr| tcp::client(credentials, addr, limit, timeout).map_err(ClusterError))
+            .collect::<Result<Vec<_>, _>>()?;
+        let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
+        let mut by_ps = vec![Vec::new(); clients.len()];
+        for (i, &p) in owner.iter().enumerate() {
+            by_ps[p].push(i);
+        }
+        let dir = runtime_dir(config);
+        let shm = config
+            .cluster
+            .ps
+            .iter()
+            .enumerate()
+            .map(|(ps, addr)| {
+                let port =
+                    local_port(addr).filter(|_| config.cluster.transport == Transport::Auto)?;
+                let mut layout = Vec::new();
+                let mut at = 0;
+                for &i in &by_ps[ps] {
+                    let n = 4 * specs[i].shape.iter().product::<usize>();
+                    layout.push(at..at + n);
+                    at += n;
+                }
+                Some(Arc::new(ShmLink {
+                    ps,
+                    path: socket_path(&dir, port),
+                    bearer: credentials.bearer(),
+                    names: by_ps[ps].iter().map(|&i| specs[i].name.clone()).collect(),
+                    layout,
+                    area: at,
+                    limit,
+                    timeout,
+                    conn: tokio::sync::Mutex::new(None),
+                    warned: AtomicBool::new(false),
+                    opened: AtomicBool::new(false),
+                }))
+            })
+            .collect();
+        let incarnations = vec![0; clients.len()];
+        let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
+        let slot_specs = config.train.optimizer().slot_specs(&specs);
+        let non_slot_ps = optimizer::non_slot_owner(&specs).map_or(0, |i| owner[i]);
+        Ok(Self {
+            clients,
+            shm,
+            via,
+            specs,
+            owner,
+            by_ps,
+            incarnations,
+            slot_specs,
+            non_slot_ps,
+        })
+    }
+
+    pub fn num_ps(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn specs(&self) -> &[VarSpec] {
+        &self.specs
+    }
+
+    /// Variable indices held by ps `ps`.
+    pub fn shard(&self, ps: usize) -> &[usize] {
+        &self.by_ps[ps]
+    }
+
+    /// The transport each ps's latest call took.
+    pub fn transports(&self) -> Vec<Via> {
+        self.via
+            .iter()
+            .map(|v| match v.load(Ordering::Relaxed) {
+                1 => Via::Shm,
+                _ => Via::Tcp,
+            })
+            .collect()
+    }
+
+    fn took(&self, ps: usize, via: Via) {
+        self.via[ps].store(u8::from(via == Via::Shm), Ordering::Relaxed);
+    }
+
+    /// The shared-memory connection to `ps`, locked and open, when there is one.
+    async fn shm(
+        &self,
+        ps: usize,
+    ) -> Option<(&ShmLink, tokio::sync::MutexGuard<'_, Option<ShmConn>>)> {
+        let link = self.shm[ps].as_deref()?;
+        let conn = link.ready().await?;
+        self.took(ps, Via::Shm);
+        Some((link, conn))
+    }
+
+    /// `params` (model order) split into each ps's arrays (shard order).
+    fn slots<'a>(&self, params: &'a mut [ArrayD<f32>]) -> Vec<Vec<&'a mut ArrayD<f32>>> {
+        let mut out: Vec<Vec<_>> = (0..self.num_ps()).map(|_| Vec::new()).collect();
+        for (p, &ps) in params.iter_mut().zip(&self.owner) {
+            out[ps].push(p);
+        }
+        out
+    }
+
+    /// Decodes the tensors of a gRPC answer into the shard's arrays.
+    fn store(
+        &self,
+        ps: usize,
+        tensors: &[pb::Tensor],
+        out: &mut [&mut ArrayD<f32>],
+    ) -> Result<(), Status> {
+        for t in tensors {
+            let i = self.by_ps[ps]
+                .iter()
+                .position(|&i| self.specs[i].name == t.name)
+                .ok_or_else(|| {
+                    Status::internal(format!(
+                        "ps:{ps} sent variable {:?} it does not hold",
+                        t.name
+                    ))
+                })?;
+            rpc::decode_into(t, out[i])?;
+        }
+        Ok(())
+    }
+
+    /// One ps's `State`.
+    async fn state_of(&self, ps: usize) -> Result<pb::StateResponse, Status> {
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            return link
+                .call(&mut conn, kind::STATE, &pb::StateRequest {})
+                .await;
+        }
+        self.took(ps, Via::Tcp);
+        let mut c = self.clients[ps].clone();
+        Ok(c.state(pb::StateRequest {}).await?.into_inner())
+    }
+
+    /// Every ps task's state, or the error of the first that did not answer.
+    pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
+        try_join_all(
+            (0..self.num_ps()).map(|ps| async move { self.state_of(ps).await.map_err(call(ps)) }),
+        )
+        .await
+    }
+
+    /// Each ps's state or why it did not answer (`dtf status`).
+    pub async fn each_state(&self) -> Vec<Result<pb::StateResponse, Status>> {
+        futures::future::join_all((0..self.num_ps()).map(|ps| self.state_of(ps))).await
+    }
+
+    /// One ps's pull into its arrays (and shadows). With `with_slots` (a
+    /// snapshot) the optimizer's slots come back as tensors in the answer.
+    async fn pull_one(
+        &self,
+        ps: usize,
+        min_step: u64,
+        values: &mut [&mut ArrayD<f32>],
+        shadows: Option<&mut [&mut ArrayD<f32>]>,
+        with_slots: bool,
+    ) -> Result<pb::PullResponse, Status> {
+        let req = pb::PullRequest {
+            names: vec![],
+            with_shadows: shadows.is_some(),
+            min_step,
+            with_slots,
+        };
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            let r: pb::PullResponse = link.call(&mut conn, kind::PULL, &req).await?;
+            let region = &conn.as_ref().ok_or_else(|| lost(ps, "closed"))?.region;
+            link.read_area(region, Area::Values, values);
+            if let Some(sh) = shadows {
+                link.read_area(region, Area::Shadows, sh);
+            }
+            return Ok(r);
+        }
+        self.took(ps, Via::Tcp);
+        let mut c = self.clients[ps].clone();
+        let r = c.pull(req).await?.into_inner();
+        self.store(ps, &r.variables, values)?;
+        if let Some(sh) = shadows {
+            self.store(ps, &r.shadows, sh)?;
+        }
+        Ok(r)
+    }
+
+    /// Pulls every variable into `params` (model order). With `min_steps`, each
+    /// shard first waits (bounded) until its step reaches the given value.
+    pub async fn pull(
+        &mut self,
+        params: &mut [ArrayD<f32>],
+        min_steps: Option<&[u64]>,
+    ) -> Result<Progress, PsCallError> {
+        let slots = self.slots(params);
+        let this = &*self;
+        let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
+            let min_step = min_steps.map_or(0, |m| m[ps]);
+            async move {
+                this.pull_one(ps, min_step, &mut out, None, false)
+                    .await
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        for (ps, r) in replies.iter().enumerate() {
+            self.incarnations[ps] = r.incarnation;
+        }
+        Ok(Progress::of(
+            replies.iter().map(|r| (r.global_step, r.complete)),
+        ))
+    }
+
+    /// One ps's fused push-and-pull: `req` carries no tensors; the shard's
+    /// gradients go with it and its values come back into `out`.
+    async fn push_one(
+        &self,
+        ps: usize,
+        mut req: pb::PushRequest,
+        grads: &[ArrayD<f32>],
+        out: &mut [&mut ArrayD<f32>],
+    ) -> Result<pb::PushResponse, Status> {
+        if let Some((link, mut conn)) = self.shm(ps).await {
+            {
+                let c = conn.as_mut().ok_or_else(|| lost(ps, "closed"))?;
+                let dst = c.region.area_mut(Area::Gradients);
+                for (&i, range) in self.by_ps[ps].iter().zip(&link.layout) {
+                    let g = grads[i]
+                        .as_slice()
+                        .expect("arrays built by dtf are contiguous");
+                    dst[range.clone()].copy_from_slice(bytemuck::cast_slice(g));
+                }
+            }
+            let r: pb::PushResponse = link.call(&mut conn, kind::PUSH, &req).await?;
+            if req.pull {
+                let region = &conn.as_ref().ok_or_else(|| lost(ps, "closed"))?.region;
+                link.read_area(region, Area::Values, out);
+            }
+            return Ok(r);
+        }
+        self.took(ps, Via::Tcp);
+        req.gradients = self.by_ps[ps]
+            .iter()
+            .map(|&i| rpc::encode(&self.specs[i].name, &grads[i]))
+            .collect();
+        let mut c = self.clients[ps].clone();
+        let r = c.push(req).await?.into_inner();
+        self.store(ps, &r.variables, out)?;
+        Ok(r)
+    }
+
+    /// Pushes `grads` (model order) to every shard, each tagged with the step
+    /// its parameters were read at, and stores the values each shard returns
+    /// (fused push-and-pull: one round trip per step).
+    pub async fn push_pull(
+        &mut self,
+        grads: &[ArrayD<f32>],
+        params: &mut [ArrayD<f32>],
+        learning_rate: f32,
+        steps: &[u64],
+        worker: u32,
+        loss: f32,
+    ) -> Result<Progress, PsCallError> {
+        let slots = self.slots(params);
+        let this = &*self;
+        let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
+            let req = pb::PushRequest {
+                gradients: Vec::new(),
+                learning_rate,
+                step: steps[ps],
+                worker,
+                pull: true,
+                incarnation: this.incarnations[ps],
+                loss,
+            };
+            async move {
+                this.push_one(ps, req, grads, &mut out)
+                    .await
+                    .map_err(call(ps))
+            }
+        }))
+        .await?;
+        Ok(Progress::of(
+            replies.iter().map(|r| (r.global_step, r.complete)),
+        ))
+    }
+
+    /// Initializes the shards of the ps tasks in `only` from `values` (model
+    /// order), optional `shadows` and optional `slots` ([`Snapshot::slots`]
+    /// order; `None`: fresh), at `step`. Returns the shards that took it.
+    pub async fn initialize(
+        &self,
+        only: &[usize],
+        values: &[ArrayD<f32>],
+        shadows: Option<&[ArrayD<f32>]>,
+        slots: Option<&[ArrayD<f32>]>,
+        step: u64,
+        force: bool,
+    ) -> Result<Vec<usize>, PsCallError> {
+        let replies = try_join_all(only.iter().map(|&ps| {
+            let enc = |src: &[ArrayD<f32>]| {
+                self.by_ps[ps]
+                    .iter()
+                    .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
+                    .collect()
+            };
+            // A shard's slots, and every shard's copy of the non-slot scalars.
+            let slots = slots
+                .map(|slots| {
+                    self.slot_specs
+                        .iter()
+                        .zip(slots)
+                        .filter(|(spec, _)| spec.var.is_none_or(|i| self.by_ps[ps].contains(&i)))
+                        .map(|(spec, a)| rpc::encode(&spec.name, a))
+                        .collect()
+                })
+                .unwrap_or_default();
+            // Tensors inline on both transports: once per run, off the step path.
+            let req = pb::InitializeRequest {
+                variables: enc(values),
+                shadows: shadows.map(enc).unwrap_or_default(),
+                global_step: step,
+                force,
+                slots,
+            };
+            async move {
+                let r: Result<pb::InitializeResponse, Status> = match self.shm(ps).await {
+                    Some((link, mut conn)) => link.call(&mut conn, kind::INITIALIZE, &req).await,
+                    None => {
+                        self.took(ps, Via::Tcp);
+                        let mut c = self.clients[ps].clone();
+                        c.initialize(req).await.map(|r| r.into_inner())
+                    }
+                };
+                r.map(|r| (ps, r.applied)).map_err(call(ps))
+            }
+        }))
+        .await?;
+        Ok(replies
+            .into_iter()
+            .filter(|(_, applied)| *applied)
+            .map(|(ps, _)| ps)
+            .collect())
+    }
+
+    /// Every variable, its EMA shadow and its slots, and the global step: a
+    /// consistent snapshot per shard, for checkpoints and evaluation.
+    pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
+        let mut values: Vec<ArrayD<f32>> = self
+            .specs
+            .iter()
+            .map(|s| ArrayD::zeros(s.shape.as_slice()))
+            .collect();
+        let mut shadows = values.clone();
+        let replies = {
+            let slots = self
+                .slots(&mut values)
+                .into_iter()
+                .zip(self.slots(&mut shadows));
+            try_join_all(slots.enumerate().map(|(ps, (mut v, mut s))| async move {
+                self.pull_one(ps, 0, &mut v, Some(&mut s), true)
+                    .await
+                    .map_err(call(ps))
+            }))
+            .await?
+        };
+        let step = replies.first().map_or(0, |r| r.global_step);
+        let slots = self.gather_slots(&replies)?;
+        Ok(Snapshot {
+            step,
+            values,
+            shadows,
+            slots,
+        })
+    }
+
+    /// The optimizer's slots from every shard's snapshot answer, in
+    /// [`Snapshot::slots`] order: each slot from the ps holding its
+    /// variable, the non-slot scalars from TensorFlow's home for them.
+    fn gather_slots(&self, replies: &[pb::PullResponse]) -> Result<Vec<ArrayD<f32>>, PsCallError> {
+        let mut slots: Vec<ArrayD<f32>> = self
+            .slot_specs
+            .iter()
+            .map(|s| ArrayD::zeros(s.shape.as_slice()))
+            .collect();
+        let mut got = vec![false; slots.len()];
+        for (ps, r) in replies.iter().enumerate() {
+            for t in &r.slots {
+                let bad = |why: &str| PsCallError {
+                    ps,
+                    status: Status::internal(format!("ps:{ps} sent slot {:?}: {why}", t.name)),
+                };
+                let j = self
+                    .slot_specs
+                    .iter()
+                    .position(|s| s.name == t.name)
+                    .ok_or_else(|| bad("not a slot of this optimizer"))?;
+                match self.slot_specs[j].var {
+                    Some(i) if self.owner[i] != ps => {
+                        return Err(bad("its variable is not on that ps"));
+                    }
+                    // Every shard keeps a copy; the checkpoint takes TensorFlow's.
+                    None if ps != self.non_slot_ps => continue,
+                    _ => {}
+                }
+                rpc::decode_into(t, &mut slots[j]).map_err(|e| call(ps)(e.into()))?;
+                got[j] = true;
+            }
+        }
+        if let Some(j) = got.iter().position(|g| !g) {
+            let spec = &self.slot_specs[j];
+            return Err(PsCallError {
+                ps: spec.var.map_or(self.non_slot_ps, |i| self.owner[i]),
+                status: Status::internal(format!("slot {:?} missing from the snapshot", spec.name)),
+            });
+        }
+        Ok(slots)
+    }
+
+    /// Tells every ps the run is complete (best effort per task).
+    pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
+        try_join_all((0..self.num_ps()).map(|ps| async move {
+            let req = pb::CompleteRequest { global_step: step };
+            let r: Result<pb::CompleteResponse, Status> = match self.shm(ps).await {
+                Some((link, mut conn)) => link.call(&mut conn, kind::COMPLETE, &req).await,
+                None => {
+                    self.took(ps, Via::Tcp);
+                    let mut c = self.clients[ps].clone();
+                    c.complete(req).await.map(|r| r.into_inner())
+                }
+            };
+            r.map(|_| ()).map_err(call(ps))
+        }))
+        .await
+        .map(|_| ())
+    }
+}
