@@ -271,31 +271,7 @@ impl Status {
             .map(String::from)
             .to_vec(),
         ];
-        for t in &self.tasks {
-            rows.push(vec![
-                t.task.clone(),
-                t.role.clone(),
-                t.address.clone(),
-                match (t.reachable, &t.contact, t.last_contact_secs) {
-                    (Some(true), ..) => "yes".into(),
-                    (Some(false), ..) => "NO".into(),
-                    (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),
-                    (None, Some(c), None) => c.clone(),
-                    (None, None, _) => "-".into(),
-                },
-                t.incarnation
-                    .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
-                opt(&t.initialized),
-                opt(&t.global_step),
-                t.examples_per_sec
-                    .map_or_else(|| "-".into(), |r| format!("{r:.0}")),
-                opt(&t.complete),
-                match (&t.transport, t.shm_connections) {
-                    (Some(via), Some(n)) => format!("{via} (ps has {n} shm)"),
-                    (via, _) => opt(via),
-                },
-            ]);
-        }
+        rows.extend(self.tasks.iter().map(row));
         let mut out = grid(&rows);
         let _ = writeln!(out);
         let _ = writeln!(
@@ -337,6 +313,33 @@ impl Status {
         }
         out
     }
+}
+
+/// One task's row of the table.
+fn row(t: &TaskStatus) -> Vec<String> {
+    vec![
+        t.task.clone(),
+        t.role.clone(),
+        t.address.clone(),
+        match (t.reachable, &t.contact, t.last_contact_secs) {
+            (Some(true), ..) => "yes".into(),
+            (Some(false), ..) => "NO".into(),
+            (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),
+            (None, Some(c), None) => c.clone(),
+            (None, None, _) => "-".into(),
+        },
+        t.incarnation
+            .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
+        opt(&t.initialized),
+        opt(&t.global_step),
+        t.examples_per_sec
+            .map_or_else(|| "-".into(), |r| format!("{r:.0}")),
+        opt(&t.complete),
+        match (&t.transport, t.shm_connections) {
+            (Some(via), Some(n)) => format!("{via} (ps has {n} shm)"),
+            (via, _) => opt(via),
+        },
+    ]
 }
 
 /// `rows` as left-aligned columns two spaces apart.

@@ -579,24 +579,10 @@ pub async fn serve(
             }
         })
     };
-    // Tasks on this host reach the ps through shared memory too (unless
-    // `cluster.transport = "tcp"`); a socket that cannot be made leaves TCP.
-    let shm = match (config.cluster.transport, listener.local_addr()) {
-        (Transport::Auto, Ok(addr)) => match shm::bind(config, addr.port()) {
-            Ok(socket) => Some(tokio::spawn(shm::serve(
-                service.clone(),
-                socket,
-                credentials.check_token(),
-                limit,
-                stop.clone(),
-            ))),
-            Err(e) => {
-                warn!(ps = task, error = %e, dir = %transport::runtime_dir(config).display(), "Cannot serve shared memory (cluster.runtime_dir); serving TCP only.");
-                None
-            }
-        },
-        _ => None,
-    };
+    let shm = listener
+        .local_addr()
+        .ok()
+        .and_then(|addr| serve_shm(&service, config, addr.port(), credentials, limit, &stop));
     let incoming = limits::incoming(listener, refusals, credentials.server_tls());
     let result = credentials
         .server()
@@ -618,4 +604,33 @@ pub async fn serve(
         warn!(ps = task, error = %e, "Server stopped with an error.");
     }
     Ok(result?)
+}
+
+/// Tasks on this host reach the ps through shared memory too (unless
+/// `cluster.transport = "tcp"`): the server of its socket, for `port`, until
+/// `stop`. A socket that cannot be made leaves TCP alone, with a warning.
+fn serve_shm(
+    service: &PsService,
+    config: &Config,
+    port: u16,
+    credentials: &Credentials,
+    limit: usize,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if config.cluster.transport != Transport::Auto {
+        return None;
+    }
+    match shm::bind(config, port) {
+        Ok(socket) => Some(tokio::spawn(shm::serve(
+            service.clone(),
+            socket,
+            credentials.check_token(),
+            limit,
+            stop.clone(),
+        ))),
+        Err(e) => {
+            warn!(ps = service.inner.task, error = %e, dir = %transport::runtime_dir(config).display(), "Cannot serve shared memory (cluster.runtime_dir); serving TCP only.");
+            None
+        }
+    }
 }

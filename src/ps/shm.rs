@@ -124,61 +124,10 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let task = service.inner.task;
-    let (uid, pid) = match stream.peer_cred() {
-        Ok(c) => (c.uid(), c.pid().unwrap_or(0)),
-        Err(e) => {
-            debug!(error = %e, "Shared-memory peer without credentials.");
-            return;
-        }
-    };
-    let refuse = |reason: &str| {
-        service.inner.refusals.refused(
-            None,
-            &format!("shared memory, pid {pid} uid {uid}: {reason}"),
-        );
-    };
-    if !shm::trusted_uid(uid) {
-        refuse("not the ps's user or root");
-        let _ = shm::write_status(
-            &mut stream,
-            &Status::permission_denied("shared memory is only for the ps's own user"),
-        )
-        .await;
+    let Some(pid) = admit(service, &mut stream, check).await else {
         return;
-    }
-    let hello = tokio::time::timeout(
-        super::limits::UNAUTHENTICATED_IDLE,
-        shm::read_frame(&mut stream, shm::HELLO_LIMIT),
-    )
-    .await;
-    match hello {
-        Ok(Ok((kind::HELLO, token))) if check.matches(&token) => {}
-        Ok(Ok((kind::HELLO, _))) => {
-            refuse("wrong cluster token");
-            let _ = shm::write_status(
-                &mut stream,
-                &Status::unauthenticated(
-                    "wrong cluster token (compare security.token_file on both hosts)",
-                ),
-            )
-            .await;
-            return;
-        }
-        Ok(Ok((k, _))) => return refuse(&format!("frame kind {k:#x} before the hello")),
-        Ok(Err(e)) => return refuse(&format!("no hello: {e}")),
-        Err(_) => return refuse("no hello in time"),
-    }
-    let (layout, area) = {
-        let s = service.lock();
-        let mut layout = Vec::new();
-        let mut at = 0;
-        for spec in s.specs() {
-            let n = 4 * spec.shape.iter().product::<usize>();
-            layout.push((spec.name.clone(), spec.shape.clone(), at..at + n));
-            at += n;
-        }
-        (layout, at)
     };
+    let (layout, area) = shard_layout(service);
     let mut region = match Region::create(area) {
         Ok(r) => r,
         Err(e) => {
@@ -201,9 +150,97 @@ async fn connection(
         .fetch_add(1, Ordering::Relaxed);
     let _open = Open(service);
     debug!(ps = task, pid, "Shared-memory connection.");
+    serve_calls(
+        service,
+        &mut stream,
+        pid,
+        (&layout, &mut region),
+        limit,
+        stop,
+    )
+    .await;
+}
+
+/// The peer's credentials and its hello: `Some(pid)` when it is this ps's
+/// user (or root) and presents the cluster token within the deadline; else
+/// the refusal is logged and answered.
+async fn admit(service: &PsService, stream: &mut UnixStream, check: &CheckToken) -> Option<i32> {
+    let (uid, pid) = match stream.peer_cred() {
+        Ok(c) => (c.uid(), c.pid().unwrap_or(0)),
+        Err(e) => {
+            debug!(error = %e, "Shared-memory peer without credentials.");
+            return None;
+        }
+    };
+    let refuse = |reason: &str| {
+        service.inner.refusals.refused(
+            None,
+            &format!("shared memory, pid {pid} uid {uid}: {reason}"),
+        );
+        None
+    };
+    if !shm::trusted_uid(uid) {
+        let _ = shm::write_status(
+            stream,
+            &Status::permission_denied("shared memory is only for the ps's own user"),
+        )
+        .await;
+        return refuse("not the ps's user or root");
+    }
+    let hello = tokio::time::timeout(
+        super::limits::UNAUTHENTICATED_IDLE,
+        shm::read_frame(stream, shm::HELLO_LIMIT),
+    )
+    .await;
+    match hello {
+        Ok(Ok((kind::HELLO, token))) if check.matches(&token) => Some(pid),
+        Ok(Ok((kind::HELLO, _))) => {
+            let _ = shm::write_status(
+                stream,
+                &Status::unauthenticated(
+                    "wrong cluster token (compare security.token_file on both hosts)",
+                ),
+            )
+            .await;
+            refuse("wrong cluster token")
+        }
+        Ok(Ok((k, _))) => refuse(&format!("frame kind {k:#x} before the hello")),
+        Ok(Err(e)) => refuse(&format!("no hello: {e}")),
+        Err(_) => refuse("no hello in time"),
+    }
+}
+
+/// Each variable of the shard: its name, shape and byte range in an area;
+/// and the area's size.
+fn shard_layout(service: &PsService) -> (Layout, usize) {
+    let s = service.lock();
+    let mut layout = Vec::new();
+    let mut at = 0;
+    for spec in s.specs() {
+        let n = 4 * spec.shape.iter().product::<usize>();
+        layout.push((spec.name.clone(), spec.shape.clone(), at..at + n));
+        at += n;
+    }
+    (layout, at)
+}
+
+/// A variable's name, shape and byte range in an area of the region.
+type Layout = Vec<(String, Vec<usize>, std::ops::Range<usize>)>;
+
+/// Answers the connection's calls, one at a time, until it closes, breaks
+/// or the ps stops.
+async fn serve_calls(
+    service: &PsService,
+    stream: &mut UnixStream,
+    pid: i32,
+    (layout, region): (&Layout, &mut Region),
+    limit: usize,
+    stop: CancellationToken,
+) {
+    let task = service.inner.task;
     loop {
         let frame = tokio::select! {
-            f = shm::read_frame(&mut stream, limit) => f,
+            f = shm::read_frame(stream, limit) => f,
             _ = stop.cancelled() => return,
         };
         let (k, body) = match frame {
@@ -217,11 +254,11 @@ async fn connection(
                 return;
             }
         };
-        let answer = call(service, &layout, &mut region, k, &body).await;
+        let answer = call(service, layout, region, k, &body).await;
         let write = async {
             match answer {
-                Ok(body) => shm::write_frame(&mut stream, kind::OK, &body).await,
-                Err(s) => shm::write_status(&mut stream, &s).await,
+                Ok(body) => shm::write_frame(stream, kind::OK, &body).await,
+                Err(s) => shm::write_status(stream, &s).await,
             }
         };
         if !matches!(tokio::time::timeout(WRITE_TIMEOUT, write).await, Ok(Ok(()))) {
