@@ -172,7 +172,8 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes(transport) {
     } else {
         assert_eq!(s.shm_connections, 0, "{s:?}");
     }
-    let last = s.global_step + 5000;
+    // Room for the reload (200 ms to settle) to land on every task first.
+    let last = s.global_step + 20_000;
     c.cfg.train.last_step = last;
     c.write_config_by_rename();
     for n in ["ps:0", "worker:0", "worker:1"] {
