@@ -356,7 +356,7 @@ done
 check "the ps socket is in the units' runtime directory ($(in_ct ls -l /run/dtf 2>&1 | tr '\n' ' '))" \
 	in_ct test -S "/run/dtf/ps-${PS_ADDR##*:}.sock"
 shm_json=$(in_ct dtf status --json 2>&1 || true)
-check "dtf status --json: ps:0 reached over shm, with the workers' connections ($(grep -o '"transport":"[a-z]*","shm_connections":[0-9]*' <<<"$shm_json" | head -n1))" \
+check "dtf status --json: ps:0 has the workers' shared-memory connections ($(grep -o '"transport":"[a-z]*","shm_connections":[0-9]*' <<<"$shm_json" | head -n1))" \
 	wait_for 30 shm_connections 2
 # A client trusts only a socket of its own user (or root's): as the units'
 # user, dtf status itself comes through shared memory; as root, over TCP.
