@@ -63,6 +63,42 @@ fn enable_tls(c: &mut Cluster) -> CertifiedIssuer<'static, KeyPair> {
     ca
 }
 
+/// A ps of `c` serving mutual TLS: its CA, a member's certificate and key,
+/// its address.
+struct TlsPs {
+    ca: CertifiedIssuer<'static, KeyPair>,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    addr: String,
+}
+
+/// Starts ps 0 of `c` with TLS on and waits until a member's call is
+/// answered (that first answer is returned with it).
+async fn start_tls_ps(c: &mut Cluster) -> (TlsPs, pb::StateResponse) {
+    let ca = enable_tls(c);
+    let (cert, key) = (
+        c.cfg.security.tls_cert.clone().unwrap(),
+        c.cfg.security.tls_key.clone().unwrap(),
+    );
+    let addr = c.cfg.cluster.ps[0].clone();
+    c.start("ps", 0);
+    let first = eventually(Duration::from_secs(20), "the ps over TLS", || async {
+        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
+            .await
+            .ok()
+    })
+    .await;
+    (
+        TlsPs {
+            ca,
+            cert,
+            key,
+            addr,
+        },
+        first,
+    )
+}
+
 /// A client of `addr` over TLS trusting `trust`, presenting `identity`, with the cluster token.
 async fn tls_client(
     addr: &str,
@@ -125,20 +161,15 @@ fn a_cluster_trains_over_mutual_tls_and_dtf_status_reads_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tls_ps_accepts_only_clients_the_cluster_ca_signed() {
     let mut c = Cluster::new(1, 1, 100, Mode::Async);
-    let ca = enable_tls(&mut c);
-    let (cert, key) = (
-        c.cfg.security.tls_cert.clone().unwrap(),
-        c.cfg.security.tls_key.clone().unwrap(),
-    );
-    let addr = c.cfg.cluster.ps[0].clone();
-    c.start("ps", 0);
-
-    let good = eventually(Duration::from_secs(20), "the ps over TLS", || async {
-        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
-            .await
-            .ok()
-    })
-    .await;
+    let (
+        TlsPs {
+            ca,
+            cert,
+            key,
+            addr,
+        },
+        good,
+    ) = start_tls_ps(&mut c).await;
     assert!(!good.initialized);
 
     // Over TLS the token is still checked.
@@ -397,19 +428,15 @@ fn assert_refused(c: &Cluster, peer: SocketAddr, reason: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tls_ps_logs_each_failed_handshake_with_the_peer_and_why() {
     let mut c = Cluster::new(1, 1, 100, Mode::Async);
-    let ca = enable_tls(&mut c);
-    let (cert, key) = (
-        c.cfg.security.tls_cert.clone().unwrap(),
-        c.cfg.security.tls_key.clone().unwrap(),
-    );
-    let addr = c.cfg.cluster.ps[0].clone();
-    c.start("ps", 0);
-    let good = eventually(Duration::from_secs(20), "the ps over TLS", || async {
-        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
-            .await
-            .ok()
-    })
-    .await;
+    let (
+        TlsPs {
+            ca,
+            cert,
+            key,
+            addr,
+        },
+        good,
+    ) = start_tls_ps(&mut c).await;
     let trusting = || ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem()));
 
     // A gRPC client without TLS.
@@ -467,19 +494,15 @@ async fn a_tls_ps_logs_each_failed_handshake_with_the_peer_and_why() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_never_starts_its_handshake_holds_up_no_one() {
     let mut c = Cluster::new(1, 1, 100, Mode::Async);
-    let ca = enable_tls(&mut c);
-    let (cert, key) = (
-        c.cfg.security.tls_cert.clone().unwrap(),
-        c.cfg.security.tls_key.clone().unwrap(),
-    );
-    let addr = c.cfg.cluster.ps[0].clone();
-    c.start("ps", 0);
-    eventually(Duration::from_secs(20), "the ps over TLS", || async {
-        tls_client(&addr, &ca, Some((&cert, &key)), TOKEN)
-            .await
-            .ok()
-    })
-    .await;
+    let (
+        TlsPs {
+            ca,
+            cert,
+            key,
+            addr,
+        },
+        _,
+    ) = start_tls_ps(&mut c).await;
     // A cluster member on one connection, answered once: from then on the
     // connection is authenticated and outlives the 10 s given to others.
     let identity = Identity::from_pem(std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
