@@ -40,8 +40,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest message a task may need to send or receive for this model: every
-/// variable of the model and its shadow, plus room for framing. Derived, so a
-/// big model never fails on gRPC's 4 MiB default.
+/// variable of the model, its shadow and its optimizer slots (the chief's
+/// snapshot), plus room for framing. Derived, so a big model never fails on
+/// gRPC's 4 MiB default.
 pub fn message_limit(config: &Config) -> usize {
     let floats: usize = config
         .model
@@ -49,7 +50,8 @@ pub fn message_limit(config: &Config) -> usize {
         .windows(2)
         .map(|w| w[0] * w[1] + w[1])
         .sum();
-    2 * 4 * floats + (1 << 20)
+    let copies = 2 + config.train.optimizer().slot_names().len();
+    copies * 4 * floats + (1 << 20)
 }
 
 /// The shipped units' runtime directory (`RuntimeDirectory=dtf`).
@@ -339,6 +341,18 @@ impl ShmLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_message_limit_has_room_for_the_optimizers_slots() {
+        let mut config = Config::default();
+        config.model.layers = vec![784, 500, 10];
+        let floats = 784 * 500 + 500 + 500 * 10 + 10;
+        // Values and shadows.
+        assert_eq!(message_limit(&config), 2 * 4 * floats + (1 << 20));
+        // Adam's snapshot also carries two slots per variable.
+        config.train.optimizer = crate::config::OptimizerKind::Adam;
+        assert_eq!(message_limit(&config), 4 * 4 * floats + (1 << 20));
+    }
 
     #[test]
     fn a_busy_ps_is_retried_and_a_refusal_is_not() {
