@@ -294,6 +294,10 @@ impl ShmLink {
     /// One call on an open connection: `req` out, the answer in. A broken
     /// connection is closed (the next call opens a new one).
     ///
+    /// Cancel-safe: the connection is out of `slot` while the call runs, so
+    /// a call dropped halfway (its step abandoned because another ps failed)
+    /// closes it instead of leaving an unread answer for the next call.
+    ///
     /// Errors: the ps's status, or `UNAVAILABLE` for a lost connection.
     async fn call<M: Message + Default>(
         &self,
@@ -301,7 +305,7 @@ impl ShmLink {
         k: u8,
         req: &impl Message,
     ) -> Result<M, Status> {
-        let conn = slot.as_mut().ok_or_else(|| lost(self.ps, "not open"))?;
+        let mut conn = slot.take().ok_or_else(|| lost(self.ps, "not open"))?;
         let exchange = async {
             shm::write_message(&mut conn.stream, k, req)
                 .await
@@ -317,13 +321,9 @@ impl ShmLink {
                 self.ps, self.timeout
             ))),
         };
-        match reply {
-            Ok((k, body)) => shm::answer(k, &body),
-            Err(e) => {
-                *slot = None;
-                Err(e)
-            }
-        }
+        let (k, body) = reply?;
+        *slot = Some(conn);
+        shm::answer(k, &body)
     }
 
     /// Copies an area into the shard's arrays (shard order).

@@ -70,8 +70,10 @@ async fn sync_adam_updates_slots_once_per_aggregated_step() {
 async fn a_ps_killed_with_sigkill_gets_its_slots_back_from_the_checkpoint() {
     let mut c = Cluster::new(2, 1, 1_000_000, Mode::Async);
     c.cfg.train.optimizer = OptimizerKind::Adam;
-    // A slow decay, so that the power still tells the step it has seen.
-    c.cfg.train.beta1 = 0.99;
+    // A slow decay, so that the power still tells the step it has seen: on
+    // shared memory the tiny model may be 100,000 steps in before the pull,
+    // and 0.9999^100000 is still a normal f32 (0.99^10000 is not).
+    c.cfg.train.beta1 = 0.9999;
     c.cfg.train.learning_rate = 0.01;
     c.write_config();
     c.start_all();
@@ -117,9 +119,11 @@ async fn a_ps_killed_with_sigkill_gets_its_slots_back_from_the_checkpoint() {
         .find(|t| t.name == "beta1_power")
         .map(|t| f32::from_le_bytes(t.data[..4].try_into().unwrap()))
         .unwrap();
-    // Restored from the checkpoint, the power is 0.99^(step + 1) for the
-    // shard's step (a fresh one would be 0.99^(steps since the restart)).
-    let seen = (f64::from(beta1_power).ln() / 0.99f64.ln()).round() as i64 - 1;
+    // Restored from the checkpoint, the power is beta1^(step + 1) for the
+    // shard's step (a fresh one would be beta1^(steps since the restart)),
+    // with beta1 as the ps holds it: an f32.
+    let beta1 = f64::from(0.9999f32);
+    let seen = (f64::from(beta1_power).ln() / beta1.ln()).round() as i64 - 1;
     let step = pulled.global_step as i64;
     assert!(
         step >= 50 && (seen - step).abs() <= 3,

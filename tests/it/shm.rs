@@ -156,3 +156,36 @@ async fn a_truncated_or_oversized_frame_ends_only_that_connection() {
     assert_eq!(good.transports(), vec![Via::Shm]);
     assert_eq!(states[0].shm_connections, 1, "the broken ones are closed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_abandoned_halfway_leaves_no_answer_for_the_next() {
+    // A step is abandoned when one ps fails: the calls to the others are
+    // dropped with their request sent and their answer unread.
+    let (c, _) = live_ps();
+    let mut client = ps_client(&c, TOKEN);
+    let values = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .init(c.cfg.train.seed);
+    client
+        .initialize(&[0], &values, None, None, 5, false)
+        .await
+        .unwrap();
+    assert_eq!(client.transports(), vec![Via::Shm]);
+    let mut params = values.clone();
+    // The ps holds a pull for a step it has not reached (up to a second);
+    // the caller gives up first.
+    let waiting = client.pull(&mut params, Some(&[1_000]));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), waiting)
+            .await
+            .is_err(),
+        "the pull for step 1000 answered at once"
+    );
+    // The next calls get their own answers, on shared memory again.
+    let states = client.states().await.unwrap();
+    assert_eq!(states[0].global_step, 5);
+    let progress = client.pull(&mut params, None).await.unwrap();
+    assert_eq!(progress.global_step(), 5);
+    assert_eq!(params, values);
+    assert_eq!(client.transports(), vec![Via::Shm]);
+}
