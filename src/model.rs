@@ -8,7 +8,9 @@
 //! GEMM), which is where nearly all the time of a training step is spent.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2, Ix1, Ix2, s};
+use ndarray::{
+    Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn, s,
+};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -151,9 +153,9 @@ impl Mlp {
     /// [`Mlp::variables`] says: callers receive parameters that the ps or the
     /// checkpoint reader has already validated against the same specs, so a
     /// mismatch here is a bug, not bad input.
-    fn layer_views<'a>(
+    fn layer_views<'a, S: Data<Elem = f32>>(
         &self,
-        params: &'a [ArrayD<f32>],
+        params: &'a [ArrayBase<S, IxDyn>],
     ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
         // Checked without building `variables()`: this runs every step.
         assert_eq!(
@@ -257,6 +259,10 @@ impl Mlp {
     /// the gradients are written into `grads`, which must have the shapes of
     /// `params`. Returns the loss.
     ///
+    /// Generic over the arrays' storage: the worker passes views over a
+    /// ps's shared-memory region (values read, gradients written in place,
+    /// `transport::Cluster::step`), tests and the evaluator owned arrays.
+    ///
     /// The matrix products write straight into these buffers
     /// (`general_mat_mul`), with the bias add and the L2 term folded into the
     /// product's initial value (β = 1), so each big array is touched once
@@ -265,14 +271,14 @@ impl Mlp {
     /// # Panics
     ///
     /// As [`Mlp::loss_and_grads`], and when `grads` do not match `params`.
-    pub fn loss_and_grads_into(
+    pub fn loss_and_grads_into<S: Data<Elem = f32>, G: DataMut<Elem = f32>>(
         &self,
-        params: &[ArrayD<f32>],
+        params: &[ArrayBase<S, IxDyn>],
         x: ArrayView2<f32>,
         labels: &[u8],
         regularization_rate: f32,
         ws: &mut Workspace,
-        grads: &mut [ArrayD<f32>],
+        grads: &mut [ArrayBase<G, IxDyn>],
     ) -> f32 {
         let layers = self.layer_views(params);
         let n = x.nrows();

@@ -180,6 +180,12 @@ struct ShmConn {
     stream: UnixStream,
     /// The region the ps passed.
     region: Region,
+    /// The values area holds what the last in-place pull or step of this
+    /// connection returned ([`Cluster::values_in_place`]): false on a new
+    /// connection, and after any call that wrote other values there (a
+    /// snapshot, a copying pull or push), so a step never computes from
+    /// values its progress does not describe.
+    values_valid: bool,
 }
 
 /// The shared-memory way to one ps: where its socket is, what it must hold,
@@ -259,7 +265,11 @@ impl ShmLink {
             .await
             .map_err(|e| Some(e.to_string()))?;
         let region = Region::open(fd, area).map_err(|e| Some(e.to_string()))?;
-        Ok(ShmConn { stream, region })
+        Ok(ShmConn {
+            stream,
+            region,
+            values_valid: false,
+        })
     }
 
     /// Locks the connection, opening it if needed; `None`: use TCP for this call.

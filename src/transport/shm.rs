@@ -192,6 +192,37 @@ impl Region {
     }
 }
 
+impl Region {
+    /// The client's side of a step: the gradient area to write and the
+    /// values area to read, at once (disjoint), so the model computes from
+    /// the values the ps left and writes its gradient where the ps reads it.
+    ///
+    /// Both slices start page-aligned plus a multiple of the area size (a
+    /// multiple of 4: f32s), so they cast to `f32` without copying.
+    ///
+    /// The ps writes the values area (and reads the gradient area) only
+    /// while it serves a call on this region's connection, and a client makes
+    /// one call at a time, holding the connection's lock across the step
+    /// (`Cluster::step`): while these slices live, no call is in flight and
+    /// the ps does not touch the pages. A ps that broke that protocol could
+    /// only spoil this client's step (every bit pattern is an f32), not its
+    /// memory safety beyond what a data race on plain floats means: the
+    /// pages are never unmapped or resized under the slices (the mapping is
+    /// ours and the memfd is sealed).
+    pub fn client_split(&mut self) -> (&mut [u8], &[u8]) {
+        let n = self.area;
+        // SAFETY: two disjoint ranges of the mapping, which lives as long as
+        // self; &mut self excludes every other slice of ours.
+        unsafe {
+            let base = self.ptr.as_ptr();
+            (
+                std::slice::from_raw_parts_mut(base, n),
+                std::slice::from_raw_parts(base.add(n), n),
+            )
+        }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped once; no slice of it

@@ -160,7 +160,9 @@ pub async fn run(
     let cfg = config.borrow().clone();
     let mlp = Mlp::new(&cfg.model.layers)?;
     let specs = mlp.variables();
-    let cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
+    let mut cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
+    // The step reads and writes a shared-memory shard in its region.
+    cluster.values_in_place();
     for (ps, idx) in (0..cluster.num_ps()).map(|p| (p, cluster.shard(p))) {
         for &i in idx {
             info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
@@ -333,9 +335,14 @@ impl Worker {
                 step,
                 self.decay_steps,
             );
-            loss = self.compute(&mut buf, &cfg);
             let tags = progress.steps.clone();
-            progress = self.push(&mut buf, lr, &tags, loss, sync).await?;
+            let Some((l, p)) = self.step(&mut buf, &cfg, lr, &tags, sync).await? else {
+                // A shard's values moved (a new shared region, a snapshot):
+                // pulled again, nothing computed.
+                progress = self.pull(&mut buf.params, None).await?;
+                continue;
+            };
+            (loss, progress) = (l, p);
             crate::metrics::global().step(progress.global_step(), cfg.train.batch_size, loss, lr);
             if let Some(c) = &mut chief {
                 c.on_step(&cfg, step, loss, lr);
@@ -360,64 +367,70 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// The next mini-batch's loss and gradients (into `buf.grads`).
-    fn compute(&self, buf: &mut StepBuffers, cfg: &Config) -> f32 {
-        let idx = buf.batches.next_indices();
-        self.train.batch(idx, &mut buf.x, &mut buf.y);
-        tokio::task::block_in_place(|| {
-            self.mlp.loss_and_grads_into(
-                &buf.params,
-                buf.x.view(),
-                &buf.y,
-                cfg.train.regularization_rate,
-                &mut buf.ws,
-                &mut buf.grads,
-            )
-        })
-    }
-
-    /// Pushes `buf.grads` tagged with `tags` and reads the new parameters
-    /// back (fused), pulling again when the push could not be applied.
-    async fn push(
+    /// One step: the next mini-batch's loss and gradients, pushed tagged
+    /// with `tags`, and the new parameters back (fused), pulling again when
+    /// the push could not be applied. A shard on shared memory is read and
+    /// written in its region ([`Cluster::step`]); others use `buf.params`
+    /// and `buf.grads`.
+    ///
+    /// Returns `None` when nothing was computed because a shard's values
+    /// are not where the step reads them: the caller pulls.
+    async fn step(
         &mut self,
         buf: &mut StepBuffers,
+        cfg: &Config,
         lr: f32,
         tags: &[u64],
-        loss: f32,
         sync: bool,
-    ) -> Result<Progress, WorkerError> {
+    ) -> Result<Option<(f32, Progress)>, WorkerError> {
+        let idx = buf.batches.next_indices();
+        self.train.batch(idx, &mut buf.x, &mut buf.y);
+        let (mlp, x, y, ws) = (&self.mlp, buf.x.view(), &buf.y, &mut buf.ws);
+        let reg = cfg.train.regularization_rate;
         let pushed_at = Instant::now();
-        let pushed = self
+        let (loss, pushed) = self
             .cluster
-            .push_pull(
-                &buf.grads,
+            .step(
                 &mut buf.params,
+                &mut buf.grads,
+                |params, grads| {
+                    tokio::task::block_in_place(|| {
+                        mlp.loss_and_grads_into(params, x, y, reg, ws, grads)
+                    })
+                },
                 lr,
                 tags,
                 self.task as u32,
-                loss,
             )
             .await;
+        let Some(loss) = loss else {
+            return match pushed {
+                Err(e) if e.needs_pull() => Ok(None),
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            };
+        };
         crate::metrics::global().pushed(
             pushed_at.elapsed(),
             &buf.grads,
             &buf.params,
             pushed.is_ok(),
         );
-        match pushed {
-            Ok(p) => Ok(p),
+        let progress = match pushed {
+            Ok(p) => p,
             Err(e) if e.is_unavailable() || e.needs_pull() => {
                 debug!(error = %e, "Push failed; pulling again.");
-                self.pull(&mut buf.params, None).await
+                self.pull(&mut buf.params, None).await?
             }
             // Sync: this worker's gradient for the step is already in (it
             // pushed before a restart); wait for the step like any other.
-            Err(e) if sync && e.status.code() == tonic::Code::AlreadyExists => Ok(Progress {
+            Err(e) if sync && e.status.code() == tonic::Code::AlreadyExists => Progress {
                 steps: tags.to_vec(),
                 complete: false,
-            }),
-            Err(e) => Err(e.into()),
-        }
+            },
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some((loss, progress)))
     }
 
     /// Sync: waits until every shard has moved past the step we pushed for.
