@@ -404,8 +404,9 @@ impl PsService {
                 None
             } else {
                 s.set_last_step(self.inner.config.borrow().train.last_step);
-                let grads =
-                    s.arrange_bytes(grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
+                let grads = s.arrange_gradients(
+                    grads.iter().map(|v| (v.name, v.shape.as_slice(), v.data)),
+                )?;
                 let outcome =
                     s.push_bytes(&grads, req.learning_rate, req.step, req.worker, req.loss)?;
                 self.inner.step_tx.send_replace(s.step());

@@ -311,6 +311,12 @@ impl Shard {
             non_slots: Vec::new(),
         };
         for (spec, b) in specs.iter().zip(bytes) {
+            if let Some(index) = first_non_finite(b) {
+                return Err(ShardError::NonFinite {
+                    name: spec.name.clone(),
+                    index,
+                });
+            }
             let values: Vec<f32> = bytemuck::pod_collect_to_vec(b);
             match spec.var {
                 Some(i) => slots.per_var[i].push(
@@ -351,6 +357,18 @@ impl Shard {
         &self,
         named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
     ) -> Result<Vec<&'a [u8]>, ShardError> {
+        let bytes = self.arrange_gradients(named)?;
+        self.check_finite(&bytes)?;
+        Ok(bytes)
+    }
+
+    /// [`Shard::arrange_bytes`] without the finiteness check, for a push:
+    /// [`Shard::push_bytes`] checks it (fused into the update when async,
+    /// so the hot path reads the gradient once).
+    pub fn arrange_gradients<'a>(
+        &self,
+        named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
+    ) -> Result<Vec<&'a [u8]>, ShardError> {
         self.order(
             named
                 .into_iter()
@@ -358,9 +376,23 @@ impl Shard {
         )
     }
 
-    /// The checks behind [`Shard::arrange_bytes`]:
-    /// each item is `(name, shape, f32 bytes, payload)`; the payloads come
-    /// back in model order.
+    /// `NonFinite` for the first NaN or infinity in `bytes` (model order,
+    /// as [`Shard::arrange_gradients`] returns them).
+    pub(super) fn check_finite(&self, bytes: &[&[u8]]) -> Result<(), ShardError> {
+        for (b, spec) in bytes.iter().zip(&self.specs) {
+            if let Some(index) = first_non_finite(b) {
+                return Err(ShardError::NonFinite {
+                    name: spec.name.clone(),
+                    index,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks behind [`Shard::arrange_gradients`] (each variable once,
+    /// with its shape): each item is `(name, shape, f32 bytes, payload)`;
+    /// the payloads come back in model order.
     fn order<'a, T>(
         &self,
         items: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8], T)>,
@@ -394,12 +426,6 @@ impl Shard {
                     name: name.to_owned(),
                     expected: expected[i].1.to_vec(),
                     got: shape.to_vec(),
-                });
-            }
-            if let Some(index) = first_non_finite(data) {
-                return Err(ShardError::NonFinite {
-                    name: name.to_owned(),
-                    index,
                 });
             }
             if out[i].is_some() {

@@ -394,3 +394,56 @@ fn initialize_does_not_clobber_unless_forced() {
     assert!(s.initialize(g(5., 5.), None, None, 9, true));
     assert_eq!(s.step(), 9);
 }
+
+#[test]
+fn a_non_finite_gradient_is_refused_by_every_rule_and_changes_nothing() {
+    let optimizers = [
+        Optimizer::Sgd,
+        Optimizer::Momentum {
+            momentum: 0.9,
+            use_nesterov: true,
+        },
+        ADAM,
+        Optimizer::Adagrad {
+            initial_accumulator_value: 0.1,
+        },
+    ];
+    let sync = Rule::Sync {
+        replicas: 2,
+        total: 2,
+    };
+    for rule in [Rule::Async, sync] {
+        for optimizer in optimizers {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut s = shard_with(rule, optimizer);
+                let before = (
+                    w(&s),
+                    s.shadows().unwrap().to_vec(),
+                    s.slots().unwrap().clone(),
+                );
+                // The push path does not check finiteness up front
+                // (arrange_gradients): the update or the sum does.
+                let data = bytemuck::cast_slice::<f32, u8>(&[0.5, bad]).to_vec();
+                let grads = s
+                    .arrange_gradients([("w", &[2usize][..], &data[..])])
+                    .unwrap();
+                assert_eq!(
+                    s.push_bytes(&grads, 0.1, 0, 0, 7.0),
+                    Err(ShardError::NonFinite {
+                        name: "w".into(),
+                        index: 1
+                    }),
+                    "{rule:?} {optimizer:?} {bad}"
+                );
+                let after = (
+                    w(&s),
+                    s.shadows().unwrap().to_vec(),
+                    s.slots().unwrap().clone(),
+                );
+                assert_eq!(after, before, "{rule:?} {optimizer:?} {bad}");
+                assert_eq!(s.step(), 0);
+                assert!(s.last_loss().is_nan(), "the refused push's loss was kept");
+            }
+        }
+    }
+}

@@ -28,8 +28,13 @@ impl Shard {
     }
 
     /// Applies (async) or aggregates (sync) a gradient computed at `step` by
-    /// `worker`, from little-endian f32 bytes as [`Shard::arrange_bytes`]
+    /// `worker`, from little-endian f32 bytes as [`Shard::arrange_gradients`]
     /// returns them: the ps applies a request's gradients without copying them.
+    ///
+    /// A NaN or infinite gradient is refused (`NonFinite`), changing nothing:
+    /// async, the update's own check finds it (a non-finite gradient makes a
+    /// non-finite value or slot, and nothing is swapped in), so the common
+    /// case reads the gradient once; sync, before it enters the sum.
     pub fn push_bytes(
         &mut self,
         grads: &[&[u8]],
@@ -46,16 +51,23 @@ impl Shard {
         if self.step >= self.last_step {
             return Ok(Pushed::AtLastStep);
         }
-        if loss.is_finite() {
-            self.last_loss = loss;
-        }
         match self.rule {
             Rule::Async => {
-                self.apply(grads, lr, step, 1.0)?;
+                self.apply(grads, lr, step, 1.0).map_err(|overflow| {
+                    // Whose fault: a non-finite gradient, or the update.
+                    self.check_finite(grads).err().unwrap_or(overflow)
+                })?;
                 self.counters.pushes_applied += 1;
+                if loss.is_finite() {
+                    self.last_loss = loss;
+                }
                 Ok(Pushed::Applied)
             }
             Rule::Sync { replicas, total } => {
+                self.check_finite(grads)?;
+                if loss.is_finite() {
+                    self.last_loss = loss;
+                }
                 self.push_sync(grads, lr, step, worker, replicas, total)
             }
         }
