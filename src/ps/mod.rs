@@ -590,7 +590,7 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
         .initial_stream_window_size(tcp::window(limit))
         .initial_connection_window_size(tcp::window(limit))
-        .max_frame_size(tcp::FRAME)
+        .max_frame_size(tcp::frame(limit))
         .add_service(health)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use ndarray::ArrayD;
 use std::fmt;
 use std::marker::PhantomData;
-use tonic::codec::{DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 // Tensors go on the wire as the in-memory f32 bytes: only right on little-endian hosts.
 #[cfg(not(target_endian = "little"))]
@@ -130,7 +130,9 @@ impl fmt::Display for Short<'_> {
 
 /// The gRPC codec of dtf's services: prost, except that a message that
 /// does not parse is `INVALID_ARGUMENT` (the sender's fault; a worker treats
-/// it as fatal) rather than prost's `INTERNAL`. Named in `build.rs`.
+/// it as fatal) rather than prost's `INTERNAL`, and that a message is not
+/// copied more often than tonic needs (see [`ExactEncoder`] and
+/// [`CheckedDecoder`]). Named in `build.rs`.
 pub struct Codec<T, U>(PhantomData<fn(T) -> U>);
 
 impl<T, U> Default for Codec<T, U> {
@@ -146,21 +148,49 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Encoder = ExactEncoder<T>;
     type Decoder = CheckedDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic::codec::Codec::encoder(&mut tonic_prost::ProstCodec::<T, U>::default())
+        ExactEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        CheckedDecoder(tonic::codec::Codec::decoder(
-            &mut tonic_prost::ProstCodec::<T, U>::default(),
-        ))
+        CheckedDecoder(tonic_prost::ProstDecoder::new(BufferSettings::new(
+            0,
+            YIELD_THRESHOLD,
+        )))
     }
 }
 
-/// prost's decoder, with parse errors as `INVALID_ARGUMENT`.
+/// tonic's default yield threshold (it only batches streamed messages).
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+/// prost's encoding into a buffer reserved for the whole message first.
+/// tonic starts every call's buffer at 8 KiB and prost writes a tensor's
+/// bytes into it in one piece: a 1.6 MB message grew the buffer by doubling,
+/// copying what was written each time (docs/benchmarks.md, "Transports").
+pub struct ExactEncoder<T>(PhantomData<fn(T)>);
+
+impl<T: prost::Message> Encoder for ExactEncoder<T> {
+    type Item = T;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.reserve(item.encoded_len());
+        item.encode(dst)
+            .map_err(|e| status(tonic::Code::Internal, format_args!("encoding: {e}")))
+    }
+}
+
+/// prost's decoder, with parse errors as `INVALID_ARGUMENT`, and a decode
+/// buffer that starts empty: tonic then takes the first HTTP/2 DATA frame's
+/// bytes as its buffer instead of copying them into one (`BytesMut::put`
+/// into an empty buffer reuses the source's allocation when nothing else
+/// holds it). With frames as large as a message ([`super::tcp::frame`]) a
+/// push or pull arrives in one frame, and prost's `bytes` fields are slices
+/// of it (`copy_to_bytes` on a `BytesMut` does not copy): the tensors are
+/// read where the kernel put them.
 pub struct CheckedDecoder<U>(tonic_prost::ProstDecoder<U>);
 
 impl<U: prost::Message + Default> Decoder for CheckedDecoder<U> {

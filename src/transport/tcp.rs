@@ -7,9 +7,14 @@ use std::time::Duration;
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
-/// HTTP/2 frame size both ends accept: a 1.6 MB tensor in 2 frames, not 100
-/// of the default 16 KiB.
-pub const FRAME: u32 = 1 << 20;
+/// HTTP/2 frame size both ends accept: a whole push or pull in one DATA
+/// frame (not 100 of the default 16 KiB), so the receiver decodes it where
+/// it was read ([`super::proto::CheckedDecoder`]) instead of joining frames.
+/// No larger than the window, which bounds a frame anyway; HTTP/2 allows
+/// 16 KiB to 16 MiB − 1.
+pub fn frame(limit: usize) -> u32 {
+    window(limit).clamp(1 << 14, (1 << 24) - 1)
+}
 
 /// HTTP/2 flow-control window for a model's messages: a whole push or pull in
 /// flight without waiting for WINDOW_UPDATEs (the default is 64 KiB).
@@ -38,7 +43,7 @@ pub fn client(
         .tcp_nodelay(true)
         .initial_stream_window_size(window(limit))
         .initial_connection_window_size(window(limit))
-        .max_frame_size(FRAME);
+        .max_frame_size(frame(limit));
     Ok(
         ParameterServerClient::with_interceptor(ep.connect_lazy(), auth)
             .max_decoding_message_size(limit)
