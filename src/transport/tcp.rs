@@ -4,7 +4,7 @@
 use crate::auth::{AddToken, ClientError, Credentials};
 use crate::pb::parameter_server_client::ParameterServerClient;
 use std::time::Duration;
-use tonic::codegen::InterceptedService;
+use tonic::codegen::{InterceptedService, http};
 use tonic::transport::Channel;
 
 /// HTTP/2 frame size both ends accept: a whole push or pull in one DATA
@@ -49,4 +49,47 @@ pub fn client(
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit),
     )
+}
+
+/// A unary gRPC answer's body from [`super::proto::chunked`]'s chunks, then
+/// the `grpc-status: 0` trailers tonic's encoder would send.
+pub struct Chunks {
+    /// Data still to send.
+    data: std::vec::IntoIter<bytes::Bytes>,
+    /// The trailers were sent.
+    done: bool,
+}
+
+impl Chunks {
+    pub fn new(chunks: Vec<bytes::Bytes>) -> Self {
+        Self {
+            data: chunks.into_iter(),
+            done: false,
+        }
+    }
+}
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        if let Some(chunk) = self.data.next() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        self.done = true;
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
 }
