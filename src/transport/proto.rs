@@ -189,8 +189,9 @@ impl<T: prost::Message> Encoder for ExactEncoder<T> {
 /// into an empty buffer reuses the source's allocation when nothing else
 /// holds it). With frames as large as a message ([`super::tcp::frame`]) a
 /// push or pull arrives in one frame, and prost's `bytes` fields are slices
-/// of it (`copy_to_bytes` on a `BytesMut` does not copy): the tensors are
-/// read where the kernel put them.
+/// of the buffer (`copy_to_bytes` on a `BytesMut` does not copy). One copy
+/// is left: tonic reserves a second message's room once the first is in the
+/// buffer, and the reallocation moves it.
 pub struct CheckedDecoder<U>(tonic_prost::ProstDecoder<U>);
 
 impl<U: prost::Message + Default> Decoder for CheckedDecoder<U> {
