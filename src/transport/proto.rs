@@ -2,11 +2,11 @@
 //! raw little-endian bytes; shape, dtype and length are validated here, once.
 
 use crate::pb;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use ndarray::ArrayD;
 use std::fmt;
 use std::marker::PhantomData;
-use tonic::codec::{DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 // Tensors go on the wire as the in-memory f32 bytes: only right on little-endian hosts.
 #[cfg(not(target_endian = "little"))]
@@ -130,7 +130,9 @@ impl fmt::Display for Short<'_> {
 
 /// The gRPC codec of dtf's services: prost, except that a message that
 /// does not parse is `INVALID_ARGUMENT` (the sender's fault; a worker treats
-/// it as fatal) rather than prost's `INTERNAL`. Named in `build.rs`.
+/// it as fatal) rather than prost's `INTERNAL`, and that a message is not
+/// copied more often than tonic needs (see [`ExactEncoder`] and
+/// [`CheckedDecoder`]). Named in `build.rs`.
 pub struct Codec<T, U>(PhantomData<fn(T) -> U>);
 
 impl<T, U> Default for Codec<T, U> {
@@ -146,21 +148,50 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Encoder = ExactEncoder<T>;
     type Decoder = CheckedDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic::codec::Codec::encoder(&mut tonic_prost::ProstCodec::<T, U>::default())
+        ExactEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        CheckedDecoder(tonic::codec::Codec::decoder(
-            &mut tonic_prost::ProstCodec::<T, U>::default(),
-        ))
+        CheckedDecoder(tonic_prost::ProstDecoder::new(BufferSettings::new(
+            0,
+            YIELD_THRESHOLD,
+        )))
     }
 }
 
-/// prost's decoder, with parse errors as `INVALID_ARGUMENT`.
+/// tonic's default yield threshold (it only batches streamed messages).
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+/// prost's encoding into a buffer reserved for the whole message first.
+/// tonic starts every call's buffer at 8 KiB and prost writes a tensor's
+/// bytes into it in one piece: a 1.6 MB message grew the buffer by doubling,
+/// copying what was written each time (docs/benchmarks.md, "Transports").
+pub struct ExactEncoder<T>(PhantomData<fn(T)>);
+
+impl<T: prost::Message> Encoder for ExactEncoder<T> {
+    type Item = T;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: T, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.reserve(item.encoded_len());
+        item.encode(dst)
+            .map_err(|e| status(tonic::Code::Internal, format_args!("encoding: {e}")))
+    }
+}
+
+/// prost's decoder, with parse errors as `INVALID_ARGUMENT`, and a decode
+/// buffer that starts empty: tonic then takes the first HTTP/2 DATA frame's
+/// bytes as its buffer instead of copying them into one (`BytesMut::put`
+/// into an empty buffer reuses the source's allocation when nothing else
+/// holds it). With frames as large as a message ([`super::tcp::frame`]) a
+/// push or pull arrives in one frame, and prost's `bytes` fields are slices
+/// of the buffer (`copy_to_bytes` on a `BytesMut` does not copy). One copy
+/// is left: tonic reserves a second message's room once the first is in the
+/// buffer, and the reallocation moves it.
 pub struct CheckedDecoder<U>(tonic_prost::ProstDecoder<U>);
 
 impl<U: prost::Message + Default> Decoder for CheckedDecoder<U> {
@@ -179,6 +210,72 @@ impl<U: prost::Message + Default> Decoder for CheckedDecoder<U> {
     fn buffer_settings(&self) -> tonic::codec::BufferSettings {
         self.0.buffer_settings()
     }
+}
+
+/// A message with repeated tensor fields that [`chunked`] sends without
+/// copying the tensors' bytes.
+pub trait WithTensors: prost::Message + Sized {
+    /// Takes the tensor fields out, each with its field number.
+    fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)>;
+}
+
+impl WithTensors for pb::PushResponse {
+    fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)> {
+        vec![(1, std::mem::take(&mut self.variables))]
+    }
+}
+
+impl WithTensors for pb::PullResponse {
+    fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)> {
+        vec![
+            (1, std::mem::take(&mut self.variables)),
+            (2, std::mem::take(&mut self.shadows)),
+            (6, std::mem::take(&mut self.slots)),
+        ]
+    }
+}
+
+/// `msg` as a gRPC body's data: the 5-byte length prefix and every field
+/// but the tensors' bytes encoded into small buffers, each tensor's bytes
+/// its own chunk, sent as it is. tonic's encoder would copy every byte of
+/// the message into one buffer first; this way the ps's snapshot is the
+/// last copy before the kernel's (HTTP/2 writes the chunks with `writev`).
+/// Returns the chunks and the message's length.
+pub fn chunked<M: WithTensors>(mut msg: M) -> (Vec<Bytes>, usize) {
+    use prost::Message;
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let len = msg.encoded_len();
+    let mut chunks = Vec::new();
+    let mut head = bytes::BytesMut::with_capacity(1024);
+    head.put_u8(0);
+    head.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    let tensors = msg.take_tensors();
+    msg.encode_raw(&mut head);
+    for (field, list) in tensors {
+        for mut t in list {
+            let data = std::mem::take(&mut t.data);
+            let data_len = if data.is_empty() {
+                0
+            } else {
+                prost::encoding::key_len(4)
+                    + prost::encoding::encoded_len_varint(data.len() as u64)
+                    + data.len()
+            };
+            encode_key(field, WireType::LengthDelimited, &mut head);
+            encode_varint((t.encoded_len() + data_len) as u64, &mut head);
+            t.encode_raw(&mut head);
+            if !data.is_empty() {
+                encode_key(4, WireType::LengthDelimited, &mut head);
+                encode_varint(data.len() as u64, &mut head);
+                chunks.push(head.split().freeze());
+                chunks.push(data);
+            }
+        }
+    }
+    if !head.is_empty() {
+        chunks.push(head.freeze());
+    }
+    (chunks, len)
 }
 
 /// Encodes an f32 array (one copy into the message's bytes).
@@ -312,6 +409,7 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn explain_is_one_line_in_words() {
@@ -381,6 +479,43 @@ mod tests {
             s.message()
         );
         assert_eq!(Dims(&[784u64, 10]).to_string(), "[784, 10]");
+    }
+
+    #[test]
+    fn chunked_is_the_same_message_with_the_tensors_in_place() {
+        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1., 2., 3., 4., 5., -6.]).unwrap();
+        let b = ArrayD::from_shape_vec(IxDyn(&[0]), vec![]).unwrap();
+        let msg = pb::PullResponse {
+            variables: vec![encode("w", &a), encode("empty", &b)],
+            shadows: vec![encode("w", &a)],
+            global_step: 7,
+            incarnation: 9,
+            complete: true,
+            slots: vec![encode("w/Momentum", &a)],
+        };
+        let (chunks, len) = chunked(msg.clone());
+        let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(wire[0], 0);
+        assert_eq!(
+            u32::from_be_bytes(wire[1..5].try_into().unwrap()) as usize,
+            len
+        );
+        assert_eq!(wire.len(), 5 + len);
+        assert_eq!(pb::PullResponse::decode(&wire[5..]).unwrap(), msg);
+        // The tensors' bytes are sent from where they were, not copied.
+        let data = &msg.variables[0].data;
+        assert!(chunks.iter().any(|c| c.as_ptr() == data.as_ptr()));
+        let push = pb::PushResponse {
+            variables: vec![encode("w", &a)],
+            global_step: 3,
+            incarnation: 1,
+            complete: false,
+            stale: true,
+        };
+        let (chunks, len) = chunked(push.clone());
+        let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(pb::PushResponse::decode(&wire[5..]).unwrap(), push);
+        assert_eq!(wire.len(), 5 + len);
     }
 
     #[test]
