@@ -19,13 +19,14 @@
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on
 //!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
-//!   functions every call runs, the gRPC service, the shared-memory server, `limits`
+//!   functions every call runs, the gRPC service (`grpc`), the shared-memory server, `limits`
 //!   and `tls` (the bounds on connections and calls, and the handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`.
 //! - [`transport`] — the wire: `cluster::Cluster` (the client of every ps, shared by worker,
-//!   chief, `dtf local` and `dtf status`), `proto` (conversion to domain types),
+//!   chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step, computed in
+//!   place in the shared regions), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host).
 //! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
 //!   (ps, worker, evaluator).

@@ -1,0 +1,227 @@
+//! The ps's gRPC service: each call decoded, handed to the
+//! transport-independent functions of [`PsService`], and its answer
+//! encoded; `Push` and `Pull` answers leave as chunks ([`Direct`]).
+
+use super::{PsService, limits};
+use crate::pb;
+use crate::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
+use crate::transport::{proto as rpc, tcp};
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::{Request, Response, Status};
+
+impl PsService {
+    /// `Pull` over gRPC: the answer with its tensors, and the response bytes
+    /// it reserved (held until the answer is sent).
+    async fn pull_answer(
+        &self,
+        req: Request<pb::PullRequest>,
+    ) -> Result<(pb::PullResponse, limits::Reserved), Status> {
+        let snapshots = {
+            let r = req.get_ref();
+            1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * self.inner.slots_per_var
+        };
+        let reserved = self.reserve(&req, snapshots)?;
+        let req = req.into_inner();
+        let ((variables, shadows, slots), mut answer) = self
+            .pull_with(req.min_step, |s| {
+                self.snapshot(s, &req.names, req.with_shadows, req.with_slots)
+            })
+            .await?;
+        (answer.variables, answer.shadows, answer.slots) = (variables, shadows, slots);
+        Ok((answer, reserved))
+    }
+
+    /// `Push` over gRPC: the answer (with the values when the push pulls),
+    /// and the response bytes it reserved.
+    async fn push_answer(
+        &self,
+        req: Request<pb::PushRequest>,
+    ) -> Result<(pb::PushResponse, Option<limits::Reserved>), Status> {
+        // Reserved before anything is applied: a refused push changes nothing.
+        let reserved = if req.get_ref().pull {
+            Some(self.reserve(&req, 1)?)
+        } else {
+            None
+        };
+        let req = req.into_inner();
+        // Applied straight from the request's bytes: no gradient array is built.
+        let grads = req
+            .gradients
+            .iter()
+            .map(rpc::view)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (variables, answer) = self
+            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false, false)?.0))
+            .await?;
+        let answer = pb::PushResponse {
+            variables: variables.unwrap_or_default(),
+            ..answer
+        };
+        Ok((answer, reserved))
+    }
+}
+
+/// The gRPC service: each call decoded, handed to the transport-independent
+/// function above, and its answer encoded.
+#[tonic::async_trait]
+impl ParameterServer for PsService {
+    async fn state(
+        &self,
+        _: Request<pb::StateRequest>,
+    ) -> Result<Response<pb::StateResponse>, Status> {
+        Ok(Response::new(self.state_now()))
+    }
+
+    async fn initialize(
+        &self,
+        req: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::InitializeResponse>, Status> {
+        self.initialize_from(req.into_inner()).map(Response::new)
+    }
+
+    async fn pull(
+        &self,
+        req: Request<pb::PullRequest>,
+    ) -> Result<Response<pb::PullResponse>, Status> {
+        let (answer, reserved) = self.pull_answer(req).await?;
+        let mut res = Response::new(answer);
+        res.extensions_mut().insert(reserved);
+        Ok(res)
+    }
+
+    async fn push(
+        &self,
+        req: Request<pb::PushRequest>,
+    ) -> Result<Response<pb::PushResponse>, Status> {
+        let (answer, reserved) = self.push_answer(req).await?;
+        let mut res = Response::new(answer);
+        if let Some(r) = reserved {
+            res.extensions_mut().insert(r);
+        }
+        Ok(res)
+    }
+
+    async fn complete(
+        &self,
+        req: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        self.complete_run(req.into_inner().global_step);
+        Ok(Response::new(pb::CompleteResponse {}))
+    }
+}
+
+/// gRPC paths whose answers [`Direct`] sends.
+const PUSH_PATH: &str = "/dtf.v1.ParameterServer/Push";
+const PULL_PATH: &str = "/dtf.v1.ParameterServer/Pull";
+
+/// The generated gRPC server, except that `Push` and `Pull` answers leave
+/// as chunks ([`rpc::chunked`]): the snapshot's bytes go to the socket as
+/// they are, where tonic's encoder would first copy the whole 1.6 MB message
+/// into one buffer (docs/benchmarks.md, "Transports"). Requests are decoded
+/// by tonic's own decoder with dtf's codec, so a bad request gets the same
+/// status as before; a compressed one (none is accepted) goes to the
+/// generated server, which refuses it as it always did.
+#[derive(Clone)]
+pub(super) struct Direct {
+    /// The handlers.
+    service: PsService,
+    /// Every other call.
+    inner: ParameterServerServer<PsService>,
+    /// Largest message either way.
+    limit: usize,
+}
+
+impl tonic::codegen::Service<http::Request<Body>> for Direct {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tonic::codegen::Service::<http::Request<Body>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let path = req.uri().path();
+        if (path != PUSH_PATH && path != PULL_PATH) || req.headers().contains_key("grpc-encoding") {
+            return self.inner.call(req);
+        }
+        let this = self.clone();
+        Box::pin(async move { Ok(this.answer(req).await.unwrap_or_else(Status::into_http)) })
+    }
+}
+
+impl tonic::server::NamedService for Direct {
+    const NAME: &'static str =
+        <ParameterServerServer<PsService> as tonic::server::NamedService>::NAME;
+}
+
+impl Direct {
+    /// `inner` with `service` answering its pushes and pulls.
+    pub(super) fn new(
+        service: PsService,
+        inner: ParameterServerServer<PsService>,
+        limit: usize,
+    ) -> Self {
+        Self {
+            service,
+            inner,
+            limit,
+        }
+    }
+
+    /// A push's or pull's answer, or the status to send instead.
+    async fn answer(&self, req: http::Request<Body>) -> Result<http::Response<Body>, Status> {
+        let (chunks, len, reserved) = if req.uri().path() == PUSH_PATH {
+            let req = self.request::<pb::PushRequest>(req).await?;
+            let (answer, reserved) = self.service.push_answer(req).await?;
+            let (chunks, len) = rpc::chunked(answer);
+            (chunks, len, reserved)
+        } else {
+            let req = self.request::<pb::PullRequest>(req).await?;
+            let (answer, reserved) = self.service.pull_answer(req).await?;
+            let (chunks, len) = rpc::chunked(answer);
+            (chunks, len, Some(reserved))
+        };
+        // tonic's own check and words (`max_encoding_message_size`).
+        if len > self.limit {
+            return Err(Status::out_of_range(format!(
+                "Error, encoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.limit
+            )));
+        }
+        let mut res = http::Response::new(Body::new(tcp::Chunks::new(chunks)));
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        if let Some(r) = reserved {
+            res.extensions_mut().insert(r);
+        }
+        Ok(res)
+    }
+
+    /// The call's message, decoded as tonic's unary server does.
+    async fn request<T>(&self, req: http::Request<Body>) -> Result<Request<T>, Status>
+    where
+        T: prost::Message + Default + Send + 'static,
+    {
+        let (parts, body) = req.into_parts();
+        let decoder = tonic::codec::Codec::decoder(&mut rpc::Codec::<T, T>::default());
+        let mut stream =
+            tonic::codec::Streaming::new_request(decoder, body, None, Some(self.limit));
+        let message = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::internal("Missing request message."))?;
+        // Read to the end as tonic does (a broken body is an error); no
+        // handler reads request trailers, so they are not kept.
+        stream.trailers().await?;
+        Ok(Request::from_http(http::Request::from_parts(
+            parts, message,
+        )))
+    }
+}
