@@ -385,28 +385,11 @@ impl Cluster {
         worker: u32,
         loss: f32,
     ) -> Result<Progress, PsCallError> {
-        let slots = self.slots(params);
-        let this = &*self;
-        let replies = try_join_all(slots.into_iter().enumerate().map(|(ps, mut out)| {
-            let req = pb::PushRequest {
-                gradients: Vec::new(),
-                learning_rate,
-                step: steps[ps],
-                worker,
-                pull: true,
-                incarnation: this.incarnations[ps],
-                loss,
-            };
-            async move {
-                this.push_one(ps, req, grads, &mut out)
-                    .await
-                    .map_err(call(ps))
-            }
-        }))
-        .await?;
-        Ok(Progress::of(
-            replies.iter().map(|r| (r.global_step, r.complete)),
-        ))
+        // No connection held: every shard copies its gradient out and its
+        // values in (`push_one`), over shared memory or TCP.
+        let none = (0..self.num_ps()).map(|_| None).collect();
+        self.push_leased(none, grads, params, learning_rate, steps, worker, loss)
+            .await
     }
 
     /// Initializes the shards of the ps tasks in `only` from `values` (model

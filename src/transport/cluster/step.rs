@@ -146,10 +146,10 @@ impl Cluster {
 
     /// The step's push to every shard, tagged with `steps`: in place on a
     /// leased connection (the gradient is already in its region, the new
-    /// values stay there), otherwise as [`Cluster::push_pull`] does, into
-    /// `params`.
+    /// values stay there), otherwise copying (`push_one`: the gradient from
+    /// `grads`, the values into `params`).
     #[allow(clippy::too_many_arguments)]
-    async fn push_leased(
+    pub(super) async fn push_leased(
         &self,
         held: Vec<Lease<'_>>,
         grads: &[ArrayD<f32>],
