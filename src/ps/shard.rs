@@ -300,23 +300,18 @@ impl Shard {
             .iter()
             .map(|s| (s.name.as_str(), s.shape.as_slice()))
             .collect();
-        let bytes = self.order_in(
-            &expected,
-            named
-                .into_iter()
-                .map(|(n, shape, data)| (n, shape, data, data)),
+        let bytes = self.order_in(&expected, named)?;
+        non_finite(
+            specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .zip(bytes.iter().copied()),
         )?;
         let mut slots = Slots {
             per_var: vec![Vec::new(); self.specs.len()],
             non_slots: Vec::new(),
         };
         for (spec, b) in specs.iter().zip(bytes) {
-            if let Some(index) = first_non_finite(b) {
-                return Err(ShardError::NonFinite {
-                    name: spec.name.clone(),
-                    index,
-                });
-            }
             let values: Vec<f32> = bytemuck::pod_collect_to_vec(b);
             match spec.var {
                 Some(i) => slots.per_var[i].push(
@@ -369,51 +364,36 @@ impl Shard {
         &self,
         named: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
     ) -> Result<Vec<&'a [u8]>, ShardError> {
-        self.order(
-            named
-                .into_iter()
-                .map(|(n, shape, data)| (n, shape, data, data)),
-        )
-    }
-
-    /// `NonFinite` for the first NaN or infinity in `bytes` (model order,
-    /// as [`Shard::arrange_gradients`] returns them).
-    pub(super) fn check_finite(&self, bytes: &[&[u8]]) -> Result<(), ShardError> {
-        for (b, spec) in bytes.iter().zip(&self.specs) {
-            if let Some(index) = first_non_finite(b) {
-                return Err(ShardError::NonFinite {
-                    name: spec.name.clone(),
-                    index,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The checks behind [`Shard::arrange_gradients`] (each variable once,
-    /// with its shape): each item is `(name, shape, f32 bytes, payload)`;
-    /// the payloads come back in model order.
-    fn order<'a, T>(
-        &self,
-        items: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8], T)>,
-    ) -> Result<Vec<T>, ShardError> {
         let expected: Vec<(&str, &[usize])> = self
             .specs
             .iter()
             .map(|s| (s.name.as_str(), s.shape.as_slice()))
             .collect();
-        self.order_in(&expected, items)
+        self.order_in(&expected, named)
     }
 
-    /// [`Shard::order`] against any list of `(name, shape)`: the variables,
-    /// or their slots.
-    fn order_in<'a, T>(
+    /// `NonFinite` for the first NaN or infinity in `bytes` (model order,
+    /// as [`Shard::arrange_gradients`] returns them).
+    pub(super) fn check_finite(&self, bytes: &[&[u8]]) -> Result<(), ShardError> {
+        non_finite(
+            self.specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .zip(bytes.iter().copied()),
+        )
+    }
+
+    /// The checks behind [`Shard::arrange_gradients`] and
+    /// [`Shard::arrange_slots`]: each `(name, shape)` of `expected` (the
+    /// variables, or their slots) once, with its shape; the bytes come back
+    /// in `expected`'s order.
+    fn order_in<'a>(
         &self,
         expected: &[(&str, &[usize])],
-        items: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8], T)>,
-    ) -> Result<Vec<T>, ShardError> {
-        let mut out: Vec<Option<T>> = (0..expected.len()).map(|_| None).collect();
-        for (name, shape, data, payload) in items {
+        items: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
+    ) -> Result<Vec<&'a [u8]>, ShardError> {
+        let mut out: Vec<Option<&[u8]>> = vec![None; expected.len()];
+        for (name, shape, data) in items {
             let Some(i) = expected.iter().position(|s| s.0 == name) else {
                 return Err(ShardError::UnknownVariable {
                     ps: self.ps,
@@ -433,7 +413,7 @@ impl Shard {
                     name: name.to_owned(),
                 });
             }
-            out[i] = Some(payload);
+            out[i] = Some(data);
         }
         out.into_iter()
             .zip(expected)
@@ -481,6 +461,19 @@ impl Shard {
 #[inline(always)]
 fn le_f32(b: &[u8]) -> f32 {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// `NonFinite` for the first NaN or infinity among `(name, f32 bytes)`.
+fn non_finite<'a>(named: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Result<(), ShardError> {
+    for (name, b) in named {
+        if let Some(index) = first_non_finite(b) {
+            return Err(ShardError::NonFinite {
+                name: name.to_owned(),
+                index,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Flat index of the first NaN or infinity in little-endian f32 bytes.
