@@ -362,6 +362,17 @@ struct LocalArgs {
     /// (cluster.transport; default: the config's, auto).
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
+    /// How tensors cross TCP links: none, bf16 or onebit
+    /// (cluster.compression; default: the config's, none).
+    #[arg(long, value_enum)]
+    compression: Option<CompressionArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CompressionArg {
+    None,
+    Bf16,
+    Onebit,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -382,6 +393,13 @@ fn local(args: LocalArgs) -> Result<ExitCode> {
         Some(TransportArg::Auto) => base.cluster.transport = dtf::config::Transport::Auto,
         Some(TransportArg::Tcp) => base.cluster.transport = dtf::config::Transport::Tcp,
         None => {}
+    }
+    if let Some(c) = args.compression {
+        base.cluster.compression = match c {
+            CompressionArg::None => dtf::config::Compression::None,
+            CompressionArg::Bf16 => dtf::config::Compression::Bf16,
+            CompressionArg::Onebit => dtf::config::Compression::Onebit,
+        };
     }
     let exe = std::env::current_exe().context("locating the dtf binary")?;
     let bin_dir = exe
