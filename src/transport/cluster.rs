@@ -8,8 +8,8 @@ use super::compress::ClientWire;
 use super::proto as rpc;
 use super::shm::{Area, kind};
 use super::{
-    CALL_TIMEOUT, compress, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, local_port, lost,
-    message_limit, runtime_dir, socket_path, tcp,
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, compress, local_port,
+    lost, message_limit, runtime_dir, socket_path, tcp,
 };
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
@@ -17,8 +17,8 @@ use crate::model::VarSpec;
 use crate::optimizer::{self, SlotSpec};
 use crate::{pb, placement};
 use futures::future::try_join_all;
-use prost::Message;
 use ndarray::ArrayD;
+use prost::Message;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
@@ -122,8 +122,14 @@ impl Cluster {
             .ps
             .iter()
             .map(|addr| {
-                tcp::client(credentials, addr, limit, timeout, compress::name(compression))
-                    .map_err(ClusterError)
+                tcp::client(
+                    credentials,
+                    addr,
+                    limit,
+                    timeout,
+                    compress::name(compression),
+                )
+                .map_err(ClusterError)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let owner = placement::assign(&specs, clients.len(), config.cluster.placement);

@@ -159,7 +159,12 @@ fn checked_len(t: &pb::Tensor) -> Result<usize, Status> {
         Ok(pb::DataType::F32) => 4 * n,
         Ok(pb::DataType::Bf16) => 2 * n,
         Ok(pb::DataType::Onebit) => onebit_len(n),
-        _ => return Err(bad(format!("dtype {} is not a compression dtf sends", t.dtype))),
+        _ => {
+            return Err(bad(format!(
+                "dtype {} is not a compression dtf sends",
+                t.dtype
+            )));
+        }
     };
     if t.data.len() != want {
         return Err(bad(format!(
@@ -260,7 +265,11 @@ impl PsWire {
             .map(|t| {
                 let n = checked_len(t)?;
                 if t.dtype != want as i32 {
-                    return Err(mismatch(self.compression, t.dtype().as_str_name(), "this ps"));
+                    return Err(mismatch(
+                        self.compression,
+                        t.dtype().as_str_name(),
+                        "this ps",
+                    ));
                 }
                 let mut out = vec![0f32; n];
                 decode(t, n, &mut out, false);
@@ -489,7 +498,12 @@ impl ClientWire {
     ///
     /// Errors: `INTERNAL` for a tensor this client did not ask for or of a
     /// bad length (the ps's fault).
-    pub fn store(&self, t: &pb::Tensor, out: &mut ArrayD<f32>, changes: bool) -> Result<(), Status> {
+    pub fn store(
+        &self,
+        t: &pb::Tensor,
+        out: &mut ArrayD<f32>,
+        changes: bool,
+    ) -> Result<(), Status> {
         let n = checked_len(t).map_err(|s| Status::internal(s.message().to_owned()))?;
         let dtype = t.dtype();
         let fits = match dtype {
@@ -499,7 +513,10 @@ impl ClientWire {
             _ => false,
         };
         let shape_ok = t.shape.len() == out.ndim()
-            && t.shape.iter().zip(out.shape()).all(|(&a, &b)| a as usize == b);
+            && t.shape
+                .iter()
+                .zip(out.shape())
+                .all(|(&a, &b)| a as usize == b);
         if !fits || !shape_ok {
             return Err(Status::internal(format!(
                 "tensor {}: the ps sent {} as {:?} for an array of shape {:?} (cluster.compression here: {:?})",
@@ -541,7 +558,10 @@ mod tests {
             bf16_value(bf16_bits(f32::from_bits(half.to_bits() + 1))),
             1.0 + 2f32.powi(-7)
         );
-        assert_eq!(bf16_value(bf16_bits(f32::from_bits(half.to_bits() - 1))), 1.0);
+        assert_eq!(
+            bf16_value(bf16_bits(f32::from_bits(half.to_bits() - 1))),
+            1.0
+        );
         // Past the largest bf16: infinity; NaN stays NaN.
         assert_eq!(bf16_value(bf16_bits(f32::MAX)), f32::INFINITY);
         assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
@@ -653,13 +673,21 @@ mod tests {
         let ps = PsWire::new(Compression::Bf16, 2);
         let mut md = MetadataMap::new();
         let e = ps.agree(&md).unwrap_err();
-        assert!(e.message().contains("cluster.compression"), "{}", e.message());
+        assert!(
+            e.message().contains("cluster.compression"),
+            "{}",
+            e.message()
+        );
         md.insert(HEADER, "bf16".parse().unwrap());
         ps.agree(&md).unwrap();
         let g = ArrayD::from_elem(ndarray::IxDyn(&[3]), 1.0f32);
         let f32s = vec![super::super::proto::encode("w", &g)];
         let e = ps.gradients(&f32s).unwrap_err();
-        assert!(e.message().contains("cluster.compression"), "{}", e.message());
+        assert!(
+            e.message().contains("cluster.compression"),
+            "{}",
+            e.message()
+        );
         // A bad length is refused before anything is decoded.
         let mut t = encode_bf16("w", &[3], &[1.0, 2.0, 3.0]);
         t.data = t.data.slice(..4);

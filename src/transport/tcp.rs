@@ -2,10 +2,10 @@
 //! `cluster.transport = "tcp"`. The HTTP/2 settings both ends share.
 
 use crate::auth::{AddToken, ClientError, Credentials};
-use tonic::service::Interceptor;
 use crate::pb::parameter_server_client::ParameterServerClient;
 use std::time::Duration;
 use tonic::codegen::{InterceptedService, http};
+use tonic::service::Interceptor;
 use tonic::transport::Channel;
 
 /// HTTP/2 frame size both ends accept: a whole push or pull in one DATA

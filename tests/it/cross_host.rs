@@ -83,7 +83,8 @@ fn assert_links(c: &Cluster, compression: &str) {
         assert!(!lines.is_empty(), "worker:{i} logged no connection:\n{log}");
         for l in lines {
             assert!(
-                l.contains("transport=tcp") && l.contains(&format!("compression=\"{compression}\"")),
+                l.contains("transport=tcp")
+                    && l.contains(&format!("compression=\"{compression}\"")),
                 "worker:{i}: {l}"
             );
         }
@@ -100,7 +101,12 @@ fn trains_with(compression: Compression, name: &str, mode: Mode, tensor_bytes: u
     c.place(&hosts, &[0], &[1, 1]);
     let metrics = format!("{}:{}", hosts.host(1).addr, free_port_run(1));
     c.start_on(hosts.host(0), "ps", 0, &[]);
-    c.start_on(hosts.host(1), "worker", 0, &[("DTF_METRICS__LISTEN", &metrics)]);
+    c.start_on(
+        hosts.host(1),
+        "worker",
+        0,
+        &[("DTF_METRICS__LISTEN", &metrics)],
+    );
     c.start_on(hosts.host(1), "worker", 1, &[]);
     wait_step(&c, hosts.host(1), 400, "training across hosts");
 
@@ -221,7 +227,8 @@ fn a_ps_restarted_on_its_host_is_reseeded_and_training_resumes() {
     until(Duration::from_secs(60), "a checkpoint", || {
         checkpoint_steps(&c.cfg.checkpoint.dir).last().copied()
     });
-    let before = c.status_from(hosts.host(1)).expect("dtf status")["tasks"][0]["incarnation"].clone();
+    let before =
+        c.status_from(hosts.host(1)).expect("dtf status")["tasks"][0]["incarnation"].clone();
     c.kill("ps:0");
     c.start_on(hosts.host(0), "ps", 0, &[]);
     c.wait_log("worker:0", "Restored the model", 1, Duration::from_secs(60));
@@ -269,16 +276,21 @@ fn a_worker_host_cut_off_and_healed_rejoins() {
     let exited = c.child("worker:1").try_wait().unwrap();
     assert!(exited.is_none(), "worker:1 gave up: {}", c.log("worker:1"));
     hosts.heal(2);
-    until(Duration::from_secs(90), "worker 1 to push after the heal", || {
-        contact(&c, ps_host, 1).filter(|&(s, ago)| s > last + 50 && ago < 5.0)
-    });
+    until(
+        Duration::from_secs(90),
+        "worker 1 to push after the heal",
+        || contact(&c, ps_host, 1).filter(|&(s, ago)| s > last + 50 && ago < 5.0),
+    );
     finish(&mut c, ps_host, 500);
 }
 
 #[test]
 fn a_worker_on_a_10x_slower_link_holds_no_one_up() {
     let mut c = Cluster::new(1, 2, OPEN_ENDED, Mode::Async);
-    let hosts = Hosts::shaped(&[Some("100mbit"), Some("100mbit"), Some("10mbit")], c.dir.path());
+    let hosts = Hosts::shaped(
+        &[Some("100mbit"), Some("100mbit"), Some("10mbit")],
+        c.dir.path(),
+    );
     c.cfg.cluster.compression = Compression::Bf16;
     c.place(&hosts, &[0], &[1, 2]);
     c.start_on(hosts.host(0), "ps", 0, &[]);

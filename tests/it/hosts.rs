@@ -118,8 +118,18 @@ impl Hosts {
             hosts.hosts.push(host);
             let host = &hosts.hosts[i];
             ip(&[
-                "link", "add", "eth0", "netns", &host.netns, "type", "veth", "peer", "name",
-                &host.port, "netns", &sw,
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                &host.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &host.port,
+                "netns",
+                &sw,
             ]);
             ip(&["-n", &sw, "link", "set", &host.port, "master", "br0"]);
             ip(&["-n", &sw, "link", "set", &host.port, "up"]);
@@ -157,8 +167,8 @@ impl Hosts {
             sh(
                 "tc",
                 &[
-                    "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-                    "burst", &burst, "latency", "20ms",
+                    "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                    &burst, "latency", "20ms",
                 ],
             );
         }
@@ -166,7 +176,14 @@ impl Hosts {
 
     /// Takes host `i`'s link down: nothing reaches it or leaves it.
     pub fn cut(&self, i: usize) {
-        ip(&["-n", &self.switch, "link", "set", &self.hosts[i].port, "down"]);
+        ip(&[
+            "-n",
+            &self.switch,
+            "link",
+            "set",
+            &self.hosts[i].port,
+            "down",
+        ]);
     }
 
     /// Brings host `i`'s link back.
@@ -201,7 +218,10 @@ impl Drop for Hosts {
 impl Host {
     /// What a task on this host has in its environment.
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("DTF_CLUSTER__RUNTIME_DIR", self.run_dir.display().to_string())]
+        vec![(
+            "DTF_CLUSTER__RUNTIME_DIR",
+            self.run_dir.display().to_string(),
+        )]
     }
 
     /// Runs `cmd` inside this host, bounded by `deadline`.
@@ -265,11 +285,8 @@ impl Cluster {
     /// Starts `role` task `index` on `host` (as [`Cluster::start`]), with
     /// extra environment `env`.
     pub fn start_on(&mut self, host: &Host, role: &str, index: usize, env: &[(&str, &str)]) {
-        let mut all: Vec<(&str, std::ffi::OsString)> = host
-            .env()
-            .into_iter()
-            .map(|(k, v)| (k, v.into()))
-            .collect();
+        let mut all: Vec<(&str, std::ffi::OsString)> =
+            host.env().into_iter().map(|(k, v)| (k, v.into())).collect();
         all.extend(env.iter().map(|(k, v)| (*k, (*v).into())));
         let env: Vec<(&str, &std::ffi::OsStr)> =
             all.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
