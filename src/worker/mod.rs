@@ -303,7 +303,7 @@ impl Worker {
         let mut progress = self.pull(&mut buf.params, None).await?;
         let via = self.cluster.transports();
         for (ps, (link, addr)) in self.cluster.links().iter().zip(&cfg.cluster.ps).enumerate() {
-            info!(worker = self.task, ps, address = %addr, transport = %link.via, compression = link.compression, "Connected to ps.");
+            info!(worker = self.task, ps, address = %addr, transport = %link.via, compression = %link.compression, "Connected to ps.");
         }
         crate::metrics::global().transports(&via);
         {

@@ -228,7 +228,7 @@ impl Host {
     pub fn run(&self, cmd: &mut Command, deadline: Duration) -> std::process::Output {
         let mut inside = Command::new("ip");
         inside
-            .args(["netns", "exec", &self.netns])
+            .args(["netns", "exec", self.netns.as_str()])
             .arg(cmd.get_program())
             .args(cmd.get_args());
         for (k, v) in self.env() {

@@ -38,7 +38,7 @@ fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
 fn host_files(ca: &CertifiedIssuer<'_, KeyPair>, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let key = KeyPair::generate().unwrap();
     let mut names = vec!["127.0.0.1".to_string(), "localhost".into()];
-    names.extend((0..8).map(|i| crate::hosts::address(i)));
+    names.extend((0..8).map(crate::hosts::address));
     let params = CertificateParams::new(names).unwrap();
     let cert = params.signed_by(&key, ca).unwrap();
     let (cert_path, key_path) = (
