@@ -565,11 +565,11 @@ mod tests {
         // Past the largest bf16: infinity; NaN stays NaN.
         assert_eq!(bf16_value(bf16_bits(f32::MAX)), f32::INFINITY);
         assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
-        // Relative error at most 2^-9 over a range of values.
+        // Relative error at most half a unit in the last place, 2^-8.
         for i in 1..10_000 {
             let v = (i as f32 * 0.7311).sin() * 10f32.powi(i % 7 - 3);
             let r = bf16_value(bf16_bits(v));
-            assert!((r - v).abs() <= v.abs() * 2f32.powi(-9), "{v} → {r}");
+            assert!((r - v).abs() <= v.abs() * 2f32.powi(-8), "{v} → {r}");
         }
     }
 

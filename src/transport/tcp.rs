@@ -5,7 +5,6 @@ use crate::auth::{AddToken, ClientError, Credentials};
 use crate::pb::parameter_server_client::ParameterServerClient;
 use std::time::Duration;
 use tonic::codegen::{InterceptedService, http};
-use tonic::service::Interceptor;
 use tonic::transport::Channel;
 
 /// HTTP/2 frame size both ends accept: a whole push or pull in one DATA
