@@ -44,6 +44,7 @@ if [ -x scripts/check-package.sh ]; then
     step "Package checks"
     scripts/check-package.sh
 fi
+step "Deployment files (scripts/check-deploy.sh)" && scripts/check-deploy.sh
 if [ -x tests/system/run.sh ]; then
     step "System test (systemd-nspawn)"
     tests/system/run.sh
