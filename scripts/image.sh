@@ -16,7 +16,8 @@
 #    Secret, never from an image everyone can pull. Apt's lists and caches,
 #    logs and the machine's identity go too.
 # 3. The root as one layer (tar sorted by name, numeric owners, mtimes
-#    clamped to the last commit: the same inputs give the same layer), with
+#    clamped to the last commit; not bit-for-bit reproducible: dpkg and
+#    apt leave run-dependent bytes in their databases), with
 #    an OCI image config (User 10001:10001, WorkingDir /var/lib/dtf) and
 #    manifest, written as an OCI image layout by hand:
 #      target/image/dtf-oci/              the layout (skopeo/umoci: oci:DIR:TAG)
@@ -146,8 +147,8 @@ in_root() { chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-
 
 # Fixed numbers: Kubernetes checks runAsNonRoot against a numeric user, and
 # the manifests' runAsUser/fsGroup must be this user. postinst then finds it.
-in_root groupadd --system --gid "$DTF_GID" dtf
-in_root useradd --system --uid "$DTF_UID" --gid dtf --home-dir /var/lib/dtf \
+in_root groupadd --gid "$DTF_GID" dtf
+in_root useradd --no-create-home --uid "$DTF_UID" --gid dtf --home-dir /var/lib/dtf \
 	--shell /usr/sbin/nologin --comment "dtf training daemons" dtf
 cp "$deb" "$ROOT/tmp/dtf.deb"
 log "dpkg -i $(basename "$deb")"
