@@ -39,7 +39,7 @@ CACHE=${DTF_SYSTEM_TEST_CACHE:-/var/cache/dtf-system-test}
 BASE_RECIPE=v1
 CACHED_BASE=$CACHE/image-bookworm-base-$BASE_RECIPE
 BASE_PACKAGES=adduser,procps
-DATASET=dataset-fashion-mnist
+DATASET="dataset-fashion-mnist"
 DTF_UID=10001
 DTF_GID=10001
 
