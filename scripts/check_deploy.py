@@ -102,11 +102,14 @@ def render(directory, secrets=None):
                 else:
                     raise Failure(f"{directory}: generator {gen['name']} names {path}, which does not exist")
                 data[name] = content
+            unknown = set(gen) - {"name", "files", "options"}
+            if unknown:
+                raise Failure(f"{directory}: generator {gen['name']}: keys this check cannot render: {sorted(unknown)}")
             obj = {"apiVersion": "v1", "kind": kind, "metadata": {"name": gen["name"]}}
             obj["stringData" if kind == "Secret" else "data"] = data
             if kind == "Secret":
                 obj["type"] = "Opaque"
-            if not hashless:
+            if not gen.get("options", {}).get("disableNameSuffixHash", hashless):
                 renames[(kind, gen["name"])] = gen["name"] + "-HASH"
             objs.append(obj)
     for obj in objs:
