@@ -341,6 +341,7 @@ def make_tls_variant(root):
 def compare_with_kubectl(directory, objs, secrets, label):
     kubectl = shutil.which("kubectl")
     if not kubectl:
+        print(f"note: no kubectl here: the render of {label} is not compared with kustomize's")
         return []
     tmp = tempfile.mkdtemp(prefix="dtf-deploy-kubectl-")
     try:
