@@ -641,7 +641,13 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
             left.push(format!("{name} (pid {})", child.id()));
         }
     }
-    left.extend(others_naming(&d.c.config_path));
+    let ours: Vec<String> = d.c.procs.iter().map(|(_, c)| c.id().to_string()).collect();
+    left.extend(
+        others_naming(&d.c.config_path)
+            .into_iter()
+            .filter(|(pid, _)| !ours.contains(pid))
+            .map(|(pid, cmd)| format!("pid {pid}: {cmd}")),
+    );
     for text in left {
         d.rec.record(What::Leftover { text });
     }
@@ -654,6 +660,9 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
     }
     let events = d.rec.events();
     let violations = checker::check(&events, expect);
+    if !violations.is_empty() {
+        keep_logs(&d.c, plan.seed);
+    }
     Outcome {
         events,
         violations,
@@ -661,6 +670,24 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
         skipped: d.skipped,
         wall: began.elapsed(),
     }
+}
+
+/// Copies the tasks' logs and config of a failing seed to
+/// `$TMPDIR/dtf-chaos-seed-<seed>` (the run's own directory is deleted).
+fn keep_logs(c: &Cluster, seed: u64) {
+    let kept = std::env::temp_dir().join(format!("dtf-chaos-seed-{seed}"));
+    let _ = std::fs::remove_dir_all(&kept);
+    std::fs::create_dir_all(&kept).unwrap();
+    for entry in std::fs::read_dir(c.dir.path()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name == "dtf.toml" {
+            let _ = std::fs::copy(entry.path(), kept.join(&name));
+        }
+    }
+    eprintln!(
+        "chaos seed {seed}: the tasks' logs are kept in {}",
+        kept.display()
+    );
 }
 
 /// Verifies every checkpoint in `checkpoint.dir` and `best/`, recording each.
@@ -693,8 +720,8 @@ fn verify_all(c: &Cluster, rec: &Recorder) {
     }
 }
 
-/// Processes other than this one whose command line names `config`.
-fn others_naming(config: &Path) -> Vec<String> {
+/// Processes other than this one whose command line names `config`: pid, command line.
+fn others_naming(config: &Path) -> Vec<(String, String)> {
     let needle = config.as_os_str().as_encoded_bytes();
     let me = std::process::id().to_string();
     let mut out = Vec::new();
@@ -707,7 +734,7 @@ fn others_naming(config: &Path) -> Vec<String> {
             && cmd.windows(needle.len()).any(|w| w == needle)
         {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            out.push(format!("pid {name}: {cmd}"));
+            out.push((name, cmd));
         }
     }
     out
