@@ -377,7 +377,7 @@ impl PsWire {
 
 /// An f32 tensor as bf16 (any other left as it is).
 fn to_bf16(t: pb::Tensor) -> pb::Tensor {
-    if t.dtype != pb::DataType::F32 as i32 || t.data.len() % 4 != 0 {
+    if t.dtype != pb::DataType::F32 as i32 || !t.data.len().is_multiple_of(4) {
         return t;
     }
     let mut data = Vec::with_capacity(t.data.len() / 2);

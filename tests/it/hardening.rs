@@ -10,11 +10,11 @@ use std::time::Duration;
 
 /// A tmpfs mounted at `path` for the test's lifetime (lazily unmounted on
 /// drop, so a failing test leaves no mount behind).
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     /// Mounts a tmpfs of `size` bytes at `path` (created). Needs root, as CI is.
-    fn mount(path: &Path, size: usize) -> Self {
+    pub(crate) fn mount(path: &Path, size: usize) -> Self {
         std::fs::create_dir_all(path).unwrap();
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0750")])
@@ -31,7 +31,7 @@ impl Tmpfs {
     }
 
     /// Fills the file system to the last byte with `filler`.
-    fn fill(&self) -> PathBuf {
+    pub(crate) fn fill(&self) -> PathBuf {
         use std::io::Write;
         let filler = self.0.join("filler");
         let mut f = std::fs::File::create(&filler).unwrap();

@@ -1,6 +1,7 @@
 //! dtf's integration tests: real processes on 127.0.0.1, one test binary.
 
 mod auth;
+mod chaos;
 mod checkpoint_hardening;
 mod cluster;
 mod config_errors;

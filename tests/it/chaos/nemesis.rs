@@ -1,0 +1,210 @@
+//! The nemeses: what the harness does to a running cluster, and what each
+//! may cost it (the recovery promises of docs/design.md "Recovery").
+//!
+//! The extension point is the [`Nemesis`] enum: a new fault is a variant, a
+//! `kind` name, a bound in [`Nemesis::bound`], and its injection and healing
+//! in `run.rs` (`Driver::inject`, `Driver::heal`). Network faults wait for
+//! the hosts harness of network namespaces (issue 31, `tests/it/hosts.rs`):
+//! [`Nemesis::Partition`] and [`Nemesis::SlowLink`] are declared, never drawn,
+//! and `Driver::inject` refuses them until the cluster runs in namespaces.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A task of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Task {
+    /// `ps:N`.
+    Ps(usize),
+    /// `worker:N` (0: the chief).
+    Worker(usize),
+    /// `evaluator:0`.
+    Evaluator,
+}
+
+impl Task {
+    /// The role's binary suffix (`dtf-<role>`) and the index.
+    pub fn role_index(self) -> (&'static str, usize) {
+        match self {
+            Task::Ps(i) => ("ps", i),
+            Task::Worker(i) => ("worker", i),
+            Task::Evaluator => ("evaluator", 0),
+        }
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (role, index) = self.role_index();
+        write!(f, "{role}:{index}")
+    }
+}
+
+/// A live edit of `dtf.toml` (written by rename, as an editor saves).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Edit {
+    /// `train.learning_rate`.
+    LearningRate(f32),
+    /// `checkpoint.save_secs` (and `save_steps = 0`).
+    SaveSecs(u64),
+    /// `checkpoint.save_steps` (and `save_secs` unset).
+    SaveSteps(u64),
+    /// `train.last_step` moved, but kept far ahead of the step (the harness
+    /// alone brings it close, at the end of the run).
+    LastStepFarAhead(u64),
+    /// A file every task must refuse (`train.learning_rate = -1`), put back
+    /// after `duration`; no task is started meanwhile (it would exit 78, as
+    /// it should, and systemd would not restart it).
+    Invalid {
+        /// How long the bad file stays.
+        duration: Duration,
+    },
+}
+
+/// One fault.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Nemesis {
+    /// SIGKILL, and started again `down` later (as systemd's
+    /// `Restart=on-failure` would, with its own delay).
+    Kill {
+        /// The victim.
+        task: Task,
+        /// How long it stays down.
+        down: Duration,
+    },
+    /// SIGSTOP, then SIGCONT after `duration`.
+    Pause {
+        /// The victim.
+        task: Task,
+        /// How long it stays stopped.
+        duration: Duration,
+    },
+    /// SIGTERM (a graceful stop), then started again once it exited.
+    Restart {
+        /// The victim.
+        task: Task,
+    },
+    /// The checkpoint directory (a small tmpfs) filled to the last byte,
+    /// freed after `duration`.
+    DiskFull {
+        /// How long it stays full.
+        duration: Duration,
+    },
+    /// A live config edit.
+    Edit(Edit),
+    /// Pending issue 31: `task` cut off from every other host for `duration`.
+    #[expect(dead_code, reason = "drawn once the hosts harness (issue 31) lands")]
+    Partition {
+        /// The host cut off.
+        task: Task,
+        /// How long.
+        duration: Duration,
+    },
+    /// Pending issue 31: `task`'s link shaped by a `tbf` qdisc.
+    #[expect(dead_code, reason = "drawn once the hosts harness (issue 31) lands")]
+    SlowLink {
+        /// The host whose link is slow.
+        task: Task,
+        /// The rate, kbit/s.
+        kbit: u32,
+        /// How long.
+        duration: Duration,
+    },
+}
+
+/// The kinds a schedule draws (`Nemesis::kind`), for reports and coverage.
+pub const KINDS: &[&str] = &[
+    "kill",
+    "pause",
+    "restart",
+    "disk-full",
+    "edit-learning-rate",
+    "edit-save",
+    "edit-last-step",
+    "edit-invalid",
+];
+
+/// How far the global step may go back after a fault.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bound {
+    /// Not at all.
+    Nothing,
+    /// Back to the newest checkpoint that existed when the fault struck
+    /// (today's promise for a ps's death).
+    Checkpoint,
+    /// To no less than the step seen this many seconds before the fault
+    /// (issue 26's ps snapshots: `ps.snapshot_secs`).
+    Seconds(f64),
+    /// By at most this many steps.
+    Steps(u64),
+}
+
+impl Nemesis {
+    /// A short name of its kind (one of [`KINDS`], or a pending one).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Nemesis::Kill { .. } => "kill",
+            Nemesis::Pause { .. } => "pause",
+            Nemesis::Restart { .. } => "restart",
+            Nemesis::DiskFull { .. } => "disk-full",
+            Nemesis::Edit(Edit::LearningRate(_)) => "edit-learning-rate",
+            Nemesis::Edit(Edit::SaveSecs(_) | Edit::SaveSteps(_)) => "edit-save",
+            Nemesis::Edit(Edit::LastStepFarAhead(_)) => "edit-last-step",
+            Nemesis::Edit(Edit::Invalid { .. }) => "edit-invalid",
+            Nemesis::Partition { .. } => "partition",
+            Nemesis::SlowLink { .. } => "slow-link",
+        }
+    }
+
+    /// What the fault may cost the global step: docs/design.md's recovery
+    /// promises. A ps that dies (killed, or stopped and started again)
+    /// loses its shard; today the chief re-seeds the cluster from the newest
+    /// checkpoint. Issue 26 (ps snapshots) tightens this to
+    /// `Bound::Seconds(snapshot_secs)`. Nothing else may cost a step.
+    pub fn bound(&self) -> Bound {
+        match self {
+            Nemesis::Kill {
+                task: Task::Ps(_), ..
+            }
+            | Nemesis::Restart { task: Task::Ps(_) } => Bound::Checkpoint,
+            _ => Bound::Nothing,
+        }
+    }
+}
+
+impl fmt::Display for Nemesis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = |d: &Duration| d.as_secs_f64();
+        match self {
+            Nemesis::Kill { task, down } => write!(f, "SIGKILL {task}, down {:.1}s", s(down)),
+            Nemesis::Pause { task, duration } => {
+                write!(f, "SIGSTOP {task} for {:.1}s", s(duration))
+            }
+            Nemesis::Restart { task } => write!(f, "SIGTERM {task} and start it again"),
+            Nemesis::DiskFull { duration } => {
+                write!(f, "fill checkpoint.dir for {:.1}s", s(duration))
+            }
+            Nemesis::Edit(Edit::LearningRate(lr)) => write!(f, "edit train.learning_rate = {lr}"),
+            Nemesis::Edit(Edit::SaveSecs(n)) => write!(f, "edit checkpoint.save_secs = {n}"),
+            Nemesis::Edit(Edit::SaveSteps(n)) => write!(f, "edit checkpoint.save_steps = {n}"),
+            Nemesis::Edit(Edit::LastStepFarAhead(n)) => {
+                write!(f, "edit train.last_step (far ahead, +{n})")
+            }
+            Nemesis::Edit(Edit::Invalid { duration }) => {
+                write!(f, "an invalid dtf.toml for {:.1}s", s(duration))
+            }
+            Nemesis::Partition { task, duration } => {
+                write!(f, "partition {task} for {:.1}s", s(duration))
+            }
+            Nemesis::SlowLink {
+                task,
+                kbit,
+                duration,
+            } => write!(
+                f,
+                "slow link of {task}: {kbit} kbit/s for {:.1}s",
+                s(duration)
+            ),
+        }
+    }
+}

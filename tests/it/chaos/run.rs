@@ -1,0 +1,756 @@
+//! One seed's run: a real cluster (`util::Cluster`, processes on
+//! 127.0.0.1) with its checkpoint directory on a small tmpfs, the plan's
+//! faults injected on schedule, a stand-in for systemd restarting what
+//! fails (`Restart=on-failure`, `RestartSec=1`, never after 78), a poller
+//! recording `dtf status --json` and every task's `/metrics`, and at the
+//! end the checkpoints verified, leftovers looked for, and the final EMA
+//! accuracy compared with a fault-free run of the same steps.
+
+use super::checker::{self, Expect, Violation};
+use super::history::{Event, Recorder, What};
+use super::nemesis::{Edit, Nemesis, Task};
+use super::schedule::{Plan, When};
+use crate::hardening::Tmpfs;
+use crate::util::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The checkpoint directory's tmpfs: room for the tiny model's checkpoints,
+/// the evaluator's events and `best/`, filled in a moment.
+const DISK_BYTES: usize = 8 << 20;
+
+/// systemd's `RestartSec=` in the shipped units.
+const RESTART_SEC: Duration = Duration::from_secs(1);
+
+/// How often the poller asks `dtf status` and scrapes `/metrics`.
+const POLL: Duration = Duration::from_millis(400);
+
+/// What a seed's run gives back.
+pub struct Outcome {
+    /// The history recorded.
+    pub events: Vec<Event>,
+    /// What the checker found wrong.
+    pub violations: Vec<Violation>,
+    /// Faults injected, by kind.
+    pub injected: BTreeMap<&'static str, usize>,
+    /// Faults not injected, their victim not running then (exited at the
+    /// end of the run, or already down).
+    pub skipped: usize,
+    /// How long the seed took, reference run included.
+    pub wall: Duration,
+}
+
+impl Outcome {
+    /// How many times the chief restored shards from a checkpoint.
+    pub fn restores(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e.what, What::Restored { .. }))
+            .count()
+    }
+
+    /// `train.last_step` at the end.
+    pub fn last_step(&self) -> u64 {
+        self.events
+            .iter()
+            .find_map(|e| match e.what {
+                What::Done { last_step, .. } => Some(last_step),
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+
+    /// The violations with the history around each, and the replay command.
+    pub fn report(&self, plan: &Plan) -> String {
+        format!(
+            "{plan}{}",
+            checker::report(&self.events, &self.violations, &replay(plan))
+        )
+    }
+}
+
+/// The command that runs `plan`'s seed again.
+pub fn replay(plan: &Plan) -> String {
+    format!(
+        "scripts/chaos.sh --seed {} --seconds {}",
+        plan.seed, plan.seconds
+    )
+}
+
+/// Why a task's process ended, as far as the harness knows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cause {
+    /// SIGKILL; started again by a queued action.
+    Killed,
+    /// SIGTERM of a restart; started again once it exited.
+    Terminated,
+}
+
+/// The harness's view of one task.
+#[derive(Debug, Default)]
+struct TaskState {
+    /// A process is running (or stopped).
+    running: bool,
+    /// Counts starts, so an action queued for one process skips the next.
+    generation: u64,
+    /// The harness signalled it and expects it to exit.
+    cause: Option<Cause>,
+    /// SIGSTOPped and not yet continued.
+    paused: bool,
+    /// It exited 0 (or 78): systemd would not start it again.
+    finished: bool,
+    /// A start is queued.
+    start_queued: bool,
+}
+
+/// Something the harness does later.
+#[derive(Debug, Clone)]
+enum Action {
+    /// Start the task (unless it is running).
+    Start(Task),
+    /// SIGCONT, if the same process is still there.
+    Cont(Task, u64),
+    /// Delete the filler: the disk has room again.
+    FreeDisk(PathBuf),
+    /// Write the valid config back.
+    RestoreConfig,
+}
+
+struct Driver {
+    c: Cluster,
+    /// The tmpfs over `checkpoint.dir` (unmounted on drop, after the processes are gone).
+    disk: Option<Tmpfs>,
+    rec: Recorder,
+    /// Each task's `/metrics` address.
+    metrics: BTreeMap<Task, String>,
+    tasks: BTreeMap<Task, TaskState>,
+    /// Queued actions and when they are due.
+    queue: Vec<(Instant, Action)>,
+    /// An invalid config is in place (no task may start meanwhile).
+    invalid: bool,
+    injected: BTreeMap<&'static str, usize>,
+    skipped: usize,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.c.procs {
+            // SIGCONT first: a stopped process dies of SIGKILL anyway, but be plain.
+            // SAFETY: a pid this harness spawned and has not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.disk.take();
+    }
+}
+
+impl Driver {
+    fn name(task: Task) -> String {
+        task.to_string()
+    }
+
+    fn start(&mut self, task: Task) {
+        let (role, index) = task.role_index();
+        let addr = self.metrics[&task].clone();
+        self.c
+            .start_env(role, index, &[("DTF_METRICS__LISTEN", &addr)]);
+        let st = self.tasks.entry(task).or_default();
+        st.running = true;
+        st.generation += 1;
+        st.cause = None;
+        st.paused = false;
+        st.start_queued = false;
+        self.rec.record(What::Start { task });
+    }
+
+    fn queue_start(&mut self, task: Task, after: Duration) {
+        let st = self.tasks.entry(task).or_default();
+        st.start_queued = true;
+        self.queue
+            .push((Instant::now() + after, Action::Start(task)));
+    }
+
+    fn signal(&mut self, task: Task, sig: i32) {
+        self.c.signal(&Self::name(task), sig);
+    }
+
+    /// Records every exit and does what systemd would.
+    fn reap(&mut self) {
+        let tasks: Vec<Task> = self.tasks.keys().copied().collect();
+        for task in tasks {
+            if !self.tasks[&task].running {
+                continue;
+            }
+            let Some(status) = self.c.child(&Self::name(task)).try_wait().unwrap() else {
+                continue;
+            };
+            use std::os::unix::process::ExitStatusExt;
+            let st = self.tasks.get_mut(&task).unwrap();
+            st.running = false;
+            st.paused = false;
+            let cause = st.cause.take();
+            self.rec.record(What::Exit {
+                task,
+                code: status.code(),
+                signal: status.signal(),
+                by_harness: cause.is_some(),
+            });
+            match cause {
+                // Its start is already queued.
+                Some(Cause::Killed) => {}
+                Some(Cause::Terminated) => self.queue_start(task, Duration::ZERO),
+                None => match status.code() {
+                    Some(0) | Some(78) => self.tasks.get_mut(&task).unwrap().finished = true,
+                    _ => self.queue_start(task, RESTART_SEC),
+                },
+            }
+        }
+    }
+
+    /// Injects `nemesis`; false if its victim was not there to hit.
+    fn inject(&mut self, nemesis: Nemesis) -> bool {
+        let running = |d: &Self, t: Task| d.tasks.get(&t).is_some_and(|s| s.running);
+        match nemesis {
+            Nemesis::Kill { task, down } => {
+                if !running(self, task) {
+                    return false;
+                }
+                self.fault(nemesis);
+                self.tasks.get_mut(&task).unwrap().cause = Some(Cause::Killed);
+                self.signal(task, libc::SIGKILL);
+                self.queue_start(task, down);
+            }
+            Nemesis::Pause { task, duration } => {
+                let st = self.tasks.get(&task);
+                if !st.is_some_and(|s| s.running && !s.paused) {
+                    return false;
+                }
+                self.fault(nemesis);
+                self.signal(task, libc::SIGSTOP);
+                let st = self.tasks.get_mut(&task).unwrap();
+                st.paused = true;
+                let g = st.generation;
+                self.queue
+                    .push((Instant::now() + duration, Action::Cont(task, g)));
+            }
+            Nemesis::Restart { task } => {
+                if !running(self, task) || self.tasks[&task].cause.is_some() {
+                    return false;
+                }
+                self.fault(nemesis);
+                self.tasks.get_mut(&task).unwrap().cause = Some(Cause::Terminated);
+                self.signal(task, libc::SIGTERM);
+            }
+            Nemesis::DiskFull { duration } => {
+                let Some(disk) = &self.disk else { return false };
+                if self
+                    .queue
+                    .iter()
+                    .any(|(_, a)| matches!(a, Action::FreeDisk(_)))
+                {
+                    return false;
+                }
+                let filler = disk.fill();
+                self.fault(nemesis);
+                self.queue
+                    .push((Instant::now() + duration, Action::FreeDisk(filler)));
+            }
+            Nemesis::Edit(edit) => {
+                if self.invalid {
+                    return false;
+                }
+                self.fault(nemesis);
+                let cfg = &mut self.c.cfg;
+                match edit {
+                    Edit::LearningRate(lr) => cfg.train.learning_rate = lr,
+                    Edit::SaveSecs(n) => {
+                        cfg.checkpoint.save_secs = Some(n);
+                        cfg.checkpoint.save_steps = 0;
+                    }
+                    Edit::SaveSteps(n) => {
+                        cfg.checkpoint.save_secs = None;
+                        cfg.checkpoint.save_steps = n;
+                    }
+                    Edit::LastStepFarAhead(n) => cfg.train.last_step = FAR + n,
+                    Edit::Invalid { duration } => {
+                        let bad: String = cfg
+                            .to_toml()
+                            .lines()
+                            .map(|l| match l.starts_with("learning_rate = ") {
+                                true => "learning_rate = -1.0\n".to_string(),
+                                false => format!("{l}\n"),
+                            })
+                            .collect();
+                        assert!(
+                            bad.contains("learning_rate = -1.0"),
+                            "no learning_rate in\n{bad}"
+                        );
+                        write_by_rename(&self.c.config_path, &bad);
+                        self.invalid = true;
+                        self.queue
+                            .push((Instant::now() + duration, Action::RestoreConfig));
+                        return true;
+                    }
+                }
+                self.c.write_config_by_rename();
+            }
+            Nemesis::Partition { .. } | Nemesis::SlowLink { .. } => {
+                panic!("{nemesis}: network faults need the hosts harness (issue 31)")
+            }
+        }
+        true
+    }
+
+    fn fault(&mut self, nemesis: Nemesis) {
+        // The steps just before a fault that may cost some, so that the
+        // step going back is seen however fast it climbs again.
+        if nemesis.bound() != super::nemesis::Bound::Nothing
+            && let Some(what) = status(
+                &self.c.config_path,
+                &self.c.cfg.checkpoint.dir,
+                self.c.cfg.cluster.ps.len(),
+            )
+        {
+            self.rec.record(what);
+        }
+        *self.injected.entry(nemesis.kind()).or_default() += 1;
+        self.rec.record(What::Fault {
+            kind: nemesis.kind(),
+            text: nemesis.to_string(),
+            bound: nemesis.bound(),
+        });
+    }
+
+    /// Runs the queued actions that are due (a start waits while the config is invalid).
+    fn act(&mut self) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|(at, a)| *at <= now && !(self.invalid && matches!(a, Action::Start(_))));
+        self.queue = later;
+        for (_, action) in due {
+            match action {
+                Action::Start(task) => {
+                    if !self.tasks[&task].running {
+                        self.start(task);
+                    }
+                }
+                Action::Cont(task, g) => {
+                    let st = &self.tasks[&task];
+                    if st.running && st.generation == g && st.paused {
+                        self.signal(task, libc::SIGCONT);
+                        self.tasks.get_mut(&task).unwrap().paused = false;
+                        self.rec.record(What::Heal {
+                            text: format!("SIGCONT {task}"),
+                        });
+                    }
+                }
+                Action::FreeDisk(filler) => {
+                    std::fs::remove_file(&filler).unwrap();
+                    self.rec.record(What::Heal {
+                        text: "checkpoint.dir has room again".into(),
+                    });
+                }
+                Action::RestoreConfig => {
+                    self.invalid = false;
+                    self.c.write_config_by_rename();
+                    self.rec.record(What::Heal {
+                        text: "dtf.toml valid again".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// No fault is left to heal and no start is queued: every task either
+    /// runs or has finished.
+    fn settled(&self) -> bool {
+        self.queue.is_empty() && self.tasks.values().all(|s| !s.start_queued)
+    }
+
+    fn all_finished(&self) -> bool {
+        self.settled() && self.tasks.values().all(|s| s.finished && !s.running)
+    }
+}
+
+/// `last_step` while the faults run: the harness alone ends the run.
+const FAR: u64 = 100_000_000;
+
+fn write_by_rename(path: &Path, text: &str) {
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// One `dtf status --json`: each ps's step, completeness, and the newest
+/// checkpoint file in `ckpt` (read after the status: a checkpoint named here
+/// existed by the time the event is recorded).
+fn status(config: &Path, ckpt: &Path, ps: usize) -> Option<What> {
+    let mut cmd = std::process::Command::new(bin("dtf"));
+    cmd.args(["status", "--json", "--config"])
+        .arg(config)
+        .env_remove("TF_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // `dtf status` bounds each ps's answer at 3 s.
+    let v: serde_json::Value = serde_json::from_slice(&cmd.output().ok()?.stdout).ok()?;
+    let steps = (0..ps)
+        .map(|i| {
+            let t = &v["tasks"][i];
+            (t["initialized"].as_bool() == Some(true))
+                .then(|| t["global_step"].as_u64())
+                .flatten()
+        })
+        .collect();
+    Some(What::Status {
+        steps,
+        complete: v["complete"].as_bool().unwrap_or(false),
+        checkpoint: checkpoint_steps(ckpt).last().copied(),
+    })
+}
+
+/// Polls `dtf status --json` and every task's `/metrics` until `stop`.
+fn poll(
+    config: PathBuf,
+    ckpt: PathBuf,
+    ps: usize,
+    metrics: BTreeMap<Task, String>,
+    rec: Recorder,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(what) = status(&config, &ckpt, ps) {
+            rec.record(what);
+        }
+        for (task, addr) in &metrics {
+            if let Some(text) = http_get(addr, "/metrics") {
+                let gauge = |name: &str| {
+                    text.lines()
+                        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+                };
+                rec.record(What::Metrics {
+                    task: *task,
+                    global_step: gauge("dtf_global_step"),
+                    checkpoint_failures: gauge("dtf_checkpoint_failures_total"),
+                });
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The chief's restores in the lines of its log after `offset` (moved past them).
+fn restores(log: &Path, offset: &mut u64) -> Vec<What> {
+    use std::io::{Read, Seek};
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    if f.seek(std::io::SeekFrom::Start(*offset)).is_err() || f.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    // Whole lines only: a partly written one is read next time.
+    let Some(end) = text.rfind('\n') else {
+        return Vec::new();
+    };
+    *offset += end as u64 + 1;
+    text[..end]
+        .lines()
+        .filter(|l| l.contains("Restored the model"))
+        .filter_map(|l| {
+            let field = |k: &str| l.split_once(&format!(" {k}="))?.1.split(' ').next();
+            let step = field("step")?.parse().ok()?;
+            let ps = field("ps")?
+                .trim_matches(|c| c == '[' || c == ']')
+                .split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect();
+            Some(What::Restored { ps, step })
+        })
+        .collect()
+}
+
+/// A new cluster for `plan`, its config written.
+fn cluster(plan: &Plan, last_step: u64) -> Cluster {
+    let mut c = Cluster::new(plan.ps, plan.workers, last_step, plan.mode);
+    c.cfg.cluster.transport = plan.transport;
+    c.cfg.train.log_step_count_steps = 1000;
+    c.write_config();
+    c
+}
+
+/// The newest step seen by the status poller, and the steps per second
+/// over the last few seconds of samples.
+fn step_and_rate(events: &[Event]) -> Option<(u64, f64)> {
+    let samples: Vec<(f64, u64)> = events
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::Status { steps, .. } => steps.first().copied().flatten().map(|s| (e.t, s)),
+            _ => None,
+        })
+        .collect();
+    let &(t1, s1) = samples.last()?;
+    let &(t0, s0) = samples
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= t1 - 3.0)
+        .unwrap_or(&samples[0]);
+    let rate = if t1 > t0 {
+        s1.saturating_sub(s0) as f64 / (t1 - t0)
+    } else {
+        0.0
+    };
+    Some((s1, rate))
+}
+
+/// Runs `plan` and checks its history against `expect`; with `reference`,
+/// also a fault-free run of the same steps for the accuracy band.
+pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
+    let began = Instant::now();
+    let c = cluster(plan, FAR);
+    let disk = Tmpfs::mount(&c.cfg.checkpoint.dir, DISK_BYTES);
+    let ckpt = c.cfg.checkpoint.dir.clone();
+    let addrs = free_addrs(plan.tasks().len());
+    let metrics: BTreeMap<Task, String> = plan.tasks().into_iter().zip(addrs).collect();
+    let config_path = c.config_path.clone();
+    let mut d = Driver {
+        c,
+        disk: Some(disk),
+        rec: Recorder::new(),
+        metrics: metrics.clone(),
+        tasks: BTreeMap::new(),
+        queue: Vec::new(),
+        invalid: false,
+        injected: BTreeMap::new(),
+        skipped: 0,
+    };
+    for task in plan.tasks() {
+        d.start(task);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (rec, stop, ckpt) = (d.rec.clone(), stop.clone(), ckpt.clone());
+        let ps = plan.ps;
+        std::thread::spawn(move || poll(config_path, ckpt, ps, metrics, rec, stop))
+    };
+
+    let start = Instant::now();
+    // Faults not yet fired, and for those at a checkpoint the newest step when they armed.
+    let mut pending: Vec<(super::schedule::Fault, Option<Option<u64>>)> =
+        plan.faults.iter().cloned().map(|f| (f, None)).collect();
+    let mut end: Option<Instant> = None;
+    let mut last_activity = Instant::now();
+    let chief_log = d.c.log_path("worker:0");
+    let mut chief_offset = 0;
+    let done = loop {
+        for what in restores(&chief_log, &mut chief_offset) {
+            d.rec.record(what);
+        }
+        d.reap();
+        d.act();
+        let now = Instant::now();
+        let elapsed = now - start;
+        let newest = checkpoint_steps(&ckpt).last().copied();
+        let mut fired = Vec::new();
+        for (i, (fault, armed)) in pending.iter_mut().enumerate() {
+            let due = match fault.when {
+                When::At(at) => elapsed >= at,
+                When::AtCheckpoint(at) => {
+                    if elapsed < at {
+                        false
+                    } else if let Some(base) = *armed {
+                        // A new checkpoint, or 10 s without one.
+                        newest > base || elapsed >= at + Duration::from_secs(10)
+                    } else {
+                        *armed = Some(newest);
+                        false
+                    }
+                }
+                When::AtEnd(after) => end.is_some_and(|e| now >= e + after),
+            };
+            // An edit waits for the invalid file to be put right (an
+            // operator's next edit would start from the good one).
+            let blocked = d.invalid && matches!(fault.nemesis, Nemesis::Edit(_));
+            if due && !blocked {
+                fired.push(i);
+            }
+        }
+        for i in fired.into_iter().rev() {
+            let (fault, _) = pending.remove(i);
+            if d.inject(fault.nemesis) {
+                last_activity = Instant::now();
+            } else {
+                d.skipped += 1;
+            }
+        }
+        // The end of the run: once the faults' time is over and nothing is
+        // broken, `last_step` a few seconds of steps ahead.
+        if end.is_none()
+            && elapsed >= Duration::from_secs(plan.seconds)
+            && !d.invalid
+            && pending
+                .iter()
+                .all(|(f, _)| matches!(f.when, When::AtEnd(_)))
+            && let Some((step, rate)) = step_and_rate(&d.rec.events())
+        {
+            d.c.cfg.train.last_step = step + 2000 + (rate * 4.0) as u64;
+            d.rec.record(What::Heal {
+                text: format!(
+                    "end of the run: train.last_step = {}",
+                    d.c.cfg.train.last_step
+                ),
+            });
+            d.c.write_config_by_rename();
+            end = Some(Instant::now());
+        }
+        if !d.queue.is_empty() {
+            last_activity = Instant::now();
+        }
+        if end.is_some() && pending.is_empty() && d.all_finished() {
+            break true;
+        }
+        let hard = Duration::from_secs(plan.seconds) + Duration::from_secs(300);
+        if (end.is_some()
+            && now.duration_since(last_activity) > Duration::from_secs_f64(expect.complete_within))
+            || elapsed > hard
+        {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stop.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+
+    let last_step = d.c.cfg.train.last_step;
+    let final_file = ckpt.join(format!("model.ckpt-{last_step}.safetensors"));
+    let complete = done && final_file.is_file();
+    verify_all(&d.c, &d.rec);
+    d.rec.record(What::Done {
+        last_step,
+        complete,
+    });
+    // Every process of this run exits: the harness's children, and anything
+    // else naming its config.
+    let mut left = Vec::new();
+    for (name, child) in &mut d.c.procs {
+        if child.try_wait().unwrap().is_none() {
+            left.push(format!("{name} (pid {})", child.id()));
+        }
+    }
+    let ours: Vec<String> = d.c.procs.iter().map(|(_, c)| c.id().to_string()).collect();
+    left.extend(
+        others_naming(&d.c.config_path)
+            .into_iter()
+            .filter(|(pid, _)| !ours.contains(pid))
+            .map(|(pid, cmd)| format!("pid {pid}: {cmd}")),
+    );
+    for text in left {
+        d.rec.record(What::Leftover { text });
+    }
+    if complete && reference {
+        let ema = dtf::eval::evaluate(&final_file, &d.c.cfg.data.dir)
+            .unwrap()
+            .ema_accuracy;
+        let reference = fault_free(plan, last_step);
+        d.rec.record(What::Accuracy { ema, reference });
+    }
+    let events = d.rec.events();
+    let violations = checker::check(&events, expect);
+    if !violations.is_empty() {
+        keep_logs(&d.c, plan.seed);
+    }
+    Outcome {
+        events,
+        violations,
+        injected: std::mem::take(&mut d.injected),
+        skipped: d.skipped,
+        wall: began.elapsed(),
+    }
+}
+
+/// Copies the tasks' logs and config of a failing seed to
+/// `$TMPDIR/dtf-chaos-seed-<seed>` (the run's own directory is deleted).
+fn keep_logs(c: &Cluster, seed: u64) {
+    let kept = std::env::temp_dir().join(format!("dtf-chaos-seed-{seed}"));
+    let _ = std::fs::remove_dir_all(&kept);
+    std::fs::create_dir_all(&kept).unwrap();
+    for entry in std::fs::read_dir(c.dir.path()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name == "dtf.toml" {
+            let _ = std::fs::copy(entry.path(), kept.join(&name));
+        }
+    }
+    eprintln!(
+        "chaos seed {seed}: the tasks' logs are kept in {}",
+        kept.display()
+    );
+}
+
+/// Verifies every checkpoint in `checkpoint.dir` and `best/`, recording each.
+fn verify_all(c: &Cluster, rec: &Recorder) {
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let dir = &c.cfg.checkpoint.dir;
+    for sub in [dir.clone(), dir.join(dtf::checkpoint::best::DIR)] {
+        let Ok(rd) = std::fs::read_dir(&sub) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.ends_with(".safetensors")
+                    && !n.ends_with(".ema.safetensors")
+                    && !n.starts_with('.')
+            })
+            .collect();
+        files.sort();
+        for path in files {
+            let result = dtf::checkpoint::load(&path, Some(&specs))
+                .map(|c| c.global_step)
+                .map_err(|e| e.to_string());
+            let file = path.strip_prefix(dir).unwrap().display().to_string();
+            rec.record(What::Verified { file, result });
+        }
+    }
+}
+
+/// Processes other than this one whose command line names `config`: pid, command line.
+fn others_naming(config: &Path) -> Vec<(String, String)> {
+    let needle = config.as_os_str().as_encoded_bytes();
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == me || !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
+            && cmd.windows(needle.len()).any(|w| w == needle)
+        {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            out.push((name, cmd));
+        }
+    }
+    out
+}
+
+/// The final EMA accuracy of a fault-free run of `plan`'s cluster to `last_step`.
+fn fault_free(plan: &Plan, last_step: u64) -> f32 {
+    let mut c = cluster(plan, last_step);
+    c.start_all();
+    c.wait_all_success(Duration::from_secs(300));
+    let file = c
+        .cfg
+        .checkpoint
+        .dir
+        .join(format!("model.ckpt-{last_step}.safetensors"));
+    dtf::eval::evaluate(&file, &c.cfg.data.dir)
+        .unwrap()
+        .ema_accuracy
+}

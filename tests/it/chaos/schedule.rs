@@ -1,0 +1,225 @@
+//! A seed's plan: the cluster it runs (mode, transport, how many ps and
+//! workers, an evaluator or not) and its fault schedule. The same seed
+//! always draws the same plan (`StdRng::seed_from_u64`), so a failing seed
+//! replays with `scripts/chaos.sh --seed K`.
+
+use super::nemesis::{Edit, Nemesis, Task};
+use dtf::config::{Mode, Transport};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+use std::time::Duration;
+
+/// When a fault fires.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum When {
+    /// This long after the cluster was started.
+    At(Duration),
+    /// As soon as a new checkpoint appears after this moment: a fault
+    /// landing on the chief's save (its timer writes the next one within
+    /// about `save_secs`, or the final one).
+    AtCheckpoint(Duration),
+    /// This long after the harness set `train.last_step` just ahead of the
+    /// step (the end of the run): a fault while the run finishes.
+    AtEnd(Duration),
+}
+
+/// One fault of a schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// When it fires.
+    pub when: When,
+    /// What it does.
+    pub nemesis: Nemesis,
+}
+
+/// Everything a seed decides.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The seed it was drawn from.
+    pub seed: u64,
+    /// Async or sync training.
+    pub mode: Mode,
+    /// Shared memory (`auto`, every task on 127.0.0.1) or TCP.
+    pub transport: Transport,
+    /// How many ps tasks.
+    pub ps: usize,
+    /// How many workers (worker 0 is the chief).
+    pub workers: usize,
+    /// Whether a `dtf-evaluator` runs beside training.
+    pub evaluator: bool,
+    /// How long the faults are spread over before the harness ends the run.
+    pub seconds: u64,
+    /// The faults, in the order drawn (not necessarily the order they fire).
+    pub faults: Vec<Fault>,
+}
+
+impl Plan {
+    /// Every task the plan starts.
+    pub fn tasks(&self) -> Vec<Task> {
+        let mut t: Vec<Task> = (0..self.ps).map(Task::Ps).collect();
+        t.extend((0..self.workers).map(Task::Worker));
+        if self.evaluator {
+            t.push(Task::Evaluator);
+        }
+        t
+    }
+
+    /// Draws the plan of `seed`, its faults spread over `seconds`.
+    pub fn draw(seed: u64, seconds: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mode = if rng.random_bool(0.5) {
+            Mode::Async
+        } else {
+            Mode::Sync
+        };
+        let transport = if rng.random_bool(0.5) {
+            Transport::Auto
+        } else {
+            Transport::Tcp
+        };
+        let ps = rng.random_range(1..=2);
+        let workers = rng.random_range(2..=3);
+        let evaluator = rng.random_bool(0.5);
+        let mut plan = Plan {
+            seed,
+            mode,
+            transport,
+            ps,
+            workers,
+            evaluator,
+            seconds,
+            faults: Vec::new(),
+        };
+        let tasks = plan.tasks();
+        // About one fault every 4 s, the first after the cluster has had
+        // time to start and write its first checkpoint.
+        let n = (seconds / 4).max(2);
+        let span = seconds.max(4) as f64;
+        for _ in 0..n {
+            let at = Duration::from_secs_f64(rng.random_range(2.0..span));
+            let overlap = rng.random_range(0..10);
+            let when = match overlap {
+                0 => When::AtCheckpoint(at),
+                _ => When::At(at),
+            };
+            plan.faults.push(Fault {
+                when,
+                nemesis: draw_nemesis(&mut rng, &tasks),
+            });
+            // Two faults at once.
+            if overlap == 1 {
+                plan.faults.push(Fault {
+                    when,
+                    nemesis: draw_nemesis(&mut rng, &tasks),
+                });
+            }
+        }
+        // A fault during the end of the run, in about half the seeds.
+        if rng.random_bool(0.5) {
+            let after = Duration::from_secs_f64(rng.random_range(0.0..1.5));
+            plan.faults.push(Fault {
+                when: When::AtEnd(after),
+                nemesis: draw_nemesis(&mut rng, &tasks),
+            });
+        }
+        plan
+    }
+}
+
+/// One nemesis and its parameters, drawn from `rng`.
+fn draw_nemesis(rng: &mut StdRng, tasks: &[Task]) -> Nemesis {
+    let task = tasks[rng.random_range(0..tasks.len())];
+    let secs =
+        |rng: &mut StdRng, lo: f64, hi: f64| Duration::from_secs_f64(rng.random_range(lo..hi));
+    match rng.random_range(0..100) {
+        0..30 => Nemesis::Kill {
+            task,
+            down: secs(rng, 0.0, 3.0),
+        },
+        30..45 => Nemesis::Pause {
+            task,
+            // Below the watchdog and the workers' patience, above a step.
+            duration: secs(rng, 0.2, 4.0),
+        },
+        45..60 => Nemesis::Restart { task },
+        60..72 => Nemesis::DiskFull {
+            duration: secs(rng, 0.5, 4.0),
+        },
+        72..80 => Nemesis::Edit(Edit::LearningRate([0.05, 0.1, 0.2][rng.random_range(0..3)])),
+        80..86 => Nemesis::Edit(if rng.random_bool(0.5) {
+            Edit::SaveSecs(rng.random_range(1..=3))
+        } else {
+            Edit::SaveSteps(rng.random_range(50..500))
+        }),
+        86..92 => Nemesis::Edit(Edit::LastStepFarAhead(rng.random_range(1..1000))),
+        _ => Nemesis::Edit(Edit::Invalid {
+            duration: secs(rng, 0.5, 3.0),
+        }),
+    }
+}
+
+impl fmt::Display for When {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            When::At(d) => write!(f, "at {:.1}s", d.as_secs_f64()),
+            When::AtCheckpoint(d) => {
+                write!(f, "at the first checkpoint after {:.1}s", d.as_secs_f64())
+            }
+            When::AtEnd(d) => write!(f, "{:.1}s into the end of the run", d.as_secs_f64()),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {}: {:?}, transport {:?}, {} ps, {} workers{}, faults over {} s:",
+            self.seed,
+            self.mode,
+            self.transport,
+            self.ps,
+            self.workers,
+            if self.evaluator { ", an evaluator" } else { "" },
+            self.seconds
+        )?;
+        for fault in &self.faults {
+            writeln!(f, "  {}: {}", fault.when, fault.nemesis)?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_same_seed_draws_the_same_plan_and_seeds_cover_every_choice() {
+    let a = Plan::draw(17, 30);
+    let b = Plan::draw(17, 30);
+    assert_eq!(a.to_string(), b.to_string());
+    assert_eq!(a.faults, b.faults);
+    let plans: Vec<Plan> = (0..200).map(|s| Plan::draw(s, 30)).collect();
+    assert_ne!(plans[0].to_string(), plans[1].to_string());
+    let all = |f: &dyn Fn(&Plan) -> bool| plans.iter().any(f);
+    assert!(all(&|p| p.mode == Mode::Sync) && all(&|p| p.mode == Mode::Async));
+    assert!(all(&|p| p.transport == Transport::Tcp) && all(&|p| p.transport == Transport::Auto));
+    assert!(all(&|p| p.evaluator) && all(&|p| p.ps == 2));
+    let faults: Vec<&Fault> = plans.iter().flat_map(|p| &p.faults).collect();
+    for kind in super::nemesis::KINDS {
+        assert!(
+            faults.iter().any(|f| f.nemesis.kind() == *kind),
+            "no seed draws a {kind}"
+        );
+    }
+    assert!(
+        faults
+            .iter()
+            .any(|f| matches!(f.when, When::AtCheckpoint(_)))
+    );
+    assert!(faults.iter().any(|f| matches!(f.when, When::AtEnd(_))));
+    // Two faults at the same moment.
+    assert!(
+        plans
+            .iter()
+            .any(|p| p.faults.windows(2).any(|w| w[0].when == w[1].when))
+    );
+}
