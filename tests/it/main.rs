@@ -9,6 +9,7 @@ mod daemon;
 mod docs;
 mod evaluator;
 mod faults;
+mod first_run;
 mod formats;
 mod hardening;
 mod local;
