@@ -194,6 +194,10 @@ async fn worker_is_ready_only_when_training_and_reports_steps() {
     for dump in ["metadata", "Status {", "ConnectError", "Error("] {
         assert!(!line.contains(dump), "{dump} in {line}");
     }
+    // A reload that changes something (one that changes nothing logs only
+    // at DEBUG).
+    c.cfg.train.save_summaries_steps = 50;
+    c.write_config();
     c.signal("worker:0", libc::SIGHUP);
     c.wait_log("worker:0", "Configuration reloaded.", 1, SOON);
     let early = n.drain();
