@@ -51,8 +51,21 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
     }
     // The data's shape goes into the tasks' config once, here: they need not
     // read the data for it, and a model that does not fit fails now.
-    data::resolve_model(&mut cfg)?;
+    let shape = data::resolve_model(&mut cfg)?;
     cfg.model.hidden = None;
+    if cfg.train.batch_size > shape.examples {
+        return Err(cfg
+            .bad(
+                "train.batch_size",
+                format!(
+                    "{} is more than the {} training examples in {}",
+                    cfg.train.batch_size,
+                    shape.examples,
+                    data::describe(&cfg.data)
+                ),
+            )
+            .into());
+    }
     // The cluster's shape, with placeholder addresses, so that the sync
     // replica counts and the rest are checked against it now.
     cfg.cluster.ps = (0..opts.ps)

@@ -197,7 +197,11 @@ fn a_local_command_line_that_cannot_run_exits_2_naming_the_flag_and_leaves_nothi
     std::fs::write(&ambiguous, "a,b,c\n1,2,0\n").unwrap();
     std::fs::write(dir.path().join("odd_test.csv"), "a,b,c\n1,2,0\n").unwrap();
     let data = train.to_str().unwrap();
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 7] = [
+        (
+            &["--data", data, "--batch-size", "5000"],
+            &["--batch-size 5000", "600 training examples"],
+        ),
         (
             &["--data", data, "--steps", "0"],
             &["--steps 0", "train.last_step"],

@@ -169,22 +169,22 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
 
 #[test]
 fn local_run_with_a_failing_task_stops_and_names_it() {
-    let mut c = Cluster::new(1, 2, 100, Mode::Async);
-    c.cfg.data.dir = c.dir.path().join("no-such-data");
-    c.write_config();
-    let out = dtf(&[
-        "local",
-        "--config",
-        c.config_path.to_str().unwrap(),
-        "--steps",
-        "50",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Missing data is caught before anything starts (exit 2, tests/it/first_run.rs):
+    // a task that fails while training is one that dies.
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, _) = training_local(&c, false);
+    let worker = task_pid(&run_dir, "dtf-worker", 1);
+    // SAFETY: a process of this test's dtf local, alive (just found).
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    let (status, _) = run.wait(Duration::from_secs(60));
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
-        err.contains("worker:") && err.contains("no-such-data"),
-        "stderr should name the task and the cause:\n{err}"
+        err.contains("worker:1 failed") && err.contains("worker-1.log"),
+        "stderr should name the task and its log:\n{err}"
     );
+    let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
+    assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
 }
 
 /// `--steps N` ends at exactly N, in both modes: no push is applied past
