@@ -19,6 +19,7 @@ if [[ -n "${QUICK:-}" ]]; then STEPS=1000; REPEAT=1; fi
 : > "$OUT"
 emit() { tee -a "$OUT"; }
 cluster() { python3 scripts/bench_cluster.py --dtf "$DTF" --data "$DATA" "$@" | emit; }
+hosts() { python3 scripts/bench_hosts.py --dtf "$DTF" --data "$DATA" "$@" | emit; }
 
 grep -m1 'model name' /proc/cpuinfo
 echo "cores: $(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -53,3 +54,30 @@ for _ in $(seq "$REPEAT"); do
     cluster --ps 1 --workers 2 --steps "$STEPS" --save-secs 1
     cluster --ps 1 --workers 2 --steps "$STEPS" --save-secs 60
 done
+
+# Across hosts (network namespaces, tbf-shaped links; needs root): 1 ps on
+# one host and 2 workers on another, and 2 ps + 4 workers over 3 hosts, at
+# 1 and 10 Gbit/s, for each compression, interleaved; TLS on and off at
+# 10 Gbit/s; EMA accuracy at 8000 steps. HOSTS=0 skips them.
+if [[ "${HOSTS:-1}" != 0 ]]; then
+    for _ in $(seq "$REPEAT"); do
+        for rate in 1gbit 10gbit; do
+            for c in none bf16 onebit; do
+                hosts --rate "$rate" --compression "$c" --ps-hosts 0 --worker-hosts 1,1 --steps "$STEPS"
+            done
+        done
+    done
+    for c in none bf16 onebit; do
+        hosts --rate 1gbit --compression "$c" --ps-hosts 0,1 --worker-hosts 2,2,2,2 --steps "$STEPS"
+    done
+    for _ in $(seq "$REPEAT"); do
+        for tls in "" --tls; do
+            hosts --rate 10gbit --compression none --ps-hosts 0 --worker-hosts 1,1 --steps "$STEPS" $tls
+        done
+    done
+    for mode in async sync; do
+        for c in none bf16 onebit; do
+            hosts --rate 10gbit --compression "$c" --mode "$mode" --ps-hosts 0 --worker-hosts 1,1 --steps 8000
+        done
+    done
+fi

@@ -27,7 +27,8 @@
 //! - [`transport`] — the wire: `cluster::Cluster` (the client of every ps, shared by worker,
 //!   chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step, computed in
 //!   place in the shared regions), `proto` (conversion to domain types),
-//!   `tcp` (gRPC between hosts), `shm` (shared memory on one host).
+//!   `tcp` (gRPC between hosts), `shm` (shared memory on one host), `compress`
+//!   (`cluster.compression` on TCP links: bf16, onebit with error feedback).
 //! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
 //!   (ps, worker, evaluator).
 //! - [`auth`] — the cluster token on every RPC.

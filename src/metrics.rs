@@ -84,6 +84,14 @@ pub struct Metrics {
     ps_transport: Family<Labels, Gauge>,
     /// `dtf_shm_connections`: ps: open shared-memory connections (the rest are TCP).
     shm_connections: Gauge,
+    /// `dtf_ps_link_sent_bytes_total{ps}`: worker: gRPC message bytes sent to each ps over TCP.
+    link_sent: Family<Labels, Counter>,
+    /// `dtf_ps_link_received_bytes_total{ps}`: worker: gRPC message bytes received from each ps over TCP.
+    link_received: Family<Labels, Counter>,
+    /// `dtf_ps_compression{ps,compression}`: worker: 1 for the compression
+    /// of its link to each ps (`none` over shared memory); ps (no `ps`
+    /// label): 1 for its own `cluster.compression`.
+    compression: Family<Labels, Gauge>,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -130,6 +138,9 @@ impl Metrics {
             reloads: Family::default(),
             ps_transport: Family::default(),
             shm_connections: Gauge::default(),
+            link_sent: Family::default(),
+            link_received: Family::default(),
+            compression: Family::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -233,8 +244,28 @@ impl Metrics {
             self.checkpoint_age
                 .set(at.elapsed().unwrap_or_default().as_secs_f64());
         }
+        if let Some(links) = LINKS.get() {
+            for (ps, l) in links().into_iter().enumerate() {
+                let labels = vec![("ps".into(), ps.to_string())];
+                // The links count since the process started, as these counters do.
+                let sent = self.link_sent.get_or_create(&labels);
+                sent.inc_by(l.sent.saturating_sub(sent.get()));
+                let received = self.link_received.get_or_create(&labels);
+                received.inc_by(l.received.saturating_sub(received.get()));
+                for name in ["none", "bf16", "onebit"] {
+                    let mut labels = labels.clone();
+                    labels.push(("compression".into(), name.into()));
+                    self.compression
+                        .get_or_create(&labels)
+                        .set(i64::from(l.compression == name));
+                }
+            }
+        }
         let Some(ps) = PS.get() else { return };
         let s = ps();
+        self.compression
+            .get_or_create(&vec![("compression".into(), s.compression.clone())])
+            .set(1);
         self.shm_connections.set(i64::from(s.shm_connections));
         self.global_step.set(s.global_step as i64);
         self.initialized.set(i64::from(s.initialized));
@@ -342,6 +373,11 @@ impl Metrics {
             "Open shared-memory connections (tasks on this host); the others use TCP",
             self.shm_connections.clone(),
         );
+        r.register(
+            "dtf_ps_compression",
+            "1 for this ps's cluster.compression (its TCP links)",
+            self.compression.clone(),
+        );
     }
 
     /// A worker's metrics; the chief's checkpoints too.
@@ -360,6 +396,21 @@ impl Metrics {
             "dtf_learning_rate",
             "Learning rate of the latest step",
             self.learning_rate.clone(),
+        );
+        r.register(
+            "dtf_ps_link_sent_bytes",
+            "gRPC message bytes sent to each ps over TCP (compressed as on the wire)",
+            self.link_sent.clone(),
+        );
+        r.register(
+            "dtf_ps_link_received_bytes",
+            "gRPC message bytes received from each ps over TCP (compressed as on the wire)",
+            self.link_received.clone(),
+        );
+        r.register(
+            "dtf_ps_compression",
+            "1 for the cluster.compression of each ps link (worker; none over shared memory) or of this ps",
+            self.compression.clone(),
         );
         r.register(
             "dtf_ps_transport",
@@ -411,6 +462,18 @@ type StateFn = Box<dyn Fn() -> pb::StateResponse + Send + Sync>;
 
 /// The ps whose `State` the ps metrics are read from.
 static PS: OnceLock<StateFn> = OnceLock::new();
+
+/// Reads a worker's links to the ps tasks.
+type LinksFn = Box<dyn Fn() -> Vec<crate::transport::Link> + Send + Sync>;
+
+/// The worker's links the link metrics are read from.
+static LINKS: OnceLock<LinksFn> = OnceLock::new();
+
+/// Makes `links` (a worker's `Cluster::links`) the source of this
+/// process's per-ps link metrics (the first one wins).
+pub fn observe_links(links: impl Fn() -> Vec<crate::transport::Link> + Send + Sync + 'static) {
+    let _ = LINKS.set(Box::new(links));
+}
 
 /// Makes `state` (the ps's plain accessor) the source of this process's ps
 /// metrics (the first one wins). A function, so that `metrics` needs nothing

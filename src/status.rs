@@ -12,7 +12,7 @@ use crate::checkpoint;
 use crate::config::Config;
 use crate::model::Mlp;
 use crate::pb;
-use crate::transport::{Cluster, Via};
+use crate::transport::{Cluster, Link, Via};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -64,6 +64,11 @@ pub struct TaskStatus {
     pub transport: Option<String>,
     /// The ps's open shared-memory connections (tasks on its host); the rest use TCP.
     pub shm_connections: Option<u32>,
+    /// How tensors cross the connection to this ps (`cluster.compression`
+    /// over TCP; `none` over shared memory, which is exact), and the ps's
+    /// own setting when it differs: `bf16 (ps: none)`, a mismatch its
+    /// pushes and pulls refuse.
+    pub compression: Option<String>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -126,7 +131,7 @@ async fn explain(addr: &str, credentials: &Credentials, status: tonic::Status) -
 async fn ask_all(
     config: &Config,
     credentials: &Credentials,
-) -> Vec<(Result<pb::StateResponse, String>, Option<Via>)> {
+) -> Vec<(Result<pb::StateResponse, String>, Option<Link>)> {
     // The placement names each shard's variables, which a shared-memory
     // connection checks; a model that does not build leaves TCP alone.
     let specs = Mlp::new(&config.model.layers)
@@ -144,7 +149,7 @@ async fn ask_all(
         }
     };
     let answers = cluster.each_state().await;
-    let via = cluster.transports();
+    let via = cluster.links();
     let mut out = Vec::new();
     for ((addr, answer), via) in config.cluster.ps.iter().zip(answers).zip(via) {
         match answer {
@@ -175,8 +180,14 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             global_step: s.map(|s| s.global_step),
             examples_per_sec: s.map(|s| s.examples_per_sec),
             complete: s.map(|s| s.complete),
-            transport: via.map(|v| v.to_string()),
+            transport: via.as_ref().map(|v| v.via.to_string()),
             shm_connections: s.map(|s| s.shm_connections),
+            compression: via.as_ref().map(|l| match s {
+                Some(s) if l.via == Via::Tcp && s.compression != l.compression => {
+                    format!("{} (ps: {})", l.compression, s.compression)
+                }
+                _ => l.compression.to_owned(),
+            }),
             ..Default::default()
         });
     }
@@ -322,6 +333,7 @@ impl Status {
                 "EXAMPLES/S",
                 "COMPLETE",
                 "TRANSPORT",
+                "COMPRESSION",
             ]
             .map(String::from)
             .to_vec(),
@@ -395,6 +407,7 @@ fn row(t: &TaskStatus) -> Vec<String> {
             (Some(via), Some(n)) => format!("{via} (ps has {n} shm)"),
             (via, _) => opt(via),
         },
+        opt(&t.compression),
     ]
 }
 

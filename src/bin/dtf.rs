@@ -411,6 +411,17 @@ struct LocalArgs {
     /// (cluster.transport; default: the config's, auto).
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
+    /// How tensors cross TCP links: none, bf16 or onebit
+    /// (cluster.compression; default: the config's, none).
+    #[arg(long, value_enum)]
+    compression: Option<CompressionArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CompressionArg {
+    None,
+    Bf16,
+    Onebit,
 }
 
 impl LocalArgs {
@@ -423,7 +434,7 @@ impl LocalArgs {
             .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
-        let flags: [(&str, &str, Option<String>); 11] = [
+        let flags: [(&str, &str, Option<String>); 12] = [
             (
                 "--steps",
                 "train.last_step",
@@ -454,6 +465,11 @@ impl LocalArgs {
                 "--transport",
                 "cluster.transport",
                 value_name(self.transport.as_ref()),
+            ),
+            (
+                "--compression",
+                "cluster.compression",
+                value_name(self.compression.as_ref()),
             ),
         ];
         for (flag, key, value) in flags {

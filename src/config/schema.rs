@@ -117,6 +117,8 @@ pub struct ClusterConfig {
     /// (`$RUNTIME_DIRECTORY`, else `/run/dtf` when it exists, else
     /// `$XDG_RUNTIME_DIR/dtf`, else `/tmp/dtf-<uid>`).
     pub runtime_dir: String,
+    /// How tensors cross a TCP link (shared memory is always exact).
+    pub compression: Compression,
 }
 
 /// `cluster.transport`: how a task reaches a ps.
@@ -127,6 +129,18 @@ pub enum Transport {
     Auto,
     /// gRPC over TCP to every ps (benchmarks, debugging).
     Tcp,
+}
+
+/// `cluster.compression`: how tensors travel over TCP (`transport::compress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// f32, exact.
+    None,
+    /// bfloat16 both ways, rounded to nearest even.
+    Bf16,
+    /// One bit per value and a scale per block, with error feedback both ways.
+    Onebit,
 }
 
 /// `[train]`: hyperparameters and the run's length.
@@ -441,6 +455,7 @@ impl Default for ClusterConfig {
             ps_exit_when_complete: true,
             transport: Transport::Auto,
             runtime_dir: String::new(),
+            compression: Compression::None,
         }
     }
 }

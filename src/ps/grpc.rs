@@ -21,6 +21,8 @@ impl PsService {
             let r = req.get_ref();
             1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * self.inner.slots_per_var
         };
+        let wire = &self.inner.wire;
+        wire.agree(req.metadata())?;
         let reserved = self.reserve(&req, snapshots)?;
         let req = req.into_inner();
         let ((variables, shadows, slots), mut answer) = self
@@ -28,6 +30,8 @@ impl PsService {
                 self.snapshot(s, &req.names, req.with_shadows, req.with_slots)
             })
             .await?;
+        // A snapshot (a checkpoint's) is always exact.
+        let variables = wire.pulled(variables, req.with_shadows || req.with_slots);
         (answer.variables, answer.shadows, answer.slots) = (variables, shadows, slots);
         Ok((answer, reserved))
     }
@@ -38,6 +42,8 @@ impl PsService {
         &self,
         req: Request<pb::PushRequest>,
     ) -> Result<(pb::PushResponse, Option<limits::Reserved>), Status> {
+        let wire = &self.inner.wire;
+        wire.agree(req.metadata())?;
         // Reserved before anything is applied: a refused push changes nothing.
         let reserved = if req.get_ref().pull {
             Some(self.reserve(&req, 1)?)
@@ -45,17 +51,36 @@ impl PsService {
             None
         };
         let req = req.into_inner();
-        // Applied straight from the request's bytes: no gradient array is built.
-        let grads = req
-            .gradients
-            .iter()
-            .map(rpc::view)
-            .collect::<Result<Vec<_>, _>>()?;
+        // Compressed gradients are decoded to f32 here, at the edge; exact
+        // ones are applied straight from the request's bytes.
+        let decoded = wire.gradients(&req.gradients)?;
+        let grads = match &decoded {
+            None => req
+                .gradients
+                .iter()
+                .map(rpc::view)
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(values) => req
+                .gradients
+                .iter()
+                .zip(values)
+                .map(|(t, v)| rpc::TensorView {
+                    name: &t.name,
+                    shape: t.shape.iter().map(|&d| d as usize).collect(),
+                    data: bytemuck::cast_slice(v),
+                })
+                .collect(),
+        };
         let (variables, answer) = self
             .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false, false)?.0))
             .await?;
+        let (variables, replica) = match variables {
+            Some(v) => wire.answer(req.worker, req.replica, v),
+            None => (Vec::new(), 0),
+        };
         let answer = pb::PushResponse {
-            variables: variables.unwrap_or_default(),
+            variables,
+            replica,
             ..answer
         };
         Ok((answer, reserved))

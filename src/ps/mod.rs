@@ -74,6 +74,9 @@ struct Inner {
     config: watch::Receiver<Arc<Config>>,
     /// Every worker's latest push, for `State` (and so `dtf status`).
     workers: Mutex<workers::Workers>,
+    /// How tensors cross this ps's TCP links, and (onebit) what each
+    /// worker holds: the gRPC edge's, [`grpc`].
+    wire: transport::compress::PsWire,
 }
 
 /// The gRPC service of one ps task.
@@ -131,6 +134,10 @@ impl PsService {
                 slots_per_var: optimizer.slot_names().len() as u32,
                 config: live,
                 workers: Mutex::new(workers::Workers::new(config.cluster.worker.len())),
+                wire: transport::compress::PsWire::new(
+                    config.cluster.compression,
+                    config.cluster.worker.len(),
+                ),
             }),
         })
     }
@@ -294,6 +301,7 @@ impl PsService {
             last_loss: s.last_loss(),
             examples_per_sec: rate,
             shm_connections: self.inner.shm_connections.load(Ordering::Relaxed),
+            compression: transport::compress::name(self.inner.wire.compression()).to_owned(),
             workers,
         }
     }
@@ -329,6 +337,8 @@ impl PsService {
         };
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
+            // New values: what the workers hold is no base for changes.
+            self.inner.wire.forget();
             info!(
                 ps = self.inner.task,
                 step = req.global_step,
@@ -430,6 +440,7 @@ impl PsService {
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
                 stale: outcome == Some(Pushed::Stale),
+                replica: 0,
             },
         ))
     }

@@ -4,11 +4,12 @@
 
 mod step;
 
+use super::compress::ClientWire;
 use super::proto as rpc;
 use super::shm::{Area, kind};
 use super::{
-    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, local_port, lost,
-    message_limit, runtime_dir, socket_path, tcp,
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, compress, local_port,
+    lost, message_limit, runtime_dir, socket_path, tcp,
 };
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
@@ -17,8 +18,9 @@ use crate::optimizer::{self, SlotSpec};
 use crate::{pb, placement};
 use futures::future::try_join_all;
 use ndarray::ArrayD;
+use prost::Message;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 use tonic::Status;
 
@@ -51,6 +53,23 @@ pub struct Cluster {
     in_place: bool,
     /// Where [`Cluster::pull`] last left each shard's values (in place).
     values_in: Vec<Via>,
+    /// How tensors cross each TCP link (`cluster.compression`), and its state.
+    wire: Arc<ClientWire>,
+    /// gRPC message bytes sent to and received from each ps over TCP.
+    bytes: Arc<Vec<[AtomicU64; 2]>>,
+}
+
+/// What crossed one ps link, for reports (`/metrics`, `dtf status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// The transport of the latest call.
+    pub via: Via,
+    /// `cluster.compression` on it: `none` over shared memory, always exact.
+    pub compression: &'static str,
+    /// gRPC message bytes sent over TCP.
+    pub sent: u64,
+    /// gRPC message bytes received over TCP.
+    pub received: u64,
 }
 
 /// The state of the whole model at one moment, shard by shard: what a
@@ -96,12 +115,22 @@ impl Cluster {
         timeout: Duration,
     ) -> Result<Self, ClusterError> {
         let limit = message_limit(config);
+        let compression = config.cluster.compression;
         rpc::keep_freed_buffers();
         let clients = config
             .cluster
             .ps
             .iter()
-            .map(|addr| tcp::client(credentials, addr, limit, timeout).map_err(ClusterError))
+            .map(|addr| {
+                tcp::client(
+                    credentials,
+                    addr,
+                    limit,
+                    timeout,
+                    compress::name(compression),
+                )
+                .map_err(ClusterError)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
         let mut by_ps = vec![Vec::new(); clients.len()];
@@ -144,6 +173,16 @@ impl Cluster {
         let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
         let slot_specs = config.train.optimizer().slot_specs(&specs);
         let non_slot_ps = optimizer::non_slot_owner(&specs).map_or(0, |i| owner[i]);
+        let sizes: Vec<Vec<usize>> = by_ps
+            .iter()
+            .map(|vars| {
+                vars.iter()
+                    .map(|&i| specs[i].shape.iter().product())
+                    .collect()
+            })
+            .collect();
+        let wire = Arc::new(ClientWire::new(compression, &sizes));
+        let bytes = Arc::new((0..clients.len()).map(|_| Default::default()).collect());
         Ok(Self {
             clients,
             shm,
@@ -156,6 +195,8 @@ impl Cluster {
             non_slot_ps,
             in_place: false,
             values_in,
+            wire,
+            bytes,
         })
     }
 
@@ -190,6 +231,30 @@ impl Cluster {
             .collect()
     }
 
+    /// Each ps link: its transport, compression and bytes.
+    pub fn links(&self) -> Vec<Link> {
+        self.transports()
+            .into_iter()
+            .zip(self.bytes.iter())
+            .map(|(via, [sent, received])| Link {
+                via,
+                compression: match via {
+                    Via::Shm => compress::name(crate::config::Compression::None),
+                    Via::Tcp => self.wire.header(),
+                },
+                sent: sent.load(Ordering::Relaxed),
+                received: received.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Counts a TCP call's message bytes to and from `ps`.
+    fn count(&self, ps: usize, sent: usize, received: usize) {
+        let [s, r] = &self.bytes[ps];
+        s.fetch_add(sent as u64, Ordering::Relaxed);
+        r.fetch_add(received as u64, Ordering::Relaxed);
+    }
+
     fn took(&self, ps: usize, via: Via) {
         self.via[ps].store(u8::from(via == Via::Shm), Ordering::Relaxed);
     }
@@ -214,12 +279,14 @@ impl Cluster {
         out
     }
 
-    /// Decodes the tensors of a gRPC answer into the shard's arrays.
+    /// Decodes the tensors of a gRPC answer into the shard's arrays: values,
+    /// or (`changes`: a onebit push's answer) changes added to them.
     fn store(
         &self,
         ps: usize,
         tensors: &[pb::Tensor],
         out: &mut [&mut ArrayD<f32>],
+        changes: bool,
     ) -> Result<(), Status> {
         for t in tensors {
             let i = self.by_ps[ps]
@@ -231,7 +298,7 @@ impl Cluster {
                         t.name
                     ))
                 })?;
-            rpc::decode_into(t, out[i])?;
+            self.wire.store(t, out[i], changes)?;
         }
         Ok(())
     }
@@ -279,6 +346,8 @@ impl Cluster {
             with_slots,
         };
         if let Some((link, mut conn)) = self.shm(ps).await {
+            // Values from shared memory: no TCP answer names what the arrays hold.
+            self.wire.take_replica(ps);
             let r: pb::PullResponse = link.call(&mut conn, kind::PULL, &req).await?;
             let c = conn.as_mut().ok_or_else(|| lost(ps, "closed"))?;
             // Only a plain pull may stay in place: a snapshot's values are
@@ -293,11 +362,17 @@ impl Cluster {
             return Ok((r, Via::Shm));
         }
         self.took(ps, Via::Tcp);
+        if shadows.is_none() && !with_slots {
+            // The caller's arrays take other values: no onebit answer names them.
+            self.wire.take_replica(ps);
+        }
         let mut c = self.clients[ps].clone();
+        let sent = req.encoded_len();
         let r = c.pull(req).await?.into_inner();
-        self.store(ps, &r.variables, values)?;
+        self.count(ps, sent, r.encoded_len());
+        self.store(ps, &r.variables, values, false)?;
         if let Some(sh) = shadows {
-            self.store(ps, &r.shadows, sh)?;
+            self.store(ps, &r.shadows, sh, false)?;
         }
         Ok((r, Via::Tcp))
     }
@@ -344,6 +419,7 @@ impl Cluster {
         out: &mut [&mut ArrayD<f32>],
     ) -> Result<pb::PushResponse, Status> {
         if let Some((link, mut conn)) = self.shm(ps).await {
+            self.wire.take_replica(ps);
             {
                 let c = conn.as_mut().ok_or_else(|| lost(ps, "closed"))?;
                 let dst = c.region.area_mut(Area::Gradients);
@@ -363,13 +439,21 @@ impl Cluster {
             return Ok(r);
         }
         self.took(ps, Via::Tcp);
-        req.gradients = self.by_ps[ps]
-            .iter()
-            .map(|&i| rpc::encode(&self.specs[i].name, &grads[i]))
-            .collect();
+        req.gradients = self.wire.gradients(
+            ps,
+            self.by_ps[ps]
+                .iter()
+                .map(|&i| (self.specs[i].name.as_str(), &grads[i])),
+        );
+        // Until this answer is stored, the arrays hold nothing it names.
+        req.replica = self.wire.take_replica(ps);
+        let changes = req.replica != 0;
         let mut c = self.clients[ps].clone();
+        let sent = req.encoded_len();
         let r = c.push(req).await?.into_inner();
-        self.store(ps, &r.variables, out)?;
+        self.count(ps, sent, r.encoded_len());
+        self.store(ps, &r.variables, out, changes)?;
+        self.wire.set_replica(ps, r.replica);
         Ok(r)
     }
 

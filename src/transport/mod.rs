@@ -11,11 +11,12 @@
 //! functions (`PsService::push_with` and its siblings).
 
 mod cluster;
+pub mod compress;
 pub mod proto;
 pub mod shm;
 pub mod tcp;
 
-pub use cluster::{Cluster, Snapshot};
+pub use cluster::{Cluster, Link, Snapshot};
 
 use crate::auth;
 use crate::config::Config;

@@ -511,6 +511,7 @@ mod tests {
             incarnation: 1,
             complete: false,
             stale: true,
+            replica: 0,
         };
         let (chunks, len) = chunked(push.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();

@@ -22,11 +22,34 @@ pub fn window(limit: usize) -> u32 {
     u32::try_from(limit).unwrap_or(u32::MAX).min((1 << 31) - 1)
 }
 
-/// A gRPC client of one ps, with the token on every call.
-pub type Client = ParameterServerClient<InterceptedService<Channel, AddToken>>;
+/// A gRPC client of one ps, with the token and the compression on every call.
+pub type Client = ParameterServerClient<InterceptedService<Channel, Stamp>>;
+
+/// What every TCP call carries: the token, and this task's
+/// `cluster.compression` ([`super::compress::HEADER`]), so that a ps of
+/// another setting refuses the call instead of misreading its tensors.
+#[derive(Clone)]
+pub struct Stamp {
+    /// `authorization: Bearer …`.
+    token: AddToken,
+    /// The compression's name.
+    compression: &'static str,
+}
+
+impl tonic::service::Interceptor for Stamp {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let mut req = self.token.call(req)?;
+        req.metadata_mut().insert(
+            super::compress::HEADER,
+            tonic::metadata::MetadataValue::from_static(self.compression),
+        );
+        Ok(req)
+    }
+}
 
 /// A lazily connected client of the ps at `addr` (a ps that is not up yet is
-/// retried per call), every call bounded by `timeout`, messages by `limit`.
+/// retried per call), every call bounded by `timeout`, messages by `limit`,
+/// stamped with `compression` (a [`super::compress::name`]).
 ///
 /// Errors: an address that is not a valid URI authority, or a token a header cannot carry.
 pub fn client(
@@ -34,8 +57,12 @@ pub fn client(
     addr: &str,
     limit: usize,
     timeout: Duration,
+    compression: &'static str,
 ) -> Result<Client, ClientError> {
-    let auth = credentials.add_token()?;
+    let auth = Stamp {
+        token: credentials.add_token()?,
+        compression,
+    };
     let ep = credentials
         .endpoint(addr)?
         .connect_timeout(Duration::from_secs(2))

@@ -310,10 +310,14 @@ impl Worker {
 
         let mut progress = self.pull(&mut buf.params, None).await?;
         let via = self.cluster.transports();
-        for (ps, (via, addr)) in via.iter().zip(&cfg.cluster.ps).enumerate() {
-            info!(worker = self.task, ps, address = %addr, transport = %via, "Connected to ps.");
+        for (ps, (link, addr)) in self.cluster.links().iter().zip(&cfg.cluster.ps).enumerate() {
+            info!(worker = self.task, ps, address = %addr, transport = %link.via, compression = %link.compression, "Connected to ps.");
         }
         crate::metrics::global().transports(&via);
+        {
+            let cluster = self.cluster.clone();
+            crate::metrics::observe_links(move || cluster.links());
+        }
         reporter.ready();
         info!(
             worker = self.task,

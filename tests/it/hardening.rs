@@ -161,110 +161,27 @@ fn dtf_local_exits_nonzero_when_the_final_checkpoint_cannot_be_written() {
     );
 }
 
-/// Two network namespaces joined by a veth pair (deleted on drop): `a` holds
-/// 10.231.N.1, `b` 10.231.N.2, N from the test's pid.
-struct Netns {
-    a: String,
-    b: String,
-    /// The interface in `a`; taking it down cuts the link.
-    link: String,
-    addr_a: String,
-    addr_b: String,
-}
-
-impl Netns {
-    fn new() -> Self {
-        let id = std::process::id();
-        let n = Netns {
-            a: format!("dtf-part-a-{id}"),
-            b: format!("dtf-part-b-{id}"),
-            link: format!("dtfa{id}"),
-            addr_a: format!("10.231.{}.1", id % 250),
-            addr_b: format!("10.231.{}.2", id % 250),
-        };
-        let peer = format!("dtfb{id}");
-        n.ip(&["netns", "add", &n.a]);
-        n.ip(&["netns", "add", &n.b]);
-        n.ip(&[
-            "link", "add", &n.link, "netns", &n.a, "type", "veth", "peer", "name", &peer, "netns",
-            &n.b,
-        ]);
-        for (ns, dev, addr) in [(&n.a, &n.link, &n.addr_a), (&n.b, &peer, &n.addr_b)] {
-            n.ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev]);
-            n.ip(&["-n", ns, "link", "set", dev, "up"]);
-            n.ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        n
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let out = Command::new("ip")
-            .args(args)
-            .output()
-            .expect("ip (iproute2)");
-        assert!(
-            out.status.success(),
-            "ip {args:?} (needs root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Takes the link between the namespaces down or up.
-    fn link(&self, up: bool) {
-        let state = if up { "up" } else { "down" };
-        self.ip(&["-n", &self.a, "link", "set", &self.link, state]);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "delete", ns]).status();
-        }
-    }
-}
-
-/// ps 0's global step, asked from inside its namespace with `dtf status`.
-fn step_in(c: &Cluster, netns: &str) -> Option<u64> {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", netns])
-        .arg(bin("dtf"))
-        .args(["status", "--json", "--config"])
-        .arg(&c.config_path);
-    let out = output_within(&mut cmd, Duration::from_secs(30));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["global_step"].as_u64()
-}
-
 #[test]
 fn network_partition_between_ps_and_workers_stalls_training_and_it_resumes() {
     const LAST: u64 = 4000;
-    let net = Netns::new();
     let mut c = Cluster::new(1, 2, LAST, Mode::Async);
-    let port = |a: &String| a.rsplit_once(':').unwrap().1.to_owned();
-    c.cfg.cluster.ps = vec![format!("{}:{}", net.addr_a, port(&c.cfg.cluster.ps[0]))];
-    c.cfg.cluster.worker = c
-        .cfg
-        .cluster
-        .worker
-        .iter()
-        .map(|w| format!("{}:{}", net.addr_b, port(w)))
-        .collect();
-    c.write_config();
-    c.start_in_netns("ps", 0, &net.a);
-    c.start_in_netns("worker", 0, &net.b);
-    c.start_in_netns("worker", 1, &net.b);
+    let net = crate::hosts::Hosts::new(2, c.dir.path());
+    c.place(&net, &[0], &[1, 1]);
+    let (a, b) = (net.host(0), net.host(1));
+    c.start_on(a, "ps", 0, &[]);
+    c.start_on(b, "worker", 0, &[]);
+    c.start_on(b, "worker", 1, &[]);
 
     let before = until(Duration::from_secs(120), "training to start", || {
-        step_in(&c, &net.a).filter(|&s| s >= 200)
+        c.step_from(a).filter(|&s| s >= 200)
     });
     assert!(before < LAST, "the run ended before the partition");
-    net.link(false);
+    net.cut(1);
     // While the link is down no gradient reaches the ps: its step stands still.
-    let cut = step_in(&c, &net.a).unwrap();
+    let cut = c.step_from(a).unwrap();
     let held = std::time::Instant::now();
     while held.elapsed() < Duration::from_secs(5) {
-        let now = step_in(&c, &net.a).unwrap();
+        let now = c.step_from(a).unwrap();
         assert!(
             now <= cut + 2,
             "step moved from {cut} to {now} while partitioned"
@@ -279,11 +196,11 @@ fn network_partition_between_ps_and_workers_stalls_training_and_it_resumes() {
             c.log(w)
         );
     }
-    net.link(true);
+    net.heal(1);
     until(
         Duration::from_secs(60),
         "training to resume after the partition",
-        || step_in(&c, &net.a).filter(|&s| s > cut + 100),
+        || c.step_from(a).filter(|&s| s > cut + 100),
     );
     c.wait_all_success(Duration::from_secs(180));
     let steps = checkpoint_steps(&c.cfg.checkpoint.dir);

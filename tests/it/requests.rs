@@ -50,6 +50,7 @@ fn push(gradients: Vec<pb::Tensor>) -> pb::PushRequest {
         pull: true,
         incarnation: 0,
         loss: 1.0,
+        replica: 0,
     }
 }
 

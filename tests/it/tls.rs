@@ -32,11 +32,14 @@ fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
 }
 
-/// PEM files of a host certificate for 127.0.0.1 and localhost that `ca`
-/// signed: `(cert, key)` in `dir`, the key readable by its owner only.
+/// PEM files of a host certificate for 127.0.0.1, localhost and the
+/// first hosts of `crate::hosts` that `ca` signed: `(cert, key)` in `dir`,
+/// the key readable by its owner only.
 fn host_files(ca: &CertifiedIssuer<'_, KeyPair>, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
+    let mut names = vec!["127.0.0.1".to_string(), "localhost".into()];
+    names.extend((0..8).map(crate::hosts::address));
+    let params = CertificateParams::new(names).unwrap();
     let cert = params.signed_by(&key, ca).unwrap();
     let (cert_path, key_path) = (
         dir.join(format!("{name}.crt")),
@@ -49,7 +52,7 @@ fn host_files(ca: &CertifiedIssuer<'_, KeyPair>, dir: &Path, name: &str) -> (Pat
 }
 
 /// Turns TLS on for `c` with a new CA; returns it.
-fn enable_tls(c: &mut Cluster) -> CertifiedIssuer<'static, KeyPair> {
+pub fn enable_tls(c: &mut Cluster) -> CertifiedIssuer<'static, KeyPair> {
     let ca = authority("dtf test CA");
     let dir = c.dir.path().join("tls");
     std::fs::create_dir_all(&dir).unwrap();

@@ -392,7 +392,7 @@ impl Cluster {
     }
 
     /// Starts a daemon as `wrapper… dtf-<role> --config … --task index`.
-    fn start_wrapped(
+    pub fn start_wrapped(
         &mut self,
         role: &str,
         index: usize,

@@ -172,6 +172,7 @@ impl Cluster {
                         pull: true,
                         incarnation: self.incarnations[ps],
                         loss,
+                        replica: 0,
                     };
                     async move {
                         let Some((link, mut conn)) = lease else {
