@@ -10,30 +10,52 @@ full=no
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
-# Each layer's wall time is printed when the next one starts, and at the end.
+# Each layer's wall time is printed when the next one starts, and at the end;
+# a layer that fails says so, with its time, as the last line.
 t0=$(date +%s)
 layer_start=$t0
 layer=
 step() {
     local now
     now=$(date +%s)
-    [ -z "$layer" ] || printf '==> %s: %d s\n' "$layer" $((now - layer_start))
+    [ -z "$layer" ] || printf '==> %s: passed in %d s\n' "$layer" $((now - layer_start))
     layer=$*
     layer_start=$now
     printf '\n==> %s\n' "$*"
 }
 
+# The tests' `dtf local` runs make their run directories under TMPDIR: one
+# directory for this run, removed at the end, so nothing piles up in /tmp.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/dtf-test.XXXXXX")
+export TMPDIR=$scratch
+finish() {
+    local rc=$?
+    rm -rf "$scratch"
+    if [ "$rc" -ne 0 ] && [ -n "$layer" ]; then
+        printf '==> %s: FAILED after %d s\n' "$layer" $(($(date +%s) - layer_start))
+    fi
+    exit "$rc"
+}
+trap finish EXIT
+
 step "Installing test dependencies"
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-    ca-certificates dataset-fashion-mnist python3 python3-pip python3-numpy iproute2 >/dev/null
+    ca-certificates dataset-fashion-mnist python3 python3-venv python3-numpy iproute2 >/dev/null
+# The Python tools the tests use live in a virtual environment of their own,
+# kept (with pip's download cache) between runs: nothing goes into the
+# system's Python, and a second run downloads nothing.
 # safetensors + numpy read checkpoints independently (tests/checkpoint_numpy.py);
 # TensorBoard's own reader checks the chief's events files (tests/read_events.py);
 # onnx's checker and onnxruntime run `dtf export --onnx` models (tests/onnx_check.py).
-if ! python3 -c 'import numpy, safetensors, tensorboard, onnx, onnxruntime' 2>/dev/null; then
-    python3 -m pip install -q numpy safetensors tensorboard onnx onnxruntime 2>/dev/null \
-        || python3 -m pip install -q --break-system-packages numpy safetensors tensorboard onnx onnxruntime
+cache=${DTF_TEST_CACHE:-/var/cache/dtf-test}
+venv=$cache/venv
+if ! "$venv/bin/python3" -c 'import numpy, safetensors, tensorboard, onnx, onnxruntime' 2>/dev/null; then
+    python3 -m venv "$venv"
+    PIP_CACHE_DIR=$cache/pip "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
+        numpy safetensors tensorboard onnx onnxruntime
 fi
+export PATH=$venv/bin:$PATH
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked -q cargo-nextest
 
@@ -58,4 +80,5 @@ if [ "$full" = yes ]; then
     tests/system/multihost.sh
 fi
 step "Done"
+layer=
 printf '==> all layers: %d s\n' $(($(date +%s) - t0))

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use tracing_subscriber::{EnvFilter, reload};
 
 /// Exit code for a configuration error (sysexits' EX_CONFIG): the units set
@@ -63,10 +63,12 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// 78 for configuration errors, 1 otherwise.
+    /// 78 for configuration errors (a token the ps tasks refuse is one:
+    /// restarting cannot fix it), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             DaemonError::Config(_) => EX_CONFIG,
+            DaemonError::Worker(e) if e.is_refused_token() => EX_CONFIG,
             _ => EX_FAILURE,
         }
     }
@@ -271,10 +273,15 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, no
     {
         let _ = log.reload(f);
     }
-    let changed = old.changed_keys(&new);
+    let changes = old.changes(&new);
     current.send_replace(Arc::new(new));
     crate::metrics::global().reloaded(true);
-    info!(changed = ?changed, "Configuration reloaded.");
+    if changes.is_empty() {
+        // A SIGHUP, or an edit saved back as it was: nothing to tell.
+        debug!("Configuration reloaded; nothing changed.");
+    } else {
+        info!(changed = %changes.join(", "), "Configuration reloaded.");
+    }
     if announce {
         notify(&[NotifyState::Ready]);
     }
@@ -461,12 +468,48 @@ pub struct Args {
     /// TensorFlow's job name: accepted when it is this daemon's role.
     #[arg(long = "job_name", value_name = "ROLE")]
     pub job_name: Option<String>,
+    /// TensorFlow's --ps_hosts: the ps tasks' host:port, comma-separated
+    /// (cluster.ps, over the file and the environment).
+    #[arg(long = "ps_hosts", value_name = "HOST:PORT,…")]
+    pub ps_hosts: Option<String>,
+    /// TensorFlow's --worker_hosts: the workers' host:port, comma-separated,
+    /// the chief first (cluster.worker, over the file and the environment).
+    #[arg(long = "worker_hosts", value_name = "HOST:PORT,…")]
+    pub worker_hosts: Option<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<DaemonCommand>,
 }
 
 impl Args {
+    /// The keys this command line sets: `--ps_hosts` and `--worker_hosts`
+    /// as `cluster.ps` and `cluster.worker`.
+    pub fn overrides(&self) -> Vec<config::Override> {
+        let list = |hosts: &str| {
+            let quoted: Vec<String> = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{h:?}"))
+                .collect();
+            format!("[{}]", quoted.join(", "))
+        };
+        [
+            ("--ps_hosts", "cluster.ps", &self.ps_hosts),
+            ("--worker_hosts", "cluster.worker", &self.worker_hosts),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, hosts)| {
+            let hosts = hosts.as_deref()?;
+            Some(config::Override {
+                key: key.into(),
+                value: list(hosts),
+                flag: format!("{flag}={hosts}"),
+            })
+        })
+        .collect()
+    }
+
     /// Parses the command line of the daemon for `role`, exiting with usage
     /// (2) on a bad one; the help names that daemon and its unit.
     pub fn parse_for(role: Role) -> Self {
@@ -536,7 +579,7 @@ pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigEr
 /// Subcommands of the daemons.
 #[derive(Debug, clap::Subcommand)]
 pub enum DaemonCommand {
-    /// Validate the configuration (and the task and token) without starting; exit 78 if invalid.
+    /// Validate the configuration, the task and (ps, worker) the token and TLS files, without starting; exit 78 if invalid.
     CheckConfig,
 }
 
@@ -612,6 +655,9 @@ pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveErr
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
+    // Every load from here on, reloads included, sees the cluster the
+    // command line gave: a reload of the file must not move it.
+    config::set_command_line(args.overrides());
     let loaded = check_job_name(role, args.job_name.as_deref())
         .and_then(|()| Config::load_task(&args.config, args.task, role))
         .map_err(ResolveError::from)

@@ -477,7 +477,9 @@ fn score_of(e: &Entry, metric: Metric) -> f32 {
 
 /// The ledger's records by step; a missing ledger is empty, a line that does
 /// not parse (the torn last line of a crash) is skipped.
-fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
+///
+/// Errors: [`EvaluatorError::Ledger`] when it cannot be read.
+pub fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
     let err = |source| EvaluatorError::Ledger {
         path: path.to_path_buf(),
         source,

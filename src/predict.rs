@@ -233,7 +233,9 @@ pub fn write_csv(out: &mut dyn Write, predictions: &[Prediction]) -> std::io::Re
     for p in predictions {
         write!(out, "{}", p.class)?;
         for v in &p.probabilities {
-            write!(out, ",{v:.9e}")?;
+            // The shortest decimal that reads back to the same f32: `0.025468696`,
+            // as a spreadsheet or pandas shows it, never `2.546869591e-2`.
+            write!(out, ",{v}")?;
         }
         writeln!(out)?;
     }
@@ -262,6 +264,7 @@ mod tests {
             .map(|v| v.parse().unwrap())
             .collect();
         assert_eq!(back, [0.25, 0.75]);
+        assert_eq!(lines[1], "1,0.25,0.75", "plain decimals, no exponent");
     }
 
     #[test]

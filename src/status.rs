@@ -32,15 +32,17 @@ pub const STALE_AFTER: Duration = Duration::from_secs(10);
 pub struct TaskStatus {
     /// `ps:0`, `worker:1`.
     pub task: String,
-    /// `ps`, `chief` (worker 0) or `worker`.
+    /// `ps`, `chief` (worker 0), `worker` or `evaluator`.
     pub role: String,
-    /// Its `host:port` from `cluster`.
+    /// Its `host:port` from `cluster`; the evaluator's: its `eval/` directory.
     pub address: String,
     /// Whether it answered; `None` for workers, which do not listen.
     pub reachable: Option<bool>,
-    /// Workers: `live`, `stale` or `never seen` (see [`STALE_AFTER`]).
+    /// Workers: `live`, `stale` or `never seen` (see [`STALE_AFTER`]); the
+    /// evaluator: `scored N` or `nothing scored`.
     pub contact: Option<String>,
-    /// Workers: seconds since a ps last had a push from it.
+    /// Workers: seconds since a ps last had a push from it; the evaluator:
+    /// since it last scored a checkpoint.
     pub last_contact_secs: Option<f64>,
     /// Why it did not answer.
     pub error: Option<String>,
@@ -50,9 +52,11 @@ pub struct TaskStatus {
     pub incarnation: Option<u64>,
     /// The shard holds values.
     pub initialized: Option<bool>,
-    /// The shard's step (ps 0: the global step); a worker's latest push's step.
+    /// The shard's step (ps 0: the global step); a worker's latest push's
+    /// step; the newest step the evaluator scored.
     pub global_step: Option<u64>,
-    /// Examples per second the ps saw lately; a worker's, as the ps saw them.
+    /// Examples per second the ps saw lately; a worker's, as the ps saw them
+    /// (0 once it is stale).
     pub examples_per_sec: Option<f64>,
     /// The chief declared the run complete.
     pub complete: Option<bool>,
@@ -89,7 +93,7 @@ pub struct CheckpointStatus {
 /// What `dtf status` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
-    /// Every ps, then every worker.
+    /// Every ps, then every worker, then the evaluator when one has run.
     pub tasks: Vec<TaskStatus>,
     /// The global step (ps 0's), if it answered.
     pub global_step: Option<u64>,
@@ -190,6 +194,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     for (i, addr) in config.cluster.worker.iter().enumerate() {
         tasks.push(worker_status(i, addr, &heard));
     }
+    tasks.extend(evaluator_status(config));
     let (checkpoint, checkpoint_error) = match newest_checkpoint(config) {
         Ok(c) => (Some(c), None),
         Err(e) => (None, Some(e)),
@@ -236,9 +241,52 @@ fn worker_status(index: usize, addr: &str, heard: &[pb::WorkerContact]) -> TaskS
         ),
         last_contact_secs: latest.map(|c| c.seconds_ago),
         global_step: latest.map(|c| c.step),
-        examples_per_sec: latest.map(|c| c.examples_per_sec),
+        // A worker not heard from lately computes nothing the cluster sees:
+        // its last rate would read as if it still trained.
+        examples_per_sec: latest.map(|c| {
+            if c.seconds_ago > STALE_AFTER.as_secs_f64() {
+                0.0
+            } else {
+                c.examples_per_sec
+            }
+        }),
         ..Default::default()
     }
+}
+
+/// The evaluator, when one has run on `checkpoint.dir` (its ledger in
+/// `eval/` exists): the newest step it scored and how long ago. It serves
+/// no RPC; what it has done is in its files.
+fn evaluator_status(config: &Config) -> Option<TaskStatus> {
+    use crate::evaluator::{EVAL_DIR, LEDGER};
+    let dir = config.checkpoint.dir.join(EVAL_DIR);
+    if !dir.is_dir() {
+        return None;
+    }
+    let ledger = dir.join(LEDGER);
+    let (scored, error) = match crate::evaluator::read_ledger(&ledger) {
+        Ok(scored) => (scored, None),
+        Err(e) => (Default::default(), Some(e.to_string())),
+    };
+    let ago = std::fs::metadata(&ledger)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map(|d| d.as_secs_f64());
+    let newest = scored.keys().next_back().copied();
+    Some(TaskStatus {
+        task: "evaluator:0".into(),
+        role: "evaluator".into(),
+        address: dir.display().to_string(),
+        contact: Some(match newest {
+            Some(_) => format!("scored {}", scored.len()),
+            None => "nothing scored".into(),
+        }),
+        last_contact_secs: newest.and(ago),
+        global_step: newest,
+        error,
+        ..Default::default()
+    })
 }
 
 fn newest_checkpoint(config: &Config) -> Result<CheckpointStatus, String> {
@@ -264,6 +312,13 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 }
 
 impl Status {
+    /// Whether `dtf status` exits 0: every ps answered, or the run is
+    /// complete (its ps tasks exit once it is: none answering then is the
+    /// normal end, not an alarm).
+    pub fn ok(&self) -> bool {
+        self.all_ps_reachable || self.complete
+    }
+
     /// The human table.
     pub fn table(&self) -> String {
         let mut rows = vec![
@@ -315,13 +370,14 @@ impl Status {
             (None, None) => {}
         }
         for t in self.tasks.iter().filter(|t| t.error.is_some()) {
-            let _ = writeln!(
-                out,
-                "{} ({}) unreachable: {}",
-                t.task,
-                t.address,
-                opt(&t.error)
-            );
+            let what = if t.role == "evaluator" {
+                "unreadable"
+            } else if self.complete {
+                "not running (the run is complete)"
+            } else {
+                "unreachable"
+            };
+            let _ = writeln!(out, "{} ({}) {what}: {}", t.task, t.address, opt(&t.error));
         }
         out
     }
@@ -422,9 +478,10 @@ mod tests {
         );
         let w1 = worker_status(1, "h:2", &heard);
         assert_eq!(
-            (w1.contact.as_deref(), w1.global_step),
-            (Some("stale"), Some(7))
+            (w1.contact.as_deref(), w1.global_step, w1.examples_per_sec),
+            (Some("stale"), Some(7), Some(0.0))
         );
+        assert_eq!(w0.examples_per_sec, Some(500.0));
         let w2 = worker_status(2, "h:3", &heard);
         assert_eq!(
             (w2.contact.as_deref(), w2.global_step),

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use dtf::config::{self, Config, Mode};
+use dtf::config::{self, Config};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,9 +30,11 @@ enum Command {
     Eval {
         /// A model.ckpt-N.safetensors file or a checkpoint directory.
         path: PathBuf,
-        /// The test data: a directory of IDX files, a .npz (x_test, y_test) or a test .csv.
-        #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
-        data: PathBuf,
+        /// The test data: a directory of IDX files, a .npz (x_test, y_test) or a test .csv
+        /// (default: the test split of the data the checkpoint was trained on, else
+        /// /usr/share/datasets/fashion-mnist).
+        #[arg(long)]
+        data: Option<PathBuf>,
         /// The label column of a CSV (default: the checkpoint's, else "label").
         #[arg(long)]
         label: Option<String>,
@@ -52,7 +54,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Ask a running cluster: every task, its step, the newest checkpoint; exit 1 if a ps does not answer.
+    /// Ask a running cluster: every task, its step, the newest checkpoint; exit 1 if a ps does not answer before the run is complete.
     Status {
         /// The cluster configuration file (its token authenticates the calls).
         #[arg(long, short = 'c', default_value = config::DEFAULT_PATH)]
@@ -126,7 +128,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             data,
             label,
             json,
-        } => eval(&path, &data, label, json),
+        } => eval(&path, data, label, json),
         Command::Predict(args) => predict(args),
         Command::Export(args) => export(args),
         Command::Bench {
@@ -144,19 +146,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// `dtf eval`: the accuracy of a checkpoint, raw and EMA.
 fn eval(
     path: &std::path::Path,
-    data: &std::path::Path,
+    data: Option<PathBuf>,
     label: Option<String>,
     json: bool,
 ) -> Result<ExitCode> {
-    let mut cfg = dtf::data::test_config_for_path(data)?;
-    cfg.label = match label {
-        Some(l) => l,
-        None => dtf::predict::Trained::load(path)?
-            .meta
-            .label
-            .unwrap_or(cfg.label),
+    let meta = dtf::predict::Trained::load(path)?.meta;
+    // The checkpoint's own data by default: a model trained on a CSV is
+    // scored on that CSV's test file, not on Fashion-MNIST.
+    let (mut cfg, recorded) = match (&data, meta.training_data) {
+        (Some(d), _) => (dtf::data::test_config_for_path(d)?, false),
+        (None, Some(trained_on)) => (trained_on, true),
+        (None, None) => (
+            dtf::data::test_config_for_path(std::path::Path::new(config::DEFAULT_DATA_DIR))?,
+            false,
+        ),
     };
-    let ev = dtf::eval::evaluate_on(path, &cfg)?;
+    if let Some(l) = label {
+        cfg.label = l;
+    } else if !recorded && let Some(l) = meta.label {
+        cfg.label = l;
+    }
+    let ev = match dtf::eval::evaluate_on(path, &cfg) {
+        Ok(ev) => ev,
+        Err(e) if recorded => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "the test data the checkpoint was trained with ({}; give other test data with --data)",
+                dtf::data::describe(&cfg)
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if json {
         println!("{}", serde_json::to_string(&ev)?);
     } else {
@@ -275,7 +294,8 @@ fn inspect(path: &std::path::Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `dtf status`: every task's state; exit 1 if a ps does not answer.
+/// `dtf status`: every task's state; exit 1 if a ps does not answer and
+/// the run is not complete.
 fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
     let cfg = Config::load(config).map_err(|e| match e {
         dtf::config::ConfigError::Read { .. } => anyhow::anyhow!(
@@ -290,7 +310,7 @@ fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
     } else {
         print!("{}", status.table());
     }
-    Ok(if status.all_ps_reachable {
+    Ok(if status.ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -319,7 +339,9 @@ fn check_config(config: &std::path::Path) -> Result<ExitCode> {
     }
 }
 
-/// `dtf local`'s options, as given on the command line.
+/// `dtf local`'s options, as given on the command line. Each key flag
+/// stands for its `dtf.toml` key (see [`LocalArgs::overrides`]); unset, the
+/// key is the config file's, the environment's (`DTF_…`) or the default.
 #[derive(clap::Args)]
 struct LocalArgs {
     /// Number of ps tasks.
@@ -328,12 +350,12 @@ struct LocalArgs {
     /// Number of worker tasks (worker 0 is the chief).
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Train until this global step (train.last_step).
-    #[arg(long, default_value_t = 20000)]
-    steps: u64,
-    /// async or sync.
-    #[arg(long, value_enum, default_value = "async")]
-    mode: ModeArg,
+    /// Train until this global step (train.last_step; default 20000).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// async or sync (train.mode).
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
     /// The data set: a directory of IDX files, a .npz (x_train, y_train, x_test,
     /// y_test) or a training .csv (default: the config's [data], else
     /// /usr/share/datasets/fashion-mnist).
@@ -343,12 +365,39 @@ struct LocalArgs {
     /// with "train" replaced by "test").
     #[arg(long)]
     test: Option<PathBuf>,
+    /// The CSV's label column (data.label; default: "label", else the one
+    /// column named like a label: class, target, y, …).
+    #[arg(long)]
+    label: Option<String>,
+    /// The update rule: sgd, momentum, adam or adagrad (train.optimizer).
+    #[arg(long)]
+    optimizer: Option<String>,
+    /// The base learning rate (train.learning_rate).
+    #[arg(long)]
+    learning_rate: Option<String>,
+    /// Examples per worker step (train.batch_size).
+    #[arg(long)]
+    batch_size: Option<String>,
+    /// Hidden widths, e.g. 256,128 (model.hidden; the data gives the input
+    /// width and the classes; default 500).
+    #[arg(long)]
+    hidden: Option<String>,
+    /// The seed of init and shuffling (train.seed).
+    #[arg(long)]
+    seed: Option<String>,
     /// Keep checkpoints here (default: a fresh directory, printed at the end).
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Seconds between checkpoints (checkpoint.save_secs).
     #[arg(long)]
-    save_secs: Option<u64>,
+    save_secs: Option<String>,
+    /// Global steps between checkpoints instead (checkpoint.save_steps).
+    #[arg(long)]
+    save_steps: Option<String>,
+    /// Any configuration key, e.g. --set train.beta1=0.8 (repeatable; after
+    /// the file and the DTF_… environment, before the flags above).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE", action = clap::ArgAction::Append)]
+    set: Vec<String>,
     /// Hyperparameters from this config file (cluster and paths are replaced).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -375,72 +424,158 @@ enum CompressionArg {
     Onebit,
 }
 
+impl LocalArgs {
+    /// The keys this command line sets: every `--set`, then each key flag
+    /// given, so that a flag wins over a `--set` of its key.
+    fn overrides(&self) -> Result<Vec<config::Override>, String> {
+        let mut out = self
+            .set
+            .iter()
+            .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
+        let flags: [(&str, &str, Option<String>); 12] = [
+            (
+                "--steps",
+                "train.last_step",
+                self.steps.map(|s| s.to_string()),
+            ),
+            ("--mode", "train.mode", value_name(self.mode.as_ref())),
+            ("--label", "data.label", self.label.clone()),
+            ("--optimizer", "train.optimizer", self.optimizer.clone()),
+            (
+                "--learning-rate",
+                "train.learning_rate",
+                self.learning_rate.clone(),
+            ),
+            ("--batch-size", "train.batch_size", self.batch_size.clone()),
+            ("--hidden", "model.hidden", hidden),
+            ("--seed", "train.seed", self.seed.clone()),
+            (
+                "--save-secs",
+                "checkpoint.save_secs",
+                self.save_secs.clone(),
+            ),
+            (
+                "--save-steps",
+                "checkpoint.save_steps",
+                self.save_steps.clone(),
+            ),
+            (
+                "--transport",
+                "cluster.transport",
+                value_name(self.transport.as_ref()),
+            ),
+            (
+                "--compression",
+                "cluster.compression",
+                value_name(self.compression.as_ref()),
+            ),
+        ];
+        for (flag, key, value) in flags {
+            if let Some(value) = value {
+                out.push(config::Override {
+                    key: key.into(),
+                    flag: format!("{flag} {value}"),
+                    value,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A value enum's name as the command line spells it.
+fn value_name<T: clap::ValueEnum>(v: Option<&T>) -> Option<String> {
+    v.and_then(|v| v.to_possible_value())
+        .map(|p| p.get_name().to_owned())
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum TransportArg {
     Auto,
     Tcp,
 }
 
-/// `dtf local`: exit 0 when trained, 130/143 when stopped by SIGINT/SIGTERM.
+/// How a bad command line exits (dtf(1)), as clap's own errors do.
+const EX_USAGE: u8 = 2;
+
+/// `dtf local`: exit 0 when trained, 2 for a command line that cannot run
+/// (nothing is created), 130/143 when stopped by SIGINT/SIGTERM.
 fn local(args: LocalArgs) -> Result<ExitCode> {
     let json = args.json;
     let _log = dtf::daemon::init_logging("warn");
-    let mut base = match &args.config {
-        Some(p) => Config::load(p)?,
-        None => Config::default(),
+    let usage = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        Ok(ExitCode::from(EX_USAGE))
     };
-    match args.transport {
-        Some(TransportArg::Auto) => base.cluster.transport = dtf::config::Transport::Auto,
-        Some(TransportArg::Tcp) => base.cluster.transport = dtf::config::Transport::Tcp,
-        None => {}
-    }
-    if let Some(c) = args.compression {
-        base.cluster.compression = match c {
-            CompressionArg::None => dtf::config::Compression::None,
-            CompressionArg::Bf16 => dtf::config::Compression::Bf16,
-            CompressionArg::Onebit => dtf::config::Compression::Onebit,
-        };
-    }
+    let overrides = match args.overrides() {
+        Ok(o) => o,
+        Err(e) => return usage(&e),
+    };
     let exe = std::env::current_exe().context("locating the dtf binary")?;
     let bin_dir = exe
         .parent()
         .context("the dtf binary has no directory")?
         .to_path_buf();
-    let mode = match args.mode {
-        ModeArg::Async => Mode::Async,
-        ModeArg::Sync => Mode::Sync,
+    // The hints name the dtf that was run: `dtf` from $PATH as typed, any
+    // other as its absolute path (a relative one breaks after a `cd`).
+    let typed = std::env::args().next().unwrap_or_else(|| "dtf".into());
+    let program = if typed.contains('/') {
+        exe.display().to_string()
+    } else {
+        typed
     };
-    let (ps, workers, steps) = (args.ps, args.workers, args.steps);
     let opts = dtf::local::Options {
-        ps,
-        workers,
-        steps,
-        mode,
-        data: args.data,
-        test: args.test,
-        checkpoint_dir: args.checkpoint_dir,
-        save_secs: args.save_secs,
+        ps: args.ps,
+        workers: args.workers,
+        data: args.data.as_deref().map(dtf::local::absolute),
+        test: args.test.as_deref().map(dtf::local::absolute),
+        checkpoint_dir: args.checkpoint_dir.as_deref().map(dtf::local::absolute),
+        config: args.config.as_deref().map(dtf::local::absolute),
+        overrides,
         evaluator: args.evaluator,
         bin_dir,
-        progress: std::io::stderr().is_terminal(),
-        base,
-        base_path: args.config,
+        program,
+        progress: if std::io::stderr().is_terminal() {
+            dtf::local::Progress::Bar
+        } else {
+            dtf::local::Progress::Lines(std::time::Duration::from_secs(10))
+        },
+    };
+    let mut notes = Vec::new();
+    let planned = match dtf::local::plan(&opts, &mut notes) {
+        Ok(cfg) => cfg,
+        Err(e) => return usage(&chain(&e.into())),
     };
     let run_dir = tempfile::Builder::new()
         .prefix("dtf-local-")
         .tempdir()
         .context("creating a run directory")?
         .keep();
+    let t = &planned.train;
     eprintln!(
-        "dtf local: {ps} ps + {workers} workers, {mode}, to step {steps}; run directory {}",
+        "dtf local: {} ps + {} workers, {}, {} (learning rate {}), model {:?}, batch {}, to step {}; run directory {}",
+        opts.ps,
+        opts.workers,
+        t.mode,
+        t.optimizer().describe(),
+        t.learning_rate,
+        planned.model.layers,
+        t.batch_size,
+        t.last_step,
         run_dir.display()
     );
+    for note in &notes {
+        eprintln!("dtf local: {note}");
+    }
     eprintln!(
-        "watch it from another shell: dtf status --config {}",
+        "watch it from another shell: {} status --config {}",
+        opts.program,
         run_dir.join("dtf.toml").display()
     );
     let rt = tokio::runtime::Runtime::new()?;
-    let outcome = rt.block_on(dtf::local::run(&opts, &run_dir))?;
+    let outcome = rt.block_on(dtf::local::run(&opts, &planned, &run_dir))?;
     let code = summary(&outcome, json);
     if json {
         println!("{}", serde_json::to_string(&outcome)?);
@@ -461,13 +596,27 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
     };
     match outcome {
         dtf::local::Outcome::Trained(report) => {
+            if report.already_complete {
+                say(format!(
+                    "already complete: the newest checkpoint is at global step {}; nothing to \
+                     train (raise --steps to train on)",
+                    report.global_step
+                ));
+            }
+            let rate = report
+                .steps_per_sec
+                .map_or_else(String::new, |r| format!("  {r:.1} steps/s"));
             say(format!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
-                report.global_step,
-                report.test_accuracy,
-                report.ema_test_accuracy,
-                report.steps_per_sec,
-                report.seconds
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
+                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
+            ));
+            say(format!(
+                "model {:?} trained with {}",
+                report.layers,
+                serde_json::to_value(report.optimizer)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
             ));
             say(format!("checkpoints: {}", report.checkpoint_dir.display()));
             if let Some(b) = &report.best {
@@ -599,7 +748,7 @@ mod tests {
         ])
         .unwrap_or_else(|e| panic!("{e}"));
         match cli.command {
-            Command::Local(a) => assert_eq!((a.ps, a.workers, a.steps), (1, 3, 500)),
+            Command::Local(a) => assert_eq!((a.ps, a.workers, a.steps), (1, 3, Some(500))),
             _ => panic!("not dtf local"),
         }
     }

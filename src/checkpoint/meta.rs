@@ -11,6 +11,7 @@
 //! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
 //! | `label` | the CSV label column, when the data was CSV |
 //! | `hyperparameters` | JSON: the `[train]` table the checkpoint was written under |
+//! | `training_data` | JSON: the `[data]` table it was trained on (format, paths, label): `dtf eval`'s default test data |
 //!
 //! A checkpoint written before these keys existed has none of them: it is
 //! today's MLP, read back as layers from its weights, ReLU, pixels / 255.
@@ -23,6 +24,9 @@ use serde::Serialize;
 
 use super::{Checkpoint, CheckpointError, MAX_HEADER_BYTES};
 use crate::data::Preprocessing;
+
+/// Metadata key of the training run's `[data]` table.
+pub const TRAINING_DATA: &str = "training_data";
 
 /// The only hidden activation dtf trains.
 pub const ACTIVATION: &str = "relu";
@@ -45,6 +49,11 @@ pub struct ModelMeta {
     /// The `[train]` table at the time of writing; `None` for an older checkpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hyperparameters: Option<serde_json::Value>,
+    /// The `[data]` table of the training run (format, files, label): where
+    /// its test split is, for `dtf eval` without `--data`. `None` for an older
+    /// checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub training_data: Option<crate::config::DataConfig>,
 }
 
 impl ModelMeta {
@@ -61,6 +70,9 @@ impl ModelMeta {
         }
         if let Some(h) = &self.hyperparameters {
             out.insert("hyperparameters".to_owned(), h.to_string());
+        }
+        if let Some(d) = &self.training_data {
+            out.insert(TRAINING_DATA.to_owned(), json(d));
         }
         out
     }
@@ -122,6 +134,10 @@ impl ModelMeta {
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| format!("metadata hyperparameters are malformed: {e}"))?;
+        let training_data = get(TRAINING_DATA)
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| format!("metadata {TRAINING_DATA} is malformed: {e}"))?;
         Ok(ModelMeta {
             layers,
             activation,
@@ -129,8 +145,19 @@ impl ModelMeta {
             preprocessing,
             label: get("label").map(str::to_owned),
             hyperparameters,
+            training_data,
         })
     }
+}
+
+/// `value` as a JSON value whose numbers print as they were written: an
+/// `f32` as the shortest decimal that reads back to it (`0.01`, `0.9`), not
+/// as the f64 it widens to (`0.009999999776482582`), which is what
+/// `serde_json::to_value` would keep.
+///
+/// Errors: as `serde_json::to_string` (never for plain data).
+pub fn json_value<T: Serialize>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_str(&serde_json::to_string(value)?)
 }
 
 /// A metadata value as JSON. Plain data (numbers, strings, lists):
@@ -203,6 +230,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hyperparameters_read_as_they_were_written() {
+        let train = crate::config::TrainConfig::default();
+        let text = json_value(&train).unwrap().to_string();
+        assert!(
+            text.contains(r#""learning_rate":0.01"#) && text.contains(r#""beta1":0.9"#),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn round_trips_and_defaults_for_old_checkpoints() {
         let m = ModelMeta {
             layers: vec![3, 4, 2],
@@ -214,6 +251,13 @@ mod tests {
             },
             label: Some("y".into()),
             hyperparameters: Some(serde_json::json!({"learning_rate": 0.01})),
+            training_data: Some(crate::config::DataConfig {
+                format: crate::config::DataFormat::Csv,
+                train: Some("/d/x_train.csv".into()),
+                test: Some("/d/x_test.csv".into()),
+                label: "y".into(),
+                ..Default::default()
+            }),
         };
         let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
         assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap(), m);
@@ -221,6 +265,7 @@ mod tests {
         let old = ModelMeta::from_metadata(&HashMap::new(), &[784, 500, 10]).unwrap();
         assert_eq!(old.preprocessing, Preprocessing::Scale { divisor: 255.0 });
         assert_eq!((old.classes, old.hyperparameters), (10, None));
+        assert_eq!(old.training_data, None);
         // Disagreement with the weights is named.
         let err = ModelMeta::from_metadata(&meta, &[3, 5, 2]).unwrap_err();
         assert!(err.contains("disagree"), "{err}");

@@ -46,7 +46,7 @@ use safetensors::SafeTensorError;
 
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
-pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
+pub use meta::{ACTIVATION, ModelMeta, json_value, read_metadata, widths};
 pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
 

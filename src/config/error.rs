@@ -91,14 +91,19 @@ pub enum ConfigError {
 }
 
 /// Names the provider that supplied `key` as an operator would look for it.
+/// How an origin starts for a key no source set.
+pub(super) const DEFAULT_ORIGIN: &str = "built-in default";
+
 pub(super) fn describe_origin(metadata: Option<&Metadata>, key: &str, file: &str) -> String {
     match metadata {
         Some(md) if md.name.starts_with("TOML") => file.to_owned(),
         Some(md) if md.name == TF_CONFIG => TF_CONFIG.to_owned(),
+        // A command-line override names its flag (`--set train.optimizer=adm`).
+        Some(md) if md.name.starts_with("--") => md.name.to_string(),
         Some(md) if md.name.contains("environment variable") => {
             format!("environment variable {}", env_var_name(key))
         }
-        Some(_) => format!("built-in default (not set in {file})"),
+        Some(_) => format!("{DEFAULT_ORIGIN} (not set in {file})"),
         None => file.to_owned(),
     }
 }

@@ -37,17 +37,7 @@ impl Config {
         // Read the file ourselves rather than with `Toml::file`: that one
         // treats a missing file as empty and searches parent directories for
         // a relative path, neither of which a daemon should do.
-        let text = read_regular(path, MAX_CONFIG_FILE_BYTES, false)
-            .and_then(|bytes| {
-                String::from_utf8(bytes).map_err(|e| FileProblem::Io {
-                    action: "read",
-                    error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                })
-            })
-            .map_err(|problem| ConfigError::Read {
-                path: path.to_owned(),
-                problem,
-            })?;
+        let text = read_config_text(path)?;
         let origin = path.display().to_string();
         let tf_cluster = match std::env::var(TF_CONFIG) {
             Ok(json) => parse_tf_config(&json)?.cluster,
@@ -61,6 +51,37 @@ impl Config {
                     .split("__"),
             )
             .merge(TfConfigCluster(tf_cluster));
+        let figment = COMMAND_LINE
+            .get()
+            .into_iter()
+            .flatten()
+            .fold(figment, |f, o| f.merge(o));
+        extract(&figment, &origin)
+    }
+
+    /// Defaults → `file` (when given) → `DTF_<SECTION>__<KEY>` environment →
+    /// `overrides` in order, then [`Config::validate`]: `dtf local`'s flags
+    /// (`--optimizer`, `--set section.key=value`) over what a daemon would read.
+    /// A value is parsed as the environment's are (`0.1` a float, `[64, 32]`
+    /// an array, `adam` a string); errors name the override's flag.
+    ///
+    /// Errors: as [`Config::load`]; [`ConfigError::Key`] naming the flag for
+    /// an override that is not a key or not a valid value.
+    pub fn load_with(file: Option<&Path>, overrides: &[Override]) -> Result<Self, ConfigError> {
+        let (text, origin) = match file {
+            Some(path) => (read_config_text(path)?, path.display().to_string()),
+            None => (String::new(), "the command line".to_owned()),
+        };
+        let mut figment = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&text))
+            .merge(
+                Env::prefixed(ENV_PREFIX)
+                    .filter(|key| key.as_str().contains("__"))
+                    .split("__"),
+            );
+        for o in overrides {
+            figment = figment.merge(o);
+        }
         extract(&figment, &origin)
     }
 
@@ -103,6 +124,89 @@ impl Config {
         let id = TaskId { role, index };
         cfg.check_task(id)?;
         Ok((cfg, id))
+    }
+}
+
+/// The daemon's own command-line keys (`--ps_hosts`), over every layer of
+/// every [`Config::load`] of this process: set once, at start, so a reload
+/// of the file keeps them.
+static COMMAND_LINE: std::sync::OnceLock<Vec<Override>> = std::sync::OnceLock::new();
+
+/// Sets the keys the daemon's command line gave ([`COMMAND_LINE`]); a
+/// second call changes nothing (a process has one command line).
+pub fn set_command_line(overrides: Vec<Override>) {
+    let _ = COMMAND_LINE.set(overrides);
+}
+
+/// The text of the configuration file at `path`: a regular file of at most
+/// [`MAX_CONFIG_FILE_BYTES`], UTF-8.
+///
+/// Errors: [`ConfigError::Read`].
+fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+    read_regular(path, MAX_CONFIG_FILE_BYTES, false)
+        .and_then(|bytes| {
+            String::from_utf8(bytes).map_err(|e| FileProblem::Io {
+                action: "read",
+                error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })
+        })
+        .map_err(|problem| ConfigError::Read {
+            path: path.to_owned(),
+            problem,
+        })
+}
+
+/// One key set on a command line (`--set train.optimizer=adam`, or a flag
+/// such as `--optimizer adam` that stands for its key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// The dotted key, `section.key`.
+    pub key: String,
+    /// The value as typed; parsed as the environment's values are.
+    pub value: String,
+    /// What set it, for errors: `--optimizer`, `--set train.optimizer=adam`.
+    pub flag: String,
+}
+
+impl Override {
+    /// `section.key=value` as `--set` takes it.
+    ///
+    /// Errors: a sentence saying what a `--set` argument must look like.
+    pub fn parse_set(arg: &str) -> Result<Self, String> {
+        let (key, value) = arg.split_once('=').ok_or_else(|| {
+            format!("{arg:?} has no '=': expected section.key=value, e.g. train.optimizer=adam")
+        })?;
+        let key = key.trim();
+        let well_formed = key.split('.').count() == 2 && key.split('.').all(|p| !p.is_empty());
+        if !well_formed {
+            return Err(format!(
+                "{key:?} is not a key: expected section.key=value, e.g. train.learning_rate=0.1"
+            ));
+        }
+        Ok(Override {
+            key: key.to_owned(),
+            value: value.trim().to_owned(),
+            flag: format!("--set {arg}"),
+        })
+    }
+
+    /// What a shell reads back as this override: `--set key=value`.
+    pub fn as_set(&self) -> String {
+        format!("{}={}", self.key, self.value)
+    }
+}
+
+impl Provider for &Override {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.flag.clone())
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let value: Value = self
+            .value
+            .parse()
+            .unwrap_or_else(|e: std::convert::Infallible| match e {});
+        Serialized::default(&self.key, value).data()
     }
 }
 

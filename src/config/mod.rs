@@ -22,7 +22,9 @@ mod size;
 mod validate;
 
 pub use error::ConfigError;
-pub use load::{ENV_PREFIX, TF_CONFIG, task_from_env, task_from_tf_config};
+pub use load::{
+    ENV_PREFIX, Override, TF_CONFIG, set_command_line, task_from_env, task_from_tf_config,
+};
 pub use reload::{Applier, LIVE_KEYS, LiveKey, is_live};
 pub use schema::{
     CheckpointConfig, ClusterConfig, Compression, Config, DEFAULT_DATA_DIR, DEFAULT_PATH,

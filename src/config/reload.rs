@@ -85,6 +85,19 @@ impl Config {
         }
     }
 
+    /// Each key whose value differs between `self` and `other`, as
+    /// `train.learning_rate: 0.01 → 0.05` (sorted by key; a key set on one
+    /// side only shows `unset` on the other).
+    pub fn changes(&self, other: &Config) -> Vec<String> {
+        let (a, b) = (leaves(self), leaves(other));
+        let show =
+            |v: Option<&serde_json::Value>| v.map_or_else(|| "unset".into(), |v| v.to_string());
+        self.changed_keys(other)
+            .into_iter()
+            .map(|key| format!("{key}: {} → {}", show(a.get(&key)), show(b.get(&key))))
+            .collect()
+    }
+
     /// The dotted keys (`section.key`) whose values differ between `self`
     /// and `other`, sorted.
     pub fn changed_keys(&self, other: &Config) -> Vec<String> {
@@ -104,6 +117,24 @@ impl Config {
 mod tests {
     use super::*;
     use crate::config::*;
+
+    #[test]
+    fn a_reload_shows_each_change_as_old_to_new() {
+        let old = Config::from_toml_str("[train]\nlearning_rate = 0.01\n", "f").unwrap();
+        let new = Config::from_toml_str(
+            "[train]\nlearning_rate = 0.05\n[checkpoint]\nsave_secs = 30\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            old.changes(&new),
+            [
+                "checkpoint.save_secs: unset → 30",
+                "train.learning_rate: 0.01 → 0.05"
+            ]
+        );
+        assert!(old.changes(&old.clone()).is_empty());
+    }
 
     #[test]
     fn widths_resolved_from_the_data_survive_a_reload() {

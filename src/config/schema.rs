@@ -403,6 +403,12 @@ impl PartialEq for Sources {
 }
 
 impl Sources {
+    /// Whether `key` was set by a file, the environment or a flag rather
+    /// than left at its built-in default.
+    pub fn is_set(&self, key: &str) -> bool {
+        !self.origin(key).starts_with(super::error::DEFAULT_ORIGIN)
+    }
+
     /// Where `key` (dotted, e.g. `cluster.worker` or `cluster.worker[1]`) came from.
     pub fn origin(&self, key: &str) -> &str {
         let key = key.split('[').next().unwrap_or(key);
@@ -591,8 +597,9 @@ impl Config {
 pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
     let mut out = BTreeMap::new();
     // A Config is plain data: serializing it to JSON cannot fail, and an
-    // error would only leave the map empty.
-    if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(config) {
+    // error would only leave the map empty. Through text, not `to_value`:
+    // that widens an f32 to f64 (`0.01` would read `0.009999999776482582`).
+    if let Ok(serde_json::Value::Object(sections)) = crate::checkpoint::json_value(config) {
         for (section, table) in sections {
             match table {
                 serde_json::Value::Object(fields) => out.extend(

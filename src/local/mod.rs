@@ -10,7 +10,7 @@
 
 use crate::auth::Credentials;
 use crate::checkpoint;
-use crate::config::{Config, ConfigError, Mode};
+use crate::config::{Config, ConfigError};
 use crate::data;
 use crate::eval::{self, Evaluation};
 use crate::model::Mlp;
@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 use stop::{StopSignals, stop, stop_all};
 use tokio::process::{Child, Command};
 
+mod plan;
+mod progress;
 mod stop;
 
-pub use stop::{StopSignal, Stopped};
+pub use plan::{absolute, plan};
+pub use stop::{SAME_SIGNAL_WINDOW, StopSignal, Stopped};
 
 /// How long the workers get, after SIGTERM, to finish their step and (the
 /// chief) write the final checkpoint. The daemons give up on their own
@@ -38,36 +41,44 @@ pub const PS_STOP_LIMIT: Duration = Duration::from_secs(5);
 /// The evaluator's niceness in `dtf local`, as `dtf-evaluator.service`'s `Nice=`.
 pub const EVALUATOR_NICE: i32 = 10;
 
-/// What to run.
+/// What to run, as the command line gave it; [`plan`] settles the configuration.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// ps tasks.
     pub ps: usize,
     /// worker tasks.
     pub workers: usize,
-    /// `last_step`.
-    pub steps: u64,
-    /// Training mode.
-    pub mode: Mode,
     /// The data set: a directory of IDX files, a `.npz` or a training
-    /// `.csv` (default: the config's `[data]`).
+    /// `.csv` (default: the config's `[data]`); absolute.
     pub data: Option<PathBuf>,
     /// The test `.csv` beside `data` (default: its name with `train` → `test`).
     pub test: Option<PathBuf>,
     /// Keep checkpoints here (default: a fresh directory under the run directory).
     pub checkpoint_dir: Option<PathBuf>,
-    /// Overrides `checkpoint.save_secs`.
-    pub save_secs: Option<u64>,
+    /// A configuration file to start from (hyperparameters); cluster and
+    /// paths are replaced.
+    pub config: Option<PathBuf>,
+    /// Keys set on the command line (`--optimizer`, `--set k=v`), in order,
+    /// over the file and the `DTF_…` environment.
+    pub overrides: Vec<crate::config::Override>,
     /// Run `dtf-evaluator` beside the cluster (`dtf local --evaluator`).
     pub evaluator: bool,
     /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are.
     pub bin_dir: PathBuf,
-    /// Show a progress bar (on a terminal).
-    pub progress: bool,
-    /// A base config to start from (hyperparameters); cluster and paths are replaced.
-    pub base: Config,
-    /// The file `base` was read from, if any: the resume command names it.
-    pub base_path: Option<PathBuf>,
+    /// The `dtf` the user ran, as the hints (resume, status) should name it.
+    pub program: String,
+    /// How progress is shown while training.
+    pub progress: Progress,
+}
+
+/// How `dtf local` shows its progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A bar redrawn in place, with an ETA (stderr is a terminal).
+    Bar,
+    /// A plain line now and then (stderr is a pipe, a file, a journal): at
+    /// every tenth of the run and at least this often.
+    Lines(Duration),
 }
 
 /// Errors of a local run.
@@ -142,8 +153,16 @@ pub struct Report {
     pub test_accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_test_accuracy: f32,
-    /// Global steps per second while training.
-    pub steps_per_sec: f64,
+    /// Global steps per second while training, from the steps seen made
+    /// and when; `None` when this run made none (it was already complete).
+    pub steps_per_sec: Option<f64>,
+    /// The checkpoint directory already held a checkpoint at the last step:
+    /// nothing was trained, the newest checkpoint was evaluated.
+    pub already_complete: bool,
+    /// `train.optimizer`.
+    pub optimizer: crate::config::OptimizerKind,
+    /// `model.layers`: the widths trained.
+    pub layers: Vec<usize>,
     /// Wall-clock seconds of the whole run.
     pub seconds: f64,
     /// Where the checkpoints are.
@@ -225,13 +244,18 @@ fn free_ports(n: usize) -> Result<Vec<u16>, LocalError> {
         .map_err(io("reading a port"))
 }
 
-/// Writes a run directory (config, token) for `opts` and returns the config's path.
-pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), LocalError> {
+/// Writes a run directory (config, token) for `planned` ([`plan`]'s) and
+/// returns the config's path and the config the tasks run with.
+pub fn prepare(
+    opts: &Options,
+    planned: &Config,
+    run_dir: &Path,
+) -> Result<(PathBuf, Config), LocalError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(run_dir.join("logs"))
         .map_err(io(format!("creating {}", run_dir.display())))?;
     let ports = free_ports(opts.ps + opts.workers)?;
-    let mut cfg = opts.base.clone();
+    let mut cfg = planned.clone();
     cfg.cluster.ps = ports[..opts.ps]
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
@@ -240,28 +264,12 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
-    cfg.train.last_step = opts.steps;
-    cfg.train.mode = opts.mode;
     // The shared-memory sockets of this run, apart from any other's.
     cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
-    if let Some(d) = &opts.data {
-        cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())?;
-    }
-    // With `model.hidden`, the data's shape goes into the tasks' config once,
-    // here: they need not read the data for it. (Explicit widths are checked
-    // by the workers, which read the data anyway; a task that fails on it is
-    // named with its log.)
-    if cfg.model.hidden.is_some() {
-        data::resolve_model(&mut cfg)?;
-        cfg.model.hidden = None;
-    }
     cfg.checkpoint.dir = opts
         .checkpoint_dir
         .clone()
         .unwrap_or_else(|| run_dir.join("checkpoints"));
-    if let Some(s) = opts.save_secs {
-        cfg.checkpoint.save_secs = Some(s);
-    }
     let token_path = run_dir.join("token");
     let token = format!("{:032x}", rand::random::<u128>());
     std::fs::write(&token_path, &token).map_err(io(format!("writing {}", token_path.display())))?;
@@ -310,6 +318,16 @@ fn spawn(
     let file = std::fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
     let err = file.try_clone().map_err(io("log file"))?;
     let mut command = Command::new(bin);
+    // The run directory's dtf.toml is what runs: the `DTF_<SECTION>__<KEY>`
+    // variables are in it already, and must not be applied twice.
+    for (name, _) in std::env::vars_os() {
+        let config_var = name
+            .to_str()
+            .is_some_and(|n| n.starts_with(crate::config::ENV_PREFIX) && n.contains("__"));
+        if config_var {
+            command.env_remove(name);
+        }
+    }
     if let Some(listen) = metrics {
         command.env("DTF_METRICS__LISTEN", listen);
     }
@@ -384,55 +402,76 @@ enum Watch {
     Done,
 }
 
-/// Runs the cluster to `last_step` and evaluates the result, or stops it on
-/// SIGINT or SIGTERM (see [`stop`]) and says where it stopped.
+/// Runs the cluster `planned` ([`plan`]'s) describes to `last_step` in
+/// `run_dir` (a fresh directory, this run's) and evaluates the result, or
+/// stops it on SIGINT or SIGTERM (see [`stop`]) and says where it stopped.
+/// A checkpoint directory already at `last_step` is evaluated, not trained.
+/// When the run cannot start (no task was started), `run_dir` is removed.
 ///
 /// Errors: [`LocalError::Task`] with the failing task's log when any task
 /// exits non-zero (the others are stopped); [`LocalError::Incomplete`] when
 /// every task exited 0 short of `last_step`; setup and evaluation errors.
-pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> {
+pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Outcome, LocalError> {
     let started = Instant::now();
     // Before any task exists: from here on a signal never kills dtf local
     // with its tasks left behind.
-    let mut signals = StopSignals::install()?;
-    let (config_path, cfg) = prepare(opts, run_dir)?;
-    let mut tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
-    let credentials = Credentials::load(&cfg)?;
-    let specs = Mlp::new(&cfg.model.layers)?.variables();
-    let cluster = Cluster::new(&cfg, specs, &credentials)?;
-
-    let bar = progress_bar(opts);
-    let mut rate = StepRate::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        // One look at the tasks and the cluster, abandoned as soon as a stop
-        // signal comes (a ps that does not answer must not delay the stop).
-        let looked = tokio::select! {
-            sig = signals.recv() => Err(sig),
-            r = async {
-                tick.tick().await;
-                look(&mut tasks, &cluster, &bar, &mut rate, opts.steps).await
-            } => Ok(r),
-        };
-        match looked {
-            Ok(Ok(Watch::Running)) => {}
-            Ok(Ok(Watch::Done)) => break,
-            Ok(Err(err)) => {
-                stop_all(&mut tasks).await;
-                bar.abandon();
-                return Err(err);
-            }
-            Err(sig) => {
-                bar.abandon();
-                let stopped = stop(opts, &cfg, run_dir, &mut tasks, sig, &mut signals).await;
-                return Ok(Outcome::Stopped(Stopped {
-                    seconds: started.elapsed().as_secs_f64(),
-                    ..stopped
-                }));
+    let setup = async {
+        let signals = StopSignals::install()?;
+        let (config_path, cfg) = prepare(opts, planned, run_dir)?;
+        let resumed = stop::newest_checkpoint(&cfg).ok().flatten();
+        let resumed = resumed.map_or(0, |(_, step)| step);
+        if resumed >= cfg.train.last_step {
+            return Ok((signals, cfg, Vec::new(), resumed));
+        }
+        let tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
+        Ok::<_, LocalError>((signals, cfg, tasks, resumed))
+    };
+    let (mut signals, cfg, mut tasks, resumed) = match setup.await {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing ran: nothing to keep.
+            let _ = std::fs::remove_dir_all(run_dir);
+            return Err(e);
+        }
+    };
+    let already_complete = tasks.is_empty();
+    let mut display = progress::Display::new(opts.progress, cfg.train.last_step, resumed);
+    if !already_complete {
+        let credentials = Credentials::load(&cfg)?;
+        let specs = Mlp::new(&cfg.model.layers)?.variables();
+        let cluster = Cluster::new(&cfg, specs, &credentials)?;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            // One look at the tasks and the cluster, abandoned as soon as a stop
+            // signal comes (a ps that does not answer must not delay the stop).
+            let looked = tokio::select! {
+                sig = signals.recv() => Err(sig),
+                r = async {
+                    tick.tick().await;
+                    look(&mut tasks, &cluster, &mut display).await
+                } => Ok(r),
+            };
+            match looked {
+                Ok(Ok(Watch::Running)) => {}
+                Ok(Ok(Watch::Done)) => break,
+                Ok(Err(err)) => {
+                    stop_all(&mut tasks).await;
+                    display.clear();
+                    return Err(err);
+                }
+                Err(sig) => {
+                    display.clear();
+                    let stopped = stop(opts, &cfg, run_dir, &mut tasks, sig, &mut signals).await;
+                    return Ok(Outcome::Stopped(Stopped {
+                        seconds: started.elapsed().as_secs_f64(),
+                        ..stopped
+                    }));
+                }
             }
         }
     }
-    bar.finish_and_clear();
+    let done = Instant::now();
+    display.clear();
     let (dir, data) = (cfg.checkpoint.dir.clone(), cfg.data.clone());
     let evaluation = tokio::task::spawn_blocking(move || eval::evaluate_on(&dir, &data));
     // Every task has exited; a signal now only cuts the evaluation short.
@@ -457,7 +496,10 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         global_step: ev.global_step,
         test_accuracy: ev.accuracy,
         ema_test_accuracy: ev.ema_accuracy,
-        steps_per_sec: rate.per_sec(),
+        steps_per_sec: display.timeline.per_sec(ev.global_step, done),
+        already_complete,
+        optimizer: cfg.train.optimizer,
+        layers: cfg.model.layers.clone(),
         seconds: started.elapsed().as_secs_f64(),
         best: opts.evaluator.then(|| best_of(&cfg)).flatten(),
         checkpoint_dir: cfg.checkpoint.dir,
@@ -499,44 +541,12 @@ fn spawn_all(
     Ok(tasks)
 }
 
-/// Global steps per second while training, from ps 0's step as watched.
-#[derive(Default)]
-struct StepRate {
-    /// When a step above 0 was first seen, and that step.
-    first: Option<(Instant, u64)>,
-    /// When the highest step so far was first seen, and that step.
-    last: Option<(Instant, u64)>,
-}
-
-impl StepRate {
-    fn saw(&mut self, step: u64) {
-        let now = Instant::now();
-        if self.first.is_none() && step > 0 {
-            self.first = Some((now, step));
-        }
-        if self.last.is_none_or(|(_, s)| step > s) {
-            self.last = Some((now, step));
-        }
-    }
-
-    fn per_sec(&self) -> f64 {
-        match (self.first, self.last) {
-            (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
-                (s1 - s0) as f64 / (t1 - t0).as_secs_f64()
-            }
-            _ => 0.0,
-        }
-    }
-}
-
 /// Reaps the tasks that exited (a failure ends the run with that task's
-/// log) and shows ps 0's progress on the bar.
+/// log) and shows ps 0's progress.
 async fn look(
     tasks: &mut [Task],
     cluster: &Cluster,
-    bar: &indicatif::ProgressBar,
-    rate: &mut StepRate,
-    steps: u64,
+    display: &mut progress::Display,
 ) -> Result<Watch, LocalError> {
     for t in tasks.iter_mut().filter(|t| t.status.is_none()) {
         if let Some(status) = t
@@ -562,27 +572,9 @@ async fn look(
         && states[0].initialized
     {
         let s = &states[0];
-        rate.saw(s.global_step);
-        bar.set_position(s.global_step.min(steps));
-        bar.set_message(format!(
-            "loss {:.4} · {:.0} examples/s",
-            s.last_loss, s.examples_per_sec
-        ));
+        display.show(s.global_step, s.last_loss, s.examples_per_sec);
     }
     Ok(Watch::Running)
-}
-
-fn progress_bar(opts: &Options) -> indicatif::ProgressBar {
-    if !opts.progress {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(opts.steps);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:30}] step {pos}/{len} {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 #[cfg(test)]

@@ -89,11 +89,15 @@ impl StopSignals {
     }
 }
 
+/// A signal this soon after the first is taken as the same stop: a person
+/// does not press Ctrl-C twice within it, but one press can be delivered twice.
+pub const SAME_SIGNAL_WINDOW: Duration = Duration::from_secs(1);
+
 /// The stop that `sig` asked for: SIGTERM to the workers, which finish
 /// their step (the chief then writes a final checkpoint, the ps tasks still
 /// serving), up to [`WORKER_STOP_LIMIT`]; then SIGTERM to the ps tasks, up to
 /// [`PS_STOP_LIMIT`]; SIGKILL to any task past its deadline. A second signal
-/// kills every task at once. Returns where the run stands (`seconds` unset).
+/// (after [`SAME_SIGNAL_WINDOW`]) kills every task at once. Returns where the run stands (`seconds` unset).
 pub(super) async fn stop(
     opts: &Options,
     cfg: &Config,
@@ -119,12 +123,25 @@ pub(super) async fn stop(
         }
         problems
     };
-    let forced = tokio::select! {
-        p = graceful => {
-            problems = p;
-            false
+    // One Ctrl-C can arrive as two signals (`timeout --foreground`, a
+    // terminal and a wrapper each passing it on): one within
+    // [`SAME_SIGNAL_WINDOW`] of the first is the same stop, not a second one.
+    let first = tokio::time::Instant::now();
+    let forced = {
+        let mut graceful = std::pin::pin!(graceful);
+        loop {
+            tokio::select! {
+                p = &mut graceful => {
+                    problems = p;
+                    break false;
+                }
+                _ = signals.recv() => {
+                    if first.elapsed() >= SAME_SIGNAL_WINDOW {
+                        break true;
+                    }
+                }
+            }
         }
-        _ = signals.recv() => true,
     };
     if forced {
         eprintln!("dtf local: second signal: killing every task");
@@ -151,7 +168,7 @@ pub(super) async fn stop(
         seconds: 0.0,
         checkpoint_dir: cfg.checkpoint.dir.clone(),
         run_dir: run_dir.to_path_buf(),
-        resume: resume_command(opts, &cfg.checkpoint.dir),
+        resume: resume_command(opts, cfg),
         problems,
     }
 }
@@ -199,34 +216,29 @@ async fn terminate(mut tasks: Vec<&mut Task>, limit: Duration) -> Vec<String> {
 }
 
 /// The newest checkpoint of `cfg` that verifies, and its step.
-fn newest_checkpoint(cfg: &Config) -> Result<Option<(PathBuf, u64)>, LocalError> {
+pub(super) fn newest_checkpoint(cfg: &Config) -> Result<Option<(PathBuf, u64)>, LocalError> {
     let specs = Mlp::new(&cfg.model.layers)?.variables();
     let newest = checkpoint::restore_latest(&cfg.checkpoint.dir, &specs)
         .map_err(|e| LocalError::Eval(e.into()))?;
     Ok(newest.map(|(path, c)| (path, c.global_step)))
 }
 
-/// `dtf local …` that continues this run: the same cluster, base config and
-/// data, on this run's checkpoints.
-fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
+/// `dtf local …` that continues this run, naming the program as it was run:
+/// the same cluster, base config, data and keys, on this run's checkpoints.
+fn resume_command(opts: &Options, cfg: &Config) -> String {
     let mut args = vec![
-        "dtf".to_string(),
+        opts.program.clone(),
         "local".into(),
         "--ps".into(),
         opts.ps.to_string(),
         "--workers".into(),
         opts.workers.to_string(),
-        "--mode".into(),
-        match opts.mode {
-            Mode::Async => "async".into(),
-            Mode::Sync => "sync".into(),
-        },
     ];
     let paths = [
-        ("--config", opts.base_path.as_deref()),
+        ("--config", opts.config.as_deref()),
         ("--data", opts.data.as_deref()),
         ("--test", opts.test.as_deref()),
-        ("--checkpoint-dir", Some(checkpoint_dir)),
+        ("--checkpoint-dir", Some(cfg.checkpoint.dir.as_path())),
     ];
     for (flag, path) in paths {
         if let Some(p) = path {
@@ -234,13 +246,13 @@ fn resume_command(opts: &Options, checkpoint_dir: &Path) -> String {
             args.push(p.display().to_string());
         }
     }
-    if let Some(s) = opts.save_secs {
-        args.extend(["--save-secs".into(), s.to_string()]);
+    for o in opts.overrides.iter().filter(|o| o.key != "train.last_step") {
+        args.extend(["--set".into(), o.as_set()]);
     }
     if opts.evaluator {
         args.push("--evaluator".into());
     }
-    args.extend(["--steps".into(), opts.steps.to_string()]);
+    args.extend(["--steps".into(), cfg.train.last_step.to_string()]);
     args.iter()
         .map(|a| shell_quote(a))
         .collect::<Vec<_>>()

@@ -273,7 +273,8 @@ async fn save_checkpoint(
         classes: mlp.classes(),
         preprocessing: preprocessing.clone(),
         label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
-        hyperparameters: serde_json::to_value(&cfg.train).ok(),
+        hyperparameters: checkpoint::json_value(&cfg.train).ok(),
+        training_data: Some(cfg.data.clone()),
     };
     let ckpt = Checkpoint {
         global_step: step,

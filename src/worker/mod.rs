@@ -84,6 +84,14 @@ pub enum WorkerError {
     Interrupted,
 }
 
+impl WorkerError {
+    /// A ps refused this worker's token: the configuration is wrong (a
+    /// restart with the same token is refused again), not the run.
+    pub fn is_refused_token(&self) -> bool {
+        matches!(self, WorkerError::Ps(e) if e.status.code() == tonic::Code::Unauthenticated)
+    }
+}
+
 /// How a worker's run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -460,10 +468,19 @@ impl Worker {
                 });
             }
             if last_progress.elapsed() >= WAIT_LOG_EVERY && waiting.should_log() {
+                let missing = match self.cluster.states().await {
+                    Ok(states) => missing_workers(
+                        &states[0].workers,
+                        tags[0],
+                        self.cfg().cluster.worker.len(),
+                    ),
+                    Err(e) => format!("unknown ({e})"),
+                };
                 info!(
                     step = tags[0],
                     waited_secs = last_progress.elapsed().as_secs(),
                     replicas_to_aggregate = self.cfg().replicas_to_aggregate(),
+                    missing = %missing,
                     "Waiting for the other replicas' gradients."
                 );
             }
@@ -596,5 +613,51 @@ impl Rate {
             local_steps: self.local_steps,
             ..Rate::new(global_step)
         };
+    }
+}
+
+/// The workers (of `workers`) with no gradient for `step` at the ps whose
+/// worker table is `heard`: `worker:1 (last push for step 40, 14 s ago),
+/// worker:2 (never seen)`; `none` when every worker pushed for it (the ps
+/// is applying it).
+fn missing_workers(heard: &[crate::pb::WorkerContact], step: u64, workers: usize) -> String {
+    let missing: Vec<String> = (0..workers)
+        .filter_map(|w| {
+            let latest = heard.iter().find(|c| c.task as usize == w);
+            match latest {
+                Some(c) if c.step >= step => None,
+                Some(c) => Some(format!(
+                    "worker:{w} (last push for step {}, {:.0} s ago)",
+                    c.step, c.seconds_ago
+                )),
+                None => Some(format!("worker:{w} (never seen)")),
+            }
+        })
+        .collect();
+    if missing.is_empty() {
+        "none".into()
+    } else {
+        missing.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_stall_names_the_workers_whose_gradient_is_missing() {
+        let contact = |task, step, seconds_ago| crate::pb::WorkerContact {
+            task,
+            step,
+            seconds_ago,
+            examples_per_sec: 0.0,
+        };
+        let heard = [contact(0, 41, 0.1), contact(1, 40, 14.0)];
+        assert_eq!(
+            missing_workers(&heard, 41, 3),
+            "worker:1 (last push for step 40, 14 s ago), worker:2 (never seen)"
+        );
+        assert_eq!(missing_workers(&heard, 40, 2), "none");
     }
 }

@@ -474,3 +474,101 @@ fn config_man_page_says_reloads_live_for_exactly_the_live_keys() {
         );
     }
 }
+
+/// The SYNOPSIS of mdoc source as its blocks, one per `.Nm` line: each
+/// block's lines up to the next `.Nm`.
+fn synopsis_blocks(src: &str) -> Vec<String> {
+    let synopsis = sections(src, ".Sh ").remove("SYNOPSIS").unwrap_or_default();
+    let mut blocks: Vec<String> = Vec::new();
+    for line in synopsis.lines() {
+        if line.trim() == ".Nm" {
+            blocks.push(String::new());
+        } else if let Some(b) = blocks.last_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    blocks
+}
+
+/// Each option of `dtf … --help` as the set of its spellings
+/// (`-c, --config <CONFIG>` → {`-c`, `--config`}), without help and version.
+fn help_args(help: &str) -> Vec<BTreeSet<String>> {
+    help_section(help, "Options:")
+        .iter()
+        .map(|l| l.trim_start())
+        .filter(|l| l.starts_with('-'))
+        .map(|l| {
+            let spec = l.split("  ").next().unwrap_or(l);
+            spec.split(", ")
+                .filter_map(|p| p.split_whitespace().next())
+                .map(str::to_owned)
+                .collect::<BTreeSet<String>>()
+        })
+        .filter(|s| !s.contains("--help") && !s.contains("--version"))
+        .collect()
+}
+
+/// Checks that a SYNOPSIS block names each option (in one of its
+/// spellings) and nothing else.
+fn assert_synopsis(what: &str, block: &str, args: &[BTreeSet<String>]) {
+    let named = man_flags(block);
+    let missing: Vec<_> = args.iter().filter(|a| a.is_disjoint(&named)).collect();
+    assert!(missing.is_empty(), "{what}: the SYNOPSIS omits {missing:?}");
+    let stale: Vec<_> = named
+        .iter()
+        .filter(|f| !args.iter().any(|a| a.contains(*f)))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{what}: the SYNOPSIS names {stale:?}, which the command does not have"
+    );
+}
+
+#[test]
+fn every_synopsis_names_exactly_the_options_of_its_command() {
+    let src = man("dtf.1");
+    let blocks = synopsis_blocks(&src);
+    let top = dtf_help(&["--help"]);
+    let subcommands = help_commands(&top);
+    for sub in &subcommands {
+        let block = blocks
+            .iter()
+            .find(|b| {
+                b.lines()
+                    .next()
+                    .is_some_and(|l| l.trim() == format!(".Cm {sub}"))
+            })
+            .unwrap_or_else(|| panic!("man/dtf.1 has no SYNOPSIS line for `dtf {sub}`"));
+        let args = help_args(&dtf_help(&[sub, "--help"]));
+        assert_synopsis(&format!("man/dtf.1, dtf {sub}"), block, &args);
+    }
+    // The daemons: every block but the `-h | -V` one names every option.
+    let mut cmd = dtf::daemon::Args::command();
+    cmd.build();
+    let args: Vec<BTreeSet<String>> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_positional())
+        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        .map(|a| {
+            let mut spellings: BTreeSet<String> = a
+                .get_short()
+                .map(|s| format!("-{s}"))
+                .into_iter()
+                .chain(a.get_long().map(|l| format!("--{l}")))
+                .collect();
+            for alias in a.get_visible_aliases().unwrap_or_default() {
+                spellings.insert(format!("--{alias}"));
+            }
+            spellings
+        })
+        .collect();
+    for page in ["dtf-ps.8", "dtf-worker.8", "dtf-evaluator.8"] {
+        let src = man(page);
+        let blocks = synopsis_blocks(&src);
+        assert!(blocks.len() >= 2, "man/{page}: {blocks:?}");
+        for block in blocks.iter().filter(|b| !b.contains("Fl h | Fl V")) {
+            assert_synopsis(&format!("man/{page}"), block, &args);
+        }
+    }
+}

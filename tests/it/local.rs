@@ -169,22 +169,22 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
 
 #[test]
 fn local_run_with_a_failing_task_stops_and_names_it() {
-    let mut c = Cluster::new(1, 2, 100, Mode::Async);
-    c.cfg.data.dir = c.dir.path().join("no-such-data");
-    c.write_config();
-    let out = dtf(&[
-        "local",
-        "--config",
-        c.config_path.to_str().unwrap(),
-        "--steps",
-        "50",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Missing data is caught before anything starts (exit 2, tests/it/first_run.rs):
+    // a task that fails while training is one that dies.
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    let (mut run, run_dir, _) = training_local(&c, false);
+    let worker = task_pid(&run_dir, "dtf-worker", 1);
+    // SAFETY: a process of this test's dtf local, alive (just found).
+    unsafe { libc::kill(worker, libc::SIGKILL) };
+    let (status, _) = run.wait(Duration::from_secs(60));
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
-        err.contains("worker:") && err.contains("no-such-data"),
-        "stderr should name the task and the cause:\n{err}"
+        err.contains("worker:1 failed") && err.contains("worker-1.log"),
+        "stderr should name the task and its log:\n{err}"
     );
+    let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
+    assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
 }
 
 /// `--steps N` ends at exactly N, in both modes: no push is applied past
@@ -431,7 +431,7 @@ fn ctrl_c_stops_local_with_a_final_checkpoint_and_says_how_to_resume() {
         .find_map(|l| l.strip_prefix("resume: "))
         .unwrap_or_else(|| panic!("no resume line in:\n{stdout}"));
     assert!(
-        resume.starts_with("dtf local ")
+        resume.starts_with(&format!("{} local ", bin("dtf").display()))
             && resume.contains(&format!("--checkpoint-dir {}", ckpt.display()))
             && resume.contains("--steps 100000000"),
         "{resume}"
@@ -451,7 +451,8 @@ fn sigterm_stops_local_with_a_final_checkpoint() {
         panic!("stdout is not one JSON value ({e}):\n{stdout}\nstderr:\n{stderr}")
     });
     assert!(
-        stderr.contains("stopped by SIGTERM") && stderr.contains("resume: dtf local"),
+        stderr.contains("stopped by SIGTERM")
+            && stderr.contains(&format!("resume: {} local", bin("dtf").display())),
         "with --json the summary goes to stderr:\n{stderr}"
     );
     assert_eq!(json["outcome"], "stopped", "{json}");
@@ -504,6 +505,9 @@ fn a_second_ctrl_c_kills_every_local_task_at_once() {
         "dtf local to begin its stop",
         || run.stderr().contains("stopping the workers").then_some(()),
     );
+    // A signal within SAME_SIGNAL_WINDOW of the first is the same stop
+    // (one Ctrl-C delivered twice): a person's second Ctrl-C comes later.
+    std::thread::sleep(dtf::local::SAME_SIGNAL_WINDOW + Duration::from_millis(100));
     // SAFETY: as above.
     unsafe { libc::kill(group, libc::SIGINT) };
     let (status, stdout) = run.wait(Duration::from_secs(10));

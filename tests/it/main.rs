@@ -12,6 +12,7 @@ mod daemon;
 mod docs;
 mod evaluator;
 mod faults;
+mod first_run;
 mod formats;
 mod hardening;
 mod hosts;

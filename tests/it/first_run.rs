@@ -1,0 +1,444 @@
+//! The operator's and the data scientist's first day: `dtf local` with the
+//! training flags and a CSV of their own (no config file), a command line
+//! that cannot run, the figures a run reports, `dtf eval` and `dtf predict`
+//! on the model's own data, `dtf status` after the end, the TF launcher's
+//! flags, and a refused token.
+
+use crate::util::*;
+use dtf::config::Mode;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `dtf ARGS` with `TMPDIR` = `tmp` (where `dtf local` makes its run
+/// directory) and `env`, to completion.
+fn dtf_in(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let tmp = tmp.to_str().unwrap();
+    let mut env = env.to_vec();
+    env.push(("TMPDIR", tmp));
+    run("dtf", &args, &env, Duration::from_secs(180))
+}
+
+/// Three well-separated blobs in 4 features, label column `class` (not
+/// `label`), as `blobs_train.csv` and `blobs_test.csv` in `dir`.
+fn blobs(dir: &Path) -> PathBuf {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut write = |name: &str, rows: usize| {
+        let mut text = String::from("f0,f1,f2,f3,class\n");
+        for _ in 0..rows {
+            let c = rng.random_range(0..3usize);
+            let cells: Vec<String> = (0..4)
+                .map(|j| {
+                    let centre = if j == c { 3.0 } else { 0.0 };
+                    format!("{:.3}", centre + rng.random_range(-0.5..0.5f32))
+                })
+                .collect();
+            text.push_str(&format!("{},{c}\n", cells.join(",")));
+        }
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    write("blobs_test.csv", 90);
+    write("blobs_train.csv", 600)
+}
+
+/// The `dtf-local-*` directories in `tmp`.
+fn run_dirs(tmp: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("dtf-local-"))
+        })
+        .collect()
+}
+
+fn json(out: &Ran) -> serde_json::Value {
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON value ({e}):\n{}\nstderr:\n{}",
+            out.stdout, out.stderr
+        )
+    })
+}
+
+#[test]
+fn a_csv_of_ones_own_trains_evaluates_and_predicts_with_no_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let train = blobs(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    let args = [
+        "local",
+        "--data",
+        train.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--optimizer",
+        "adam",
+        "--learning-rate",
+        "0.01",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "20",
+        "--set",
+        "train.beta1=0.8",
+        "--steps",
+        "400",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--evaluator",
+        "--json",
+    ];
+    // A key from the environment is in the run's dtf.toml too.
+    let env = [("DTF_TRAIN__MOMENTUM", "0.5")];
+    let out = dtf_in(&tmp, &args, &env);
+    assert!(out.status.success(), "dtf local failed:\n{}", out.stderr);
+    let report = json(&out);
+    assert_eq!(report["outcome"], "trained", "{report}");
+    assert_eq!(report["global_step"], 400, "{report}");
+    assert_eq!(report["optimizer"], "adam", "{report}");
+    assert_eq!(report["layers"], serde_json::json!([4, 8, 3]), "{report}");
+    assert_eq!(report["already_complete"], false, "{report}");
+    let rate = report["steps_per_sec"].as_f64().unwrap_or(0.0);
+    assert!(rate > 0.0, "steps were made, so a rate: {report}");
+    assert!(
+        report["test_accuracy"].as_f64().unwrap() > 0.9,
+        "the blobs are separable: {report}"
+    );
+    // The header and the summary name the optimizer and the model; the
+    // label column was inferred and said so.
+    for needle in ["adam (beta1 = 0.8", "[4, 8, 3]", "label column \"class\""] {
+        assert!(
+            out.stderr.contains(needle),
+            "no {needle:?} in:\n{}",
+            out.stderr
+        );
+    }
+    // What ran is what the run directory's dtf.toml says.
+    let run_dir = PathBuf::from(report["run_dir"].as_str().unwrap());
+    let ran: dtf::config::Config =
+        toml::from_str(&std::fs::read_to_string(run_dir.join("dtf.toml")).unwrap()).unwrap();
+    assert_eq!(ran.train.optimizer, dtf::config::OptimizerKind::Adam);
+    assert_eq!(
+        (ran.train.beta1, ran.train.momentum, ran.train.learning_rate),
+        (0.8, 0.5, 0.01)
+    );
+    assert_eq!((ran.train.batch_size, ran.train.last_step), (20, 400));
+    assert_eq!(ran.data.label, "class");
+    assert_eq!(ran.model.layers, [4, 8, 3]);
+
+    // dtf eval: the checkpoint's own test data, with no --data.
+    let out = dtf_in(&tmp, &["eval", ckpt.to_str().unwrap(), "--json"], &[]);
+    assert!(out.status.success(), "dtf eval failed:\n{}", out.stderr);
+    let ev = json(&out);
+    assert_eq!(ev["examples"], 90, "the blobs' test file: {ev}");
+    assert_eq!(ev["global_step"], 400, "{ev}");
+
+    // dtf predict: plain decimals, one line per row.
+    let test = dir.path().join("blobs_test.csv");
+    let out = dtf_in(
+        &tmp,
+        &[
+            "predict",
+            ckpt.to_str().unwrap(),
+            "--input",
+            test.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "dtf predict failed:\n{}", out.stderr);
+    assert_eq!(out.stdout.lines().count(), 91, "{}", out.stdout);
+    assert!(!out.stdout.contains("e-"), "no exponents:\n{}", out.stdout);
+
+    // dtf status after the end: the ps tasks have exited, the run is
+    // complete, so 0; the evaluator has its row.
+    let config = run_dir.join("dtf.toml");
+    let out = dtf_in(&tmp, &["status", "--config", config.to_str().unwrap()], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a complete run is not an alarm:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("evaluator:0") && out.stdout.contains("run complete  yes"),
+        "{}",
+        out.stdout
+    );
+
+    // The same command again: already complete, said so, no rate made up.
+    let out = dtf_in(&tmp, &args, &env);
+    assert!(
+        out.status.success(),
+        "second dtf local failed:\n{}",
+        out.stderr
+    );
+    let again = json(&out);
+    assert_eq!(again["already_complete"], true, "{again}");
+    assert_eq!(again["steps_per_sec"], serde_json::Value::Null, "{again}");
+    assert!(out.stderr.contains("already complete"), "{}", out.stderr);
+}
+
+#[test]
+fn a_local_command_line_that_cannot_run_exits_2_naming_the_flag_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let train = blobs(dir.path());
+    let ambiguous = dir.path().join("odd_train.csv");
+    std::fs::write(&ambiguous, "a,b,c\n1,2,0\n").unwrap();
+    std::fs::write(dir.path().join("odd_test.csv"), "a,b,c\n1,2,0\n").unwrap();
+    let data = train.to_str().unwrap();
+    let cases: [(&[&str], &[&str]); 7] = [
+        (
+            &["--data", data, "--batch-size", "5000"],
+            &["--batch-size 5000", "600 training examples"],
+        ),
+        (
+            &["--data", data, "--steps", "0"],
+            &["--steps 0", "train.last_step"],
+        ),
+        (
+            &["--data", data, "--set", "train.optimiser=adam"],
+            &["--set train.optimiser=adam", "did you mean `optimizer`"],
+        ),
+        (
+            &["--data", data, "--optimizer", "adm"],
+            &["--optimizer adm", "adam"],
+        ),
+        (
+            &["--data", data, "--set", "nokey"],
+            &["--set", "section.key=value"],
+        ),
+        (
+            &["--data", ambiguous.to_str().unwrap()],
+            &["odd_train.csv", "a, b, c", "--label"],
+        ),
+        (
+            &["--data", data, "--label", "f9"],
+            &["blobs_train.csv", "f9"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut all = vec!["local"];
+        all.extend_from_slice(args);
+        let out = dtf_in(&tmp, &all, &[]);
+        assert_eq!(out.status.code(), Some(2), "{all:?}:\n{}", out.stderr);
+        for needle in needles {
+            assert!(
+                out.stderr.contains(needle),
+                "{all:?}: no {needle:?} in:\n{}",
+                out.stderr
+            );
+        }
+        assert!(
+            !out.stderr.contains("dtf status"),
+            "no hint for a run that never started:\n{}",
+            out.stderr
+        );
+        assert_eq!(
+            run_dirs(&tmp),
+            Vec::<PathBuf>::new(),
+            "{all:?} left a run directory"
+        );
+    }
+}
+
+#[test]
+fn local_shows_progress_as_lines_when_stderr_is_not_a_terminal() {
+    let c = Cluster::new(1, 1, 100, Mode::Async);
+    let tmp = c.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let config = c.config_path.to_str().unwrap();
+    let out = dtf_in(
+        &tmp,
+        &[
+            "local",
+            "--config",
+            config,
+            "--workers",
+            "1",
+            "--steps",
+            "30000",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("dtf local: step "))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("steps/s") && l.contains("ETA")),
+        "progress lines with a rate and an ETA:\n{}",
+        out.stderr
+    );
+    // The resume and status hints name the program that was run.
+    let program = bin("dtf").display().to_string();
+    assert!(
+        out.stderr.contains(&format!("{program} status --config")),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn one_ctrl_c_delivered_twice_is_one_graceful_stop() {
+    let c = Cluster::new(1, 1, 100, Mode::Async);
+    let tmp = c.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let ckpt = c.dir.path().join("kept");
+    let mut child = std::process::Command::new(bin("dtf"))
+        .args([
+            "local",
+            "--workers",
+            "1",
+            "--steps",
+            "100000000",
+            "--save-secs",
+            "3600",
+        ])
+        .arg("--config")
+        .arg(&c.config_path)
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .arg("--json")
+        .env("TMPDIR", &tmp)
+        .env_remove("TF_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    until(Duration::from_secs(60), "the chief to train", || {
+        let run = run_dirs(&tmp).pop()?;
+        let log = std::fs::read_to_string(run.join("logs/worker-0.log")).ok()?;
+        log.contains("Progress.").then_some(())
+    });
+    // Two SIGINTs back to back, as `timeout --foreground` and a terminal
+    // can deliver one Ctrl-C.
+    for _ in 0..2 {
+        // SAFETY: a pid this test spawned and has not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    }
+    let status = until(Duration::from_secs(90), "dtf local to stop", || {
+        child.try_wait().unwrap()
+    });
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(status.code(), Some(130));
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["forced"], false, "one stop, not two: {report}");
+    let step = report["global_step"].as_u64().unwrap_or(0);
+    assert!(
+        step > 0,
+        "the final checkpoint keeps the progress: {report}"
+    );
+}
+
+#[test]
+fn a_worker_whose_token_the_ps_refuses_exits_78() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    c.start("ps", 0);
+    // The worker's own config: the same cluster, another token.
+    let mut other = c.cfg.clone();
+    let token = c.dir.path().join("other-token");
+    std::fs::write(&token, "another-token-0123456789").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    other.security.token_file = token;
+    let path = c.dir.path().join("other.toml");
+    std::fs::write(&path, other.to_toml()).unwrap();
+    let out = run(
+        "dtf-worker",
+        &[
+            "--config".as_ref(),
+            path.as_os_str(),
+            "--task".as_ref(),
+            "0".as_ref(),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "a refused token is a configuration error, not restarted:\n{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_tf_launcher_flags_define_the_cluster() {
+    let c = Cluster::new(1, 2, 100, Mode::Async);
+    // A file whose cluster is elsewhere: the flags win.
+    let mut cfg = c.cfg.clone();
+    cfg.cluster = Default::default();
+    let path = c.dir.path().join("nocluster.toml");
+    std::fs::write(&path, cfg.to_toml()).unwrap();
+    let ps = c.cfg.cluster.ps.join(",");
+    let workers = c.cfg.cluster.worker.join(",");
+    let ps_hosts = format!("--ps_hosts={ps}");
+    let worker_hosts = format!("--worker_hosts={workers}");
+    let out = run(
+        "dtf-worker",
+        &[
+            ps_hosts.as_ref(),
+            worker_hosts.as_ref(),
+            "--job_name=worker".as_ref(),
+            "--task_index=1".as_ref(),
+            "-c".as_ref(),
+            path.as_os_str(),
+            "check-config".as_ref(),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("valid for worker:1 (cluster: 1 ps, 2 workers"),
+        "{}",
+        out.stdout
+    );
+    // A bad address is named with the flag that gave it.
+    let out = run(
+        "dtf-ps",
+        &[
+            "--ps_hosts=nonsense".as_ref(),
+            "--task_index=0".as_ref(),
+            "-c".as_ref(),
+            path.as_os_str(),
+            "check-config".as_ref(),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(78), "{}", out.stderr);
+    assert!(out.stderr.contains("--ps_hosts=nonsense"), "{}", out.stderr);
+}
+
+#[test]
+fn a_sync_stall_names_the_missing_worker() {
+    let mut c = Cluster::new(1, 2, 100000, Mode::Sync);
+    c.start("ps", 0);
+    c.start("worker", 0);
+    // worker:1 never starts: the chief's wait names it.
+    let log = c.wait_log(
+        "worker:0",
+        "Waiting for the other replicas' gradients.",
+        1,
+        Duration::from_secs(60),
+    );
+    assert!(log.contains("worker:1 (never seen)"), "{log}");
+}
