@@ -84,6 +84,9 @@ pub struct Metrics {
     ps_transport: Family<Labels, Gauge>,
     /// `dtf_shm_connections`: ps: open shared-memory connections (the rest are TCP).
     shm_connections: Gauge,
+    /// `dtf_kernel{precision,tier}`: worker: 1 for the precision policy and
+    /// the kernel tier its GEMMs run on (`kernel::tier`).
+    kernel: Family<Labels, Gauge>,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -130,6 +133,7 @@ impl Metrics {
             reloads: Family::default(),
             ps_transport: Family::default(),
             shm_connections: Gauge::default(),
+            kernel: Family::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -193,6 +197,16 @@ impl Metrics {
                     .set(i64::from(via.to_string() == name));
             }
         }
+    }
+
+    /// A worker's precision policy and the kernel tier its GEMMs run on.
+    pub fn kernel(&self, precision: crate::kernel::Precision, tier: crate::kernel::Tier) {
+        self.kernel
+            .get_or_create(&vec![
+                ("precision".into(), precision.name().into()),
+                ("tier".into(), tier.name().into()),
+            ])
+            .set(1);
     }
 
     /// The chief could not write a checkpoint.
@@ -346,6 +360,11 @@ impl Metrics {
 
     /// A worker's metrics; the chief's checkpoints too.
     fn register_worker(&self, r: &mut Registry, chief: bool) {
+        r.register(
+            "dtf_kernel",
+            "1 for the training step's precision policy and the kernel tier its GEMMs run on",
+            self.kernel.clone(),
+        );
         r.register(
             "dtf_steps",
             "Training steps this worker computed",

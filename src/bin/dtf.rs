@@ -444,12 +444,13 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
     match outcome {
         dtf::local::Outcome::Trained(report) => {
             say(format!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s)",
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}  {:.1} steps/s  ({:.1} s, {})",
                 report.global_step,
                 report.test_accuracy,
                 report.ema_test_accuracy,
                 report.steps_per_sec,
-                report.seconds
+                report.seconds,
+                report.precision.name()
             ));
             say(format!("checkpoints: {}", report.checkpoint_dir.display()));
             if let Some(b) = &report.best {

@@ -144,6 +144,8 @@ pub struct Report {
     pub ema_test_accuracy: f32,
     /// Global steps per second while training.
     pub steps_per_sec: f64,
+    /// `train.precision`: the workers' GEMMs' number format.
+    pub precision: crate::kernel::Precision,
     /// Wall-clock seconds of the whole run.
     pub seconds: f64,
     /// Where the checkpoints are.
@@ -458,6 +460,7 @@ pub async fn run(opts: &Options, run_dir: &Path) -> Result<Outcome, LocalError> 
         test_accuracy: ev.accuracy,
         ema_test_accuracy: ev.ema_accuracy,
         steps_per_sec: rate.per_sec(),
+        precision: cfg.train.precision,
         seconds: started.elapsed().as_secs_f64(),
         best: opts.evaluator.then(|| best_of(&cfg)).flatten(),
         checkpoint_dir: cfg.checkpoint.dir,

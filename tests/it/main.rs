@@ -15,6 +15,7 @@ mod local;
 mod observability;
 mod optimizers;
 mod package;
+mod precision;
 mod ps_limits;
 mod reload;
 mod requests;
