@@ -60,7 +60,7 @@ impl Tiles {
     /// `MR` rows of `lda` pairs, `b` one panel of `kp2` pair-rows; `kp2`
     /// and `lda` are multiples of 16.
     pub fn micro(&self, a: &[u32], lda: usize, b: &[u32], kp2: usize, acc: &mut [f32; MR * NR]) {
-        assert!(kp2 % 16 == 0 && lda % 16 == 0 && lda >= kp2);
+        assert!(kp2.is_multiple_of(16) && lda.is_multiple_of(16) && lda >= kp2);
         assert!(a.len() >= (MR - 1) * lda + kp2 && b.len() >= kp2 * NR);
         if kp2 == 0 {
             acc.fill(0.0);
