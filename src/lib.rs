@@ -7,6 +7,9 @@
 //!   task this is), validation per section, the model-size bound, errors, live-reload keys,
 //!   secret files.
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
+//! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
+//!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
+//!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts.
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
@@ -55,6 +58,7 @@ pub mod eval;
 pub mod evaluator;
 pub mod export;
 pub mod files;
+pub mod kernel;
 pub mod local;
 pub mod metrics;
 pub mod model;

@@ -92,6 +92,9 @@ pub struct Metrics {
     /// of its link to each ps (`none` over shared memory); ps (no `ps`
     /// label): 1 for its own `cluster.compression`.
     compression: Family<Labels, Gauge>,
+    /// `dtf_kernel{precision,tier}`: worker: 1 for the precision policy and
+    /// the kernel tier its GEMMs run on (`kernel::tier`).
+    kernel: Family<Labels, Gauge>,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -141,6 +144,7 @@ impl Metrics {
             link_sent: Family::default(),
             link_received: Family::default(),
             compression: Family::default(),
+            kernel: Family::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -204,6 +208,16 @@ impl Metrics {
                     .set(i64::from(via.to_string() == name));
             }
         }
+    }
+
+    /// A worker's precision policy and the kernel tier its GEMMs run on.
+    pub fn kernel(&self, precision: crate::kernel::Precision, tier: crate::kernel::Tier) {
+        self.kernel
+            .get_or_create(&vec![
+                ("precision".into(), precision.name().into()),
+                ("tier".into(), tier.name().into()),
+            ])
+            .set(1);
     }
 
     /// The chief could not write a checkpoint.
@@ -382,6 +396,11 @@ impl Metrics {
 
     /// A worker's metrics; the chief's checkpoints too.
     fn register_worker(&self, r: &mut Registry, chief: bool) {
+        r.register(
+            "dtf_kernel",
+            "1 for the training step's precision policy and the kernel tier its GEMMs run on",
+            self.kernel.clone(),
+        );
         r.register(
             "dtf_steps",
             "Training steps this worker computed",

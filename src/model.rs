@@ -4,10 +4,12 @@
 //!
 //! Parameters are passed around as `ArrayD<f32>` because that is how they
 //! travel (wire, checkpoints); the math views them as 2-D/1-D arrays without
-//! copying. Matrix products go through ndarray's `.dot()` (matrixmultiply's
-//! GEMM), which is where nearly all the time of a training step is spent.
+//! copying. The training step's matrix products, where nearly all of its
+//! time is spent, go through [`crate::kernel::gemm`] in the model's
+//! [`Precision`] (f32: matrixmultiply; `mixed_bfloat16`: bf16 inputs, f32
+//! sums); evaluation's go through ndarray's `.dot()` in f32.
 
-use ndarray::linalg::general_mat_mul;
+use crate::kernel::{self, Precision};
 use ndarray::{
     Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn, s,
 };
@@ -44,6 +46,9 @@ pub enum ModelError {
 pub struct Mlp {
     /// Widths, input first, classes last.
     layers: Vec<usize>,
+    /// The training step's GEMMs' number format ([`Mlp::loss_and_grads_into`]);
+    /// evaluation and prediction always compute in f32.
+    precision: Precision,
 }
 
 /// Reusable buffers for [`Mlp::loss_and_grads_into`]: one training step's
@@ -88,7 +93,19 @@ impl Mlp {
         }
         Ok(Mlp {
             layers: layers.to_vec(),
+            precision: Precision::Float32,
         })
+    }
+
+    /// The same model, training with `precision`'s GEMMs.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The training step's precision policy.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Number of inputs per example (the first width).
@@ -264,7 +281,7 @@ impl Mlp {
     /// `transport::Cluster::step`), tests and the evaluator owned arrays.
     ///
     /// The matrix products write straight into these buffers
-    /// (`general_mat_mul`), with the bias add and the L2 term folded into the
+    /// ([`kernel::gemm`]), with the bias add and the L2 term folded into the
     /// product's initial value (β = 1), so each big array is touched once
     /// per step besides the GEMM itself.
     ///
@@ -303,7 +320,7 @@ impl Mlp {
                 row.assign(b);
             }
             let input = if l == 0 { x } else { done[l - 1].view() };
-            general_mat_mul(1.0, &input, w, 1.0, z);
+            kernel::gemm(self.precision, &input, w, 1.0, &mut z.view_mut());
             if l != last {
                 z.mapv_inplace(relu);
             }
@@ -371,7 +388,7 @@ impl Mlp {
                 0.0
             };
             let input = if l == 0 { x } else { ws.outs[l - 1].view() };
-            general_mat_mul(1.0, &input.t(), dz, beta, &mut dw);
+            kernel::gemm(self.precision, &input.t(), &dz.view(), beta, &mut dw);
             // db = Σ_rows dz, accumulated row by row (contiguous, vectorizes).
             let db = gb
                 .as_slice_mut()
@@ -389,7 +406,7 @@ impl Mlp {
                 let (lower, upper) = ws.deltas.split_at_mut(l);
                 let dz = if l == last { &ws.outs[l] } else { &upper[0] };
                 let da = &mut lower[l - 1];
-                general_mat_mul(1.0, dz, &w.t(), 0.0, da);
+                kernel::gemm(self.precision, &dz.view(), &w.t(), 0.0, &mut da.view_mut());
                 let da = da.as_slice_mut().expect("workspace arrays are contiguous");
                 let a = ws.outs[l - 1]
                     .as_slice()

@@ -415,6 +415,17 @@ struct LocalArgs {
     /// (cluster.compression; default: the config's, none).
     #[arg(long, value_enum)]
     compression: Option<CompressionArg>,
+    /// The workers' GEMMs' number format: float32 or mixed_bfloat16
+    /// (train.precision; default: the config's, float32).
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PrecisionArg {
+    Float32,
+    #[value(name = "mixed_bfloat16")]
+    MixedBfloat16,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -434,7 +445,7 @@ impl LocalArgs {
             .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
-        let flags: [(&str, &str, Option<String>); 12] = [
+        let flags: [(&str, &str, Option<String>); 13] = [
             (
                 "--steps",
                 "train.last_step",
@@ -470,6 +481,11 @@ impl LocalArgs {
                 "--compression",
                 "cluster.compression",
                 value_name(self.compression.as_ref()),
+            ),
+            (
+                "--precision",
+                "train.precision",
+                value_name(self.precision.as_ref()),
             ),
         ];
         for (flag, key, value) in flags {
@@ -610,6 +626,7 @@ fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
                 "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
                 report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
             ));
+            say(format!("precision {}", report.precision.name()));
             say(format!(
                 "model {:?} trained with {}",
                 report.layers,

@@ -187,6 +187,10 @@ pub struct TrainConfig {
     pub epsilon: f32,
     /// Adagrad: what every accumulator starts at.
     pub initial_accumulator_value: f32,
+    /// The workers' GEMMs: `float32`, or `mixed_bfloat16` (bf16 inputs, f32
+    /// sums; everything else, the ps and checkpoints stay f32). Keras's
+    /// policy names. Not reloadable.
+    pub precision: crate::kernel::Precision,
 }
 
 impl TrainConfig {
@@ -484,6 +488,7 @@ impl Default for TrainConfig {
             beta2: 0.999,
             epsilon: 1e-8,
             initial_accumulator_value: 0.1,
+            precision: crate::kernel::Precision::Float32,
         }
     }
 }

@@ -163,6 +163,8 @@ pub struct Report {
     pub optimizer: crate::config::OptimizerKind,
     /// `model.layers`: the widths trained.
     pub layers: Vec<usize>,
+    /// `train.precision`: the workers' GEMMs' number format.
+    pub precision: crate::kernel::Precision,
     /// Wall-clock seconds of the whole run.
     pub seconds: f64,
     /// Where the checkpoints are.
@@ -500,6 +502,7 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
         already_complete,
         optimizer: cfg.train.optimizer,
         layers: cfg.model.layers.clone(),
+        precision: cfg.train.precision,
         seconds: started.elapsed().as_secs_f64(),
         best: opts.evaluator.then(|| best_of(&cfg)).flatten(),
         checkpoint_dir: cfg.checkpoint.dir,

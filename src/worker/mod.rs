@@ -166,7 +166,17 @@ pub async fn run(
     reporter: &dyn Reporter,
 ) -> Result<Outcome, WorkerError> {
     let cfg = config.borrow().clone();
-    let mlp = Mlp::new(&cfg.model.layers)?;
+    let mlp = Mlp::new(&cfg.model.layers)?.with_precision(cfg.train.precision);
+    let kernel = match cfg.train.precision {
+        crate::kernel::Precision::Float32 => crate::kernel::Tier::F32,
+        crate::kernel::Precision::MixedBfloat16 => crate::kernel::tier(),
+    };
+    info!(
+        precision = cfg.train.precision.name(),
+        kernel = kernel.name(),
+        "Precision policy."
+    );
+    crate::metrics::global().kernel(cfg.train.precision, kernel);
     let specs = mlp.variables();
     let mut cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
     // The step reads and writes a shared-memory shard in its region.

@@ -20,6 +20,7 @@ mod local;
 mod observability;
 mod optimizers;
 mod package;
+mod precision;
 mod ps_limits;
 mod reload;
 mod requests;

@@ -447,3 +447,89 @@ fn a_non_finite_gradient_is_refused_by_every_rule_and_changes_nothing() {
         }
     }
 }
+
+/// Every rule's pass compiled for AVX-512 (what [`Shard::push_bytes`] runs
+/// on a CPU that has it) gives the same bits as the baseline build, on
+/// random values with a length that leaves a vector tail, and both flag a
+/// non-finite result wherever it falls.
+#[test]
+fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
+    use super::update::{Consts, pass};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(28);
+    let n = 1000 + 13;
+    let optimizers = [
+        Optimizer::Sgd,
+        Optimizer::Momentum {
+            momentum: 0.9,
+            use_nesterov: false,
+        },
+        Optimizer::Momentum {
+            momentum: 0.9,
+            use_nesterov: true,
+        },
+        ADAM,
+        Optimizer::Adagrad {
+            initial_accumulator_value: 0.1,
+        },
+    ];
+    for optimizer in optimizers {
+        let mut rand_vec =
+            |lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(lo..hi)).collect() };
+        let (w, sh, grad) = (
+            rand_vec(-1.0, 1.0),
+            rand_vec(-1.0, 1.0),
+            rand_vec(-1.0, 1.0),
+        );
+        // Slots as the rules keep them: Adam's v and Adagrad's sums ≥ 0.
+        let slots: Vec<ArrayD<f32>> = (0..optimizer.slot_names().len())
+            .map(|k| {
+                let v = if k == 1 || optimizer.name() == "adagrad" {
+                    rand_vec(0.0, 1.0)
+                } else {
+                    rand_vec(-1.0, 1.0)
+                };
+                ArrayD::from_shape_vec(IxDyn(&[n]), v).unwrap()
+            })
+            .collect();
+        let consts = |lr: f32| Consts {
+            optimizer,
+            lr,
+            scale: 0.5,
+            k: lr * 0.5,
+            alpha: optimizer::adam_alpha(lr, 0.9 * 0.9, 0.999 * 0.999),
+            rate: 0.1,
+        };
+        let run = |c: &Consts, g: &[f32], vectorized: bool| {
+            let g: &[u8] = bytemuck::cast_slice(g);
+            let mut next: Vec<ArrayD<f32>> = slots.iter().map(|s| s.clone() * 0.0).collect();
+            let (mut nw, mut ns) = (vec![0.0f32; n], vec![0.0f32; n]);
+            let bad = if vectorized {
+                crate::kernel::simd(|| pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns))
+            } else {
+                pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns)
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let slot_bits: Vec<Vec<u32>> =
+                next.iter().map(|s| bits(s.as_slice().unwrap())).collect();
+            (bad, bits(&nw), bits(&ns), slot_bits)
+        };
+        let c = consts(0.01);
+        let base = run(&c, &grad, false);
+        assert!(
+            !base.0,
+            "{}: finite inputs, finite result",
+            optimizer.name()
+        );
+        assert_eq!(base, run(&c, &grad, true), "{}", optimizer.name());
+        // A gradient that overflows the update, in the body and in the tail.
+        for at in [3, n - 2] {
+            let mut huge = grad.clone();
+            huge[at] = f32::MAX;
+            let c = consts(1e30);
+            let (bad, ..) = run(&c, &huge, false);
+            assert!(bad, "{} at {at}", optimizer.name());
+            assert_eq!(run(&c, &huge, true), run(&c, &huge, false));
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! every variable, its EMA shadow and its slots.
 
 use super::{Pushed, Rule, Shard, ShardError, le_f32};
+use crate::kernel;
 use crate::model;
 use crate::optimizer::{self, Optimizer};
 use ndarray::ArrayD;
@@ -156,8 +157,16 @@ impl Shard {
         // SGD's `w -= lr · scale · g` as one product.
         let (k, rate) = (lr * scale, 1.0 - decay);
         let values = self.values.as_mut().expect("checked by caller");
-        let (new_w, new_s) = &mut self.scratch;
         let contiguous = "arrays built by dtf are contiguous";
+        let (new_w, new_s) = &mut self.scratch;
+        let consts = Consts {
+            optimizer: self.optimizer,
+            lr,
+            scale,
+            k,
+            alpha,
+            rate,
+        };
         for i in 0..values.len() {
             let (w, sh, g) = (
                 values[i].as_slice().expect(contiguous),
@@ -169,33 +178,9 @@ impl Shard {
                 new_s[i].as_slice_mut().expect(contiguous),
             );
             let (slots, next) = (&self.slots.per_var[i], &mut self.scratch_slots[i]);
-            let bad = match self.optimizer {
-                Optimizer::Sgd => lanes::<0>(w, sh, g, slots, next, nw, ns, rate, |w, g, []| {
-                    (w - k * g, [])
-                }),
-                Optimizer::Momentum {
-                    momentum,
-                    use_nesterov,
-                } => lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
-                    let (w, a) = optimizer::momentum(w, g * scale, a, lr, momentum, use_nesterov);
-                    (w, [a])
-                }),
-                Optimizer::Adam {
-                    beta1,
-                    beta2,
-                    epsilon,
-                } => lanes::<2>(w, sh, g, slots, next, nw, ns, rate, |w, g, [m, v]| {
-                    let (w, m, v) =
-                        optimizer::adam(w, g * scale, m, v, alpha, beta1, beta2, epsilon);
-                    (w, [m, v])
-                }),
-                Optimizer::Adagrad { .. } => {
-                    lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
-                        let (w, a) = optimizer::adagrad(w, g * scale, a, lr);
-                        (w, [a])
-                    })
-                }
-            };
+            // One pass per rule, compiled for AVX-512 where the CPU has it
+            // (the same IEEE operations lane by lane: the same bits).
+            let bad = kernel::simd(|| pass(&consts, w, sh, g, slots, next, nw, ns));
             if bad {
                 return Err(ShardError::Overflow {
                     lr,
@@ -215,6 +200,76 @@ impl Shard {
         }
         self.step += 1;
         Ok(())
+    }
+}
+
+/// What an update's pass needs besides the arrays: the rule and the
+/// step's scalars, computed once per update.
+pub(super) struct Consts {
+    /// The rule and its hyperparameters.
+    pub optimizer: Optimizer,
+    /// The learning rate.
+    pub lr: f32,
+    /// What the gradient is multiplied by (sync: `1/replicas`).
+    pub scale: f32,
+    /// SGD's `lr · scale`.
+    pub k: f32,
+    /// Adam's step size ([`optimizer::adam_alpha`]).
+    pub alpha: f32,
+    /// The EMA's `1 − decay`.
+    pub rate: f32,
+}
+
+/// The optimizer's pass over one variable: `w`, its shadow `sh`, gradient
+/// bytes `g` and `slots` in; `nw`, `ns`, `next` out. One loop per rule
+/// (each [`lanes`] instance reads every input once), inlined all the way
+/// so that [`kernel::simd`] compiles it for the vector width it dispatches to.
+/// Returns whether any new value is NaN or infinite.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn pass(
+    c: &Consts,
+    w: &[f32],
+    sh: &[f32],
+    g: &[u8],
+    slots: &[ArrayD<f32>],
+    next: &mut [ArrayD<f32>],
+    nw: &mut [f32],
+    ns: &mut [f32],
+) -> bool {
+    let &Consts {
+        optimizer,
+        lr,
+        scale,
+        k,
+        alpha,
+        rate,
+    } = c;
+    match optimizer {
+        Optimizer::Sgd => lanes::<0>(w, sh, g, slots, next, nw, ns, rate, |w, g, []| {
+            (w - k * g, [])
+        }),
+        Optimizer::Momentum {
+            momentum,
+            use_nesterov,
+        } => lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+            let (w, a) = optimizer::momentum(w, g * scale, a, lr, momentum, use_nesterov);
+            (w, [a])
+        }),
+        Optimizer::Adam {
+            beta1,
+            beta2,
+            epsilon,
+        } => lanes::<2>(w, sh, g, slots, next, nw, ns, rate, |w, g, [m, v]| {
+            let (w, m, v) = optimizer::adam(w, g * scale, m, v, alpha, beta1, beta2, epsilon);
+            (w, [m, v])
+        }),
+        Optimizer::Adagrad { .. } => {
+            lanes::<1>(w, sh, g, slots, next, nw, ns, rate, |w, g, [a]| {
+                let (w, a) = optimizer::adagrad(w, g * scale, a, lr);
+                (w, [a])
+            })
+        }
     }
 }
 
