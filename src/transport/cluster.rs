@@ -7,8 +7,8 @@ mod step;
 use super::proto as rpc;
 use super::shm::{Area, kind};
 use super::{
-    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, local_port, lost,
-    message_limit, runtime_dir, socket_path, tcp,
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, cluster_id,
+    local_port, lost, message_limit, runtime_dir, socket_path, tcp,
 };
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
@@ -126,7 +126,8 @@ impl Cluster {
                 }
                 Some(Arc::new(ShmLink {
                     ps,
-                    path: socket_path(&dir, port),
+                    path: socket_path(&dir, port, &config.cluster.ps, ps),
+                    cluster: cluster_id(&config.cluster.ps),
                     bearer: credentials.bearer(),
                     names: by_ps[ps].iter().map(|&i| specs[i].name.clone()).collect(),
                     layout,

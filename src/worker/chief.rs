@@ -274,6 +274,10 @@ async fn save_checkpoint(
         preprocessing: preprocessing.clone(),
         label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
         hyperparameters: serde_json::to_value(&cfg.train).ok(),
+        // The header alone, read again at each save: cheap, and it spares
+        // every caller of this function the plumbing.
+        features: crate::data::feature_names(&cfg.data).filter(|names| names.len() == mlp.inputs()),
+        data: serde_json::to_value(&cfg.data).ok(),
     };
     let ckpt = Checkpoint {
         global_step: step,

@@ -11,6 +11,7 @@ mod evaluator;
 mod faults;
 mod formats;
 mod hardening;
+mod inputs;
 mod local;
 mod observability;
 mod optimizers;
