@@ -238,7 +238,6 @@ fn server_tls(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<TlsAcceptor, (&'stat
     // certificate): dates, and a chain to security.tls_ca. An expired
     // certificate once passed `check-config` and the worker waited forever.
     if let Some((leaf, rest)) = chain.split_first() {
-        use rustls::server::danger::ClientCertVerifier;
         verifier
             .verify_client_cert(leaf, rest, rustls_pki_types::UnixTime::now())
             .map_err(|e| {
