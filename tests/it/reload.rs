@@ -354,27 +354,3 @@ fn a_config_that_is_a_link_reloads_when_its_target_is_edited() {
     let log = c.wait_log("ps:0", "Configuration reloaded.", 1, RUN);
     assert!(log.contains("train.last_step"), "{log}");
 }
-
-/// Issue 25: a Kubernetes ConfigMap mount (`dtf.toml -> ..data/dtf.toml`,
-/// `..data` swapped for a new directory) never reloaded.
-#[test]
-fn a_configmap_style_data_swap_reloads() {
-    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
-    let mount = c.dir.path().join("configmap");
-    let version = |name: &str, cfg: &dtf::config::Config| {
-        let dir = mount.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("dtf.toml"), cfg.to_toml()).unwrap();
-    };
-    version("..2026_12_02_01", &c.cfg);
-    std::os::unix::fs::symlink("..2026_12_02_01", mount.join("..data")).unwrap();
-    std::os::unix::fs::symlink("..data/dtf.toml", mount.join("dtf.toml")).unwrap();
-    ps_through(&mut c, mount.join("dtf.toml"));
-    // What the kubelet does: a new directory, a new link, renamed over `..data`.
-    c.cfg.train.last_step = 999_999;
-    version("..2026_12_02_02", &c.cfg);
-    std::os::unix::fs::symlink("..2026_12_02_02", mount.join("..data_tmp")).unwrap();
-    std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
-    let log = c.wait_log("ps:0", "Configuration reloaded.", 1, RUN);
-    assert!(log.contains("train.last_step"), "{log}");
-}
