@@ -95,16 +95,12 @@ fn a_fifo_as_a_data_file_is_refused_at_once() {
     let fifo = dir.path().join("train.csv");
     mkfifo(&fifo);
     std::fs::write(dir.path().join("test.csv"), "label,a\n1,2\n").unwrap();
-    let config = dir.path().join("dtf.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[data]\nformat = \"csv\"\ntrain = {:?}\ntest = {:?}\n",
-            fifo,
-            dir.path().join("test.csv")
-        ),
-    )
-    .unwrap();
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    c.cfg.data.format = dtf::config::DataFormat::Csv;
+    c.cfg.data.train = Some(fifo.clone());
+    c.cfg.data.test = Some(dir.path().join("test.csv"));
+    c.write_config();
+    let config = c.config_path.clone();
     let ran = dtf(&[
         OsStr::new("check-config"),
         OsStr::new("--config"),

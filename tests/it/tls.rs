@@ -556,9 +556,13 @@ fn an_expired_or_foreign_certificate_is_refused_at_start() {
     params.not_before = rcgen::date_time_ymd(2001, 1, 1);
     params.not_after = rcgen::date_time_ymd(2002, 1, 1);
     std::fs::write(&cert, params.signed_by(&key_pair, &ca).unwrap().pem()).unwrap();
-    assert_rejected(&c, "expired", &["security.tls_cert", "Expired"]);
+    assert_rejected(&c, "expired", &["security.tls_cert", "certificate expired"]);
     let other = authority("another CA");
     let params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
     std::fs::write(&cert, params.signed_by(&key_pair, &other).unwrap().pem()).unwrap();
-    assert_rejected(&c, "another CA's", &["security.tls_cert", "UnknownIssuer"]);
+    assert_rejected(
+        &c,
+        "another CA's",
+        &["security.tls_cert", "a handshake would refuse it"],
+    );
 }
