@@ -337,7 +337,7 @@ impl Evaluator {
         &self.best
     }
 
-    /// Lists the directory again: what [`Evaluator::next`] takes from is
+    /// Lists the directory again: what [`Evaluator::next_step`] takes from is
     /// every checkpoint not scored yet, but those that failed and have not
     /// changed since. Call it when the directory may have changed (an
     /// inotify event, the periodic rescan); `next` calls it when it has
@@ -360,7 +360,7 @@ impl Evaluator {
 
     /// The step to score next: the newest checkpoint of the last listing
     /// not scored yet (listing the directory again when none is left).
-    pub fn next(&mut self) -> Option<u64> {
+    pub fn next_step(&mut self) -> Option<u64> {
         if self.queue.is_empty() {
             self.rescan();
         }
@@ -716,7 +716,7 @@ pub async fn run(
             ev.rescan();
             rescan_due = false;
         }
-        let next = ev.next();
+        let next = ev.next_step();
         if let Some(step) = next {
             let (back, result) = tokio::task::spawn_blocking(move || {
                 let r = ev.evaluate(step);

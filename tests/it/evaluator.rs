@@ -480,7 +480,7 @@ fn garbage_named_like_checkpoints_costs_one_listing_not_one_each() {
         .unwrap();
     }
     let mut ev = dtf::evaluator::Evaluator::open(&c.cfg).unwrap();
-    while let Some(step) = ev.next() {
+    while let Some(step) = ev.next_step() {
         ev.evaluate(step).unwrap();
     }
     assert_eq!(ev.scored().keys().copied().collect::<Vec<_>>(), [5]);
@@ -495,12 +495,12 @@ fn the_evaluator_survives_its_directory_removed_and_made_again() {
     let c = Cluster::new(1, 1, 100, Mode::Async);
     write_checkpoint(&c.cfg, 5);
     let mut ev = dtf::evaluator::Evaluator::open(&c.cfg).unwrap();
-    assert_eq!(ev.next(), Some(5));
+    assert_eq!(ev.next_step(), Some(5));
     assert!(ev.evaluate(5).unwrap().is_some());
     std::fs::remove_dir_all(&c.cfg.checkpoint.dir).unwrap();
     write_checkpoint(&c.cfg, 10);
     ev.rescan();
-    assert_eq!(ev.next(), Some(10));
+    assert_eq!(ev.next_step(), Some(10));
     assert!(ev.evaluate(10).unwrap().is_some());
     let ledger = c.cfg.checkpoint.dir.join("eval/evaluated.jsonl");
     assert!(
