@@ -234,6 +234,22 @@ fn server_tls(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<TlsAcceptor, (&'stat
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| (CA, e.to_string()))?;
+    // As the other tasks' handshakes will check it (each presents this
+    // certificate): dates, and a chain to security.tls_ca. An expired
+    // certificate once passed `check-config` and the worker waited forever.
+    if let Some((leaf, rest)) = chain.split_first() {
+        verifier
+            .verify_client_cert(leaf, rest, rustls_pki_types::UnixTime::now())
+            .map_err(|e| {
+                (
+                    CERT,
+                    format!(
+                        "a handshake would refuse it: {e} (checked as the other tasks check it: \
+                         its dates, and a chain to security.tls_ca)"
+                    ),
+                )
+            })?;
+    }
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| (CERT, e.to_string()))?

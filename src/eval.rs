@@ -55,14 +55,33 @@ pub struct Evaluation {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Scores {
     /// Test accuracy of the raw variables.
+    #[serde(deserialize_with = "nan_if_null")]
     pub accuracy: f32,
     /// Test accuracy of the EMA shadows.
+    #[serde(deserialize_with = "nan_if_null")]
     pub ema_accuracy: f32,
     /// Test cross-entropy of the raw variables.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f32,
 }
 
+/// A score as JSON holds it: JSON has no NaN, and serde writes one as
+/// `null`, so `null` reads back as NaN (a ledger line of a diverged
+/// checkpoint is a record, not a line to skip and score again).
+///
+/// Errors: the deserializer's, for anything but a number or `null`.
+pub(crate) fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    Ok(<Option<f32> as serde::Deserialize>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
 impl Scores {
+    /// Whether every score is a finite number: only then can it rank.
+    pub fn finite(&self) -> bool {
+        [self.accuracy, self.ema_accuracy, self.loss]
+            .iter()
+            .all(|v| v.is_finite())
+    }
+
     /// The value of `metric`.
     pub fn get(&self, metric: crate::config::Metric) -> f32 {
         match metric {
@@ -116,7 +135,13 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
 /// test data of another width or with more classes than the model's.
 pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
     let model = Trained::load(path)?;
-    let mut test = data::load(data, Split::Test)?;
+    // CSV columns are matched by name to those the checkpoint recorded.
+    let mut test = match (&data.format, &data.test, model.meta.features.as_deref()) {
+        (crate::config::DataFormat::Csv, Some(file), Some(names)) => {
+            data::csv::load_named(file, &data.label, Some(names))?
+        }
+        _ => data::load(data, Split::Test)?,
+    };
     let file = &model.file;
     if test.features() != model.mlp.inputs() {
         return Err(EvalError::Width {

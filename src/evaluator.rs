@@ -177,6 +177,7 @@ impl Best {
         Index {
             metric: self.metric.name().into(),
             checkpoints: self.entries.clone(),
+            pending: Vec::new(),
         }
     }
 
@@ -193,6 +194,8 @@ impl Best {
     /// Offers a scored checkpoint, with the bytes of its two files. If it
     /// ranks among the best, they are written into the directory and the
     /// checkpoint that dropped out is removed. Returns whether it was kept.
+    /// A checkpoint with a score that is not finite (diverged weights) is
+    /// never kept: it would displace a usable one.
     ///
     /// Errors: [`CheckpointError::Io`]; the set is then unchanged.
     pub fn offer(
@@ -202,6 +205,16 @@ impl Best {
         model: &[u8],
         ema: &[u8],
     ) -> Result<bool, CheckpointError> {
+        if !scores.finite() {
+            warn!(
+                step,
+                accuracy = scores.accuracy,
+                ema_accuracy = scores.ema_accuracy,
+                loss = scores.loss,
+                "Checkpoint not kept among the best: a score is not a finite number."
+            );
+            return Ok(false);
+        }
         let mut entries: Vec<Entry> = self
             .entries
             .iter()
@@ -222,6 +235,7 @@ impl Best {
         let index = Index {
             metric: self.metric.name().into(),
             checkpoints: kept.clone(),
+            pending: Vec::new(),
         };
         self.dir
             .replace(&index, Some((step, model, ema)), &removed)?;
@@ -256,6 +270,12 @@ pub struct Evaluator {
     failed: HashMap<u64, Signature>,
     /// The best checkpoints.
     best: Best,
+    /// Steps to try, ascending (the newest last), from the last listing of
+    /// the directory: taken one by one, so that scanning is linear in the
+    /// directory's entries however many of them fail to verify.
+    queue: Vec<u64>,
+    /// How many times the directory was listed (for tests of the above).
+    listings: usize,
 }
 
 impl Evaluator {
@@ -297,7 +317,14 @@ impl Evaluator {
             best,
             dir,
             eval_dir,
+            queue: Vec::new(),
+            listings: 0,
         })
+    }
+
+    /// How many times the directory has been listed.
+    pub fn listings(&self) -> usize {
+        self.listings
     }
 
     /// Every checkpoint scored so far, by step.
@@ -310,21 +337,39 @@ impl Evaluator {
         &self.best
     }
 
-    /// The step to score next: the newest checkpoint in the directory not
-    /// scored yet, skipping those that failed and have not changed since.
-    pub fn next(&self) -> Option<u64> {
+    /// Lists the directory again: what [`Evaluator::next_step`] takes from is
+    /// every checkpoint not scored yet, but those that failed and have not
+    /// changed since. Call it when the directory may have changed (an
+    /// inotify event, the periodic rescan); `next` calls it when it has
+    /// nothing left.
+    pub fn rescan(&mut self) {
+        self.listings += 1;
+        self.queue.clear();
         let Ok(entries) = fs::read_dir(&self.dir) else {
-            return None;
+            return;
         };
         let mut steps: Vec<u64> = entries
             .flatten()
             .filter_map(|e| checkpoint::parse_model_name(e.file_name().to_str()?))
             .filter(|s| !self.scored.contains_key(s))
+            .filter(|s| self.failed.get(s) != Some(&self.signature(*s)))
             .collect();
-        steps.sort_unstable_by(|a, b| b.cmp(a));
-        steps
-            .into_iter()
-            .find(|s| self.failed.get(s) != Some(&self.signature(*s)))
+        steps.sort_unstable();
+        self.queue = steps;
+    }
+
+    /// The step to score next: the newest checkpoint of the last listing
+    /// not scored yet (listing the directory again when none is left).
+    pub fn next_step(&mut self) -> Option<u64> {
+        if self.queue.is_empty() {
+            self.rescan();
+        }
+        while let Some(step) = self.queue.pop() {
+            if !self.scored.contains_key(&step) {
+                return Some(step);
+            }
+        }
+        None
     }
 
     fn signature(&self, step: u64) -> Signature {
@@ -385,6 +430,11 @@ impl Evaluator {
             global_step: step,
             scores,
         };
+        // The directory may have been removed and made again meanwhile.
+        fs::create_dir_all(&self.eval_dir).map_err(|source| EvaluatorError::Ledger {
+            path: self.eval_dir.clone(),
+            source,
+        })?;
         append_ledger(&self.eval_dir.join(LEDGER), &record)?;
         self.scored.insert(step, scores);
         self.write_events(step, scores);
@@ -475,35 +525,90 @@ fn score_of(e: &Entry, metric: Metric) -> f32 {
     .get(metric)
 }
 
-/// The ledger's records by step; a missing ledger is empty, a line that does
-/// not parse (the torn last line of a crash) is skipped.
+/// The longest ledger line read (a record is some 90 bytes).
+const MAX_LEDGER_LINE: usize = 4096;
+
+/// Opens the ledger at `path` without blocking and only if it is a regular
+/// file (a FIFO would make the evaluator deaf to SIGTERM); `append` opens it
+/// for appending, creating it.
+fn open_ledger(path: &Path, append: bool) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .append(append)
+        .create(append)
+        .mode(0o640)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    match crate::files::special_kind(file.metadata()?.file_type()) {
+        Some(kind) => Err(std::io::Error::other(format!(
+            "is {kind}, not a regular file: remove it and the evaluator starts a new ledger"
+        ))),
+        None => Ok(file),
+    }
+}
+
+/// The ledger's records by step; a missing ledger is empty. A line that
+/// does not parse (the torn last line of a crash, bytes that are not
+/// UTF-8, a line longer than a record can be) is skipped with a warning.
+/// At most [`MAX_LEDGER_BYTES`] are read, a line at a time.
 ///
 /// Errors: [`EvaluatorError::Ledger`] when it cannot be read.
 pub fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
+    use std::io::BufRead;
     let err = |source| EvaluatorError::Ledger {
         path: path.to_path_buf(),
         source,
     };
-    let file = match fs::File::open(path) {
+    let file = match open_ledger(path, false) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(e) => return Err(err(e)),
     };
-    if !file.metadata().map_err(err)?.is_file() {
-        return Err(err(std::io::Error::other("not a regular file")));
-    }
-    let mut text = String::new();
-    file.take(MAX_LEDGER_BYTES)
-        .read_to_string(&mut text)
-        .map_err(err)?;
+    let mut reader = std::io::BufReader::new(file.take(MAX_LEDGER_BYTES));
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Record>(line) {
+    let mut line = Vec::new();
+    for number in 1.. {
+        line.clear();
+        let n = (&mut reader)
+            .take(MAX_LEDGER_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > MAX_LEDGER_LINE {
+            warn!(path = %path.display(), line = number, "Skipping a ledger line longer than a record can be.");
+            // The rest of the long line.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                let n = (&mut reader)
+                    .take(1 << 16)
+                    .read_until(b'\n', &mut rest)
+                    .map_err(err)?;
+                if n == 0 || rest.last() == Some(&b'\n') {
+                    break;
+                }
+            }
+            continue;
+        }
+        let text = match std::str::from_utf8(&line) {
+            Ok(t) => t.trim(),
+            Err(e) => {
+                warn!(path = %path.display(), line = number, error = %e, "Skipping a ledger line that is not UTF-8.");
+                continue;
+            }
+        };
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Record>(text) {
             Ok(r) => {
                 out.insert(r.global_step, r.scores);
             }
             Err(e) => {
-                warn!(path = %path.display(), error = %e, "Skipping a ledger line that does not parse.")
+                warn!(path = %path.display(), line = number, error = %e, "Skipping a ledger line that does not parse.")
             }
         }
     }
@@ -511,28 +616,27 @@ pub fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError>
 }
 
 /// Appends `record` as one line, after a newline if a crash left the last
-/// line torn (so the torn line does not swallow this one).
+/// line torn (so the torn line does not swallow this one): only the last
+/// byte is read, whatever the ledger's size.
 fn append_ledger(path: &Path, record: &Record) -> Result<(), EvaluatorError> {
+    use std::os::unix::fs::FileExt;
     let err = |source| EvaluatorError::Ledger {
         path: path.to_path_buf(),
         source,
     };
-    let torn = match fs::read(path) {
-        Ok(b) => b.last().is_some_and(|&c| c != b'\n'),
-        Err(_) => false,
-    };
-    let mut line = if torn {
+    let mut file = open_ledger(path, true).map_err(err)?;
+    let len = file.metadata().map_err(err)?.len();
+    let mut last = [b'\n'];
+    if len > 0 {
+        file.read_exact_at(&mut last, len - 1).map_err(err)?;
+    }
+    let mut line = if last[0] != b'\n' {
         "\n".to_string()
     } else {
         String::new()
     };
     line.push_str(&serde_json::to_string(record).map_err(|e| err(std::io::Error::other(e)))?);
     line.push('\n');
-    let mut file = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(err)?;
     file.write_all(line.as_bytes()).map_err(err)
 }
 
@@ -587,17 +691,34 @@ pub async fn run(
     ));
     let (wake_tx, mut wake) = mpsc::unbounded_channel();
     let mut watcher = None;
+    let mut watched = None;
+    let mut rescan_due = true;
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        // The directory may not exist until the chief's first save.
+        // Drain the events that led here: this listing sees what they announced.
+        let mut woke = false;
+        while wake.try_recv().is_ok() {
+            woke = true;
+        }
+        // A directory removed and made again is a new inode: watch the new one.
+        let inode = fs::metadata(&dir)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if inode != watched {
+            watcher = None;
+            watched = inode;
+            woke = true;
+        }
         if watcher.is_none() {
             watcher = watch_dir(&dir, wake_tx.clone());
         }
-        // Drain the events that led here: this scan sees what they announced.
-        while wake.try_recv().is_ok() {}
-        let next = ev.next();
+        if woke || rescan_due {
+            ev.rescan();
+            rescan_due = false;
+        }
+        let next = ev.next_step();
         if let Some(step) = next {
             let (back, result) = tokio::task::spawn_blocking(move || {
                 let r = ev.evaluate(step);
@@ -625,7 +746,7 @@ pub async fn run(
                 // Let a burst of events (temp file, renames, index) settle.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            _ = tokio::time::sleep(RESCAN) => {}
+            _ = tokio::time::sleep(RESCAN) => rescan_due = true,
         }
     }
 }

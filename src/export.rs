@@ -40,6 +40,17 @@ pub enum ExportError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// The output would overwrite the checkpoint it is made from.
+    #[error(
+        "{output}: is the checkpoint being exported ({input}); refusing to overwrite it: \
+         name another file, e.g. model.onnx"
+    )]
+    SameAsInput {
+        /// The output file.
+        output: std::path::PathBuf,
+        /// The input file it is.
+        input: std::path::PathBuf,
+    },
 }
 
 /// The ONNX model of `model`, with the EMA weights (`ema`) or the trained ones.
@@ -136,12 +147,21 @@ fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
     }
 }
 
-/// Writes [`onnx_model`] to `path`.
+/// Writes [`onnx_model`] to `path` atomically (temp file beside it, fsync,
+/// rename): on a full disk the previous file at `path` stays whole. A
+/// `path` that is the checkpoint's model or EMA file is refused.
 ///
-/// Errors: [`ExportError::Io`].
+/// Errors: [`ExportError::SameAsInput`], [`ExportError::Io`].
 pub fn write_onnx(model: &Trained, ema: bool, path: &Path) -> Result<(), ExportError> {
+    let inputs = [model.file.clone(), crate::checkpoint::ema_path(&model.file)];
+    if let Some(input) = inputs.iter().find(|i| crate::files::same_file(path, i)) {
+        return Err(ExportError::SameAsInput {
+            output: path.to_path_buf(),
+            input: input.clone(),
+        });
+    }
     let bytes = onnx_model(model, ema).encode_to_vec();
-    std::fs::write(path, bytes).map_err(|source| ExportError::Io {
+    crate::files::write_atomic(path, &bytes, 0o644).map_err(|source| ExportError::Io {
         path: path.to_path_buf(),
         source,
     })

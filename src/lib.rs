@@ -42,7 +42,9 @@
 //!   TensorBoard events in `eval/`, the best ones kept in `best/`.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
-//! - [`files`] — only regular files are read from outside, each bounded.
+//! - [`files`] — only regular files are read from outside (non-blocking, type
+//!   checked), each bounded; every file written goes temp, fsync, rename;
+//!   nothing is deleted through a symbolic link dtf did not make.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
 //! - [`status`] — `dtf status`: every task's state in one table.

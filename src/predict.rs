@@ -142,11 +142,16 @@ impl Trained {
 
 /// Rows of raw features from `path`: a `.npy` array `[N, …]`, a `.npz`'s
 /// array `x` (or `x_test`, when there is no `x`), or a CSV file with a header
-/// (its `label` column, if present, is left out).
+/// (its `label` column, if present, is left out; with `names`, the names a
+/// checkpoint recorded, its columns are matched to them by header name).
 ///
 /// Errors: [`PredictError::Data`] for an unreadable or malformed file,
 /// [`PredictError::Input`] for another kind of file or an array of labels.
-pub fn read_input(path: &Path, label: &str) -> Result<Array2<f32>, PredictError> {
+pub fn read_input(
+    path: &Path,
+    label: &str,
+    names: Option<&[String]>,
+) -> Result<Array2<f32>, PredictError> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -157,7 +162,7 @@ pub fn read_input(path: &Path, label: &str) -> Result<Array2<f32>, PredictError>
     };
     let (shape, values): (Vec<u64>, Features) = match ext.as_deref() {
         Some("csv") => {
-            let rows = data::csv::read(path, Some(label), false)?;
+            let rows = data::csv::read_named(path, Some(label), false, names)?;
             let n = rows.values.len() / rows.features;
             (vec![n as u64, rows.features as u64], rows.values)
         }
@@ -272,7 +277,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("x.csv");
         std::fs::write(&csv, "label,a,b\n1,0,255\n0,3,4\n").unwrap();
-        let x = read_input(&csv, "label").unwrap();
+        let x = read_input(&csv, "label", None).unwrap();
         assert_eq!(x, ndarray::array![[0.0f32, 255.0], [3.0, 4.0]]);
         let npy = dir.path().join("x.npy");
         std::fs::write(
@@ -281,16 +286,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            read_input(&npy, "label").unwrap(),
+            read_input(&npy, "label", None).unwrap(),
             ndarray::array![[0.5f32, -1.0]]
         );
         let z = dir.path().join("x.npz");
         npz::write_npz(&z, &[("x", npz::Array::U8(vec![1, 2], vec![9, 8]))]).unwrap();
         assert_eq!(
-            read_input(&z, "label").unwrap(),
+            read_input(&z, "label", None).unwrap(),
             ndarray::array![[9.0f32, 8.0]]
         );
-        let err = read_input(&dir.path().join("x.txt"), "label").unwrap_err();
+        let err = read_input(&dir.path().join("x.txt"), "label", None).unwrap_err();
         assert!(err.to_string().contains("expected a .npy"), "{err}");
     }
 }

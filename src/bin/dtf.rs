@@ -216,7 +216,7 @@ fn predict(args: PredictArgs) -> Result<ExitCode> {
         .label
         .or_else(|| model.meta.label.clone())
         .unwrap_or_else(|| "label".into());
-    let x = dtf::predict::read_input(&args.input, &label)?;
+    let x = dtf::predict::read_input(&args.input, &label, model.meta.features.as_deref())?;
     let probabilities = model.probabilities(x, !args.raw, &args.input)?;
     let predictions = dtf::predict::predictions(&probabilities);
     let stdout = std::io::stdout();

@@ -10,6 +10,7 @@
 //! | `classes` | the class count, the last width |
 //! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
 //! | `label` | the CSV label column, when the data was CSV |
+//! | `features` | JSON list of the feature columns' names, when the data has names (CSV): `predict` and `eval` match columns by them |
 //! | `hyperparameters` | JSON: the `[train]` table the checkpoint was written under |
 //! | `training_data` | JSON: the `[data]` table it was trained on (format, paths, label): `dtf eval`'s default test data |
 //!
@@ -54,6 +55,10 @@ pub struct ModelMeta {
     /// checkpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub training_data: Option<crate::config::DataConfig>,
+    /// The feature columns' names, in the model's input order, when the
+    /// data had names (a CSV header); `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
 }
 
 impl ModelMeta {
@@ -73,6 +78,9 @@ impl ModelMeta {
         }
         if let Some(d) = &self.training_data {
             out.insert(TRAINING_DATA.to_owned(), json(d));
+        }
+        if let Some(f) = &self.features {
+            out.insert("features".to_owned(), json(f));
         }
         out
     }
@@ -130,6 +138,7 @@ impl ModelMeta {
                 layers[0]
             ));
         }
+        preprocessing.check()?;
         let hyperparameters = get("hyperparameters")
             .map(serde_json::from_str)
             .transpose()
@@ -138,6 +147,20 @@ impl ModelMeta {
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| format!("metadata {TRAINING_DATA} is malformed: {e}"))?;
+        let features: Option<Vec<String>> =
+            get("features")
+                .map(serde_json::from_str)
+                .transpose()
+                .map_err(|e| format!("metadata features are not a list of names: {e}"))?;
+        if let Some(f) = &features
+            && f.len() != layers[0]
+        {
+            return Err(format!(
+                "metadata features name {} columns, the model takes {}",
+                f.len(),
+                layers[0]
+            ));
+        }
         Ok(ModelMeta {
             layers,
             activation,
@@ -146,6 +169,7 @@ impl ModelMeta {
             label: get("label").map(str::to_owned),
             hyperparameters,
             training_data,
+            features,
         })
     }
 }
@@ -200,7 +224,13 @@ pub fn widths(ckpt: &Checkpoint) -> Result<Vec<usize>, String> {
 /// the header is not JSON.
 pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointError> {
     let io = |source| CheckpointError::io(path, "read", source);
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    let (mut file, _) = crate::files::open_regular(path).map_err(|e| match e {
+        crate::files::OpenError::Io(e) => io(e),
+        crate::files::OpenError::Special(what) => CheckpointError::NotRegular {
+            path: path.to_path_buf(),
+            what,
+        },
+    })?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(io)?;
     let n = u64::from_le_bytes(len);
@@ -258,6 +288,7 @@ mod tests {
                 label: "y".into(),
                 ..Default::default()
             }),
+            features: Some(vec!["a".into(), "b".into(), "c".into()]),
         };
         let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
         assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap(), m);
@@ -269,5 +300,28 @@ mod tests {
         // Disagreement with the weights is named.
         let err = ModelMeta::from_metadata(&meta, &[3, 5, 2]).unwrap_err();
         assert!(err.contains("disagree"), "{err}");
+    }
+
+    /// Issue 25: `divisor: 0.0` (or negative, or an all-zero std) was
+    /// accepted by `predict`, `eval` and `export`: every row one class.
+    #[test]
+    fn preprocessing_that_cannot_map_rows_is_refused() {
+        let with = |p: &str| {
+            let meta = HashMap::from([("preprocessing".to_owned(), p.to_owned())]);
+            ModelMeta::from_metadata(&meta, &[2, 3, 2])
+        };
+        for bad in [
+            r#"{"kind":"scale","divisor":0.0}"#,
+            r#"{"kind":"scale","divisor":-255.0}"#,
+            r#"{"kind":"standardize","mean":[0.0,0.0],"std":[0.0,0.0]}"#,
+            r#"{"kind":"standardize","mean":[0.0,0.0],"std":[1.0,-1.0]}"#,
+        ] {
+            let err = with(bad).unwrap_err();
+            assert!(
+                err.contains("expected a finite number above 0"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(with(r#"{"kind":"scale","divisor":255.0}"#).is_ok());
     }
 }

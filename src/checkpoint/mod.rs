@@ -231,6 +231,12 @@ impl CheckpointError {
     }
 }
 
+/// The EMA file beside the model file `path` (`<x>.safetensors` →
+/// `<x>.ema.safetensors`); `path` itself if it is not named like a model file.
+pub(crate) fn ema_path(path: &Path) -> PathBuf {
+    restore::ema_sibling(path).map_or_else(|_| path.to_path_buf(), |(ema, _)| ema)
+}
+
 pub(crate) fn model_file_name(step: u64) -> String {
     format!("{PREFIX}{step}{MODEL_EXT}")
 }

@@ -19,6 +19,8 @@ pub struct Rows {
     pub labels: Option<Vec<u8>>,
     /// Features per row.
     pub features: usize,
+    /// The features' column names, in the order of `values`.
+    pub names: Vec<String>,
 }
 
 /// Loads the CSV file at `path` with its labels in the column `label`.
@@ -29,9 +31,24 @@ pub struct Rows {
 /// naming the label column when the header lacks it;
 /// [`DataError::TooLarge`] for a file larger than this machine's memory.
 pub fn load(path: &Path, label: &str) -> Result<Dataset, DataError> {
-    let rows = read(path, Some(label), true)?;
+    load_named(path, label, None)
+}
+
+/// [`load`], with the features in the order of `names` (the training
+/// split's columns, or those a checkpoint recorded) when given: columns
+/// are matched by their header names, not their positions.
+///
+/// Errors: as [`read_named`].
+pub fn load_named(
+    path: &Path,
+    label: &str,
+    names: Option<&[String]>,
+) -> Result<Dataset, DataError> {
+    let rows = read_named(path, Some(label), true, names)?;
     let labels = rows.labels.unwrap_or_default();
-    Dataset::new(rows.values, labels, rows.features, path)
+    let mut ds = Dataset::new(rows.values, labels, rows.features, path)?;
+    ds.set_names(rows.names);
+    Ok(ds)
 }
 
 /// Reads the CSV file at `path`: its features, and its labels when the column
@@ -39,12 +56,30 @@ pub fn load(path: &Path, label: &str) -> Result<Dataset, DataError> {
 ///
 /// Errors: as [`load`].
 pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Rows, DataError> {
+    read_named(path, label, require_label, None)
+}
+
+/// [`read`], matching the feature columns to `names` by their header names
+/// when given: the rows come out in the order of `names`, whatever the
+/// file's order. The same rows with their columns reordered once scored
+/// 0.994 then 0.154 without a word, as columns were taken by position.
+///
+/// Errors: as [`load`]; [`DataError::Format`] naming the columns of `names`
+/// the header lacks, the header's feature columns `names` lacks, and a
+/// column name the header has twice.
+pub fn read_named(
+    path: &Path,
+    label: Option<&str>,
+    require_label: bool,
+    names: Option<&[String]>,
+) -> Result<Rows, DataError> {
     let file = super::open_file(path)?;
     let mut reader = ::csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(std::io::BufReader::new(file));
     let (headers, label_at) = read_header(&mut reader, path, label, require_label)?;
-    let features = headers.len() - usize::from(label_at.is_some());
+    let columns = feature_columns(path, &headers, label_at, names)?;
+    let features = columns.len();
     if features == 0 {
         return Err(format_error(path, "line 1: no feature columns"));
     }
@@ -61,16 +96,22 @@ pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Row
             Err(e) => return Err(csv_error(path, e)),
         }
         let line = record.position().map_or(0, |p| p.line());
-        for (j, cell) in record.iter().enumerate() {
-            let cell = std::str::from_utf8(cell).unwrap_or("").trim();
+        let at = |j: usize| {
+            std::str::from_utf8(record.get(j).unwrap_or_default())
+                .unwrap_or("")
+                .trim()
+        };
+        for j in label_at.into_iter().chain(columns.iter().copied()) {
+            let cell = at(j);
             if Some(j) == label_at {
                 labels.push(cell.parse::<u8>().map_err(|_| {
                     format_error(
                         path,
                         format!(
-                            "line {line}, column {:?}: label {cell:?} is not a class index: \
+                            "line {line}, column {}: label {} is not a class index: \
                              expected an integer 0–255",
-                            headers[j]
+                            quote(&headers[j]),
+                            quote(cell)
                         ),
                     )
                 })?);
@@ -78,8 +119,9 @@ pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Row
                 return Err(format_error(
                     path,
                     format!(
-                        "line {line}, column {:?}: {cell:?} is not a finite number",
-                        headers[j]
+                        "line {line}, column {}: {} is not a finite number",
+                        quote(&headers[j]),
+                        quote(cell)
                     ),
                 ));
             }
@@ -93,7 +135,91 @@ pub fn read(path: &Path, label: Option<&str>, require_label: bool) -> Result<Row
         values,
         labels: label_at.map(|_| labels),
         features,
+        names: columns
+            .iter()
+            .map(|&j| headers[j].trim().to_owned())
+            .collect(),
     })
+}
+
+/// The feature columns' names of the CSV file at `path` (its header
+/// without the column `label`), reading the header alone.
+///
+/// Errors: as [`load`], for the header.
+pub fn header_names(path: &Path, label: &str) -> Result<Vec<String>, DataError> {
+    let file = super::open_file(path)?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(std::io::BufReader::new(file));
+    let (headers, label_at) = read_header(&mut reader, path, Some(label), false)?;
+    Ok(feature_columns(path, &headers, label_at, None)?
+        .into_iter()
+        .map(|j| headers[j].trim().to_owned())
+        .collect())
+}
+
+/// The header positions of the feature columns, in the order rows are
+/// read: the file's own without `names`, else the order of `names`.
+///
+/// Errors: [`DataError::Format`] as [`read_named`] says.
+fn feature_columns(
+    path: &Path,
+    headers: &[String],
+    label_at: Option<usize>,
+    names: Option<&[String]>,
+) -> Result<Vec<usize>, DataError> {
+    let own: Vec<usize> = (0..headers.len())
+        .filter(|&j| Some(j) != label_at)
+        .collect();
+    let Some(names) = names else {
+        return Ok(own);
+    };
+    let list = |v: &[&str]| {
+        let shown: Vec<String> = v.iter().take(5).map(|n| quote(n)).collect();
+        let more = v.len().saturating_sub(5);
+        if more > 0 {
+            format!("{} and {more} more", shown.join(", "))
+        } else {
+            shown.join(", ")
+        }
+    };
+    let mut seen = std::collections::HashMap::new();
+    for &j in &own {
+        if let Some(first) = seen.insert(headers[j].trim(), j) {
+            return Err(format_error(
+                path,
+                format!(
+                    "line 1: columns {} and {} are both named {}: features are matched by name",
+                    first + 1,
+                    j + 1,
+                    quote(headers[j].trim())
+                ),
+            ));
+        }
+    }
+    let missing: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !seen.contains_key(n))
+        .collect();
+    let wanted: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    let extra: Vec<&str> = own
+        .iter()
+        .map(|&j| headers[j].trim())
+        .filter(|n| !wanted.contains(n))
+        .collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        let mut what =
+            String::from("line 1: the columns do not match the features the model was trained on");
+        if !missing.is_empty() {
+            what.push_str(&format!("; missing {}", list(&missing)));
+        }
+        if !extra.is_empty() {
+            what.push_str(&format!("; not trained on {}", list(&extra)));
+        }
+        return Err(format_error(path, what));
+    }
+    Ok(names.iter().map(|n| seen[n.as_str()]).collect())
 }
 
 /// The header's column names and where the label column is among them.
@@ -123,15 +249,31 @@ fn read_header<R: std::io::Read>(
         return Err(format_error(
             path,
             format!(
-                "line 1: no column {:?} among {} columns (first {:?}): set data.label to the \
+                "line 1: no column {} among {} columns (first {}): set data.label to the \
                  label column's name",
-                label.unwrap_or_default(),
+                quote(label.unwrap_or_default()),
                 headers.len(),
-                headers.first().map(String::as_str).unwrap_or_default()
+                quote(headers.first().map(String::as_str).unwrap_or_default())
             ),
         ));
     }
     Ok((headers, label_at))
+}
+
+/// The most bytes of a cell or column name an error message quotes.
+pub const QUOTE_BYTES: usize = 200;
+
+/// `text` quoted for an error message, cut at [`QUOTE_BYTES`] (a 20 MB cell
+/// once made a 20 MB error line) with the length it had.
+pub fn quote(text: &str) -> String {
+    if text.len() <= QUOTE_BYTES {
+        return format!("{text:?}");
+    }
+    let mut end = QUOTE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &text[..end], text.len())
 }
 
 /// The feature cells read so far: bytes while every cell is an integer

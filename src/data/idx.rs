@@ -83,7 +83,7 @@ pub fn images_shape(dir: &Path, split: Split) -> Result<(usize, usize), DataErro
         path: path.clone(),
         source,
     };
-    let mut file = std::fs::File::open(&path).map_err(io)?;
+    let mut file = super::open_file(&path)?;
     let mut head = Vec::with_capacity(16);
     (&mut file).take(16).read_to_end(&mut head).map_err(io)?;
     if head.starts_with(&GZIP_MAGIC) {
@@ -140,26 +140,43 @@ fn read_idx(path: &Path, magic: u32) -> Result<(Vec<usize>, Vec<u8>), DataError>
     };
     let bytes = super::read_file(path)?;
     let bytes = if bytes.starts_with(&GZIP_MAGIC) {
-        // A small gzip stream may inflate without end: at most one byte past
-        // this machine's memory is inflated, and that is refused.
+        // A small gzip stream may inflate without end: the header is
+        // inflated first, then at most one byte past the elements it
+        // declares (and never past this machine's memory), so the length
+        // check of `parse_idx` refuses what is longer.
+        let corrupt = |e: std::io::Error| {
+            io(std::io::Error::new(
+                e.kind(),
+                format!("corrupt gzip data: {e}"),
+            ))
+        };
         let limit = super::max_bytes();
-        let mut out = Vec::with_capacity(bytes.len() * 4);
-        MultiGzDecoder::new(&bytes[..])
-            .take(limit.saturating_add(1))
+        let mut gz = MultiGzDecoder::new(&bytes[..]);
+        let header = 4 + 4 * (magic & 0xff) as u64;
+        let mut out = Vec::new();
+        (&mut gz)
+            .take(header)
             .read_to_end(&mut out)
-            .map_err(|e| {
-                io(std::io::Error::new(
-                    e.kind(),
-                    format!("corrupt gzip data: {e}"),
-                ))
-            })?;
-        if out.len() as u64 > limit {
+            .map_err(corrupt)?;
+        let declared = out
+            .get(4..)
+            .unwrap_or_default()
+            .chunks_exact(4)
+            .try_fold(1u64, |n, d| {
+                n.checked_mul(u64::from(u32::from_be_bytes([d[0], d[1], d[2], d[3]])))
+            })
+            .unwrap_or(u64::MAX);
+        if declared > limit {
             return Err(DataError::TooLarge {
                 path: path.to_path_buf(),
-                size: out.len() as u64,
+                size: declared,
                 limit,
             });
         }
+        (&mut gz)
+            .take(declared.saturating_add(1))
+            .read_to_end(&mut out)
+            .map_err(corrupt)?;
         out
     } else {
         bytes

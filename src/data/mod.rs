@@ -172,6 +172,40 @@ pub enum Preprocessing {
 }
 
 impl Preprocessing {
+    /// Checks that it maps every finite input to a finite one: a finite,
+    /// positive divisor; finite means; finite, positive stds. A divisor of
+    /// 0 (or a negative one, or an all-zero std) once made every row one
+    /// class without a word.
+    ///
+    /// Errors: a sentence naming the bad value and what would be right.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Preprocessing::Scale { divisor } if !(divisor.is_finite() && *divisor > 0.0) => {
+                Err(format!(
+                    "metadata preprocessing divides by {divisor}: expected a finite number above 0 \
+                     (255 for pixels, 1 for float data)"
+                ))
+            }
+            Preprocessing::Scale { .. } => Ok(()),
+            Preprocessing::Standardize { mean, std } => {
+                if let Some(i) = mean.iter().position(|m| !m.is_finite()) {
+                    return Err(format!(
+                        "metadata preprocessing has mean {} for feature {i}: expected a finite number",
+                        mean[i]
+                    ));
+                }
+                if let Some(i) = std.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+                    return Err(format!(
+                        "metadata preprocessing has std {} for feature {i}: expected a finite \
+                         number above 0 (a constant feature's std is recorded as 1)",
+                        std[i]
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// What a checkpoint without the metadata was trained with: IDX pixels / 255.
     pub fn legacy() -> Self {
         Preprocessing::Scale { divisor: 255.0 }
@@ -227,6 +261,8 @@ pub struct Dataset {
     labels_path: PathBuf,
     /// How a row becomes the model's input.
     preprocessing: Preprocessing,
+    /// The features' names, where the data has them (a CSV header).
+    names: Option<Vec<String>>,
 }
 
 /// Width and class count of a data set, read off the data.
@@ -272,7 +308,13 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
 /// Errors: as [`load`]; [`DataError::SplitWidths`] when the splits' widths differ.
 pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
     let mut train = load(cfg, Split::Train)?;
-    let mut test = load(cfg, Split::Test)?;
+    // A CSV test file's columns are matched to the training file's by name.
+    let mut test = match (&cfg.format, &cfg.test, train.names()) {
+        (DataFormat::Csv, Some(path), Some(names)) => {
+            csv::load_named(path, &cfg.label, Some(names))?
+        }
+        _ => load(cfg, Split::Test)?,
+    };
     if train.features() != test.features() {
         return Err(DataError::SplitWidths {
             path: test.labels_path.clone(),
@@ -284,6 +326,16 @@ pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
     train.preprocessing = p.clone();
     test.preprocessing = p;
     Ok((train, test))
+}
+
+/// The features' names of the training split `cfg` describes, where the
+/// data has names (the header of a CSV file, read alone); `None` otherwise
+/// or when it cannot be read (loading the data says why).
+pub fn feature_names(cfg: &DataConfig) -> Option<Vec<String>> {
+    match (&cfg.format, &cfg.train) {
+        (DataFormat::Csv, Some(path)) => csv::header_names(path, &cfg.label).ok(),
+        _ => None,
+    }
 }
 
 /// The data set's shape: its width and 1 + the largest label of either split.
@@ -421,23 +473,22 @@ pub(crate) fn max_bytes() -> u64 {
 }
 
 /// Opens `path` for reading if it is a regular file no larger than
-/// [`max_bytes`]: a FIFO would block, a device never end.
+/// [`max_bytes`]: a FIFO would block (the open itself does not: see
+/// [`crate::files::open_regular`]), a device never end.
 ///
 /// Errors: [`DataError::Io`], [`DataError::Format`] for a special file,
 /// [`DataError::TooLarge`].
 pub(crate) fn open_file(path: &Path) -> Result<std::fs::File, DataError> {
-    let io = |source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if let Some(kind) = crate::files::special_kind(meta.file_type()) {
-        return Err(format_error(
+    let (file, meta) = crate::files::open_regular(path).map_err(|e| match e {
+        crate::files::OpenError::Io(source) => DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        crate::files::OpenError::Special(kind) => format_error(
             path,
             format!("is {kind}, not a regular file: expected a data file"),
-        ));
-    }
+        ),
+    })?;
     let limit = max_bytes();
     if meta.len() > limit {
         return Err(DataError::TooLarge {
@@ -500,7 +551,18 @@ impl Dataset {
             features,
             labels_path: path.to_path_buf(),
             preprocessing,
+            names: None,
         })
+    }
+
+    /// The features' names, where the data has them (a CSV header).
+    pub fn names(&self) -> Option<&[String]> {
+        self.names.as_deref()
+    }
+
+    /// Records the features' names.
+    pub fn set_names(&mut self, names: Vec<String>) {
+        self.names = Some(names);
     }
 
     /// From raw parts, for the tests below. `images.len()` must be

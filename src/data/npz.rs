@@ -162,36 +162,118 @@ fn read_array(archive: &mut Archive, path: &Path, name: &str) -> Result<Array, D
             limit,
         });
     }
-    // The declared size is only a claim: read at most one byte past it, and
-    // the parser below checks the shape against what was really there.
-    let mut bytes = Vec::with_capacity(declared as usize);
-    (&mut entry)
-        .take(declared.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|e| format_error(path, format!("array {name:?}: cannot decompress: {e}")))?;
+    let bytes = read_npy(&mut entry, limit)
+        .map_err(|what| format_error(path, format!("array {name:?}: {what}")))?;
     parse_npy(&bytes).map_err(|what| format_error(path, format!("array {name:?}: {what}")))
 }
 
-/// Parses a whole `.npy` buffer: header by `npyz`, data here (little or big
-/// endian), after checking that the data is exactly what the shape says.
-fn parse_npy(bytes: &[u8]) -> Result<Array, String> {
-    let mut cursor = Cursor::new(bytes);
-    let (shape, dtype, fortran) = {
-        let npy = npyz::NpyFile::new(&mut cursor)
-            .map_err(|e| format!("not a readable .npy array: {e}"))?;
-        (
-            npy.shape().to_vec(),
-            npy.dtype(),
-            npy.order() == npyz::Order::Fortran,
-        )
+/// The longest `.npy` header read (numpy writes some 128 bytes).
+const MAX_NPY_HEADER: usize = 1 << 20;
+
+/// Reads one `.npy` stream as its own header says it is long: the header
+/// first, then exactly the bytes its shape and dtype declare, and one more
+/// to notice a stream that holds more. Neither the archive's declared size
+/// nor the stream's real length decide how much is decompressed: a small
+/// array that inflates to gigabytes is refused after its declared bytes,
+/// not held in memory. At most `limit` bytes of data are read.
+///
+/// Errors: a message for a stream that is not an `.npy`, a header too long,
+/// a dtype dtf does not read, data larger than `limit` or longer than
+/// declared; the decompressor's error.
+fn read_npy(r: &mut impl Read, limit: u64) -> Result<Vec<u8>, String> {
+    let io = |e: std::io::Error| format!("cannot decompress: {e}");
+    let mut bytes = vec![0u8; 10];
+    r.read_exact(&mut bytes).map_err(io)?;
+    if &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a readable .npy array: it does not start with \\x93NUMPY".into());
+    }
+    let header_len = if bytes[6] == 1 {
+        u16::from_le_bytes([bytes[8], bytes[9]]) as usize
+    } else {
+        bytes.resize(12, 0);
+        r.read_exact(&mut bytes[10..]).map_err(io)?;
+        u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize
     };
-    let data = &bytes[cursor.position() as usize..];
+    if header_len > MAX_NPY_HEADER {
+        return Err(format!(
+            "has a header of {header_len} bytes: at most {MAX_NPY_HEADER} are read"
+        ));
+    }
+    let start = bytes.len();
+    bytes.resize(start + header_len, 0);
+    r.read_exact(&mut bytes[start..]).map_err(io)?;
+    let (shape, ts) = npy_header(&bytes)?;
+    let need = shape
+        .iter()
+        .try_fold(ts.size_field(), |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= limit)
+        .ok_or_else(|| {
+            format!("shape {shape:?} of {ts} is larger than this machine's memory ({limit} bytes)")
+        })?;
+    // Grows as it is read: a shape is only a claim until the bytes arrive.
+    bytes.reserve(need.min(64 << 20) as usize);
+    r.take(need.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    let data = (bytes.len() - start - header_len) as u64;
+    if data > need {
+        return Err(format!(
+            "holds more data than its shape {shape:?} of {ts} declares ({need} bytes)"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The shape and element type an `.npy` buffer's header declares, if dtf
+/// reads that type (a message naming the dtype if not).
+fn npy_header(bytes: &[u8]) -> Result<(Vec<u64>, npyz::TypeStr), String> {
+    let mut cursor = Cursor::new(bytes);
+    let npy =
+        npyz::NpyFile::new(&mut cursor).map_err(|e| format!("not a readable .npy array: {e}"))?;
+    let (shape, dtype) = (npy.shape().to_vec(), npy.dtype());
     let npyz::DType::Plain(ts) = dtype else {
         return Err(format!(
             "has a structured dtype {}: expected a plain numeric array",
             dtype.descr()
         ));
     };
+    use npyz::TypeChar::{Float, Int, Uint};
+    match (ts.type_char(), ts.size_field()) {
+        (Uint | Int, 1 | 2 | 4 | 8) | (Float, 4 | 8) => Ok((shape, ts)),
+        _ => Err(format!(
+            "has dtype {ts} ({}): expected uint8 or float32 (features) or integers (labels)",
+            describe_dtype(&ts)
+        )),
+    }
+}
+
+/// numpy's name for the kind of a dtype dtf does not read.
+fn describe_dtype(ts: &npyz::TypeStr) -> &'static str {
+    use npyz::TypeChar::*;
+    match ts.type_char() {
+        Object => "Python objects",
+        UnicodeStr => "unicode strings",
+        ByteStr => "byte strings",
+        RawData => "raw bytes",
+        Bool => "booleans",
+        Complex => "complex numbers",
+        TimeDelta | DateTime => "dates or times",
+        Float => "floats of an unsupported width",
+        Int | Uint => "integers of an unsupported width",
+        _ => "a type dtf does not read",
+    }
+}
+
+/// Parses a whole `.npy` buffer: header by `npyz`, data here (little or big
+/// endian), after checking that the data is exactly what the shape says.
+fn parse_npy(bytes: &[u8]) -> Result<Array, String> {
+    let (shape, ts) = npy_header(bytes)?;
+    let mut cursor = Cursor::new(bytes);
+    let fortran = npyz::NpyFile::new(&mut cursor)
+        .map_err(|e| format!("not a readable .npy array: {e}"))?
+        .order()
+        == npyz::Order::Fortran;
+    let data = &bytes[cursor.position() as usize..];
     if fortran && shape.len() > 1 {
         return Err("is in Fortran order: expected C order (save np.ascontiguousarray(a))".into());
     }

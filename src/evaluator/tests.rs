@@ -77,3 +77,117 @@ fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
     let read = read_ledger(&path).unwrap();
     assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
 }
+
+/// Issue 25: a checkpoint that scores a NaN loss got into `best/`; its
+/// index then did not parse, and a restart deleted every pair.
+#[test]
+fn a_non_finite_score_never_ranks_and_a_restart_keeps_the_best() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("best");
+    let mut best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
+    assert!(best.offer(10, scores(0.5, 1.0), b"m", b"e").unwrap());
+    assert!(!best.offer(20, scores(0.9, f32::NAN), b"m", b"e").unwrap());
+    assert!(
+        !best
+            .offer(30, scores(f32::INFINITY, 1.0), b"m", b"e")
+            .unwrap()
+    );
+    let again = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
+    let steps: Vec<u64> = again.entries().iter().map(|e| e.global_step).collect();
+    assert_eq!(steps, [10]);
+    assert!(dir.join("model.ckpt-10.safetensors").is_file());
+    assert!(!dir.join("model.ckpt-20.safetensors").exists());
+}
+
+/// A NaN score is a record in the ledger (JSON writes it as null), not a
+/// line skipped and scored again after every restart.
+#[test]
+fn a_nan_score_is_remembered_by_the_ledger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LEDGER);
+    let record = Record {
+        global_step: 7,
+        scores: scores(0.5, f32::NAN),
+    };
+    append_ledger(&path, &record).unwrap();
+    let read = read_ledger(&path).unwrap();
+    assert!(read[&7].loss.is_nan());
+}
+
+/// Issue 25: one `\xff` byte in the ledger made the evaluator exit 1 at
+/// start, again and again; a line longer than any record is skipped too.
+#[test]
+fn a_ledger_line_that_is_not_utf8_or_too_long_is_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LEDGER);
+    let r = |step| Record {
+        global_step: step,
+        scores: scores(0.5, 1.0),
+    };
+    append_ledger(&path, &r(10)).unwrap();
+    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"{\"global_step\": 11, \"x\": \"\xff\"}\n")
+        .unwrap();
+    f.write_all(&vec![b'x'; 3 * MAX_LEDGER_LINE]).unwrap();
+    f.write_all(b"\n").unwrap();
+    append_ledger(&path, &r(30)).unwrap();
+    let read = read_ledger(&path).unwrap();
+    assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
+}
+
+/// Issue 25: a FIFO as the ledger made the evaluator deaf to SIGTERM: the
+/// open blocked. Now both reading and appending refuse it at once.
+#[test]
+fn a_fifo_as_the_ledger_is_refused_not_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LEDGER);
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let read = read_ledger(&p).map(|_| ()).map_err(|e| e.to_string());
+        let append = append_ledger(
+            &p,
+            &Record {
+                global_step: 1,
+                scores: scores(0.5, 1.0),
+            },
+        )
+        .map_err(|e| e.to_string());
+        let _ = tx.send((read, append));
+    });
+    let (read, append) = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the ledger's open returned");
+    assert!(read.unwrap_err().contains("FIFO"));
+    assert!(append.unwrap_err().contains("FIFO"));
+}
+
+/// Issue 25: every append read the whole ledger (a 2 GiB ledger took
+/// 2.16 GB to score one checkpoint). Now only its last byte is read: a
+/// sparse terabyte ledger takes one line more.
+#[test]
+fn appending_to_a_huge_ledger_reads_only_its_last_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LEDGER);
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(1 << 40).unwrap();
+    append_ledger(
+        &path,
+        &Record {
+            global_step: 3,
+            scores: scores(0.5, 1.0),
+        },
+    )
+    .unwrap();
+    let len = fs::metadata(&path).unwrap().len();
+    let mut tail = vec![0u8; 100];
+    use std::os::unix::fs::FileExt;
+    let file = fs::File::open(&path).unwrap();
+    file.read_exact_at(&mut tail, len - 100).unwrap();
+    let text = String::from_utf8_lossy(&tail);
+    // The sparse zeros are a torn line: the record starts a line of its own.
+    assert!(text.contains("\n{\"global_step\":3"), "{text}");
+}

@@ -206,9 +206,7 @@ fn best_of(cfg: &Config) -> Option<Best> {
         .dir
         .join(crate::evaluator::EVAL_DIR)
         .join(crate::evaluator::LEDGER);
-    let scored = std::fs::read_to_string(ledger)
-        .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count())
-        .unwrap_or(0);
+    let scored = count_lines(&ledger);
     Some(Best {
         checkpoint: index.best_file(&dir)?,
         global_step: first.global_step,
@@ -216,6 +214,26 @@ fn best_of(cfg: &Config) -> Option<Best> {
         score: scores.get(cfg.eval.metric),
         scored,
     })
+}
+
+/// Lines in the evaluator's ledger, counted as they stream by (it may be
+/// large) from a regular file only (a FIFO would block).
+fn count_lines(path: &Path) -> usize {
+    use std::io::Read;
+    let Ok((file, _)) = crate::files::open_regular(path) else {
+        return 0;
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let mut buf = [0u8; 64 << 10];
+    let (mut lines, mut last) = (0, b'\n');
+    while let Ok(n) = reader.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
+        last = buf[n - 1];
+    }
+    lines + usize::from(last != b'\n')
 }
 
 /// One spawned task.
@@ -425,6 +443,9 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
         if resumed >= cfg.train.last_step {
             return Ok((signals, cfg, Vec::new(), resumed));
         }
+        // The tasks inherit it: a ps holds a descriptor per connection, and a
+        // fresh shell's soft limit (1024) is below what the units give it.
+        crate::files::raise_nofile_limit();
         let tasks = spawn_all(opts, &cfg, &config_path, run_dir)?;
         Ok::<_, LocalError>((signals, cfg, tasks, resumed))
     };

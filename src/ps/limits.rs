@@ -5,7 +5,14 @@
 //! - Connections: at most [`MAX_CONNECTIONS`] (less when the descriptor limit
 //!   is lower). Past it the oldest connection that has not yet made an
 //!   authenticated call is closed to make room; when every connection is
-//!   authenticated the new one is closed at once.
+//!   authenticated the new one is closed at once. Connections being closed
+//!   to make room do not count against the cap (they are going), so a
+//!   newcomer is never refused because the server has not yet got round to
+//!   closing those it shed; while more than [`SHED_SLACK`] are still
+//!   closing, the ps stops accepting until one has closed (the newcomer
+//!   waits in the listen backlog) instead of refusing it. So a worker that
+//!   connects during a flood is shed only if it idles longer than every
+//!   connection that came before it.
 //! - A connection that makes no authenticated call within
 //!   [`UNAUTHENTICATED_IDLE`] is closed; HTTP/2 keepalive pings find dead peers.
 //! - At most [`MAX_REQUESTS`] calls in progress, and response bytes reserved
@@ -50,7 +57,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 const FD_RESERVE: usize = 64;
 
 /// Connections the ps lets linger past [`MAX_CONNECTIONS`] while those it
-/// shed are still closing; beyond it, new ones are closed at once.
+/// shed are still closing; beyond it, it accepts no more until one closes.
 const SHED_SLACK: usize = 32;
 
 /// How long a connection may stay open without an authenticated call. A
@@ -80,18 +87,30 @@ pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// are forgotten (so a scan from many addresses cannot grow it without end).
 const REFUSAL_LOG_PEERS: usize = 4096;
 
-/// Logs refusals with the peer's address, rate-limited per peer address.
+/// Refusal lines per [`REFUSAL_LOG_INTERVAL`], all peers together: a flood
+/// from thousands of addresses (each new to the per-peer limit) once wrote
+/// 7970 lines in seconds. The next line after a quiet interval counts those
+/// left out (`suppressed_all`).
+pub const REFUSAL_LOG_LINES: u64 = 20;
+
+/// Logs refusals with the peer's address, rate-limited per peer address
+/// and overall.
 #[derive(Default)]
 pub struct RefusalLog {
     /// Per peer IP (None: unknown): when its last line was written, and how
     /// many refusals were left out since.
     peers: Mutex<HashMap<Option<IpAddr>, (Instant, u64)>>,
+    /// All peers together: the current interval's start, lines written in
+    /// it, and refusals left out since the last line.
+    all: Mutex<Option<(Instant, u64, u64)>>,
 }
 
 impl RefusalLog {
     /// Records a refusal of `peer` for `reason`, logging it unless this peer's
-    /// last line is more recent than [`REFUSAL_LOG_INTERVAL`].
-    pub fn refused(&self, peer: Option<SocketAddr>, reason: &str) {
+    /// last line is more recent than [`REFUSAL_LOG_INTERVAL`] or
+    /// [`REFUSAL_LOG_LINES`] were written this interval. Returns whether
+    /// it wrote a line.
+    pub fn refused(&self, peer: Option<SocketAddr>, reason: &str) -> bool {
         let now = Instant::now();
         let suppressed = {
             let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,7 +120,7 @@ impl RefusalLog {
             match peers.get_mut(&peer.map(|p| p.ip())) {
                 Some((last, left_out)) if now.duration_since(*last) < REFUSAL_LOG_INTERVAL => {
                     *left_out += 1;
-                    return;
+                    return false;
                 }
                 Some((last, left_out)) => {
                     *last = now;
@@ -119,8 +138,22 @@ impl RefusalLog {
                 }
             }
         };
+        let suppressed_all = {
+            let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+            let (start, lines, left_out) = all.get_or_insert((now, 0, 0));
+            if now.duration_since(*start) >= REFUSAL_LOG_INTERVAL {
+                (*start, *lines) = (now, 0);
+            }
+            if *lines >= REFUSAL_LOG_LINES {
+                *left_out += 1;
+                return false;
+            }
+            *lines += 1;
+            std::mem::take(left_out)
+        };
         let peer = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
-        warn!(peer = %peer, reason = %reason, suppressed, "Refused.");
+        warn!(peer = %peer, reason = %reason, suppressed, suppressed_all, "Refused.");
+        true
     }
 }
 
@@ -128,6 +161,11 @@ impl RefusalLog {
 struct Registry {
     /// Connections open (accepted and not yet dropped).
     open: AtomicUsize,
+    /// Of those, shed and not yet dropped: they no longer count against the cap.
+    closing: AtomicUsize,
+    /// Notified whenever a connection is dropped: the accept loop waits on
+    /// it while too many shed connections are still closing.
+    dropped: tokio::sync::Notify,
     /// Not yet authenticated, oldest first: cancelling a token closes its
     /// connection.
     unauthenticated: Mutex<BTreeMap<u64, CancellationToken>>,
@@ -138,6 +176,12 @@ struct Registry {
 }
 
 impl Registry {
+    /// Whether the descriptors allow another connection now: at most
+    /// [`SHED_SLACK`] shed ones may still be closing past the cap.
+    fn may_accept(&self) -> bool {
+        self.open.load(Ordering::Acquire) < self.cap + SHED_SLACK
+    }
+
     fn forget(&self, id: u64) {
         self.unauthenticated
             .lock()
@@ -195,6 +239,8 @@ pub struct Conn {
     idle: Pin<Box<Sleep>>,
     /// Completes when the connection is shed for a newer one.
     shed: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Cancelled when it is shed (what `shed` waits on).
+    shed_token: CancellationToken,
 }
 
 impl Conn {
@@ -241,8 +287,13 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.info.registry.forget(self.info.id);
-        self.info.registry.open.fetch_sub(1, Ordering::AcqRel);
+        let registry = &self.info.registry;
+        registry.forget(self.info.id);
+        if self.shed_token.is_cancelled() {
+            registry.closing.fetch_sub(1, Ordering::AcqRel);
+        }
+        registry.open.fetch_sub(1, Ordering::AcqRel);
+        registry.dropped.notify_one();
     }
 }
 
@@ -298,32 +349,15 @@ impl AsyncWrite for Conn {
 /// `LimitNOFILE=`; elsewhere the soft default of 1024 would be the first
 /// bound hit) and returns the connections that fit under it.
 fn connection_cap() -> usize {
-    #[cfg(unix)]
-    {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-        let soft = unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-                return MAX_CONNECTIONS;
-            }
-            if lim.rlim_cur < lim.rlim_max {
-                let raised = libc::rlimit {
-                    rlim_cur: lim.rlim_max,
-                    rlim_max: lim.rlim_max,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                    lim = raised;
-                }
-            }
-            usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
-        };
-        MAX_CONNECTIONS.min(soft.saturating_sub(FD_RESERVE + SHED_SLACK).max(1))
-    }
-    #[cfg(not(unix))]
-    MAX_CONNECTIONS
+    cap_for(crate::files::raise_nofile_limit())
+}
+
+/// The connections a ps accepts under a soft descriptor limit of `nofile`:
+/// [`MAX_CONNECTIONS`], less what the descriptors it keeps for itself and
+/// for connections being closed need. (Public so tests size their floods by it.)
+pub fn cap_for(nofile: u64) -> usize {
+    let soft = usize::try_from(nofile).unwrap_or(usize::MAX);
+    MAX_CONNECTIONS.min(soft.saturating_sub(FD_RESERVE + SHED_SLACK).max(1))
 }
 
 /// What the accept loop of [`incoming`] holds.
@@ -358,6 +392,8 @@ pub fn incoming(
     );
     let registry = Arc::new(Registry {
         open: AtomicUsize::new(0),
+        closing: AtomicUsize::new(0),
+        dropped: tokio::sync::Notify::new(),
         unauthenticated: Mutex::new(BTreeMap::new()),
         next_id: AtomicU64::new(0),
         cap,
@@ -382,7 +418,11 @@ pub fn incoming(
                         Err(e) => warn!(error = %e, "A TLS handshake task failed."),
                     }
                 }
-                accepted = s.listener.accept() => {
+                // Too many shed connections still closing: accept again
+                // once one has gone (a newcomer waits in the backlog rather
+                // than being refused).
+                _ = s.registry.dropped.notified(), if !s.registry.may_accept() => {}
+                accepted = s.listener.accept(), if s.registry.may_accept() => {
                     let (stream, remote) = match accepted {
                         Ok(accepted) => accepted,
                         Err(e) => {
@@ -415,6 +455,7 @@ pub fn incoming(
 
 /// Registers an accepted connection, shedding the oldest unauthenticated
 /// one when at the cap; None (the socket closed) when nothing can be shed.
+/// Connections already shed and still closing do not count: they are going.
 fn admit(
     registry: &Arc<Registry>,
     stream: TcpStream,
@@ -422,18 +463,25 @@ fn admit(
     log: &RefusalLog,
 ) -> Option<Conn> {
     let open = registry.open.load(Ordering::Acquire);
-    if open >= registry.cap {
+    let staying = open.saturating_sub(registry.closing.load(Ordering::Acquire));
+    if staying >= registry.cap {
         let oldest = registry
             .unauthenticated
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop_first();
         match oldest {
-            Some((_, shed)) if open < registry.cap + SHED_SLACK => shed.cancel(),
-            _ => {
+            Some((_, shed)) => {
+                registry.closing.fetch_add(1, Ordering::AcqRel);
+                shed.cancel();
+            }
+            None => {
                 log.refused(
                     Some(remote),
-                    &format!("too many connections ({open} open, limit {})", registry.cap),
+                    &format!(
+                        "too many connections ({staying} open, all authenticated, limit {})",
+                        registry.cap
+                    ),
                 );
                 return None;
             }
@@ -457,7 +505,8 @@ fn admit(
             registry: registry.clone(),
         },
         idle: Box::pin(tokio::time::sleep(UNAUTHENTICATED_IDLE)),
-        shed: Box::pin(shed.cancelled_owned()),
+        shed: Box::pin(shed.clone().cancelled_owned()),
+        shed_token: shed,
     })
 }
 
@@ -668,5 +717,21 @@ mod tests {
         }
         let peers = log.peers.lock().unwrap();
         assert_eq!(peers.get(&Some(a.ip())).map(|e| e.1), Some(4));
+    }
+
+    /// Issue 25: 8000 connections from distinct 127.x addresses wrote 7970
+    /// lines in seconds; the log is bounded overall too.
+    #[test]
+    fn refusals_from_many_addresses_are_rate_limited_overall() {
+        let log = RefusalLog::default();
+        let written = (0..8000u32)
+            .filter(|i| {
+                let [_, b, c, d] = i.to_be_bytes();
+                let peer = SocketAddr::from(([127, b, c, d], 5));
+                log.refused(Some(peer), "too many connections")
+            })
+            .count();
+        assert_eq!(written as u64, REFUSAL_LOG_LINES);
+        assert_eq!(log.all.lock().unwrap().unwrap().2, 8000 - REFUSAL_LOG_LINES);
     }
 }

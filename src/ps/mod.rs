@@ -52,6 +52,8 @@ struct Inner {
     task: usize,
     /// Random per process start: lets the chief see a restart.
     incarnation: u64,
+    /// The cluster's identity ([`transport::cluster_id`]), for `State`.
+    cluster: String,
     /// The shard, behind one lock: a push is atomic for the shard.
     shard: Mutex<Shard>,
     /// The shard's step, for waiters.
@@ -123,6 +125,7 @@ impl PsService {
             inner: Arc::new(Inner {
                 task,
                 incarnation: rand::random::<u64>() >> 1,
+                cluster: transport::cluster_id(&config.cluster.ps),
                 shard: Mutex::new(shard),
                 step_tx: watch::channel(0).0,
                 complete: CancellationToken::new(),
@@ -290,6 +293,7 @@ impl PsService {
         pb::StateResponse {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
+            cluster: self.inner.cluster.clone(),
             initialized: s.is_initialized(),
             global_step: s.step(),
             complete: s.is_complete(),
@@ -556,7 +560,7 @@ fn serve_shm(
     if config.cluster.transport != Transport::Auto {
         return None;
     }
-    match shm::bind(config, port) {
+    match shm::bind(config, service.inner.task, port) {
         Ok(socket) => Some(tokio::spawn(shm::serve(
             service.clone(),
             socket,

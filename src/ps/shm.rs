@@ -42,12 +42,14 @@ impl Drop for Socket {
     }
 }
 
-/// Binds the socket of the ps serving TCP `port`: `ps-<port>.sock` in the
-/// runtime directory (made 0700 if it does not exist), mode 0600. A socket
-/// left by a ps that died is replaced: the TCP port is ours, so its owner is gone.
+/// Binds the socket of ps `task` serving TCP `port`
+/// ([`crate::transport::socket_path`]: named by its whole address and the
+/// cluster) in the runtime directory (made 0700 if it does not exist), mode
+/// 0600. A socket left by a ps that died is replaced: the TCP address is
+/// ours, so its owner is gone.
 ///
 /// Errors: the directory or the socket cannot be made; the ps then serves TCP only.
-pub fn bind(config: &Config, port: u16) -> std::io::Result<Socket> {
+pub fn bind(config: &Config, task: usize, port: u16) -> std::io::Result<Socket> {
     let dir = crate::transport::runtime_dir(config);
     if !dir.exists() {
         std::fs::DirBuilder::new()
@@ -55,7 +57,8 @@ pub fn bind(config: &Config, port: u16) -> std::io::Result<Socket> {
             .mode(0o700)
             .create(&dir)?;
     }
-    let path = crate::transport::socket_path(&dir, port);
+    check_runtime_dir(&dir)?;
+    let path = crate::transport::socket_path(&dir, port, &config.cluster.ps, task);
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -63,6 +66,33 @@ pub fn bind(config: &Config, port: u16) -> std::io::Result<Socket> {
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     Ok(Socket { listener, path })
+}
+
+/// Refuses a runtime directory that another user could change: one owned
+/// by someone other than this user or root, or writable by others (without
+/// the sticky bit, anyone may rename the ps's socket away and put theirs
+/// in its place). A pre-made 0777 directory of another user was once used
+/// without a word.
+///
+/// Errors: a sentence naming the directory, its owner and its mode.
+fn check_runtime_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::getuid().as_raw();
+    let mode = m.mode() & 0o7777;
+    let foreign = m.uid() != me && m.uid() != 0;
+    let open = mode & 0o002 != 0 && mode & 0o1000 == 0;
+    if !m.is_dir() || foreign || open {
+        return Err(std::io::Error::other(format!(
+            "runtime directory {} is owned by uid {} with mode {mode:04o}{}: another user \
+             could replace the ps's socket; make it a directory of uid {me} not writable \
+             by others (chmod 0700), or set cluster.runtime_dir",
+            dir.display(),
+            m.uid(),
+            if m.is_dir() { "" } else { ", not a directory" },
+        )));
+    }
+    Ok(())
 }
 
 /// Serves `socket` until `stop`; returns when every connection has ended.

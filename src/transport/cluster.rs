@@ -8,8 +8,8 @@ use super::compress::ClientWire;
 use super::proto as rpc;
 use super::shm::{Area, kind};
 use super::{
-    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, compress, local_port,
-    lost, message_limit, runtime_dir, socket_path, tcp,
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, cluster_id, compress,
+    local_port, lost, message_limit, runtime_dir, socket_path, tcp,
 };
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
@@ -155,7 +155,8 @@ impl Cluster {
                 }
                 Some(Arc::new(ShmLink {
                     ps,
-                    path: socket_path(&dir, port),
+                    path: socket_path(&dir, port, &config.cluster.ps, ps),
+                    cluster: cluster_id(&config.cluster.ps),
                     bearer: credentials.bearer(),
                     names: by_ps[ps].iter().map(|&i| specs[i].name.clone()).collect(),
                     layout,

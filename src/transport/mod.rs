@@ -81,10 +81,30 @@ pub fn runtime_dir(config: &Config) -> PathBuf {
     std::env::temp_dir().join(format!("dtf-{}", rustix::process::getuid().as_raw()))
 }
 
-/// The socket of the ps listening on TCP `port` of this host: ports are
-/// unique per host, so the name needs nothing else.
-pub fn socket_path(dir: &Path, port: u16) -> PathBuf {
-    dir.join(format!("ps-{port}.sock"))
+/// The socket of ps `task` of the cluster whose ps addresses are `ps`,
+/// listening on TCP `port`: `ps-<port>-<16 hex digits>.sock`, the digits a
+/// fingerprint of the ps's whole address and of the cluster. A port alone
+/// is not unique on a host (127.0.0.1:24001 and 127.0.0.2:24001 are two
+/// ps, and two clusters once shared a socket that way); the fingerprint
+/// keeps the name short, as a Unix socket path must be (108 bytes).
+pub fn socket_path(dir: &Path, port: u16, ps: &[String], task: usize) -> PathBuf {
+    let addr = ps.get(task).map_or("", String::as_str);
+    let name = fnv1a(format!("{addr}\n{}", cluster_id(ps)).as_bytes());
+    dir.join(format!("ps-{port}-{name:016x}.sock"))
+}
+
+/// The cluster's identity as its ps tasks report it (`State.cluster`): a
+/// fingerprint of `cluster.ps`, the ps addresses in order.
+pub fn cluster_id(ps: &[String]) -> String {
+    format!("{:016x}", fnv1a(ps.join("\n").as_bytes()))
+}
+
+/// FNV-1a, 64 bits: a name, not a defence (the socket's mode and the
+/// token are that).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The port of `addr` when it is an address of this host (loopback, or one
@@ -196,6 +216,8 @@ struct ShmLink {
     ps: usize,
     /// Its socket.
     path: PathBuf,
+    /// The cluster's identity ([`cluster_id`]): the ps must report it.
+    cluster: String,
     /// `Bearer <token>`.
     bearer: Vec<u8>,
     /// The shard's variable names, in order: the hello must list these.
@@ -256,10 +278,15 @@ impl ShmLink {
             return Err(Some(format!("refused: {}", status.message())));
         }
         let (area, state) = shm::parse_hello(&body).map_err(|s| Some(s.message().to_owned()))?;
-        if state.task as usize != self.ps || state.variables != self.names || area != self.area {
+        if state.task as usize != self.ps
+            || state.cluster != self.cluster
+            || state.variables != self.names
+            || area != self.area
+        {
             return Err(Some(format!(
-                "the socket serves ps:{} with {:?} ({area} bytes), not this cluster's ps:{} with {:?}",
-                state.task, state.variables, self.ps, self.names
+                "the socket serves ps:{} of cluster {:?} with {:?} ({area} bytes), not this \
+                 cluster's ps:{} (cluster {:?}) with {:?}",
+                state.task, state.cluster, state.variables, self.ps, self.cluster, self.names
             )));
         }
         let fd = shm::recv_fd(&stream)

@@ -1,8 +1,8 @@
 //! Shared memory between tasks on one host: the wire of `cluster.transport =
 //! "auto"` when a ps runs on the caller's own host.
 //!
-//! The ps listens on a Unix socket, `ps-<port>.sock` in the runtime directory
-//! ([`super::runtime_dir`]). A client connects, checks the ps's credentials
+//! The ps listens on a Unix socket, `ps-<port>-<fingerprint>.sock` in the
+//! runtime directory ([`super::runtime_dir`], [`super::socket_path`]). A client connects, checks the ps's credentials
 //! (`SO_PEERCRED`: this uid or root, so a process that took the socket's name
 //! cannot collect the token), and sends a hello frame with the cluster token.
 //! The ps checks the client's credentials (same uid or root) and the token in

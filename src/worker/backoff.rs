@@ -22,6 +22,10 @@ pub(super) struct Backoff {
     /// shows as one of several errors, depending on timing): logged in
     /// preference to a bare one.
     explained: Option<String>,
+    /// The explained reason logged last: a new one is logged at once, not
+    /// at the next turn of the schedule (an expired certificate once
+    /// reached the log only 10 s after the first failed handshake).
+    told: Option<String>,
 }
 
 impl Backoff {
@@ -31,6 +35,7 @@ impl Backoff {
             since: Instant::now(),
             logged: None,
             explained: None,
+            told: None,
         }
     }
 
@@ -50,11 +55,19 @@ impl Backoff {
         why: &str,
         shutdown: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        if why.contains(crate::auth::TLS_ADVICE) {
+        let explains = why.contains(crate::auth::TLS_ADVICE) || why.contains("certificate");
+        if explains {
             self.explained = Some(why.to_owned());
+        }
+        let news = explains && self.told.as_deref() != Some(why);
+        if news {
+            self.logged = None;
         }
         if self.should_log() {
             let explained = self.explained.take();
+            if explained.is_some() {
+                self.told.clone_from(&explained);
+            }
             warn!(
                 waited_secs = self.since.elapsed().as_secs(),
                 reason = explained.as_deref().unwrap_or(why),

@@ -275,6 +275,9 @@ async fn save_checkpoint(
         label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
         hyperparameters: checkpoint::json_value(&cfg.train).ok(),
         training_data: Some(cfg.data.clone()),
+        // The header alone, read again at each save: cheap, and it spares
+        // every caller of this function the plumbing.
+        features: crate::data::feature_names(&cfg.data).filter(|names| names.len() == mlp.inputs()),
     };
     let ckpt = Checkpoint {
         global_step: step,

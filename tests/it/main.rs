@@ -16,6 +16,7 @@ mod first_run;
 mod formats;
 mod hardening;
 mod hosts;
+mod inputs;
 mod local;
 mod observability;
 mod optimizers;

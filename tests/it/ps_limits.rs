@@ -66,10 +66,19 @@ async fn closed_by_peer(mut s: tokio::net::TcpStream, deadline: Instant) -> bool
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_connections_cannot_starve_authenticated_calls_and_are_closed() {
+    // The ps inherits this process's limit (raised to the hard one), as
+    // under `dtf local`; a fresh shell's 1024 must do.
+    let nofile = dtf::files::raise_nofile_limit();
     let (c, _, _) = live_ps().await;
     let addr = c.cfg.cluster.ps[0].clone();
     // More than the cap: before the limits, the ps ran out of descriptors.
-    let n = limits::MAX_CONNECTIONS + 100;
+    // As many as this process's own descriptors allow, beside its others.
+    let cap = limits::cap_for(nofile);
+    let n = (cap + 100).min(nofile as usize - 64);
+    assert!(
+        n > cap,
+        "{nofile} descriptors leave no room to flood a cap of {cap}"
+    );
     let mut idle = Vec::with_capacity(n);
     for _ in 0..n {
         let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();

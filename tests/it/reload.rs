@@ -327,3 +327,30 @@ fn last_step_reloads_live_and_the_run_ends_exactly_there() {
     let steps = checkpoint_steps(&c.cfg.checkpoint.dir);
     assert_eq!(steps.last(), Some(&last), "checkpoints {steps:?}");
 }
+
+/// Starts ps 0 of `c` reading its config through `config` (a link set up by
+/// the caller), and waits until it is ready.
+fn ps_through(c: &mut Cluster, config: std::path::PathBuf) {
+    c.config_path = config;
+    c.start("ps", 0);
+    c.wait_log("ps:0", "Parameter server ready.", 1, RUN);
+}
+
+/// Issue 25: with the config a symbolic link whose target is edited, live
+/// reload never fired (0 reloads, nothing logged).
+#[test]
+fn a_config_that_is_a_link_reloads_when_its_target_is_edited() {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    let real = c.dir.path().join("etc");
+    std::fs::create_dir(&real).unwrap();
+    let target = real.join("dtf.toml");
+    std::fs::write(&target, c.cfg.to_toml()).unwrap();
+    let link = c.dir.path().join("linked.toml");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    ps_through(&mut c, link);
+    c.cfg.train.last_step = 999_999;
+    // Written in place, through the link's target, not the link.
+    std::fs::write(&target, c.cfg.to_toml()).unwrap();
+    let log = c.wait_log("ps:0", "Configuration reloaded.", 1, RUN);
+    assert!(log.contains("train.last_step"), "{log}");
+}

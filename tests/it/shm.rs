@@ -21,7 +21,12 @@ fn live_ps() -> (Cluster, PathBuf) {
         .unwrap()
         .parse()
         .unwrap();
-    let path = transport::socket_path(std::path::Path::new(&c.cfg.cluster.runtime_dir), port);
+    let path = transport::socket_path(
+        std::path::Path::new(&c.cfg.cluster.runtime_dir),
+        port,
+        &c.cfg.cluster.ps,
+        0,
+    );
     until(Duration::from_secs(10), "the ps's socket", || {
         path.exists().then_some(())
     });
@@ -348,4 +353,61 @@ async fn in_place_step(
         )
         .await;
     (loss, r, seen)
+}
+
+/// Issue 25: two clusters on one host, same token, ps at 127.0.0.1:P and
+/// 127.0.0.2:P, one runtime directory. Their sockets were both
+/// `ps-P.sock`: the ps started last took the name, and the other
+/// cluster's chief trained it. Now each client reaches its own cluster's ps.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_clusters_with_the_same_port_on_one_host_never_share_a_ps() {
+    let mut a = Cluster::new(1, 1, 100, Mode::Async);
+    let mut b = Cluster::new(1, 1, 100, Mode::Async);
+    let port = a.cfg.cluster.ps[0].rsplit(':').next().unwrap().to_owned();
+    b.cfg.cluster.ps = vec![format!("127.0.0.2:{port}")];
+    b.cfg.cluster.runtime_dir = a.cfg.cluster.runtime_dir.clone();
+    b.write_config();
+    a.start("ps", 0);
+    let dir = std::path::Path::new(&a.cfg.cluster.runtime_dir).to_owned();
+    let sockets = |n: usize| {
+        until(Duration::from_secs(10), "the ps sockets", || {
+            let found = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+            (found >= n).then_some(())
+        })
+    };
+    sockets(1);
+    b.start("ps", 0);
+    sockets(2);
+    // Cluster B's ps is up (over TCP) before A's client connects.
+    b.client(0, Some(TOKEN)).await;
+    let client = ps_client(&a, TOKEN);
+    let states = client.states().await.unwrap();
+    assert_eq!(client.transports(), vec![Via::Shm]);
+    assert_eq!(
+        states[0].cluster,
+        transport::cluster_id(&a.cfg.cluster.ps),
+        "A's client reached another cluster's ps"
+    );
+    // Over TCP: A's ps has the shared-memory connection, B's none.
+    assert_eq!(shm_connections(&a).await, 1);
+    assert_eq!(shm_connections(&b).await, 0);
+}
+
+/// Issue 25: a runtime directory others may write was used without a word.
+/// Now the ps names its owner and mode, makes no socket there, and serves
+/// TCP, which the worker uses.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_dir_others_can_write_is_refused_naming_owner_and_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let dir = std::path::PathBuf::from(&c.cfg.cluster.runtime_dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    c.start("ps", 0);
+    let log = c.wait_log("ps:0", "runtime directory", 1, Duration::from_secs(10));
+    assert!(log.contains("with mode 0777"), "{log}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let client = ps_client(&c, TOKEN);
+    client.states().await.unwrap();
+    assert_eq!(client.transports(), vec![Via::Tcp]);
 }

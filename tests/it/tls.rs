@@ -544,3 +544,28 @@ async fn a_client_that_never_starts_its_handshake_holds_up_no_one() {
         .await
         .expect("an authenticated TLS connection stays open");
 }
+
+/// Issue 25: `check-config` said "valid" for an expired `tls_cert` and for
+/// one `tls_ca` did not sign; the worker then waited forever. Now both are
+/// refused at start, as a handshake would refuse them.
+#[test]
+fn an_expired_or_foreign_certificate_is_refused_at_start() {
+    let mut c = Cluster::new(1, 1, 100, Mode::Async);
+    let ca = enable_tls(&mut c);
+    let cert = c.cfg.security.tls_cert.clone().unwrap();
+    let key = c.cfg.security.tls_key.clone().unwrap();
+    let key_pair = KeyPair::from_pem(&std::fs::read_to_string(&key).unwrap()).unwrap();
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2001, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2002, 1, 1);
+    std::fs::write(&cert, params.signed_by(&key_pair, &ca).unwrap().pem()).unwrap();
+    assert_rejected(&c, "expired", &["security.tls_cert", "certificate expired"]);
+    let other = authority("another CA");
+    let params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    std::fs::write(&cert, params.signed_by(&key_pair, &other).unwrap().pem()).unwrap();
+    assert_rejected(
+        &c,
+        "another CA's",
+        &["security.tls_cert", "a handshake would refuse it"],
+    );
+}

@@ -128,6 +128,9 @@ impl Cluster {
     /// A cluster of `ps` + `workers` tasks on free ports over the tiny data set.
     pub fn new(ps: usize, workers: usize, last_step: u64, mode: Mode) -> Self {
         use std::os::unix::fs::PermissionsExt;
+        // Its tasks inherit this process's descriptor limit, as `dtf local`'s
+        // do: raised to the hard one, so `ulimit -n 1024` is no bound.
+        dtf::files::raise_nofile_limit();
         let dir = tempfile::tempdir().unwrap();
         let data = tiny_data(dir.path(), 2000, 400);
         let addrs = free_addrs(ps + workers);

@@ -354,7 +354,7 @@ for u in dtf-worker@0 dtf-worker@1; do
 	check "$u reached the ps through shared memory: $line" contains "$line" "transport=shm"
 done
 check "the ps socket is in the units' runtime directory ($(in_ct ls -l /run/dtf 2>&1 | tr '\n' ' '))" \
-	in_ct test -S "/run/dtf/ps-${PS_ADDR##*:}.sock"
+	in_ct sh -c "test -S /run/dtf/ps-${PS_ADDR##*:}-*.sock"
 shm_json=$(in_ct dtf status --json 2>&1 || true)
 check "dtf status --json: ps:0 has the workers' shared-memory connections ($(grep -o '"transport":"[a-z]*","shm_connections":[0-9]*' <<<"$shm_json" | head -n1))" \
 	wait_for 30 shm_connections 2
