@@ -204,7 +204,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         label: Some("label".into()),
         hyperparameters: None,
         features: Some(vec!["a".into(), "b".into(), "c".into()]),
-        data: None,
+        training_data: None,
     };
     Saver::new(dir, 5)
         .unwrap()
