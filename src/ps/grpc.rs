@@ -44,6 +44,7 @@ impl PsService {
         } else {
             None
         };
+        let peer = limits::peer(req.extensions());
         let req = req.into_inner();
         // Applied straight from the request's bytes: no gradient array is built.
         let grads = req
@@ -52,7 +53,12 @@ impl PsService {
             .map(rpc::view)
             .collect::<Result<Vec<_>, _>>()?;
         let (variables, answer) = self
-            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false, false)?.0))
+            .push_with(
+                &req,
+                &grads,
+                |why| self.inner.refusals.refused(peer, why),
+                |s| Ok(self.snapshot(s, &[], false, false)?.0),
+            )
             .await?;
         let answer = pb::PushResponse {
             variables: variables.unwrap_or_default(),

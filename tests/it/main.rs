@@ -12,6 +12,7 @@ mod faults;
 mod formats;
 mod hardening;
 mod local;
+mod membership;
 mod observability;
 mod optimizers;
 mod package;
