@@ -158,7 +158,7 @@ impl PsService {
     }
 
     /// The membership ([`workers`]), locked. Never held while taking the
-    /// shard's lock.
+    /// shard's lock (the other way round is how they nest).
     fn membership(&self) -> MutexGuard<'_, workers::Membership> {
         self.inner.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -168,10 +168,7 @@ impl PsService {
     /// `train.replicas_to_aggregate` aggregates over the new members from
     /// this step on (completing the step now when its gradients are in).
     pub fn apply_members(&self, members: usize) {
-        let (change, target) = {
-            let mut m = self.membership();
-            (m.set_members(members), m.sync_target())
-        };
+        let change = self.membership().set_members(members);
         let Some(change) = change else {
             return;
         };
@@ -184,14 +181,20 @@ impl PsService {
             "Membership changed."
         );
         if self.inner.follows_members {
-            self.set_sync_target(target, members);
+            self.set_sync_target();
         }
     }
 
-    /// Sync: a step aggregates `replicas` gradients from workers `0..total`
-    /// from now on; a step it completes is announced to waiters.
-    fn set_sync_target(&self, replicas: usize, total: usize) {
+    /// Sync: a step aggregates the membership's target from now on, from
+    /// workers `0..members`; a step this completes is announced to waiters.
+    /// Both are read under the shard's lock, so a reload and a joiner's
+    /// first push racing each other leave the newest target in place.
+    fn set_sync_target(&self) {
         let mut s = self.lock();
+        let (replicas, total) = {
+            let m = self.membership();
+            (m.sync_target(), m.members())
+        };
         s.set_last_step(self.inner.config.borrow().train.last_step);
         match s.set_sync(replicas, total) {
             Ok(true) => {
@@ -506,17 +509,13 @@ impl PsService {
     ///
     /// Errors: `FAILED_PRECONDITION` ([`workers::Refusal`]).
     fn admit(&self, req: &pb::PushRequest, refused: impl FnOnce(&str)) -> Result<(), Status> {
-        let (admitted, target, members) = {
-            let mut m = self.membership();
-            let a = m.admit(
-                req.worker,
-                req.worker_incarnation,
-                req.step,
-                self.inner.batch_size,
-                Instant::now(),
-            );
-            (a, m.sync_target(), m.members())
-        };
+        let admitted = self.membership().admit(
+            req.worker,
+            req.worker_incarnation,
+            req.step,
+            self.inner.batch_size,
+            Instant::now(),
+        );
         let admitted = admitted.map_err(|r| {
             refused(&r.to_string());
             Status::from(r)
@@ -532,7 +531,7 @@ impl PsService {
         }
         if admitted.joined {
             if self.inner.follows_members {
-                self.set_sync_target(target, members);
+                self.set_sync_target();
             }
             info!(
                 ps = self.inner.task,
