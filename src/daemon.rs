@@ -68,7 +68,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> u8 {
         match self {
             DaemonError::Config(_) => EX_CONFIG,
-            DaemonError::Worker(e) if e.is_refused_token() => EX_CONFIG,
+            DaemonError::Worker(e) if e.is_refused_token() || e.is_config() => EX_CONFIG,
             _ => EX_FAILURE,
         }
     }

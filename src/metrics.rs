@@ -95,6 +95,12 @@ pub struct Metrics {
     /// `dtf_kernel{precision,tier}`: worker: 1 for the precision policy and
     /// the kernel tier its GEMMs run on (`kernel::tier`).
     kernel: Family<Labels, Gauge>,
+    /// `dtf_membership_epoch`: ps: its membership epoch; worker: ps 0's, as last heard.
+    membership_epoch: Gauge,
+    /// `dtf_members`: ps: the workers in its `cluster.worker`.
+    members: Gauge,
+    /// `dtf_membership_refusals_total`: ps: pushes refused by the membership.
+    membership_refusals: Counter,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -145,6 +151,9 @@ impl Metrics {
             link_received: Family::default(),
             compression: Family::default(),
             kernel: Family::default(),
+            membership_epoch: Gauge::default(),
+            members: Gauge::default(),
+            membership_refusals: Counter::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -220,6 +229,11 @@ impl Metrics {
             .set(1);
     }
 
+    /// A worker heard membership epoch `epoch` from ps 0.
+    pub fn membership_epoch(&self, epoch: u64) {
+        self.membership_epoch.set(epoch as i64);
+    }
+
     /// The chief could not write a checkpoint.
     pub fn checkpoint_failed(&self) {
         self.checkpoint_failures.inc();
@@ -289,6 +303,12 @@ impl Metrics {
         self.steps.inc_by(applied.saturating_sub(self.steps.get()));
         self.stale_gradients
             .inc_by(s.stale_gradients.saturating_sub(self.stale_gradients.get()));
+        self.membership_refusals.inc_by(
+            s.membership_refusals
+                .saturating_sub(self.membership_refusals.get()),
+        );
+        self.membership_epoch.set(s.membership_epoch as i64);
+        self.members.set(i64::from(s.members));
     }
 
     /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
@@ -383,6 +403,21 @@ impl Metrics {
             self.stale_gradients.clone(),
         );
         r.register(
+            "dtf_membership_epoch",
+            "Changes of cluster.worker this ps applied, from 1 at its start",
+            self.membership_epoch.clone(),
+        );
+        r.register(
+            "dtf_members",
+            "Workers in this ps's cluster.worker",
+            self.members.clone(),
+        );
+        r.register(
+            "dtf_membership_refusals",
+            "Pushes refused: from a worker not in cluster.worker, or from a process another one took the worker's index from",
+            self.membership_refusals.clone(),
+        );
+        r.register(
             "dtf_shm_connections",
             "Open shared-memory connections (tasks on this host); the others use TCP",
             self.shm_connections.clone(),
@@ -435,6 +470,11 @@ impl Metrics {
             "dtf_ps_transport",
             "1 for the transport this worker's latest call to each ps took (shm: shared memory; tcp)",
             self.ps_transport.clone(),
+        );
+        r.register(
+            "dtf_membership_epoch",
+            "The membership epoch ps 0 last answered with",
+            self.membership_epoch.clone(),
         );
         r.register(
             "dtf_push_seconds",

@@ -69,6 +69,15 @@ pub struct TaskStatus {
     /// own setting when it differs: `bf16 (ps: none)`, a mismatch its
     /// pushes and pulls refuse.
     pub compression: Option<String>,
+    /// Workers: in `cluster.worker` (here and at every ps that heard from
+    /// it). `false`: a worker the ps tasks refuse (a wrong task index, a
+    /// host with another file, a ps that has not reloaded yet).
+    pub member: Option<bool>,
+    /// Workers: pushes the ps tasks refused from its index (not a member,
+    /// or a second process fenced off it).
+    pub refused: Option<u64>,
+    /// Ps: its membership epoch (changes of `cluster.worker` it applied, from 1).
+    pub membership_epoch: Option<u64>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -188,11 +197,24 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
                 }
                 _ => l.compression.to_owned(),
             }),
+            membership_epoch: s.map(|s| s.membership_epoch),
             ..Default::default()
         });
     }
+    let listed = config.cluster.worker.len();
     for (i, addr) in config.cluster.worker.iter().enumerate() {
-        tasks.push(worker_status(i, addr, &heard));
+        tasks.push(worker_status(i, addr, listed, &heard));
+    }
+    // Every worker a ps heard from that is not in this file's list.
+    let mut strangers: Vec<usize> = heard
+        .iter()
+        .map(|c| c.task as usize)
+        .filter(|&i| i >= listed)
+        .collect();
+    strangers.sort_unstable();
+    strangers.dedup();
+    for i in strangers {
+        tasks.push(worker_status(i, "-", listed, &heard));
     }
     tasks.extend(evaluator_status(config));
     let (checkpoint, checkpoint_error) = match newest_checkpoint(config) {
@@ -220,13 +242,17 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     }
 }
 
-/// Worker `index` at `addr`, from what the ps tasks heard: the freshest
-/// contact any ps had, and the step and rate it reported.
-fn worker_status(index: usize, addr: &str, heard: &[pb::WorkerContact]) -> TaskStatus {
-    let latest = heard
-        .iter()
-        .filter(|c| c.task as usize == index)
-        .min_by(|a, b| a.seconds_ago.total_cmp(&b.seconds_ago));
+/// Worker `index` at `addr` (`listed` workers in this file), from what the
+/// ps tasks heard: the freshest contact any ps had, and the step and rate
+/// it reported; a member when listed here and by every ps that heard it.
+fn worker_status(
+    index: usize,
+    addr: &str,
+    listed: usize,
+    heard: &[pb::WorkerContact],
+) -> TaskStatus {
+    let mine = || heard.iter().filter(|c| c.task as usize == index);
+    let latest = mine().min_by(|a, b| a.seconds_ago.total_cmp(&b.seconds_ago));
     TaskStatus {
         task: format!("worker:{index}"),
         role: if index == 0 { "chief" } else { "worker" }.into(),
@@ -250,6 +276,8 @@ fn worker_status(index: usize, addr: &str, heard: &[pb::WorkerContact]) -> TaskS
                 c.examples_per_sec
             }
         }),
+        member: Some(index < listed && mine().all(|c| c.member)),
+        refused: Some(mine().map(|c| c.refused).sum()),
         ..Default::default()
     }
 }
@@ -389,12 +417,19 @@ fn row(t: &TaskStatus) -> Vec<String> {
         t.task.clone(),
         t.role.clone(),
         t.address.clone(),
-        match (t.reachable, &t.contact, t.last_contact_secs) {
-            (Some(true), ..) => "yes".into(),
-            (Some(false), ..) => "NO".into(),
-            (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),
-            (None, Some(c), None) => c.clone(),
-            (None, None, _) => "-".into(),
+        {
+            let seen = match (t.reachable, &t.contact, t.last_contact_secs) {
+                (Some(true), ..) => "yes".into(),
+                (Some(false), ..) => "NO".into(),
+                (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),
+                (None, Some(c), None) => c.clone(),
+                (None, None, _) => "-".into(),
+            };
+            match (t.member, t.refused) {
+                (Some(false), Some(n)) => format!("NOT A MEMBER, {n} pushes refused; {seen}"),
+                (Some(false), None) => format!("NOT A MEMBER; {seen}"),
+                _ => seen,
+            }
         },
         t.incarnation
             .map_or_else(|| "-".into(), |i| format!("{i:016x}")),
@@ -464,6 +499,8 @@ mod tests {
             step,
             seconds_ago,
             examples_per_sec: 500.0,
+            member: true,
+            ..Default::default()
         };
         // Two ps tasks heard worker 0; the freshest contact counts.
         let heard = [
@@ -471,21 +508,32 @@ mod tests {
             contact(0, 120, 0.2),
             contact(1, 7, 60.0),
         ];
-        let w0 = worker_status(0, "h:1", &heard);
+        let w0 = worker_status(0, "h:1", 3, &heard);
         assert_eq!(
             (w0.contact.as_deref(), w0.global_step, w0.role.as_str()),
             (Some("live"), Some(120), "chief")
         );
-        let w1 = worker_status(1, "h:2", &heard);
+        let w1 = worker_status(1, "h:2", 3, &heard);
         assert_eq!(
             (w1.contact.as_deref(), w1.global_step, w1.examples_per_sec),
             (Some("stale"), Some(7), Some(0.0))
         );
         assert_eq!(w0.examples_per_sec, Some(500.0));
-        let w2 = worker_status(2, "h:3", &heard);
+        let w2 = worker_status(2, "h:3", 3, &heard);
         assert_eq!(
             (w2.contact.as_deref(), w2.global_step),
             (Some("never seen"), None)
         );
+        assert_eq!(w2.member, Some(true));
+        // Heard from, but not in the list: flagged, with its refusals.
+        let stranger = pb::WorkerContact {
+            refused: 4,
+            member: false,
+            ..contact(5, 3, 0.5)
+        };
+        let w5 = worker_status(5, "-", 3, &[stranger]);
+        assert_eq!((w5.member, w5.refused), (Some(false), Some(4)));
+        let line = row(&w5).join(" ");
+        assert!(line.contains("NOT A MEMBER, 4 pushes refused"), "{line}");
     }
 }

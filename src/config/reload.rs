@@ -23,6 +23,10 @@ pub enum Applier {
     CheckpointTimer,
     /// `metrics::spawn` re-binds `/metrics` when the address changes.
     MetricsServer,
+    /// The membership: each ps (`ps::serve`'s watcher) changes its member
+    /// list and epoch at once; each worker's step loop checks between steps
+    /// whether it is still listed, and leaves if not.
+    Membership,
 }
 
 /// A key that may change while the cluster runs.
@@ -47,6 +51,7 @@ pub const LIVE_KEYS: &[LiveKey] = &[
     live("train.log_step_count_steps", Applier::TrainingLoop),
     live("train.save_summaries_steps", Applier::TrainingLoop),
     live("metrics.listen", Applier::MetricsServer),
+    live("cluster.worker", Applier::Membership),
 ];
 
 /// A [`LiveKey`] (a `const fn`, so the table stays one line per key).
@@ -78,11 +83,42 @@ impl Config {
             .into_iter()
             .filter(|key| !is_live(key))
             .collect();
-        if keys.is_empty() {
-            Ok(new)
-        } else {
-            Err(ConfigError::NotReloadable { keys })
+        if !keys.is_empty() {
+            return Err(ConfigError::NotReloadable { keys });
         }
+        self.check_worker_change(&new)?;
+        Ok(new)
+    }
+
+    /// A live change of `cluster.worker` keeps every remaining worker's task
+    /// index, and the chief: worker N is `cluster.worker[N]`, so entries are
+    /// added and removed at the end of the list, and the entries kept stay
+    /// as they were. (`new` is validated: not empty, no duplicate address,
+    /// enough workers for `train.replicas_to_aggregate`.)
+    ///
+    /// Errors: [`ConfigError::Key`] for `cluster.worker`, saying which entry
+    /// changed and what to do instead.
+    fn check_worker_change(&self, new: &Config) -> Result<(), ConfigError> {
+        let (old, now) = (&self.cluster.worker, &new.cluster.worker);
+        let Some(i) = old.iter().zip(now).position(|(a, b)| a != b) else {
+            return Ok(());
+        };
+        let problem = if i == 0 {
+            format!(
+                "worker 0, the chief, cannot be removed or replaced while the cluster runs \
+                 (cluster.worker[0] must stay {:?}; to move the chief, stop the cluster, edit, \
+                 and start it again: it resumes from the newest checkpoint)",
+                old[0]
+            )
+        } else {
+            format!(
+                "entry {i} changed from {:?} to {:?}: a running worker keeps its index, so \
+                 workers are added and removed at the end of the list only (to remove worker \
+                 {i}, remove it and every entry after it, then add those back)",
+                old[i], now[i]
+            )
+        };
+        Err(new.bad("cluster.worker", problem))
     }
 
     /// Each key whose value differs between `self` and `other`, as
@@ -172,6 +208,24 @@ mod tests {
             );
         };
         rejected(|c| c.cluster.ps.push("h:9".into()), "cluster.ps");
+        // Workers come and go at the end of the list.
+        let mut grown = old.clone();
+        grown.cluster.worker.push("h:7".into());
+        assert_eq!(old.reload(grown.clone()).unwrap(), grown);
+        assert_eq!(grown.reload(old.clone()).unwrap(), old);
+        let mut chief = grown.clone();
+        chief.cluster.worker[0] = "h:8".into();
+        let err = grown.reload(chief).unwrap_err().to_string();
+        assert!(
+            err.contains("cluster.worker")
+                && err.contains("worker 0, the chief, cannot be removed"),
+            "{err}"
+        );
+        let mut middle = grown.clone();
+        middle.cluster.worker.push("h:9".into());
+        middle.cluster.worker.remove(1);
+        let err = grown.reload(middle).unwrap_err().to_string();
+        assert!(err.contains("entry 1 changed"), "{err}");
         rejected(|c| c.model.layers = vec![784, 10], "model.layers");
         rejected(|c| c.train.mode = Mode::Sync, "train.mode");
         rejected(

@@ -64,9 +64,15 @@ impl Config {
         let lists = [Role::Ps, Role::Worker].map(|role| self.addresses(role));
         for (key, list) in lists {
             if list.is_empty() {
+                // A reload that empties the worker list would remove the chief.
+                let why = if key == "cluster.worker" {
+                    " (worker 0 is the chief, which a running cluster cannot lose)"
+                } else {
+                    ""
+                };
                 return Err(self.bad(
                     key,
-                    "is empty: expected at least one host:port address".into(),
+                    format!("is empty: expected at least one host:port address{why}"),
                 ));
             }
             for (i, address) in list.iter().enumerate() {
@@ -218,7 +224,10 @@ impl Config {
         if !(1..=workers).contains(&replicas) {
             return Err(self.bad(
                 "train.replicas_to_aggregate",
-                invalid(replicas, &format!("1 to {workers} (the number of workers)")),
+                invalid(
+                    replicas,
+                    &format!("1 to {workers} (the number of workers in cluster.worker)"),
+                ),
             ));
         }
         let total = self.total_num_replicas();
@@ -228,7 +237,7 @@ impl Config {
                 invalid(
                     total,
                     &format!(
-                        "{replicas} (train.replicas_to_aggregate) to {workers} (the number of workers)"
+                        "{replicas} (train.replicas_to_aggregate) to {workers} (the number of workers in cluster.worker)"
                     ),
                 ),
             ));

@@ -50,6 +50,7 @@ impl PsService {
         } else {
             None
         };
+        let peer = limits::peer(req.extensions());
         let req = req.into_inner();
         // Compressed gradients are decoded to f32 here, at the edge; exact
         // ones are applied straight from the request's bytes.
@@ -72,7 +73,12 @@ impl PsService {
                 .collect(),
         };
         let (variables, answer) = self
-            .push_with(&req, &grads, |s| Ok(self.snapshot(s, &[], false, false)?.0))
+            .push_with(
+                &req,
+                &grads,
+                |why| self.inner.refusals.refused(peer, why),
+                |s| Ok(self.snapshot(s, &[], false, false)?.0),
+            )
             .await?;
         let (variables, replica) = match variables {
             Some(v) => wire.answer(req.worker, req.replica, v),

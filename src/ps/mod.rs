@@ -74,8 +74,12 @@ struct Inner {
     slots_per_var: u32,
     /// The live configuration (`train.last_step` bounds every push).
     config: watch::Receiver<Arc<Config>>,
-    /// Every worker's latest push, for `State` (and so `dtf status`).
-    workers: Mutex<workers::Workers>,
+    /// The membership: who may push, which process holds each index, the
+    /// epoch; and every worker's latest push, for `State` (`dtf status`).
+    workers: Mutex<workers::Membership>,
+    /// Sync with `train.replicas_to_aggregate` unset: a step aggregates the
+    /// current members ([`workers::Membership::sync_target`]).
+    follows_members: bool,
     /// How tensors cross this ps's TCP links, and (onebit) what each
     /// worker holds: the gRPC edge's, [`grpc`].
     wire: transport::compress::PsWire,
@@ -136,7 +140,9 @@ impl PsService {
                 shm_connections: AtomicU32::new(0),
                 slots_per_var: optimizer.slot_names().len() as u32,
                 config: live,
-                workers: Mutex::new(workers::Workers::new(config.cluster.worker.len())),
+                workers: Mutex::new(workers::Membership::new(task, config.cluster.worker.len())),
+                follows_members: config.train.mode == Mode::Sync
+                    && config.train.replicas_to_aggregate.is_none(),
                 wire: transport::compress::PsWire::new(
                     config.cluster.compression,
                     config.cluster.worker.len(),
@@ -159,6 +165,62 @@ impl PsService {
             let peer = limits::peer(req.extensions());
             self.inner.refusals.refused(peer, e.message());
         })
+    }
+
+    /// The membership ([`workers`]), locked. Never held while taking the
+    /// shard's lock (the other way round is how they nest).
+    fn membership(&self) -> MutexGuard<'_, workers::Membership> {
+        self.inner.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `cluster.worker` has `members` entries now (a reload): the
+    /// membership follows, with a new epoch, and a sync run without
+    /// `train.replicas_to_aggregate` aggregates over the new members from
+    /// this step on (completing the step now when its gradients are in).
+    pub fn apply_members(&self, members: usize) {
+        let change = self.membership().set_members(members);
+        let Some(change) = change else {
+            return;
+        };
+        info!(
+            ps = self.inner.task,
+            epoch = change.epoch,
+            members,
+            added = ?change.added,
+            removed = ?change.removed,
+            "Membership changed."
+        );
+        if self.inner.follows_members {
+            self.set_sync_target();
+        }
+    }
+
+    /// Sync: a step aggregates the membership's target from now on, from
+    /// workers `0..members`; a step this completes is announced to waiters.
+    /// Both are read under the shard's lock, so a reload and a joiner's
+    /// first push racing each other leave the newest target in place.
+    fn set_sync_target(&self) {
+        let mut s = self.lock();
+        let (replicas, total) = {
+            let m = self.membership();
+            (m.sync_target(), m.members())
+        };
+        s.set_last_step(self.inner.config.borrow().train.last_step);
+        match s.set_sync(replicas, total) {
+            Ok(true) => {
+                info!(
+                    ps = self.inner.task,
+                    step = s.step(),
+                    replicas,
+                    "Step completed with the members left."
+                );
+                self.inner.step_tx.send_replace(s.step());
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(ps = self.inner.task, error = %e, "The step's update failed; its replicas push anew.");
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Shard> {
@@ -276,11 +338,8 @@ impl PsService {
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
-        let workers = self
-            .inner
-            .workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let membership = self.membership();
+        let workers = membership
             .report(Instant::now())
             .into_iter()
             .map(|w| pb::WorkerContact {
@@ -288,6 +347,9 @@ impl PsService {
                 step: w.step,
                 seconds_ago: w.since.as_secs_f64(),
                 examples_per_sec: w.examples_per_sec,
+                member: w.member,
+                incarnation: w.incarnation,
+                refused: w.refused,
             })
             .collect();
         pb::StateResponse {
@@ -307,6 +369,9 @@ impl PsService {
             shm_connections: self.inner.shm_connections.load(Ordering::Relaxed),
             compression: transport::compress::name(self.inner.wire.compression()).to_owned(),
             workers,
+            membership_epoch: membership.epoch(),
+            membership_refusals: membership.refusals(),
+            members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
         }
     }
 
@@ -381,6 +446,7 @@ impl PsService {
                 global_step: s.step(),
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
+                membership_epoch: self.membership().epoch(),
             },
         ))
     }
@@ -390,20 +456,22 @@ impl PsService {
     /// shard lock; with `req.pull`, `read` then takes the values under the
     /// lock. `req.gradients` is not read.
     ///
-    /// Errors: `FAILED_PRECONDITION` for a stale incarnation, and the shard's
-    /// refusals ([`shard::ShardError`]); nothing changed.
+    /// A push refused by the membership is passed to `refused` (which logs
+    /// it with the peer, rate-limited).
+    ///
+    /// Errors: `FAILED_PRECONDITION` for a worker not in `cluster.worker` or a
+    /// process fenced off its index ([`workers::Refusal`]), for a stale
+    /// incarnation, and the shard's refusals ([`shard::ShardError`]);
+    /// nothing changed.
     pub async fn push_with<T>(
         &self,
         req: &pb::PushRequest,
         grads: &[rpc::TensorView<'_>],
+        refused: impl FnOnce(&str),
         read: impl FnOnce(&Shard) -> Result<T, Status>,
     ) -> Result<(Option<T>, pb::PushResponse), Status> {
-        // Any authenticated push is contact, applied or not.
-        self.inner
-            .workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .heard(req.worker, req.step, self.inner.batch_size, Instant::now());
+        // Any authenticated push is contact, let in or not.
+        self.admit(req, refused)?;
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -445,8 +513,49 @@ impl PsService {
                 complete: s.is_complete(),
                 stale: outcome == Some(Pushed::Stale),
                 replica: 0,
+                membership_epoch: self.membership().epoch(),
             },
         ))
+    }
+
+    /// The membership's word on a push: refused (logged through `refused`,
+    /// counted), or let in — fencing the index's previous process, or
+    /// counting a joined worker in the sync target.
+    ///
+    /// Errors: `FAILED_PRECONDITION` ([`workers::Refusal`]).
+    fn admit(&self, req: &pb::PushRequest, refused: impl FnOnce(&str)) -> Result<(), Status> {
+        let admitted = self.membership().admit(
+            req.worker,
+            req.worker_incarnation,
+            req.step,
+            self.inner.batch_size,
+            Instant::now(),
+        );
+        let admitted = admitted.map_err(|r| {
+            refused(&r.to_string());
+            Status::from(r)
+        })?;
+        if let Some(old) = admitted.fenced {
+            warn!(
+                ps = self.inner.task,
+                worker = req.worker,
+                fenced = %format!("{old:x}"),
+                holder = %format!("{:x}", req.worker_incarnation),
+                "A new process took over the worker's task index; the old one is refused from now on."
+            );
+        }
+        if admitted.joined {
+            if self.inner.follows_members {
+                self.set_sync_target();
+            }
+            info!(
+                ps = self.inner.task,
+                worker = req.worker,
+                step = req.step,
+                "Worker joined."
+            );
+        }
+        Ok(())
     }
 
     /// `Complete` on either transport: the chief declares the run complete.
@@ -519,6 +628,16 @@ pub async fn serve(
             }
         })
     };
+    // `cluster.worker` is live: the membership follows each reload.
+    let members = {
+        let (service, mut live) = (service.clone(), live.clone());
+        tokio::spawn(async move {
+            while live.changed().await.is_ok() {
+                let members = live.borrow_and_update().cluster.worker.len();
+                service.apply_members(members);
+            }
+        })
+    };
     let shm = listener
         .local_addr()
         .ok()
@@ -536,6 +655,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
         .await;
     linger.abort();
+    members.abort();
     stop.cancel();
     if let Some(shm) = shm {
         let _ = shm.await;

@@ -137,6 +137,9 @@ struct Pending {
     workers: BTreeSet<u32>,
     /// Sum of their gradients, per variable.
     sum: Vec<ArrayD<f32>>,
+    /// The learning rate of the latest gradient in: the step's update uses
+    /// it when a change of membership completes the step ([`Shard::set_sync`]).
+    lr: f32,
 }
 
 /// An optimizer's state for the variables of a shard.
@@ -228,6 +231,7 @@ impl Shard {
             pending: Pending {
                 workers: BTreeSet::new(),
                 sum,
+                lr: 0.0,
             },
             scratch,
             counters: Counters::default(),

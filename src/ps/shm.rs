@@ -284,7 +284,7 @@ async fn serve_calls(
                 return;
             }
         };
-        let answer = call(service, layout, region, k, &body).await;
+        let answer = call(service, (layout, region), pid, k, &body).await;
         let write = async {
             match answer {
                 Ok(body) => shm::write_frame(stream, kind::OK, &body).await,
@@ -323,8 +323,8 @@ fn write_area(
 /// One call: the same functions as the gRPC service, tensors in the region.
 async fn call(
     service: &PsService,
-    layout: &[(String, Vec<usize>, std::ops::Range<usize>)],
-    region: &mut Region,
+    (layout, region): (&Layout, &mut Region),
+    pid: i32,
     k: u8,
     body: &[u8],
 ) -> Result<Vec<u8>, Status> {
@@ -375,10 +375,18 @@ async fn call(
                 })
                 .collect();
             let (_, answer) = service
-                .push_with(&req, &views, |s| {
-                    write_area(s.values()?, layout, values);
-                    Ok(())
-                })
+                .push_with(
+                    &req,
+                    &views,
+                    |why| {
+                        let why = format!("shared memory, pid {pid}: {why}");
+                        service.inner.refusals.refused(None, &why);
+                    },
+                    |s| {
+                        write_area(s.values()?, layout, values);
+                        Ok(())
+                    },
+                )
                 .await?;
             Ok(answer.encode_to_vec())
         }

@@ -41,6 +41,13 @@ pub struct Cluster {
     by_ps: Vec<Vec<usize>>,
     /// Incarnation each shard had at the last pull (0: unknown).
     incarnations: Vec<u64>,
+    /// This process, to the ps tasks: random per [`Cluster::new`] (clones
+    /// share it), never 0. A second process pushing as the same worker
+    /// fences this one ([`crate::ps::workers`]).
+    worker_incarnation: u64,
+    /// The membership epoch each ps last answered with (0: none yet): the
+    /// step tag's second half.
+    epochs: Arc<Vec<AtomicU64>>,
     /// The optimizer's slots of every variable, in the order snapshots
     /// return them and [`Cluster::initialize`] takes them.
     slot_specs: Vec<SlotSpec>,
@@ -170,6 +177,7 @@ impl Cluster {
             })
             .collect();
         let incarnations = vec![0; clients.len()];
+        let epochs = Arc::new((0..clients.len()).map(|_| AtomicU64::new(0)).collect());
         let values_in = vec![Via::Tcp; clients.len()];
         let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
         let slot_specs = config.train.optimizer().slot_specs(&specs);
@@ -192,6 +200,8 @@ impl Cluster {
             owner,
             by_ps,
             incarnations,
+            worker_incarnation: rand::random::<u64>() | 1,
+            epochs,
             slot_specs,
             non_slot_ps,
             in_place: false,
@@ -254,6 +264,31 @@ impl Cluster {
         let [s, r] = &self.bytes[ps];
         s.fetch_add(sent as u64, Ordering::Relaxed);
         r.fetch_add(received as u64, Ordering::Relaxed);
+    }
+
+    /// The membership epoch each ps last answered with (0: none yet).
+    pub fn epochs(&self) -> Vec<u64> {
+        self.epochs
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Copies the epochs each ps last answered with into `seen`; whether any
+    /// changed from a known one (0: not known yet).
+    pub fn epochs_changed(&self, seen: &mut [u64]) -> bool {
+        let mut changed = false;
+        for (seen, now) in seen.iter_mut().zip(self.epochs.iter()) {
+            let now = now.load(Ordering::Relaxed);
+            changed |= *seen != 0 && *seen != now;
+            *seen = now;
+        }
+        changed
+    }
+
+    /// Remembers the membership epoch `ps` answered with.
+    fn heard_epoch(&self, ps: usize, epoch: u64) {
+        self.epochs[ps].store(epoch, Ordering::Relaxed);
     }
 
     fn took(&self, ps: usize, via: Via) {
@@ -401,6 +436,7 @@ impl Cluster {
             .enumerate()
             .map(|(ps, (r, via))| {
                 self.incarnations[ps] = r.incarnation;
+                self.heard_epoch(ps, r.membership_epoch);
                 self.values_in[ps] = via;
                 r
             })

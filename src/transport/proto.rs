@@ -492,6 +492,7 @@ mod tests {
             incarnation: 9,
             complete: true,
             slots: vec![encode("w/Momentum", &a)],
+            membership_epoch: 2,
         };
         let (chunks, len) = chunked(msg.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
@@ -512,6 +513,7 @@ mod tests {
             complete: false,
             stale: true,
             replica: 0,
+            membership_epoch: 2,
         };
         let (chunks, len) = chunked(push.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();

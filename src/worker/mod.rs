@@ -15,6 +15,7 @@ use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::data::{self, Batches, Dataset, Preprocessing, Split};
 use crate::model::{self, Mlp};
+use crate::ps::workers::Refused;
 use crate::transport::{Cluster, Progress, PsCallError};
 use backoff::{Backoff, WAIT_LOG_EVERY};
 use chief::Chief;
@@ -31,6 +32,13 @@ const INIT_POLL: Duration = Duration::from_millis(200);
 /// A sync worker that sees no new step for this long gives up with an error
 /// (systemd restarts it), rather than waiting forever on a dead peer.
 const SYNC_STALL_LIMIT: Duration = Duration::from_secs(600);
+/// How long a worker that a ps says is not in its `cluster.worker` keeps
+/// trying while its own file lists it: the ps may not have reloaded an
+/// edit that added this worker yet (each task's watcher settles for
+/// 200 ms; a SIGHUP may come later). Past it the worker exits 78.
+const MEMBERSHIP_GRACE: Duration = Duration::from_secs(5);
+/// Between two tries within [`MEMBERSHIP_GRACE`].
+const MEMBERSHIP_RETRY: Duration = Duration::from_millis(250);
 
 /// Errors that stop a worker.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +90,18 @@ pub enum WorkerError {
     /// Stopped (SIGTERM) while waiting for the ps tasks.
     #[error("stopped while waiting for the ps tasks")]
     Interrupted,
+    /// A ps refused this worker's pushes: its index is not in the ps's
+    /// `cluster.worker`, or another process took the index over. A
+    /// configuration error (exit 78, not restarted): restarting cannot help.
+    #[error("refused by the cluster's membership: {0}")]
+    Refused(#[source] PsCallError),
+}
+
+impl WorkerError {
+    /// A configuration that cannot work: the daemon exits 78.
+    pub fn is_config(&self) -> bool {
+        matches!(self, WorkerError::Refused(_))
+    }
 }
 
 impl WorkerError {
@@ -106,6 +126,13 @@ pub enum Outcome {
     AlreadyComplete { global_step: u64 },
     /// Asked to stop (SIGTERM) before the end.
     Stopped { global_step: u64 },
+    /// Removed from `cluster.worker` (a live reload): left after its step.
+    Left {
+        /// The global step when this worker left.
+        global_step: u64,
+        /// Steps this worker computed.
+        local_steps: u64,
+    },
 }
 
 impl std::fmt::Display for Outcome {
@@ -125,6 +152,14 @@ impl std::fmt::Display for Outcome {
                 )
             }
             Outcome::Stopped { global_step } => write!(f, "Stopped at global step {global_step}"),
+            Outcome::Left {
+                global_step,
+                local_steps,
+            } => write!(
+                f,
+                "Left the cluster (removed from cluster.worker) at global step {global_step} \
+                 ({local_steps} steps computed here)"
+            ),
         }
     }
 }
@@ -152,6 +187,9 @@ struct Worker {
     /// `train_examples / batch_size`.
     decay_steps: f64,
     shutdown: CancellationToken,
+    /// Since when a ps has said this worker is not in its `cluster.worker`
+    /// while this worker's file lists it ([`MEMBERSHIP_GRACE`]).
+    refused_since: Option<Instant>,
 }
 
 /// Runs worker `task` until `last_step`, a complete run, or `shutdown`.
@@ -216,6 +254,7 @@ pub async fn run(
         preprocessing,
         decay_steps,
         shutdown,
+        refused_since: None,
     };
     match w.train(reporter).await {
         Err(WorkerError::Interrupted) => {
@@ -243,6 +282,12 @@ impl Worker {
 
     fn is_chief(&self) -> bool {
         self.task == 0
+    }
+
+    /// Whether this worker is in `cluster.worker` as the live configuration
+    /// has it (a reload may have removed it).
+    fn is_member(&self) -> bool {
+        self.task < self.config.borrow().cluster.worker.len()
     }
 
     /// Waits until every shard is initialized (the chief initializes or
@@ -351,6 +396,14 @@ impl Worker {
             if self.shutdown.is_cancelled() {
                 break Outcome::Stopped { global_step: step };
             }
+            if !self.is_member() {
+                // The step before this one is done (pushed, and in sync
+                // aggregated or given up on); none is started.
+                break Outcome::Left {
+                    global_step: step,
+                    local_steps: rate.local_steps,
+                };
+            }
             let lr = model::learning_rate(
                 cfg.train.learning_rate,
                 cfg.train.learning_rate_decay,
@@ -365,6 +418,10 @@ impl Worker {
                 continue;
             };
             (loss, progress) = (l, p);
+            if self.cluster.epochs_changed(&mut buf.epochs) {
+                info!(worker = self.task, epochs = ?buf.epochs, "Membership changed.");
+            }
+            crate::metrics::global().membership_epoch(buf.epochs[0]);
             crate::metrics::global().step(progress.global_step(), cfg.train.batch_size, loss, lr);
             if let Some(c) = &mut chief {
                 c.on_step(&cfg, step, loss, lr);
@@ -438,8 +495,12 @@ impl Worker {
             &buf.params,
             pushed.is_ok(),
         );
+        if pushed.is_ok() {
+            self.refused_since = None;
+        }
         let progress = match pushed {
             Ok(p) => p,
+            Err(e) if Refused::of(&e.status).is_some() => return self.refused(e).await,
             Err(e) if e.is_unavailable() || e.needs_pull() => {
                 debug!(error = %e, "Push failed; pulling again.");
                 self.pull(&mut buf.params, None).await?
@@ -455,6 +516,40 @@ impl Worker {
         Ok(Some((loss, progress)))
     }
 
+    /// A ps refused this worker's push ([`Refused`]): nothing was computed
+    /// that counts (`None`: the caller pulls, and leaves if it is no
+    /// longer a member).
+    ///
+    /// Errors: [`WorkerError::Refused`] when another process took this
+    /// worker's index over, or when the ps still does not list this
+    /// worker [`MEMBERSHIP_GRACE`] after the first refusal while this
+    /// worker's own file does.
+    async fn refused(&mut self, e: PsCallError) -> Result<Option<(f32, Progress)>, WorkerError> {
+        if Refused::of(&e.status) == Some(Refused::Fenced) {
+            return Err(WorkerError::Refused(e));
+        }
+        if !self.is_member() {
+            // Removed here too: the loop leaves.
+            return Ok(None);
+        }
+        let since = *self.refused_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= MEMBERSHIP_GRACE {
+            return Err(WorkerError::Refused(e));
+        }
+        if since.elapsed() < MEMBERSHIP_RETRY {
+            info!(
+                worker = self.task,
+                ps = e.ps,
+                grace_secs = MEMBERSHIP_GRACE.as_secs(),
+                "A ps does not list this worker in cluster.worker yet; retrying while it reloads."
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(MEMBERSHIP_RETRY) => Ok(None),
+            _ = self.shutdown.cancelled() => Ok(None),
+        }
+    }
+
     /// Sync: waits until every shard has moved past the step we pushed for.
     /// A shard still at the tagged step has our gradient pending; one behind
     /// it was restored from a checkpoint: compute afresh.
@@ -467,7 +562,12 @@ impl Worker {
     ) -> Result<Progress, WorkerError> {
         let mut waiting = Backoff::new();
         let want: Vec<u64> = tags.iter().map(|t| t + 1).collect();
-        while !progress.complete && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag) {
+        // A worker removed meanwhile stops waiting: its gradient is in, and
+        // the ps tasks no longer wait for it.
+        while !progress.complete
+            && self.is_member()
+            && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag)
+        {
             if last_progress.elapsed() > SYNC_STALL_LIMIT {
                 return Err(WorkerError::Stalled {
                     secs: SYNC_STALL_LIMIT.as_secs(),
@@ -547,6 +647,8 @@ struct StepBuffers {
     ws: model::Workspace,
     /// The gradient pushed to the ps tasks.
     grads: Vec<ArrayD<f32>>,
+    /// The membership epoch each ps last answered with.
+    epochs: Vec<u64>,
 }
 
 impl StepBuffers {
@@ -568,6 +670,7 @@ impl StepBuffers {
             y: Vec::with_capacity(batch),
             grads: params.clone(),
             params,
+            epochs: vec![0; w.cluster.num_ps()],
             ws: model::Workspace::default(),
         }
     }

@@ -18,6 +18,7 @@ mod hardening;
 mod hosts;
 mod inputs;
 mod local;
+mod membership;
 mod observability;
 mod optimizers;
 mod package;

@@ -48,7 +48,7 @@ fn push(values: &[(String, ArrayD<f32>)], g: f32, learning_rate: f32) -> pb::Pus
         pull: true,
         incarnation: 0,
         loss: 1.0,
-        replica: 0,
+        ..Default::default()
     }
 }
 

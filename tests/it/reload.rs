@@ -36,6 +36,8 @@ const SHOWN_BY: &[(&str, &str)] = &[
     ("metrics.listen", "metrics_listen_reloads_live"),
     // With the evaluator's tests: saving by steps is its subject there.
     ("checkpoint.save_steps", "save_steps_reloads_live"),
+    // With the membership tests (both transports, async and sync).
+    ("cluster.worker", "a_worker_joins_a_running_run_async"),
 ];
 
 #[test]
@@ -46,11 +48,17 @@ fn every_live_key_has_a_test_showing_its_effect() {
     a.sort();
     b.sort();
     assert_eq!(a, b, "LIVE_KEYS and the keys this file shows the effect of");
-    let source = [include_str!("reload.rs"), include_str!("evaluator.rs")].concat();
+    let source = [
+        include_str!("reload.rs"),
+        include_str!("evaluator.rs"),
+        include_str!("membership.rs"),
+    ]
+    .concat();
     for (key, test) in SHOWN_BY {
         assert!(
-            source.contains(&format!("#[test]\nfn {test}()")),
-            "{key}: no test {test} in tests/it/reload.rs"
+            source.contains(&format!("#[test]\nfn {test}()"))
+                || source.contains(&format!("async fn {test}(transport)")),
+            "{key}: no test {test} in tests/it/reload.rs, evaluator.rs or membership.rs"
         );
     }
 }

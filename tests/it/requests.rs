@@ -50,7 +50,7 @@ fn push(gradients: Vec<pb::Tensor>) -> pb::PushRequest {
         pull: true,
         incarnation: 0,
         loss: 1.0,
-        replica: 0,
+        ..Default::default()
     }
 }
 
@@ -206,7 +206,14 @@ async fn sync_rejects_duplicate_and_future_pushes_and_drops_stale_ones() {
         })
         .await
         .unwrap_err();
-    assert_eq!(stranger.code(), Code::InvalidArgument, "{stranger:?}");
+    // Not in cluster.worker: refused by the membership, naming the key.
+    assert_eq!(stranger.code(), Code::FailedPrecondition, "{stranger:?}");
+    assert!(
+        stranger
+            .message()
+            .contains("worker 5 is not in cluster.worker"),
+        "{stranger:?}"
+    );
     assert!(snapshot(&mut ps).await == before);
     // The second replica completes the step.
     let done = ps

@@ -439,6 +439,35 @@ impl Cluster {
         &mut self.procs.last_mut().unwrap().1
     }
 
+    /// Starts `dtf-<role> --config <config> --task <index>` as process
+    /// `name` (its log `name`.log): a second process claiming a task, or a
+    /// task reading a file of its own.
+    pub fn start_as(&mut self, name: &str, role: &str, index: usize, config: &Path) -> &mut Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(name))
+            .unwrap();
+        let mut cmd = Command::new(bin(&format!("dtf-{role}")));
+        cmd.arg("--config")
+            .arg(config)
+            .arg("--task")
+            .arg(index.to_string());
+        for var in INHERITED_CONTROL_VARS {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.retain(|(n, _)| n != name);
+        self.procs.push((name.to_owned(), child));
+        &mut self.procs.last_mut().unwrap().1
+    }
+
     /// Waits until `name`'s log contains `needle` at least `count` times
     /// (failing the test with the log past `deadline`).
     pub fn wait_log(&self, name: &str, needle: &str, count: usize, deadline: Duration) -> String {

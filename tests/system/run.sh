@@ -9,7 +9,9 @@
 # beside it (it scores checkpoints while training, keeps the best in best/,
 # and stops by itself after the final one): readiness and STATUS,
 # SIGKILL of a worker and of the ps (systemd restarts them, the chief
-# restores the checkpoint), reload by file change and by `systemctl reload`
+# restores the checkpoint), a worker added by an edit of cluster.worker and
+# `systemctl start dtf-worker@2`, then removed (it exits 0: inactive, not
+# failed, not restarted), reload by file change and by `systemctl reload`
 # (valid, invalid, not reloadable), the end of the run (every unit inactive
 # with Result=success, checkpoints, `dtf eval`), a second run over mutual TLS
 # (openssl certificates, the key root:dtf 0640; `dtf status` with and without
@@ -46,6 +48,10 @@ ROOT_OFFLINE=procps
 PS_ADDR=127.0.0.1:2222
 W0_ADDR=127.0.0.1:2223
 W1_ADDR=127.0.0.1:2224
+# Added to the running cluster by an edit, then removed (cluster.worker is live).
+W2_ADDR=127.0.0.1:2225
+# The workers write_config lists (the membership section adds W2_ADDR).
+WORKER_LIST="\"$W0_ADDR\", \"$W1_ADDR\""
 # dtf-evaluator runs beside the cluster: the same lifecycle checks apply to it
 # (start, reloads, the stop at last_step, once it has scored the final checkpoint).
 UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1 dtf-evaluator)
@@ -267,7 +273,7 @@ write_config() {
 		# dtf system test: 1 ps + 2 workers on the container's loopback.
 		[cluster]
 		ps = ["$PS_ADDR"]
-		worker = ["$W0_ADDR", "$W1_ADDR"]
+		worker = [$WORKER_LIST]
 		[train]
 		mode = "async"
 		batch_size = 100
@@ -502,6 +508,43 @@ else
 	fail "dtf-ps@0 logs 'Configuration reloaded' after systemctl reload"
 fi
 check "dtf-ps@0 active after systemctl reload" is_active dtf-ps@0
+
+# --- membership: a worker joins and leaves the running cluster --------------------------
+
+log "membership: add worker 2 to cluster.worker, then systemctl start dtf-worker@2"
+restarts_before_join="$(prop dtf-ps@0 NRestarts):$(prop dtf-worker@0 NRestarts):$(prop dtf-worker@1 NRestarts)"
+count_reloads
+WORKER_LIST="\"$W0_ADDR\", \"$W1_ADDR\", \"$W2_ADDR\""
+write_config $HUGE_STEP 3
+expect_in_journals 'Configuration reloaded' "worker 2 added, reloaded" reloaded
+check "dtf-ps@0 applied the new membership" wait_for 30 journal_count_above dtf-ps@0 'Membership changed' 0
+if in_ct timeout 120 systemctl start dtf-worker@2; then
+	pass "systemctl start dtf-worker@2 returns 0 (joined: connected and training)"
+else
+	fail "systemctl start dtf-worker@2"
+fi
+check "dtf-worker@2 trains: $(prop dtf-worker@2 StatusText)" wait_for 90 status_step_above dtf-worker@2 0
+check "dtf-ps@0 logs that worker 2 joined" wait_for 30 journal_count_above dtf-ps@0 'Worker joined' 0
+w2_live() { in_ct dtf status 2>/dev/null | grep -E '^worker:2 ' | grep -q live; }
+check "dtf status lists worker:2 live" wait_for 30 w2_live
+check "no other unit restarted for the join" \
+	test "$(prop dtf-ps@0 NRestarts):$(prop dtf-worker@0 NRestarts):$(prop dtf-worker@1 NRestarts)" = "$restarts_before_join"
+check "all units active after the join" all_active
+
+log "membership: remove worker 2 from cluster.worker"
+count_reloads
+WORKER_LIST="\"$W0_ADDR\", \"$W1_ADDR\""
+write_config $HUGE_STEP 3
+w2_gone() { [ "$(prop dtf-worker@2 ActiveState)" = inactive ]; }
+if wait_for 60 w2_gone; then
+	pass "dtf-worker@2 stopped by itself: ActiveState=inactive Result=$(prop dtf-worker@2 Result)"
+else
+	fail "dtf-worker@2 stops when removed (ActiveState=$(prop dtf-worker@2 ActiveState))"
+fi
+check "dtf-worker@2 ended with Result=success (exit 0, not failed)" test "$(prop dtf-worker@2 Result)" = success
+check "dtf-worker@2 was not restarted (NRestarts=$(prop dtf-worker@2 NRestarts))" test "$(prop dtf-worker@2 NRestarts)" = 0
+check "dtf-worker@2 logged that it left the cluster" journal_count_above dtf-worker@2 'Left the cluster' 0
+check "all units active after the leave" all_active
 
 # --- to the end of the run -------------------------------------------------------------
 

@@ -103,6 +103,7 @@ impl Shard {
             return Err(ShardError::DuplicatePush { worker, step });
         }
         self.pending.workers.insert(worker);
+        self.pending.lr = lr;
         for (s, g) in self.pending.sum.iter_mut().zip(grads) {
             let s = s
                 .as_slice_mut()
@@ -114,6 +115,38 @@ impl Shard {
         if self.pending.workers.len() < replicas {
             return Ok(Pushed::Pending);
         }
+        self.apply_pending()
+    }
+
+    /// Sync: the step's gradients a step waits for and the workers allowed
+    /// to push change (the membership changed, `super::super::workers`). A
+    /// step that already holds the new number of gradients is applied now,
+    /// with the learning rate of its latest gradient: no step waits for a
+    /// worker that left. Async: nothing to do.
+    ///
+    /// Returns whether a step was applied.
+    ///
+    /// Errors: as [`Shard::push_bytes`]'s update ([`ShardError::Overflow`]);
+    /// the step's gradients are then dropped and its replicas push anew.
+    pub fn set_sync(&mut self, replicas: usize, total: usize) -> Result<bool, ShardError> {
+        let Rule::Sync { .. } = self.rule else {
+            return Ok(false);
+        };
+        self.rule = Rule::Sync { replicas, total };
+        let due = !self.pending.workers.is_empty()
+            && self.pending.workers.len() >= replicas
+            && self.values.is_some()
+            && self.step < self.last_step;
+        if !due {
+            return Ok(false);
+        }
+        self.apply_pending().map(|p| p == Pushed::Applied)
+    }
+
+    /// Sync: applies the average of the step's gradients in `pending`.
+    fn apply_pending(&mut self) -> Result<Pushed, ShardError> {
+        let (lr, step) = (self.pending.lr, self.step);
+        let replicas = self.pending.workers.len();
         let sum = std::mem::take(&mut self.pending.sum);
         let bytes: Vec<&[u8]> = sum
             .iter()

@@ -7,6 +7,7 @@ use crate::transport::shm::kind;
 use crate::transport::{Progress, PsCallError, ShmConn, ShmLink, Via};
 use futures::future::try_join_all;
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD};
+use std::sync::atomic::Ordering;
 use tonic::Status;
 
 /// A ps's shared-memory connection, locked for a step (`None`: over TCP).
@@ -173,13 +174,16 @@ impl Cluster {
                         incarnation: self.incarnations[ps],
                         loss,
                         replica: 0,
+                        worker_incarnation: self.worker_incarnation,
+                        membership_epoch: self.epochs[ps].load(Ordering::Relaxed),
                     };
                     async move {
                         let Some((link, mut conn)) = lease else {
-                            return self
-                                .push_one(ps, req, grads, &mut out)
-                                .await
-                                .map_err(call(ps));
+                            let r = self.push_one(ps, req, grads, &mut out).await;
+                            if let Ok(r) = &r {
+                                self.heard_epoch(ps, r.membership_epoch);
+                            }
+                            return r.map_err(call(ps));
                         };
                         let r = link
                             .call::<pb::PushResponse>(&mut conn, kind::PUSH, &req)
@@ -189,6 +193,9 @@ impl Cluster {
                             // a refusal; either way the next step's values must
                             // come from a call whose progress the worker holds.
                             c.values_valid = r.is_ok();
+                        }
+                        if let Ok(r) = &r {
+                            self.heard_epoch(ps, r.membership_epoch);
                         }
                         r.map_err(call(ps))
                     }

@@ -1,0 +1,355 @@
+//! Cluster membership, enforced and elastic: a worker the ps tasks do not
+//! list and a second process for a listed index are refused (exit 78);
+//! workers join and leave a running run through an edit of
+//! `cluster.worker`, async and sync, on both transports; bad edits change
+//! nothing.
+
+use crate::util::*;
+use dtf::config::{Mode, Transport};
+use dtf::pb;
+use std::time::Duration;
+
+const RUN: Duration = Duration::from_secs(120);
+
+/// Room for a live `last_step` to land before the run gets there (shm
+/// trains the tiny model at ~14000 steps/s; a reload settles for 200 ms).
+const ROOM: u64 = 20_000;
+
+/// ps `i`'s state, `None` while it does not answer.
+async fn state(c: &Cluster, i: usize) -> Option<pb::StateResponse> {
+    let mut ps = c.client(i, Some(TOKEN)).await;
+    ps.state(pb::StateRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// Waits until ps 0's state satisfies `ok`; returns it.
+async fn ps0(
+    c: &Cluster,
+    what: &str,
+    ok: impl Fn(&pb::StateResponse) -> bool,
+) -> pb::StateResponse {
+    eventually(RUN, what, || async { state(c, 0).await.filter(|s| ok(s)) }).await
+}
+
+/// Waits until ps 0 is initialized and past `step`.
+async fn past(c: &Cluster, step: u64) -> pb::StateResponse {
+    ps0(c, &format!("ps:0 past step {step}"), |s| {
+        s.initialized && s.global_step > step
+    })
+    .await
+}
+
+/// Updates and gradients ps 0 aggregates over the next `steps` sync steps.
+async fn aggregates(c: &Cluster, steps: u64) -> (u64, u64) {
+    let a = past(c, 0).await;
+    let b = ps0(c, "more sync updates", |s| {
+        s.updates_applied >= a.updates_applied + steps
+    })
+    .await;
+    (
+        b.updates_applied - a.updates_applied,
+        b.gradients_aggregated - a.gradients_aggregated,
+    )
+}
+
+/// `name`'s exit status, waiting at most [`RUN`].
+fn exit_code(c: &mut Cluster, name: &str) -> Option<i32> {
+    tokio::task::block_in_place(|| c.wait(name, RUN)).code()
+}
+
+/// Moves `train.last_step` to [`ROOM`] steps past ps 0's step, waits for
+/// every process to exit 0, and checks that the run ended exactly there:
+/// one update per step (none lost, none applied twice) and the final
+/// checkpoint at `last_step`.
+async fn end_run(c: &mut Cluster, running: &[&str]) {
+    let now = past(c, 0).await.global_step;
+    let last = now + ROOM;
+    c.cfg.train.last_step = last;
+    c.write_config_by_rename();
+    let end = ps0(c, "the run to complete", |s| s.complete).await;
+    assert_eq!(end.global_step, last, "{end:?}");
+    assert_eq!(
+        end.pushes_applied.max(end.updates_applied),
+        last,
+        "one update per step: {end:?}"
+    );
+    for n in running {
+        let code = exit_code(c, n);
+        assert_eq!(code, Some(0), "{n}:\n{}", c.log(n));
+    }
+    assert!(
+        checkpoint_steps(&c.cfg.checkpoint.dir).contains(&last),
+        "final checkpoint at {last}: {:?}",
+        checkpoint_steps(&c.cfg.checkpoint.dir)
+    );
+}
+
+/// An unknown worker (a host whose file lists one more) and a second
+/// process for worker 1: both refused, both exit 78 saying why; the run
+/// goes on with the newer worker 1.
+async fn refused(transport: Transport, mode: Mode) {
+    let mut c = Cluster::new(1, 2, 1_000_000, mode);
+    c.use_transport(transport);
+    c.start_all();
+    past(&c, 20).await;
+    let mut other = c.cfg.clone();
+    other.cluster.worker.push(free_addrs(1).remove(0));
+    let other_path = c.dir.path().join("other.toml");
+    std::fs::write(&other_path, other.to_toml()).unwrap();
+    c.start_as("worker:2", "worker", 2, &other_path);
+    assert_eq!(
+        exit_code(&mut c, "worker:2"),
+        Some(78),
+        "{}",
+        c.log("worker:2")
+    );
+    let log = c.log("worker:2");
+    assert!(
+        log.contains("worker 2 is not in cluster.worker of ps:0"),
+        "{log}"
+    );
+    let s = past(&c, 0).await;
+    assert!(s.membership_refusals >= 1, "{s:?}");
+    let w2 = s
+        .workers
+        .iter()
+        .find(|w| w.task == 2)
+        .expect("worker 2 listed");
+    assert!(!w2.member && w2.refused >= 1, "{w2:?}");
+    assert!(c.log("ps:0").contains("Refused."), "{}", c.log("ps:0"));
+    let status = tokio::task::block_in_place(|| c.dtf(&["status"]));
+    let table = String::from_utf8_lossy(&status.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("worker:2"))
+        .unwrap_or_else(|| panic!("no worker:2 row:\n{table}"));
+    assert!(row.contains("NOT A MEMBER"), "{table}");
+
+    // A second worker 1 (a unit started on two hosts): the newer one takes
+    // the index over; the older is refused at its next push and exits 78.
+    let path = c.config_path.clone();
+    c.start_as("worker:1b", "worker", 1, &path);
+    assert_eq!(
+        exit_code(&mut c, "worker:1"),
+        Some(78),
+        "{}",
+        c.log("worker:1")
+    );
+    let log = c.log("worker:1");
+    assert!(
+        log.contains("took over task index 1 of cluster.worker"),
+        "{log}"
+    );
+    c.wait_log(
+        "ps:0",
+        "A new process took over the worker's task index",
+        1,
+        RUN,
+    );
+    // The newer one trains (in sync, no step completes without it).
+    let at = past(&c, 0).await.global_step;
+    past(&c, at + 20).await;
+    assert!(
+        c.child("worker:1b").try_wait().unwrap().is_none(),
+        "{}",
+        c.log("worker:1b")
+    );
+    c.assert_transport(transport);
+}
+
+crate::on_each_transport! {
+async fn unknown_and_duplicate_workers_are_refused_async(transport) {
+    refused(transport, Mode::Async).await;
+}
+}
+
+crate::on_each_transport! {
+async fn unknown_and_duplicate_workers_are_refused_sync(transport) {
+    refused(transport, Mode::Sync).await;
+}
+}
+
+/// Worker 1 is added to a running one-worker run: no task restarts, the
+/// run does not wait for it before it starts, it trains once started (in
+/// sync, every step then averages both), and the run ends exactly at
+/// `last_step`.
+async fn joins(transport: Transport, mode: Mode) {
+    let mut c = Cluster::new(1, 1, 1_000_000, mode);
+    c.use_transport(transport);
+    c.start_all();
+    past(&c, 20).await;
+    c.cfg.cluster.worker.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    c.wait_log("ps:0", "Membership changed.", 1, RUN);
+    c.wait_log("worker:0", "Configuration reloaded.", 1, RUN);
+    let s = ps0(&c, "two members", |s| s.members == 2).await;
+    assert_eq!(s.membership_epoch, 2, "{s:?}");
+    // Listed but not started: no step waits for it.
+    past(&c, s.global_step + 20).await;
+    c.start("worker", 1);
+    c.wait_log("ps:0", "Worker joined.", 1, RUN);
+    ps0(&c, "worker 1 trains", |s| {
+        s.workers
+            .iter()
+            .any(|w| w.task == 1 && w.member && w.refused == 0)
+    })
+    .await;
+    if mode == Mode::Sync {
+        let (updates, gradients) = aggregates(&c, 20).await;
+        assert_eq!(gradients, 2 * updates, "each step averages both workers");
+    }
+    end_run(&mut c, &["worker:0", "worker:1", "ps:0"]).await;
+    let log = c.log("worker:1");
+    assert!(!log.contains("(0 steps computed here)"), "{log}");
+    assert!(log.contains("Finished at global step"), "{log}");
+    c.assert_transport(transport);
+}
+
+crate::on_each_transport! {
+async fn a_worker_joins_a_running_run_async(transport) {
+    joins(transport, Mode::Async).await;
+}
+}
+
+crate::on_each_transport! {
+async fn a_worker_joins_a_running_run_sync(transport) {
+    joins(transport, Mode::Sync).await;
+}
+}
+
+/// Worker 2 is removed from a running run (while it pushes, and while the
+/// chief checkpoints every second): it finishes its step, says it left, and
+/// exits 0; the others go on (in sync, every step then averages the two
+/// left) to exactly `last_step`.
+async fn leaves(transport: Transport, mode: Mode) {
+    let mut c = Cluster::new(1, 3, 1_000_000, mode);
+    c.use_transport(transport);
+    c.start_all();
+    past(&c, 50).await;
+    c.cfg.cluster.worker.pop();
+    c.write_config_by_rename();
+    assert_eq!(
+        exit_code(&mut c, "worker:2"),
+        Some(0),
+        "{}",
+        c.log("worker:2")
+    );
+    let log = c.log("worker:2");
+    assert!(
+        log.contains("Left the cluster (removed from cluster.worker)"),
+        "{log}"
+    );
+    let s = ps0(&c, "two members", |s| s.members == 2).await;
+    assert_eq!(s.membership_epoch, 2, "{s:?}");
+    if mode == Mode::Sync {
+        let (updates, gradients) = aggregates(&c, 20).await;
+        assert_eq!(gradients, 2 * updates, "each step averages the two left");
+    }
+    end_run(&mut c, &["worker:0", "worker:1", "ps:0"]).await;
+}
+
+crate::on_each_transport! {
+async fn a_worker_leaves_a_running_run_async(transport) {
+    leaves(transport, Mode::Async).await;
+}
+}
+
+crate::on_each_transport! {
+async fn a_worker_leaves_a_running_run_sync(transport) {
+    leaves(transport, Mode::Sync).await;
+}
+}
+
+crate::on_each_transport! {
+/// Worker 1 added, removed and added again within a second: the cluster
+/// settles on the last edit, and worker 1 then joins and trains.
+async fn a_flapping_worker_list_settles_on_the_last_edit(transport) {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Sync);
+    c.use_transport(transport);
+    c.start_all();
+    past(&c, 20).await;
+    let extra = free_addrs(1).remove(0);
+    for add in [true, false, true] {
+        if add {
+            c.cfg.cluster.worker.push(extra.clone());
+        } else {
+            c.cfg.cluster.worker.pop();
+        }
+        c.write_config_by_rename();
+        // The edits' pace is the scenario (a flapping automation), not a wait.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let s = ps0(&c, "two members", |s| s.members == 2).await;
+    assert!(s.membership_epoch >= 2, "{s:?}");
+    past(&c, s.global_step + 20).await;
+    c.start("worker", 1);
+    c.wait_log("ps:0", "Worker joined.", 1, RUN);
+    let (updates, gradients) = aggregates(&c, 20).await;
+    assert_eq!(gradients, 2 * updates, "each step averages both workers");
+    end_run(&mut c, &["worker:0", "worker:1", "ps:0"]).await;
+}
+}
+
+/// Edits of `cluster.worker` that cannot work are refused on every task,
+/// naming the keys, and the running membership stays: removing a worker
+/// that `train.replicas_to_aggregate` needs, a duplicate address, an empty
+/// list, another chief, a changed entry in the middle.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_membership_edits_change_nothing() {
+    let mut c = Cluster::new(1, 3, 1_000_000, Mode::Sync);
+    c.cfg.train.replicas_to_aggregate = Some(3);
+    c.write_config();
+    c.start_all();
+    past(&c, 10).await;
+    let good = c.cfg.cluster.worker.clone();
+    let fresh = free_addrs(1).remove(0);
+    let edits: [(Vec<String>, &[&str]); 5] = [
+        (
+            good[..2].to_vec(),
+            &["train.replicas_to_aggregate", "cluster.worker"],
+        ),
+        (
+            vec![good[0].clone(), good[1].clone(), good[1].clone()],
+            &["duplicate address"],
+        ),
+        (vec![], &["worker 0 is the chief"]),
+        (
+            vec![fresh.clone(), good[1].clone(), good[2].clone()],
+            &["worker 0, the chief, cannot be removed"],
+        ),
+        (
+            vec![good[0].clone(), fresh, good[2].clone()],
+            &["entry 1 changed"],
+        ),
+    ];
+    let names = ["ps:0", "worker:0", "worker:1", "worker:2"];
+    for (k, (workers, says)) in edits.into_iter().enumerate() {
+        c.cfg.cluster.worker = workers;
+        c.write_config_by_rename();
+        for n in names {
+            let log = c.wait_log(n, "Reload rejected", k + 1, RUN);
+            let line = log
+                .lines()
+                .filter(|l| l.contains("Reload rejected"))
+                .nth(k)
+                .unwrap_or_default();
+            for s in says {
+                assert!(line.contains(s), "{n}, edit {k}: {line}");
+            }
+        }
+    }
+    let s = past(&c, 0).await;
+    assert_eq!((s.members, s.membership_epoch), (3, 1), "{s:?}");
+    // Still training, all three.
+    let (updates, gradients) = aggregates(&c, 10).await;
+    assert_eq!(gradients, 3 * updates);
+    for n in names {
+        assert!(
+            c.child(n).try_wait().unwrap().is_none(),
+            "{n}:\n{}",
+            c.log(n)
+        );
+    }
+}
