@@ -22,6 +22,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of `local`'s many flags costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Train on a whole cluster of local processes (127.0.0.1), then print the test accuracy.

@@ -76,7 +76,9 @@ impl PsService {
             .push_with(
                 &req,
                 &grads,
-                |why| self.inner.refusals.refused(peer, why),
+                |why| {
+                    self.inner.refusals.refused(peer, why);
+                },
                 |s| Ok(self.snapshot(s, &[], false, false)?.0),
             )
             .await?;

@@ -765,6 +765,7 @@ mod tests {
             step,
             seconds_ago,
             examples_per_sec: 0.0,
+            ..Default::default()
         };
         let heard = [contact(0, 41, 0.1), contact(1, 40, 14.0)];
         assert_eq!(
