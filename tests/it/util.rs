@@ -402,11 +402,40 @@ impl Cluster {
         env: &[(&str, &std::ffi::OsStr)],
         wrapper: &[&str],
     ) -> &mut Child {
-        let name = format!("{role}:{index}");
+        let config = self.config_path.clone();
+        self.spawn(
+            &format!("{role}:{index}"),
+            role,
+            index,
+            &config,
+            env,
+            wrapper,
+        )
+    }
+
+    /// Starts `dtf-<role> --config <config> --task <index>` as process
+    /// `name` (its log `name`.log): a second process claiming a task, or a
+    /// task reading a file of its own.
+    pub fn start_as(&mut self, name: &str, role: &str, index: usize, config: &Path) -> &mut Child {
+        self.spawn(name, role, index, config, &[], &[])
+    }
+
+    /// Spawns `wrapper… dtf-<role> --config <config> --task <index>` as
+    /// process `name`, its output appended to `name`.log, replacing any
+    /// process of that name.
+    fn spawn(
+        &mut self,
+        name: &str,
+        role: &str,
+        index: usize,
+        config: &Path,
+        env: &[(&str, &std::ffi::OsStr)],
+        wrapper: &[&str],
+    ) -> &mut Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_path(&name))
+            .open(self.log_path(name))
             .unwrap();
         let daemon = bin(&format!("dtf-{role}"));
         let mut cmd = match wrapper.split_first() {
@@ -418,7 +447,7 @@ impl Cluster {
             None => Command::new(daemon),
         };
         cmd.arg("--config")
-            .arg(&self.config_path)
+            .arg(config)
             .arg("--task")
             .arg(index.to_string());
         for var in INHERITED_CONTROL_VARS {
@@ -426,35 +455,6 @@ impl Cluster {
         }
         for (k, v) in env {
             cmd.env(k, v);
-        }
-        let child = cmd
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.procs.retain(|(n, _)| n != &name);
-        self.procs.push((name, child));
-        &mut self.procs.last_mut().unwrap().1
-    }
-
-    /// Starts `dtf-<role> --config <config> --task <index>` as process
-    /// `name` (its log `name`.log): a second process claiming a task, or a
-    /// task reading a file of its own.
-    pub fn start_as(&mut self, name: &str, role: &str, index: usize, config: &Path) -> &mut Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path(name))
-            .unwrap();
-        let mut cmd = Command::new(bin(&format!("dtf-{role}")));
-        cmd.arg("--config")
-            .arg(config)
-            .arg("--task")
-            .arg(index.to_string());
-        for var in INHERITED_CONTROL_VARS {
-            cmd.env_remove(var);
         }
         let child = cmd
             .env("RUST_BACKTRACE", "1")
