@@ -26,7 +26,11 @@ step() {
 
 # The tests' `dtf local` runs make their run directories under TMPDIR: one
 # directory for this run, removed at the end, so nothing piles up in /tmp.
+# It is traversable by all (mktemp makes it 0700), as /tmp is: a test that runs
+# a command as `nobody` opens its own files to it (shm's other-user test); the
+# tests' directories inside stay private.
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/dtf-test.XXXXXX")
+chmod 0755 "$scratch"
 export TMPDIR=$scratch
 finish() {
     local rc=$?

@@ -294,6 +294,9 @@ impl Worker {
     /// restores those that are not). Returns true if the run is complete.
     async fn ensure_initialized(&mut self) -> Result<bool, WorkerError> {
         let mut backoff = Backoff::new();
+        // Its own log schedule: "waiting for the chief" is news as soon as
+        // the ps answers, even just after a "waiting for the ps" line.
+        let mut chief_wait = Backoff::new();
         loop {
             if self.shutdown.is_cancelled() {
                 return Err(WorkerError::Interrupted);
@@ -319,7 +322,7 @@ impl Worker {
                 return Ok(false);
             }
             if !self.is_chief() {
-                if backoff.should_log() {
+                if chief_wait.should_log() {
                     info!(uninitialized_ps = ?missing, "Waiting for the chief to initialize the model.");
                 }
                 tokio::select! {

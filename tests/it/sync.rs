@@ -86,24 +86,18 @@ async fn two_ps_three_workers_end_exactly_at_last_step_with_full_aggregates(tran
 
 crate::on_each_transport! {
 async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
-    let mut c = Cluster::new(1, 3, 200, Mode::Sync);
+    // Far away: each backup polls for the chief's initialization on its own
+    // schedule, and on shared memory the tiny model does thousands of steps a
+    // second, so a short run could end before the third racer joins. The run
+    // is ended by a live last_step once the backup is dead.
+    let mut c = Cluster::new(1, 3, 1_000_000, Mode::Sync);
     c.cfg.train.replicas_to_aggregate = Some(2);
     c.cfg.train.total_num_replicas = Some(3);
     c.use_transport(transport);
-    // The backups are waiting before the chief starts the run, so every
-    // step has three racers (a late starter could miss the run entirely).
-    c.start("ps", 0);
-    for w in [2, 1] {
-        c.start("worker", w);
-        c.wait_log(
-            &format!("worker:{w}"),
-            "Waiting for the chief to initialize the model.",
-            1,
-            RUN,
-        );
-    }
-    c.start("worker", 0);
+    c.start_all();
     let ps = c.client(0, Some(TOKEN)).await;
+    // Once all three push, the third gradient of a step comes after its
+    // update: dropped as stale, never applied.
     eventually(RUN, "a late third gradient dropped as stale", || {
         let mut ps = ps.clone();
         async move { state(&mut ps).await.filter(|s| s.stale_gradients > 0) }
@@ -111,15 +105,23 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
     .await;
     c.kill("worker:2");
     c.procs.retain(|(n, _)| n != "worker:2");
+    // The two left still make steps without it.
+    let before = reach(&c, 0, 0).await.global_step;
+    reach(&c, 0, before + 100).await;
+    // Room for the reload (200 ms to settle) to land on every task first.
+    let last = reach(&c, 0, 0).await.global_step + 20_000;
+    c.cfg.train.last_step = last;
+    c.write_config_by_rename();
+    for n in ["ps:0", "worker:0", "worker:1"] {
+        c.wait_log(n, "Configuration reloaded.", 1, RUN);
+    }
     let s = finish(&mut c).await.remove(0);
-    assert_eq!(s.global_step, 200);
+    assert_eq!(s.global_step, last);
     assert_eq!(
         s.gradients_aggregated,
         2 * s.updates_applied,
         "every update averages exactly 2 gradients"
     );
-    // While all three pushed, the third gradient of each step came after
-    // the update: dropped as stale, never applied.
     assert!(
         s.stale_gradients > 0,
         "the backup's late gradients are counted as stale: {s:?}"
