@@ -84,6 +84,18 @@ pub struct Metrics {
     ps_transport: Family<Labels, Gauge>,
     /// `dtf_shm_connections`: ps: open shared-memory connections (the rest are TCP).
     shm_connections: Gauge,
+    /// `dtf_snapshot_age_seconds`: ps: age of its newest snapshot's state (-1: none).
+    snapshot_age: FloatGauge,
+    /// `dtf_snapshot_step`: ps: the step of its newest snapshot.
+    snapshot_step: Gauge,
+    /// `dtf_snapshot_duration_seconds`: ps: how long the latest snapshot took to write.
+    snapshot_duration: FloatGauge,
+    /// `dtf_snapshot_copy_seconds`: ps: how long the latest snapshot held the shard lock.
+    snapshot_copy: FloatGauge,
+    /// `dtf_snapshot_bytes`: ps: size of the latest snapshot file.
+    snapshot_bytes: Gauge,
+    /// `dtf_snapshot_failures_total`: ps: snapshots that could not be written.
+    snapshot_failures: Counter,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -130,6 +142,12 @@ impl Metrics {
             reloads: Family::default(),
             ps_transport: Family::default(),
             shm_connections: Gauge::default(),
+            snapshot_age: FloatGauge::default(),
+            snapshot_step: Gauge::default(),
+            snapshot_duration: FloatGauge::default(),
+            snapshot_copy: FloatGauge::default(),
+            snapshot_bytes: Gauge::default(),
+            snapshot_failures: Counter::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -244,6 +262,15 @@ impl Metrics {
         self.steps.inc_by(applied.saturating_sub(self.steps.get()));
         self.stale_gradients
             .inc_by(s.stale_gradients.saturating_sub(self.stale_gradients.get()));
+        self.snapshot_age.set(s.snapshot_age_seconds);
+        self.snapshot_step.set(s.snapshot_step as i64);
+        self.snapshot_duration.set(s.snapshot_seconds);
+        self.snapshot_copy.set(s.snapshot_copy_seconds);
+        self.snapshot_bytes.set(s.snapshot_bytes as i64);
+        self.snapshot_failures.inc_by(
+            s.snapshot_failures
+                .saturating_sub(self.snapshot_failures.get()),
+        );
     }
 
     /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
@@ -341,6 +368,36 @@ impl Metrics {
             "dtf_shm_connections",
             "Open shared-memory connections (tasks on this host); the others use TCP",
             self.shm_connections.clone(),
+        );
+        r.register(
+            "dtf_snapshot_age_seconds",
+            "Seconds since the state in this ps's newest snapshot was copied (-1: none yet)",
+            self.snapshot_age.clone(),
+        );
+        r.register(
+            "dtf_snapshot_step",
+            "The step of this ps's newest snapshot",
+            self.snapshot_step.clone(),
+        );
+        r.register(
+            "dtf_snapshot_duration_seconds",
+            "How long the latest snapshot took to encode and write (off the shard lock)",
+            self.snapshot_duration.clone(),
+        );
+        r.register(
+            "dtf_snapshot_copy_seconds",
+            "How long the latest snapshot held the shard lock (pushes waited this long)",
+            self.snapshot_copy.clone(),
+        );
+        r.register(
+            "dtf_snapshot_bytes",
+            "Size of the latest snapshot file",
+            self.snapshot_bytes.clone(),
+        );
+        r.register(
+            "dtf_snapshot_failures",
+            "Snapshots this ps could not write (full or read-only disk, ...)",
+            self.snapshot_failures.clone(),
         );
     }
 

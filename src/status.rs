@@ -60,6 +60,12 @@ pub struct TaskStatus {
     pub transport: Option<String>,
     /// The ps's open shared-memory connections (tasks on its host); the rest use TCP.
     pub shm_connections: Option<u32>,
+    /// The step of the ps's newest snapshot of its shard (`ps.snapshot_secs`).
+    pub snapshot_step: Option<u64>,
+    /// Seconds since that snapshot's state was taken; absent: none yet.
+    pub snapshot_age_secs: Option<f64>,
+    /// Snapshots the ps could not write since it started.
+    pub snapshot_failures: Option<u64>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -173,6 +179,13 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             complete: s.map(|s| s.complete),
             transport: via.map(|v| v.to_string()),
             shm_connections: s.map(|s| s.shm_connections),
+            snapshot_step: s
+                .filter(|s| s.snapshot_age_seconds >= 0.0)
+                .map(|s| s.snapshot_step),
+            snapshot_age_secs: s
+                .filter(|s| s.snapshot_age_seconds >= 0.0)
+                .map(|s| s.snapshot_age_seconds),
+            snapshot_failures: s.map(|s| s.snapshot_failures),
             ..Default::default()
         });
     }
@@ -267,6 +280,7 @@ impl Status {
                 "EXAMPLES/S",
                 "COMPLETE",
                 "TRANSPORT",
+                "SNAPSHOT",
             ]
             .map(String::from)
             .to_vec(),
@@ -338,6 +352,17 @@ fn row(t: &TaskStatus) -> Vec<String> {
         match (&t.transport, t.shm_connections) {
             (Some(via), Some(n)) => format!("{via} (ps has {n} shm)"),
             (via, _) => opt(via),
+        },
+        match (t.snapshot_step, t.snapshot_age_secs, t.snapshot_failures) {
+            (Some(step), Some(age), f) => {
+                let failed = f
+                    .filter(|&f| f > 0)
+                    .map_or_else(String::new, |f| format!(", {f} failed"));
+                format!("step {step}, {age:.1} s ago{failed}")
+            }
+            (_, _, Some(f)) if f > 0 => format!("none ({f} failed)"),
+            (_, _, Some(_)) => "none".into(),
+            _ => "-".into(),
         },
     ]
 }

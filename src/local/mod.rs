@@ -244,6 +244,10 @@ pub fn prepare(opts: &Options, run_dir: &Path) -> Result<(PathBuf, Config), Loca
     cfg.train.mode = opts.mode;
     // The shared-memory sockets of this run, apart from any other's.
     cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
+    // The ps tasks' snapshots (ps-N/) beside the run, unless the base config names a place.
+    if cfg.ps.snapshot_dir.is_empty() {
+        cfg.ps.snapshot_dir = run_dir.join("state").display().to_string();
+    }
     if let Some(d) = &opts.data {
         cfg.data = data::config_for_path(&cfg.data, d, opts.test.as_deref())?;
     }

@@ -143,6 +143,9 @@ struct Worker {
     preprocessing: Preprocessing,
     /// `train_examples / batch_size`.
     decay_steps: f64,
+    /// Each shard's step as this worker last saw it: what a ps that
+    /// restarts had reached, at least (the chief logs the steps lost).
+    seen: Vec<u64>,
     shutdown: CancellationToken,
 }
 
@@ -197,6 +200,7 @@ pub async fn run(
         train,
         preprocessing,
         decay_steps,
+        seen: Vec::new(),
         shutdown,
     };
     match w.train(reporter).await {
@@ -336,6 +340,8 @@ impl Worker {
                 self.decay_steps,
             );
             let tags = progress.steps.clone();
+            // The shards' processes the parameters were read from.
+            let read_from = self.cluster.incarnations().to_vec();
             let Some((l, p)) = self.step(&mut buf, &cfg, lr, &tags, sync).await? else {
                 // A shard's values moved (a new shared region, a snapshot):
                 // pulled again, nothing computed.
@@ -343,13 +349,14 @@ impl Worker {
                 continue;
             };
             (loss, progress) = (l, p);
+            self.seen.clone_from(&progress.steps);
             crate::metrics::global().step(progress.global_step(), cfg.train.batch_size, loss, lr);
             if let Some(c) = &mut chief {
                 c.on_step(&cfg, step, loss, lr);
             }
             if sync {
                 progress = self
-                    .wait_for_step(progress, &tags, last_progress, &mut buf.params)
+                    .wait_for_step(progress, &tags, &read_from, last_progress, &mut buf.params)
                     .await?;
             }
             if let Some(c) = &chief {
@@ -435,17 +442,25 @@ impl Worker {
 
     /// Sync: waits until every shard has moved past the step we pushed for.
     /// A shard still at the tagged step has our gradient pending; one behind
-    /// it was restored from a checkpoint: compute afresh.
+    /// it was restored from a checkpoint: compute afresh. So does a shard
+    /// whose process is not the one the parameters were read from
+    /// (`read_from`, incarnations): restored from its snapshot, it may be at
+    /// the tagged step without our gradient, which died with its
+    /// predecessor.
     async fn wait_for_step(
         &mut self,
         mut progress: Progress,
         tags: &[u64],
+        read_from: &[u64],
         last_progress: Instant,
         params: &mut [ArrayD<f32>],
     ) -> Result<Progress, WorkerError> {
         let mut waiting = Backoff::new();
         let want: Vec<u64> = tags.iter().map(|t| t + 1).collect();
-        while !progress.complete && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag) {
+        while !progress.complete
+            && self.cluster.incarnations() == read_from
+            && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag)
+        {
             if last_progress.elapsed() > SYNC_STALL_LIMIT {
                 return Err(WorkerError::Stalled {
                     secs: SYNC_STALL_LIMIT.as_secs(),
@@ -476,11 +491,26 @@ impl Worker {
         min_steps: Option<&[u64]>,
     ) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
+        let mut before = self.cluster.incarnations().to_vec();
         loop {
             let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
                 Ok(p) => {
                     crate::metrics::global().pulled(pulled_at.elapsed(), params);
+                    let restarted: Vec<usize> = (0..before.len())
+                        .filter(|&ps| {
+                            before[ps] != 0 && before[ps] != self.cluster.incarnations()[ps]
+                        })
+                        .collect();
+                    if self.is_chief()
+                        && !restarted.is_empty()
+                        && self.restarted(&restarted).await?
+                    {
+                        // A shard went back to the checkpoint: read it again.
+                        before = self.cluster.incarnations().to_vec();
+                        continue;
+                    }
+                    self.seen.clone_from(&p.steps);
                     return Ok(p);
                 }
                 Err(e) if e.is_unavailable() => {
