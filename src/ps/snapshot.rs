@@ -238,7 +238,7 @@ fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
         .flatten()
         .filter_map(|e| Some((parse_name(e.file_name().to_str()?)?, e.path())))
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     found
 }
 
@@ -283,10 +283,11 @@ pub fn write(
         .and_then(|d| d.sync_all())
         .map_err(SnapshotError::io(dir, "fsync directory"))?;
     for (_, old) in list(dir) {
-        if old != path && Some(old.as_path()) != keep_also {
-            if let Err(e) = fs::remove_file(&old) {
-                warn!(path = %old.display(), error = %e, "Cannot delete an old snapshot.");
-            }
+        if old != path
+            && Some(old.as_path()) != keep_also
+            && let Err(e) = fs::remove_file(&old)
+        {
+            warn!(path = %old.display(), error = %e, "Cannot delete an old snapshot.");
         }
     }
     Ok(path)

@@ -72,7 +72,7 @@ fn snapshots(c: &Cluster, i: usize) -> Vec<PathBuf> {
             Some((step.parse().ok()?, e.path()))
         })
         .collect();
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     files.into_iter().map(|(_, p)| p).collect()
 }
 
