@@ -3,6 +3,10 @@
 # it needs, then formatting and lints, unit and integration tests (nextest),
 # the package checks, and the system test under a real systemd.
 set -euo pipefail
+# --full: also the multi-host acceptance test (tests/system/multihost.sh:
+# four machines and two clusters, too long for CI's default run).
+full=no
+[ "${1:-}" = --full ] && full=yes
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
@@ -44,9 +48,14 @@ if [ -x scripts/check-package.sh ]; then
     step "Package checks"
     scripts/check-package.sh
 fi
+step "Deployment files (scripts/check-deploy.sh)" && scripts/check-deploy.sh
 if [ -x tests/system/run.sh ]; then
     step "System test (systemd-nspawn)"
     tests/system/run.sh
+fi
+if [ "$full" = yes ]; then
+    step "Multi-host acceptance (systemd-nspawn hosts, the image)"
+    tests/system/multihost.sh
 fi
 step "Done"
 printf '==> all layers: %d s\n' $(($(date +%s) - t0))

@@ -179,8 +179,18 @@ fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
     })
 }
 
+/// The link a ConfigMap (or Secret, or projected) volume swaps on an update:
+/// the kubelet's atomic writer (`pkg/volume/util/atomic_writer.go`).
+const CONFIGMAP_DATA: &str = "..data";
+
 /// Watches the config file's directory (editors replace files rather than
 /// write them in place) and sends [`Control::Reload`] when the file changes.
+///
+/// A Kubernetes ConfigMap volume changes differently: each file is a
+/// symlink through `..data`, and the kubelet swaps `..data` to a new
+/// directory by rename, so the file's own name sees no event. A change of
+/// [`CONFIGMAP_DATA`] beside the file counts as a change of the file (a
+/// reload of an unchanged file only says so).
 fn watch_file(
     path: &Path,
     tx: mpsc::UnboundedSender<Control>,
@@ -193,7 +203,9 @@ fn watch_file(
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev
             && matches!(ev.kind, EventKind::Create(_) | EventKind::Modify(_))
-            && ev.paths.iter().any(|p| p.file_name() == Some(&name))
+            && ev.paths.iter().any(|p| {
+                p.file_name() == Some(&name) || p.file_name() == Some(CONFIGMAP_DATA.as_ref())
+            })
         {
             let _ = ev_tx.send(());
         }

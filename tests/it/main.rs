@@ -5,6 +5,7 @@ mod checkpoint_hardening;
 mod cluster;
 mod config_errors;
 mod config_hardening;
+mod configmap;
 mod daemon;
 mod docs;
 mod evaluator;
