@@ -81,3 +81,17 @@ if [[ "${HOSTS:-1}" != 0 ]]; then
         done
     done
 fi
+
+# ps snapshots (ps.snapshot_secs): every second, the default, vs off,
+# interleaved; and the step a kill -9 of the ps costs (bench_ps_kill.py).
+snap_off=$(mktemp --suffix=.toml)
+printf '[ps]\nsnapshot_secs = 0\n' > "$snap_off"
+for _ in $(seq "$REPEAT"); do
+    cluster --ps 1 --workers 2 --steps "$STEPS"
+    cluster --ps 1 --workers 2 --steps "$STEPS" --config "$snap_off"
+done
+rm -f "$snap_off"
+BIN=$(dirname "$DTF")
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 | emit
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 --mode sync | emit
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 | emit

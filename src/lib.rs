@@ -22,7 +22,8 @@
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on
 //!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
-//!   functions every call runs, the gRPC service (`grpc`), the shared-memory server, `limits`
+//!   functions every call runs, the gRPC service (`grpc`), the shared-memory server,
+//!   `snapshot` (each ps's own snapshots of its shard: its recovery after a crash), `limits`
 //!   and `tls` (the bounds on connections and calls, and the handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),

@@ -101,6 +101,18 @@ pub struct Metrics {
     members: Gauge,
     /// `dtf_membership_refusals_total`: ps: pushes refused by the membership.
     membership_refusals: Counter,
+    /// `dtf_snapshot_age_seconds`: ps: age of its newest snapshot's state (-1: none).
+    snapshot_age: FloatGauge,
+    /// `dtf_snapshot_step`: ps: the step of its newest snapshot.
+    snapshot_step: Gauge,
+    /// `dtf_snapshot_duration_seconds`: ps: how long the latest snapshot took to write.
+    snapshot_duration: FloatGauge,
+    /// `dtf_snapshot_copy_seconds`: ps: how long the latest snapshot held the shard lock.
+    snapshot_copy: FloatGauge,
+    /// `dtf_snapshot_bytes`: ps: size of the latest snapshot file.
+    snapshot_bytes: Gauge,
+    /// `dtf_snapshot_failures_total`: ps: snapshots that could not be written.
+    snapshot_failures: Counter,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -154,6 +166,12 @@ impl Metrics {
             membership_epoch: Gauge::default(),
             members: Gauge::default(),
             membership_refusals: Counter::default(),
+            snapshot_age: FloatGauge::default(),
+            snapshot_step: Gauge::default(),
+            snapshot_duration: FloatGauge::default(),
+            snapshot_copy: FloatGauge::default(),
+            snapshot_bytes: Gauge::default(),
+            snapshot_failures: Counter::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -309,6 +327,15 @@ impl Metrics {
         );
         self.membership_epoch.set(s.membership_epoch as i64);
         self.members.set(i64::from(s.members));
+        self.snapshot_age.set(s.snapshot_age_seconds);
+        self.snapshot_step.set(s.snapshot_step as i64);
+        self.snapshot_duration.set(s.snapshot_seconds);
+        self.snapshot_copy.set(s.snapshot_copy_seconds);
+        self.snapshot_bytes.set(s.snapshot_bytes as i64);
+        self.snapshot_failures.inc_by(
+            s.snapshot_failures
+                .saturating_sub(self.snapshot_failures.get()),
+        );
     }
 
     /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
@@ -426,6 +453,36 @@ impl Metrics {
             "dtf_ps_compression",
             "1 for this ps's cluster.compression (its TCP links)",
             self.compression.clone(),
+        );
+        r.register(
+            "dtf_snapshot_age_seconds",
+            "Seconds since the state in this ps's newest snapshot was copied (-1: none yet)",
+            self.snapshot_age.clone(),
+        );
+        r.register(
+            "dtf_snapshot_step",
+            "The step of this ps's newest snapshot",
+            self.snapshot_step.clone(),
+        );
+        r.register(
+            "dtf_snapshot_duration_seconds",
+            "How long the latest snapshot took to encode and write (off the shard lock)",
+            self.snapshot_duration.clone(),
+        );
+        r.register(
+            "dtf_snapshot_copy_seconds",
+            "How long the latest snapshot held the shard lock (pushes waited this long)",
+            self.snapshot_copy.clone(),
+        );
+        r.register(
+            "dtf_snapshot_bytes",
+            "Size of the latest snapshot file",
+            self.snapshot_bytes.clone(),
+        );
+        r.register(
+            "dtf_snapshot_failures",
+            "Snapshots this ps could not write (full or read-only disk, ...)",
+            self.snapshot_failures.clone(),
         );
     }
 

@@ -78,6 +78,12 @@ pub struct TaskStatus {
     pub refused: Option<u64>,
     /// Ps: its membership epoch (changes of `cluster.worker` it applied, from 1).
     pub membership_epoch: Option<u64>,
+    /// The step of the ps's newest snapshot of its shard (`ps.snapshot_secs`).
+    pub snapshot_step: Option<u64>,
+    /// Seconds since that snapshot's state was taken; absent: none yet.
+    pub snapshot_age_secs: Option<f64>,
+    /// Snapshots the ps could not write since it started.
+    pub snapshot_failures: Option<u64>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -198,6 +204,13 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
                 _ => l.compression.to_owned(),
             }),
             membership_epoch: s.map(|s| s.membership_epoch),
+            snapshot_step: s
+                .filter(|s| s.snapshot_age_seconds >= 0.0)
+                .map(|s| s.snapshot_step),
+            snapshot_age_secs: s
+                .filter(|s| s.snapshot_age_seconds >= 0.0)
+                .map(|s| s.snapshot_age_seconds),
+            snapshot_failures: s.map(|s| s.snapshot_failures),
             ..Default::default()
         });
     }
@@ -362,6 +375,7 @@ impl Status {
                 "COMPLETE",
                 "TRANSPORT",
                 "COMPRESSION",
+                "SNAPSHOT",
             ]
             .map(String::from)
             .to_vec(),
@@ -443,6 +457,17 @@ fn row(t: &TaskStatus) -> Vec<String> {
             (via, _) => opt(via),
         },
         opt(&t.compression),
+        match (t.snapshot_step, t.snapshot_age_secs, t.snapshot_failures) {
+            (Some(step), Some(age), f) => {
+                let failed = f
+                    .filter(|&f| f > 0)
+                    .map_or_else(String::new, |f| format!(", {f} failed"));
+                format!("step {step}, {age:.1} s ago{failed}")
+            }
+            (_, _, Some(f)) if f > 0 => format!("none ({f} failed)"),
+            (_, _, Some(_)) => "none".into(),
+            _ => "-".into(),
+        },
     ]
 }
 

@@ -87,6 +87,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// `[eval]`: what the evaluator keeps of the checkpoints it scores.
     pub eval: EvalConfig,
+    /// `[ps]`: each ps task's own snapshots of its shard.
+    pub ps: PsConfig,
     /// `[security]`: the shared token.
     pub security: SecurityConfig,
     /// `[metrics]`: the Prometheus endpoint.
@@ -281,6 +283,29 @@ pub struct CheckpointConfig {
     pub save_steps: u64,
     /// Newest checkpoints kept (reloadable).
     pub max_to_keep: usize,
+}
+
+/// `[ps]`: each ps task's snapshots of its shard (`ps::snapshot`), its
+/// fast recovery after a crash. Not reloadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PsConfig {
+    /// Seconds between snapshots of each shard; 0: off (a restarted ps is
+    /// re-seeded from the newest checkpoint).
+    pub snapshot_secs: u64,
+    /// Directory under which ps task N keeps `ps-N/`; empty: the default
+    /// (`$STATE_DIRECTORY`, the units' `/var/lib/dtf`, else
+    /// `$XDG_STATE_HOME/dtf`, else `~/.local/state/dtf`).
+    pub snapshot_dir: String,
+}
+
+impl Default for PsConfig {
+    fn default() -> Self {
+        Self {
+            snapshot_secs: 1,
+            snapshot_dir: String::new(),
+        }
+    }
 }
 
 /// `checkpoint.save_secs` when neither it nor `checkpoint.save_steps` is set.

@@ -22,6 +22,7 @@ impl Config {
         self.validate_data()?;
         self.validate_checkpoint()?;
         self.validate_eval()?;
+        self.validate_ps()?;
         self.validate_security()?;
         self.validate_metrics()?;
         self.validate_log()
@@ -436,6 +437,32 @@ impl Config {
         Ok(())
     }
 
+    /// `[ps]`: a snapshot interval of at most a day (0: off), and a
+    /// directory that is absolute when given.
+    fn validate_ps(&self) -> Result<(), ConfigError> {
+        let secs = self.ps.snapshot_secs;
+        if secs > MAX_SNAPSHOT_SECS {
+            return Err(self.bad(
+                "ps.snapshot_secs",
+                invalid(
+                    secs,
+                    &format!("an integer from 0 (off) to {MAX_SNAPSHOT_SECS}"),
+                ),
+            ));
+        }
+        let dir = &self.ps.snapshot_dir;
+        if !dir.is_empty() && !std::path::Path::new(dir).is_absolute() {
+            return Err(self.bad(
+                "ps.snapshot_dir",
+                invalid(
+                    format_args!("{dir:?}"),
+                    "an absolute path (or \"\" for the state directory)",
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// `[metrics]`: empty (off) or an address.
     fn validate_metrics(&self) -> Result<(), ConfigError> {
         let listen = &self.metrics.listen;
@@ -474,6 +501,10 @@ pub const MAX_LEARNING_RATE: f32 = 10.0;
 /// The largest `train.regularization_rate` (the reference uses 1e-4): at 1,
 /// the L2 term already outweighs any cross-entropy gradient.
 pub const MAX_REGULARIZATION_RATE: f32 = 1.0;
+
+/// The longest `ps.snapshot_secs`: a day. Beyond it a snapshot would be
+/// older than any checkpoint, which the ps then prefers anyway.
+pub const MAX_SNAPSHOT_SECS: u64 = 86_400;
 
 /// The endpoints a valid `host:port` names, for the duplicate check: an IP
 /// literal as its socket address (`[::ffff:127.0.0.1]` and `127.0.0.1` are

@@ -286,6 +286,10 @@ pub fn prepare(
         .collect();
     // The shared-memory sockets of this run, apart from any other's.
     cfg.cluster.runtime_dir = run_dir.join("run").display().to_string();
+    // The ps tasks' snapshots (ps-N/) beside the run, unless the base config names a place.
+    if cfg.ps.snapshot_dir.is_empty() {
+        cfg.ps.snapshot_dir = run_dir.join("state").display().to_string();
+    }
     cfg.checkpoint.dir = opts
         .checkpoint_dir
         .clone()

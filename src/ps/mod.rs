@@ -8,6 +8,7 @@ mod grpc;
 pub mod limits;
 pub mod shard;
 mod shm;
+pub mod snapshot;
 pub mod tls;
 pub mod workers;
 
@@ -83,6 +84,8 @@ struct Inner {
     /// How tensors cross this ps's TCP links, and (onebit) what each
     /// worker holds: the gRPC edge's, [`grpc`].
     wire: transport::compress::PsWire,
+    /// This shard's snapshots ([`snapshot`]): where, and how they went.
+    snapshots: snapshot::Snapshotting,
 }
 
 /// The gRPC service of one ps task.
@@ -118,6 +121,7 @@ impl PsService {
             .map(|s| 4 * s.shape.iter().product::<usize>())
             .sum();
         let optimizer = config.train.optimizer();
+        let snapshots = snapshot::Snapshotting::new(&config, task, &specs);
         let shard = Shard::new(
             task,
             specs,
@@ -147,6 +151,7 @@ impl PsService {
                     config.cluster.compression,
                     config.cluster.worker.len(),
                 ),
+                snapshots,
             }),
         })
     }
@@ -335,6 +340,7 @@ impl PsService {
     /// This task's state and counters: what `State` answers on either
     /// transport, and the plain accessor the metrics read.
     pub fn state_now(&self) -> pb::StateResponse {
+        let snap = self.snapshot_state();
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
@@ -372,6 +378,26 @@ impl PsService {
             membership_epoch: membership.epoch(),
             membership_refusals: membership.refusals(),
             members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
+            ..snap
+        }
+    }
+
+    /// The snapshot fields of `State` (the rest default).
+    fn snapshot_state(&self) -> pb::StateResponse {
+        let st = self.inner.snapshots.stats();
+        let (step, age) = st
+            .last
+            .map_or((0, -1.0), |(s, at)| (s, at.elapsed().as_secs_f64()));
+        pb::StateResponse {
+            snapshot_step: step,
+            snapshot_age_seconds: age,
+            snapshot_failures: st.failures,
+            snapshot_seconds: st.write_secs,
+            snapshot_bytes: st.bytes,
+            snapshot_copy_seconds: st.copy_secs,
+            restored: st.restored.is_some(),
+            restored_step: st.restored.unwrap_or(0),
+            ..Default::default()
         }
     }
 
@@ -580,6 +606,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), PsError> {
     let service = PsService::new(live.clone(), task)?;
+    let snapshot_secs = {
+        let config = live.borrow().clone();
+        snapshot::restore(&service, &config);
+        config.ps.snapshot_secs
+    };
     {
         let service = service.clone();
         crate::metrics::observe_ps(move || service.state_now());
@@ -638,6 +669,10 @@ pub async fn serve(
             }
         })
     };
+    let snapshots = (snapshot_secs > 0 && service.inner.snapshots.dir.is_some()).then(|| {
+        let every = Duration::from_secs(snapshot_secs);
+        tokio::spawn(snapshot::run(service.clone(), every, stop.clone()))
+    });
     let shm = listener
         .local_addr()
         .ok()
@@ -659,6 +694,10 @@ pub async fn serve(
     stop.cancel();
     if let Some(shm) = shm {
         let _ = shm.await;
+    }
+    // The last snapshot, of the state as it stopped (bounded).
+    if let Some(snapshots) = snapshots {
+        let _ = snapshots.await;
     }
     if let Err(e) = &result {
         warn!(ps = task, error = %e, "Server stopped with an error.");

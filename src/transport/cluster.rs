@@ -226,6 +226,12 @@ impl Cluster {
         &self.specs
     }
 
+    /// Each shard's incarnation at its last pull (0: not pulled yet): a
+    /// change is a restart of that ps.
+    pub fn incarnations(&self) -> &[u64] {
+        &self.incarnations
+    }
+
     /// Variable indices held by ps `ps`.
     pub fn shard(&self, ps: usize) -> &[usize] {
         &self.by_ps[ps]

@@ -152,6 +152,70 @@ impl Worker {
         Ok(())
     }
 
+    /// The chief saw the ps tasks `restarted` come back (new incarnations,
+    /// initialized). Each that restored its own snapshot is logged with the
+    /// steps it lost (its step before the restart as this worker saw it,
+    /// less the step restored); one whose snapshot is older than the newest
+    /// checkpoint (a ps that could not read `checkpoint.dir`) is re-seeded
+    /// from the checkpoint instead. Returns whether any was re-seeded.
+    ///
+    /// Errors: a ps that fails the re-seed, or an unreadable checkpoint.
+    pub(super) async fn restarted(&mut self, restarted: &[usize]) -> Result<bool, WorkerError> {
+        let Ok(states) = self.cluster.states().await else {
+            // Not answering now: the next pull finds out.
+            return Ok(false);
+        };
+        let restored: Vec<(usize, u64)> = restarted
+            .iter()
+            .filter_map(|&ps| {
+                states
+                    .get(ps)
+                    .filter(|s| s.restored)
+                    .map(|s| (ps, s.restored_step))
+            })
+            .collect();
+        if restored.is_empty() {
+            return Ok(false);
+        }
+        let cfg = self.cfg();
+        let specs = self.mlp.variables();
+        let dir = cfg.checkpoint.dir.clone();
+        let newest = tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs))
+            .await?
+            .ok()
+            .flatten()
+            .map(|(_, c)| c.global_step);
+        let mut behind = Vec::new();
+        for (ps, step) in restored {
+            let before = self.seen.get(ps).copied().unwrap_or(0);
+            match newest {
+                Some(ckpt) if ckpt > step => {
+                    warn!(
+                        ps,
+                        restored_step = step,
+                        checkpoint_step = ckpt,
+                        "The ps restored a snapshot older than the newest checkpoint; seeding it from the checkpoint."
+                    );
+                    behind.push(ps);
+                }
+                _ => {
+                    info!(
+                        ps,
+                        restored_step = step,
+                        before,
+                        steps_lost = before.saturating_sub(step),
+                        "The ps restarted and restored its shard from its own snapshot."
+                    );
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(false);
+        }
+        self.seed(&behind, false, true).await?;
+        Ok(true)
+    }
+
     /// The chief's end of the run: final checkpoint, evaluation, and (at
     /// `last_step`) telling the ps tasks the run is complete.
     async fn finish(

@@ -186,6 +186,9 @@ struct Worker {
     preprocessing: Preprocessing,
     /// `train_examples / batch_size`.
     decay_steps: f64,
+    /// Each shard's step as this worker last saw it: what a ps that
+    /// restarts had reached, at least (the chief logs the steps lost).
+    seen: Vec<u64>,
     shutdown: CancellationToken,
     /// Since when a ps has said this worker is not in its `cluster.worker`
     /// while this worker's file lists it ([`MEMBERSHIP_GRACE`]).
@@ -253,6 +256,7 @@ pub async fn run(
         train,
         preprocessing,
         decay_steps,
+        seen: Vec::new(),
         shutdown,
         refused_since: None,
     };
@@ -414,6 +418,8 @@ impl Worker {
                 self.decay_steps,
             );
             let tags = progress.steps.clone();
+            // The shards' processes the parameters were read from.
+            let read_from = self.cluster.incarnations().to_vec();
             let Some((l, p)) = self.step(&mut buf, &cfg, lr, &tags, sync).await? else {
                 // A shard's values moved (a new shared region, a snapshot):
                 // pulled again, nothing computed.
@@ -425,13 +431,14 @@ impl Worker {
                 info!(worker = self.task, epochs = ?buf.epochs, "Membership changed.");
             }
             crate::metrics::global().membership_epoch(buf.epochs[0]);
+            self.seen.clone_from(&progress.steps);
             crate::metrics::global().step(progress.global_step(), cfg.train.batch_size, loss, lr);
             if let Some(c) = &mut chief {
                 c.on_step(&cfg, step, loss, lr);
             }
             if sync {
                 progress = self
-                    .wait_for_step(progress, &tags, last_progress, &mut buf.params)
+                    .wait_for_step(progress, &tags, &read_from, last_progress, &mut buf.params)
                     .await?;
             }
             if let Some(c) = &chief {
@@ -555,11 +562,16 @@ impl Worker {
 
     /// Sync: waits until every shard has moved past the step we pushed for.
     /// A shard still at the tagged step has our gradient pending; one behind
-    /// it was restored from a checkpoint: compute afresh.
+    /// it was restored from a checkpoint: compute afresh. So does a shard
+    /// whose process is not the one the parameters were read from
+    /// (`read_from`, incarnations): restored from its snapshot, it may be at
+    /// the tagged step without our gradient, which died with its
+    /// predecessor.
     async fn wait_for_step(
         &mut self,
         mut progress: Progress,
         tags: &[u64],
+        read_from: &[u64],
         last_progress: Instant,
         params: &mut [ArrayD<f32>],
     ) -> Result<Progress, WorkerError> {
@@ -569,6 +581,7 @@ impl Worker {
         // the ps tasks no longer wait for it.
         while !progress.complete
             && self.is_member()
+            && self.cluster.incarnations() == read_from
             && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag)
         {
             if last_progress.elapsed() > SYNC_STALL_LIMIT {
@@ -610,11 +623,26 @@ impl Worker {
         min_steps: Option<&[u64]>,
     ) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
+        let mut before = self.cluster.incarnations().to_vec();
         loop {
             let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
                 Ok(p) => {
                     crate::metrics::global().pulled(pulled_at.elapsed(), params);
+                    let restarted: Vec<usize> = (0..before.len())
+                        .filter(|&ps| {
+                            before[ps] != 0 && before[ps] != self.cluster.incarnations()[ps]
+                        })
+                        .collect();
+                    if self.is_chief()
+                        && !restarted.is_empty()
+                        && self.restarted(&restarted).await?
+                    {
+                        // A shard went back to the checkpoint: read it again.
+                        before = self.cluster.incarnations().to_vec();
+                        continue;
+                    }
+                    self.seen.clone_from(&p.steps);
                     return Ok(p);
                 }
                 Err(e) if e.is_unavailable() => {

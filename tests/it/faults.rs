@@ -103,25 +103,36 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step(transpo
                 resumed.incarnation, s.incarnation,
                 "the restarted ps has a new incarnation"
             );
-            // The chief re-seeded it from a checkpoint no older than the
-            // newest one before the kill.
-            let log = c.wait_log(
-                "worker:0",
-                "Restored the model",
-                restores + 1,
-                Duration::from_secs(60),
-            );
-            let restored: u64 = log
-                .lines()
-                .rfind(|l| l.contains("Restored the model"))
-                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("step=")))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no step= in the chief's restore line:\n{log}"));
-            assert!(
-                restored >= saved && resumed.global_step >= restored,
-                "after killing ps:0: restored step {restored}, resumed at {}, but checkpoint {saved} existed",
-                resumed.global_step
-            );
+            if resumed.restored {
+                // It restored its own snapshot, which it takes only when
+                // newer than the newest checkpoint.
+                assert!(
+                    resumed.restored_step > saved && resumed.global_step >= resumed.restored_step,
+                    "after killing ps:0: restored its snapshot of step {}, resumed at {}, but checkpoint {saved} existed",
+                    resumed.restored_step,
+                    resumed.global_step
+                );
+            } else {
+                // The chief re-seeded it from a checkpoint no older than the
+                // newest one before the kill.
+                let log = c.wait_log(
+                    "worker:0",
+                    "Restored the model",
+                    restores + 1,
+                    Duration::from_secs(60),
+                );
+                let restored: u64 = log
+                    .lines()
+                    .rfind(|l| l.contains("Restored the model"))
+                    .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("step=")))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("no step= in the chief's restore line:\n{log}"));
+                assert!(
+                    restored >= saved && resumed.global_step >= restored,
+                    "after killing ps:0: restored step {restored}, resumed at {}, but checkpoint {saved} existed",
+                    resumed.global_step
+                );
+            }
         } else {
             // A worker's death costs the ps nothing: same process, no step lost.
             assert!(

@@ -27,6 +27,7 @@ mod ps_limits;
 mod reload;
 mod requests;
 mod shm;
+mod snapshot;
 mod sync;
 mod tls;
 mod util;

@@ -75,6 +75,8 @@ async fn a_ps_killed_with_sigkill_gets_its_slots_back_from_the_checkpoint() {
     // and 0.9999^100000 is still a normal f32 (0.99^10000 is not).
     c.cfg.train.beta1 = 0.9999;
     c.cfg.train.learning_rate = 0.01;
+    // No snapshots: the checkpoint is what the restarted ps gets.
+    c.cfg.ps.snapshot_secs = 0;
     c.write_config();
     c.start_all();
     // Round-robin over 2 ps: layer1/biases, whose name sorts first and so

@@ -280,6 +280,8 @@ async fn an_in_place_step_matches_the_copying_path_and_survives_a_new_region() {
     // before an in-place pull fills it.
     c.kill("ps:0");
     std::fs::remove_file(&path).ok();
+    // Without its snapshots: the new ps waits to be initialized.
+    std::fs::remove_dir_all(c.dir.path().join("state")).ok();
     c.start("ps", 0);
     until(Duration::from_secs(10), "the restarted ps's socket", || {
         path.exists().then_some(())

@@ -152,6 +152,8 @@ impl Cluster {
         cfg.security.token_file = token;
         // The shared-memory sockets of this test's ps tasks, apart from every other test's.
         cfg.cluster.runtime_dir = dir.path().join("run").display().to_string();
+        // The ps tasks' snapshots (state/ps-N/), apart from every other test's.
+        cfg.ps.snapshot_dir = dir.path().join("state").display().to_string();
         let config_path = dir.path().join("dtf.toml");
         let mut c = Self {
             dir,

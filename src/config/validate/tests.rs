@@ -66,6 +66,8 @@ fn out_of_range_values_are_errors() {
         ("[eval]\nkeep_best = 0", "eval.keep_best"),
         ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
         ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
+        ("[ps]\nsnapshot_secs = 86401", "ps.snapshot_secs"),
+        ("[ps]\nsnapshot_dir = \"state\"", "ps.snapshot_dir"),
         ("[log]\nlevel = \"degub\"", "log.level"),
         ("[log]\nlevel = \"dtf=loud\"", "log.level"),
         ("[log]\nlevel = \"\"", "log.level"),

@@ -1,0 +1,775 @@
+//! Each ps task's own snapshots of its shard: its fast recovery after a
+//! crash, beside the chief's checkpoints (the portable, consistent artifact).
+//!
+//! Every `ps.snapshot_secs` the shard's state — values, EMA shadows, the
+//! optimizer's slots and non-slot scalars, and the step (on ps 0 the global
+//! step) — is copied under the shard lock (the only time pushes wait: one
+//! `memcpy` of the state into buffers kept from the last snapshot), then
+//! encoded and written off the lock: a safetensors file with a CRC per tensor,
+//! to a temp file, fsync, rename, fsync the directory. The newest two are
+//! kept. Only applied updates are copied: in sync mode a step whose gradients
+//! are still being summed is not in the snapshot, so after a restore it is
+//! aggregated anew, never applied twice.
+//!
+//! A file carries its identity (the shard's task, the number of ps tasks,
+//! the placement, the variables, the optimizer): a ps restores only its own
+//! shard of this model, and ignores any other file with a warning. At start
+//! [`restore`] takes the newest valid snapshot when it is newer than the
+//! newest checkpoint it can see; otherwise the ps waits to be seeded by the
+//! chief, as without snapshots.
+
+use super::PsService;
+use super::shard::{Shard, Slots};
+use crate::checkpoint::{self, EMA_SUFFIX, MAX_HEADER_BYTES};
+use crate::config::{Config, Mode};
+use crate::model::{Mlp, VarSpec};
+use crate::optimizer::SlotSpec;
+use ndarray::ArrayD;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// The `format` metadata of a snapshot file (a checkpoint's is `dtf-1`).
+const FORMAT: &str = "dtf-snapshot-1";
+/// Metadata key of the shard's identity (JSON, compared as text).
+const IDENTITY: &str = "identity";
+/// Metadata key of the shard's step.
+const STEP: &str = "step";
+/// Metadata key prefix of each tensor's CRC-32.
+const CRC_PREFIX: &str = "crc32:";
+/// How long a stopping ps gives its last snapshot.
+const FINAL_WRITE: Duration = Duration::from_secs(10);
+
+/// Why a snapshot could not be used or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// Unusable: damaged, foreign, or not a dtf snapshot.
+    #[error("snapshot {path}: {why}")]
+    Invalid { path: PathBuf, why: String },
+}
+
+impl SnapshotError {
+    fn io(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| SnapshotError::Io { path, what, source }
+    }
+    fn invalid(path: &Path, why: impl Into<String>) -> Self {
+        SnapshotError::Invalid {
+            path: path.to_path_buf(),
+            why: why.into(),
+        }
+    }
+}
+
+/// The directory of ps task `task`'s snapshots: `ps-<task>` under
+/// `ps.snapshot_dir`, else under `$STATE_DIRECTORY` (the units'
+/// `StateDirectory=dtf`: `/var/lib/dtf/ps-0`), else `$XDG_STATE_HOME/dtf`,
+/// else `~/.local/state/dtf`. `None` when none of these is known.
+pub fn dir(config: &Config, task: usize) -> Option<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let base = if !config.ps.snapshot_dir.is_empty() {
+        PathBuf::from(&config.ps.snapshot_dir)
+    } else if let Some(dirs) = env("STATE_DIRECTORY") {
+        // systemd lists one path per StateDirectory= entry.
+        let first = dirs.to_string_lossy().split(':').next()?.to_owned();
+        PathBuf::from(first)
+    } else if let Some(state) = env("XDG_STATE_HOME") {
+        Path::new(&state).join("dtf")
+    } else {
+        Path::new(&env("HOME")?).join(".local/state/dtf")
+    };
+    Some(base.join(format!("ps-{task}")))
+}
+
+/// What makes a snapshot this shard's: the task, the number of ps tasks and
+/// the placement (which variables it holds), the variables' names and
+/// shapes, and the optimizer with its hyperparameters (its slots).
+pub fn identity(config: &Config, task: usize, specs: &[VarSpec]) -> String {
+    let vars: Vec<(&str, &[usize])> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.shape.as_slice()))
+        .collect();
+    serde_json::json!({
+        "task": task,
+        "ps_tasks": config.cluster.ps.len(),
+        "placement": config.cluster.placement,
+        "layers": config.model.layers,
+        "variables": vars,
+        "optimizer": config.train.optimizer().describe(),
+    })
+    .to_string()
+}
+
+/// A copy of a shard's state, taken under its lock. Kept between snapshots,
+/// so the next copy reuses its buffers (no allocation under the lock).
+#[derive(Debug, Default)]
+pub struct Image {
+    /// The shard's step when copied.
+    pub step: u64,
+    /// Its variables, shard order.
+    pub values: Vec<ArrayD<f32>>,
+    /// Their EMA shadows.
+    pub shadows: Vec<ArrayD<f32>>,
+    /// The optimizer's slots and this shard's copy of the non-slot scalars.
+    pub slots: Option<Slots>,
+}
+
+impl Image {
+    /// Copies `shard`'s state into this image (its buffers reused when the
+    /// shapes match). Returns false, copying nothing, before the shard is
+    /// initialized.
+    pub fn copy_from(&mut self, shard: &Shard) -> bool {
+        let (Ok(values), Ok(shadows), Ok(slots)) = (shard.values(), shard.shadows(), shard.slots())
+        else {
+            return false;
+        };
+        copy_arrays(&mut self.values, values);
+        copy_arrays(&mut self.shadows, shadows);
+        match &mut self.slots {
+            Some(mine) if mine.per_var.len() == slots.per_var.len() => {
+                for (m, s) in mine.per_var.iter_mut().zip(&slots.per_var) {
+                    copy_arrays(m, s);
+                }
+                mine.non_slots.clone_from(&slots.non_slots);
+            }
+            mine => *mine = Some(slots.clone()),
+        }
+        self.step = shard.step();
+        true
+    }
+
+    /// The snapshot file's bytes: every tensor (variables by name, shadows as
+    /// `<var>/ExponentialMovingAverage`, slots by TensorFlow's names,
+    /// non-slot scalars as 0-d tensors) with its CRC, the step and `identity`.
+    ///
+    /// Errors: the safetensors encoder's, as text.
+    pub fn encode(
+        &self,
+        specs: &[VarSpec],
+        slot_specs: &[SlotSpec],
+        identity: &str,
+    ) -> Result<Vec<u8>, String> {
+        let mut tensors: Vec<(String, Vec<usize>, &[u8])> = Vec::new();
+        for (spec, (v, s)) in specs.iter().zip(self.values.iter().zip(&self.shadows)) {
+            tensors.push((spec.name.clone(), spec.shape.clone(), le_bytes(v)));
+            let shadow = format!("{}{EMA_SUFFIX}", spec.name);
+            tensors.push((shadow, spec.shape.clone(), le_bytes(s)));
+        }
+        let slots = self.slots.as_ref().ok_or("no slots copied")?;
+        for spec in slot_specs {
+            let bytes: &[u8] = match spec.var {
+                Some(i) => le_bytes(&slots.per_var[i][spec.index]),
+                None => bytemuck::bytes_of(&slots.non_slots[spec.index]),
+            };
+            tensors.push((spec.name.clone(), spec.shape.clone(), bytes));
+        }
+        let mut meta = HashMap::from([
+            ("format".to_owned(), FORMAT.to_owned()),
+            (IDENTITY.to_owned(), identity.to_owned()),
+            (STEP.to_owned(), self.step.to_string()),
+        ]);
+        let mut views = Vec::with_capacity(tensors.len());
+        for (name, shape, bytes) in &tensors {
+            meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
+            let view = TensorView::new(Dtype::F32, shape.clone(), bytes)
+                .map_err(|e| format!("tensor {name:?}: {e}"))?;
+            views.push((name.as_str(), view));
+        }
+        safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
+    }
+}
+
+/// An array's f32s as the little-endian bytes they are in memory (dtf
+/// runs on little-endian machines only, as its wire format assumes).
+fn le_bytes(a: &ArrayD<f32>) -> &[u8] {
+    bytemuck::cast_slice(a.as_slice().expect("arrays built by dtf are contiguous"))
+}
+
+/// `dst` made equal to `src`: copied in place when the shapes match.
+fn copy_arrays(dst: &mut Vec<ArrayD<f32>>, src: &[ArrayD<f32>]) {
+    if dst.len() == src.len() && dst.iter().zip(src).all(|(d, s)| d.shape() == s.shape()) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            d.assign(s);
+        }
+    } else {
+        *dst = src.to_vec();
+    }
+}
+
+fn crc32(bytes: &[u8]) -> String {
+    let mut crc = flate2::Crc::new();
+    crc.update(bytes);
+    format!("{:08x}", crc.sum())
+}
+
+/// `shard-<step>.safetensors`.
+fn file_name(step: u64) -> String {
+    format!("shard-{step}.safetensors")
+}
+
+/// The step in a snapshot's file name.
+fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The snapshot files in `dir`, newest (highest step) first.
+fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((parse_name(e.file_name().to_str()?)?, e.path())))
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    found
+}
+
+/// Writes `bytes` as the snapshot of `step` in `dir` (made 0750 if missing):
+/// temp file, fsync, rename, fsync the directory. Then deletes every other
+/// snapshot but `keep_also` (the one this process wrote before, in case the
+/// newest is damaged), so at most two remain, all of this process's timeline.
+///
+/// Errors: [`SnapshotError::Io`]; a failed write leaves no temp file and the
+/// older snapshots in place.
+pub fn write(
+    dir: &Path,
+    step: u64,
+    bytes: &[u8],
+    keep_also: Option<&Path>,
+) -> Result<PathBuf, SnapshotError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+        .map_err(SnapshotError::io(dir, "create directory"))?;
+    let path = dir.join(file_name(step));
+    let tmp = dir.join(format!(".{}.tmp-{}", file_name(step), std::process::id()));
+    let written = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&tmp)
+            .map_err(SnapshotError::io(&tmp, "create"))?;
+        file.write_all(bytes)
+            .map_err(SnapshotError::io(&tmp, "write"))?;
+        file.sync_all().map_err(SnapshotError::io(&tmp, "fsync"))?;
+        fs::rename(&tmp, &path).map_err(SnapshotError::io(&path, "rename into place"))
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(SnapshotError::io(dir, "fsync directory"))?;
+    for (_, old) in list(dir) {
+        if old != path
+            && Some(old.as_path()) != keep_also
+            && let Err(e) = fs::remove_file(&old)
+        {
+            warn!(path = %old.display(), error = %e, "Cannot delete an old snapshot.");
+        }
+    }
+    Ok(path)
+}
+
+/// Removes temp files a crashed writer left in `dir` (only this task
+/// writes there, and it has just started).
+fn remove_temps(dir: &Path) {
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.starts_with(".shard-") && n.contains(".tmp-"))
+        {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// A snapshot read back and checked: the state to initialize the shard with.
+pub struct Restored {
+    pub step: u64,
+    pub values: Vec<ArrayD<f32>>,
+    pub shadows: Vec<ArrayD<f32>>,
+    pub slots: Slots,
+}
+
+/// Reads and checks the snapshot at `path` for `shard`: a regular file no
+/// larger than the shard's tensors and a 1 MiB header, the format, the
+/// identity, every tensor's CRC, then the shard's own checks (every variable,
+/// shadow and slot exactly once, its shape, finite values).
+///
+/// Errors: [`SnapshotError`] saying what is wrong; nothing is changed.
+pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, SnapshotError> {
+    let tensor_bytes: u64 = shard
+        .specs()
+        .iter()
+        .map(|s| 4 * s.shape.iter().product::<usize>() as u64)
+        .sum::<u64>()
+        * (2 + shard.optimizer().slot_names().len() as u64)
+        + 4 * shard.optimizer().non_slot_names().len() as u64;
+    let bytes = read_regular(path, tensor_bytes + 8 + MAX_HEADER_BYTES)?;
+    let header = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    if header.is_some_and(|n| n > MAX_HEADER_BYTES) {
+        return Err(SnapshotError::invalid(
+            path,
+            format!("its header claims more than {MAX_HEADER_BYTES} bytes"),
+        ));
+    }
+    let bad = |e: safetensors::SafeTensorError| SnapshotError::invalid(path, e.to_string());
+    let tensors = SafeTensors::deserialize(&bytes).map_err(bad)?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(bad)?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let get = |k: &str| meta.get(k).map(String::as_str);
+    if get("format") != Some(FORMAT) {
+        return Err(SnapshotError::invalid(
+            path,
+            format!(
+                "metadata format is {:?}, expected \"{FORMAT}\" (not a dtf snapshot)",
+                get("format")
+            ),
+        ));
+    }
+    if get(IDENTITY) != Some(identity) {
+        return Err(SnapshotError::invalid(
+            path,
+            format!(
+                "it is of another run or shard: it holds {}, this shard is {identity}",
+                get(IDENTITY).unwrap_or("no identity")
+            ),
+        ));
+    }
+    let step: u64 = get(STEP)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| SnapshotError::invalid(path, format!("metadata step is {:?}", get(STEP))))?;
+    let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
+    let (mut values, mut shadows, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, view) in &views {
+        let name: &str = name;
+        if view.dtype() != Dtype::F32 {
+            return Err(SnapshotError::invalid(
+                path,
+                format!("tensor {name:?} is {:?}, expected F32", view.dtype()),
+            ));
+        }
+        if get(&format!("{CRC_PREFIX}{name}")) != Some(crc32(view.data()).as_str()) {
+            return Err(SnapshotError::invalid(
+                path,
+                format!("tensor {name:?} fails its checksum: the file is damaged"),
+            ));
+        }
+        let item = (name, view.shape(), view.data());
+        if let Some(var) = name.strip_suffix(EMA_SUFFIX) {
+            shadows.push((var, item.1, item.2));
+        } else if shard.specs().iter().any(|s| s.name == name) {
+            values.push(item);
+        } else {
+            slots.push(item);
+        }
+    }
+    let invalid = |e: super::shard::ShardError| SnapshotError::invalid(path, e.to_string());
+    let arrays = |bytes: Vec<&[u8]>| -> Vec<ArrayD<f32>> {
+        bytes
+            .into_iter()
+            .zip(shard.specs())
+            .map(|(b, spec)| {
+                ArrayD::from_shape_vec(spec.shape.as_slice(), bytemuck::pod_collect_to_vec(b))
+                    .expect("arrange_bytes checked the shape")
+            })
+            .collect()
+    };
+    Ok(Restored {
+        step,
+        values: arrays(shard.arrange_bytes(values).map_err(invalid)?),
+        shadows: arrays(shard.arrange_bytes(shadows).map_err(invalid)?),
+        slots: shard.arrange_slots(slots).map_err(invalid)?,
+    })
+}
+
+/// Reads `path` if it is a regular file of at most `limit` bytes, opened
+/// non-blocking (a FIFO named like a snapshot cannot hang the ps) and
+/// checked on the open descriptor.
+fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(SnapshotError::io(path, "open"))?;
+    let meta = file.metadata().map_err(SnapshotError::io(path, "stat"))?;
+    if let Some(what) = crate::files::special_kind(meta.file_type()) {
+        return Err(SnapshotError::invalid(
+            path,
+            format!("it is {what}, not a regular file"),
+        ));
+    }
+    if meta.len() > limit {
+        return Err(SnapshotError::invalid(
+            path,
+            format!(
+                "it is {} bytes, more than the {limit} a snapshot of this shard can take",
+                meta.len()
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit)
+        .read_to_end(&mut bytes)
+        .map_err(SnapshotError::io(path, "read"))?;
+    Ok(bytes)
+}
+
+/// The newest checkpoint's step, when `checkpoint.dir` can be read on this
+/// host: `Some(None)` when it exists and holds none that verifies, `None`
+/// when it cannot be told (no such directory here: a ps on another host).
+fn newest_checkpoint(config: &Config) -> Option<Option<u64>> {
+    let dir = &config.checkpoint.dir;
+    if !dir.is_dir() {
+        return None;
+    }
+    let specs = Mlp::new(&config.model.layers).ok()?.variables();
+    match checkpoint::restore_latest(dir, &specs) {
+        Ok(found) => Some(found.map(|(_, c)| c.global_step)),
+        Err(_) => None,
+    }
+}
+
+/// At start: restores the shard from its newest valid snapshot when there
+/// is one newer than the newest checkpoint (and, in sync mode, only with one
+/// ps task: shards restored to different steps would not aggregate the same
+/// step). Every snapshot passed over is named with its reason. Returns the
+/// step restored.
+pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
+    let task = service.inner.task;
+    let snap = &service.inner.snapshots;
+    let dir = snap.dir.as_deref()?;
+    if config.ps.snapshot_secs == 0 {
+        return None;
+    }
+    remove_temps(dir);
+    let files = list(dir);
+    if files.is_empty() {
+        return None;
+    }
+    if config.train.mode == Mode::Sync && config.cluster.ps.len() > 1 {
+        info!(ps = task, dir = %dir.display(), "Snapshots not restored: a sync run with several ps tasks goes back to the newest checkpoint together (the chief seeds every shard).");
+        return None;
+    }
+    let restored = {
+        let shard = service.lock();
+        files
+            .iter()
+            .find_map(|(_, path)| match load(path, &shard, &snap.identity) {
+                Ok(r) => Some((path.clone(), r)),
+                Err(e) => {
+                    warn!(ps = task, error = %e, "Snapshot ignored.");
+                    None
+                }
+            })
+    };
+    let (path, r) = restored?;
+    match newest_checkpoint(config) {
+        Some(Some(ckpt)) if ckpt >= r.step => {
+            info!(
+                ps = task,
+                snapshot_step = r.step,
+                checkpoint_step = ckpt,
+                "Snapshot not restored: the newest checkpoint is as new; waiting for the chief to seed the shard."
+            );
+            return None;
+        }
+        Some(None) => {
+            warn!(ps = task, snapshot = %path.display(), checkpoint_dir = %config.checkpoint.dir.display(), "Snapshot not restored: checkpoint.dir holds no checkpoint, so this is a new run; waiting for the chief.");
+            return None;
+        }
+        _ => {}
+    }
+    let age = fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok());
+    let step = r.step;
+    {
+        let mut shard = service.lock();
+        shard.initialize(r.values, Some(r.shadows), Some(r.slots), step, false);
+    }
+    service.inner.step_tx.send_replace(step);
+    let mut stats = snap.stats();
+    stats.restored = Some(step);
+    let at = Instant::now().checked_sub(age.unwrap_or_default());
+    stats.last = Some((step, at.unwrap_or_else(Instant::now)));
+    stats.written = Some(path.clone());
+    info!(ps = task, step, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot.");
+    Some(step)
+}
+
+/// The snapshot loop of a ps: every `ps.snapshot_secs` a copy under the
+/// lock, written off it; a last one when `stop` is cancelled (a graceful
+/// stop then loses nothing). A write that fails is counted, and logged at
+/// ERROR once until one succeeds again; training goes on.
+pub(super) async fn run(service: PsService, every: Duration, stop: CancellationToken) {
+    let mut image = Image::default();
+    let layout = {
+        let shard = service.lock();
+        let specs = shard.specs().to_vec();
+        let slots = shard.optimizer().slot_specs(&specs);
+        std::sync::Arc::new((specs, slots))
+    };
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last = tokio::select! {
+            _ = ticks.tick() => false,
+            _ = stop.cancelled() => true,
+        };
+        let once = take(&service, &mut image, &layout);
+        if last {
+            let _ = tokio::time::timeout(FINAL_WRITE, once).await;
+            return;
+        }
+        once.await;
+    }
+}
+
+/// One snapshot: the copy (timed: what pushes waited), then the write on a
+/// blocking thread. Nothing is written while the shard has not moved since
+/// the last one.
+async fn take(
+    service: &PsService,
+    image: &mut Image,
+    layout: &std::sync::Arc<(Vec<VarSpec>, Vec<SlotSpec>)>,
+) {
+    let snap = &service.inner.snapshots;
+    let Some(dir) = snap.dir.clone() else { return };
+    let copied = {
+        let shard = service.lock();
+        let started = Instant::now();
+        let unchanged = snap.stats().last.is_some_and(|(s, _)| s == shard.step());
+        if unchanged {
+            // Nothing new: the snapshot on disk is current.
+            let mut stats = snap.stats();
+            if let Some(last) = &mut stats.last {
+                last.1 = Instant::now();
+            }
+            return;
+        }
+        let copied = image.copy_from(&shard);
+        (copied, started.elapsed())
+    };
+    let (true, copy_took) = copied else { return };
+    let at = Instant::now() - copy_took;
+    let (layout, identity) = (layout.clone(), snap.identity.clone());
+    let keep = snap.stats().written.clone();
+    let img = std::mem::take(image);
+    let started = Instant::now();
+    let step = img.step;
+    let (img, result) = tokio::task::spawn_blocking(move || {
+        let result = img
+            .encode(&layout.0, &layout.1, &identity)
+            .map_err(|why| SnapshotError::invalid(&dir, why))
+            .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes.len())));
+        (img, result)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let e = SnapshotError::invalid(Path::new(""), format!("the writing task failed: {e}"));
+        (Image::default(), Err(e))
+    });
+    *image = img;
+    let took = started.elapsed();
+    let mut stats = snap.stats();
+    stats.copy_secs = copy_took.as_secs_f64();
+    match result {
+        Ok((path, bytes)) => {
+            if stats.failing {
+                info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");
+            }
+            debug!(ps = service.inner.task, step, path = %path.display(), bytes, millis = took.as_millis() as u64, "Snapshot written.");
+            stats.failing = false;
+            stats.last = Some((step, at));
+            stats.written = Some(path);
+            stats.bytes = bytes as u64;
+            stats.write_secs = took.as_secs_f64();
+        }
+        Err(e) => {
+            stats.failures += 1;
+            if !stats.failing {
+                error!(ps = service.inner.task, step, error = %e, "Snapshot not written; training goes on, and a crash of this ps would go back further (the previous snapshot, or the newest checkpoint).");
+            }
+            stats.failing = true;
+        }
+    }
+}
+
+/// A ps's snapshots: where, whose, and how they have gone.
+pub(super) struct Snapshotting {
+    /// `<ps.snapshot_dir>/ps-<task>`; `None`: no place known, no snapshots.
+    pub dir: Option<PathBuf>,
+    /// [`identity`] of this shard: what every file must carry to be restored.
+    pub identity: String,
+    /// For `State` and `/metrics`.
+    stats: std::sync::Mutex<Stats>,
+}
+
+impl Snapshotting {
+    /// The snapshot settings of ps `task`, and no snapshot yet.
+    pub(super) fn new(config: &Config, task: usize, specs: &[VarSpec]) -> Self {
+        let dir = dir(config, task);
+        if dir.is_none() && config.ps.snapshot_secs > 0 {
+            warn!(
+                ps = task,
+                "No snapshots: ps.snapshot_dir is empty and neither $STATE_DIRECTORY, $XDG_STATE_HOME nor $HOME is set."
+            );
+        }
+        Self {
+            dir,
+            identity: identity(config, task, specs),
+            stats: std::sync::Mutex::new(Stats::default()),
+        }
+    }
+
+    pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What `State` and `/metrics` report of the snapshots.
+#[derive(Debug, Default)]
+pub(super) struct Stats {
+    /// The step and the moment of the newest snapshot's copy (or restore).
+    pub last: Option<(u64, Instant)>,
+    /// The file this process wrote (or restored) last: kept beside the next.
+    pub written: Option<PathBuf>,
+    /// Writes that failed since start.
+    pub failures: u64,
+    /// The latest write failed (the ERROR is logged once per run of failures).
+    pub failing: bool,
+    /// Bytes of the latest file.
+    pub bytes: u64,
+    /// Seconds the latest encode and write took.
+    pub write_secs: f64,
+    /// Seconds the latest copy held the shard lock.
+    pub copy_secs: f64,
+    /// The step restored at start, if any.
+    pub restored: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ps::shard::Rule;
+
+    fn shard(task: usize) -> Shard {
+        let optimizer = crate::optimizer::Optimizer::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        };
+        let specs = vec![
+            VarSpec {
+                name: "a/weights".into(),
+                shape: vec![3, 2],
+            },
+            VarSpec {
+                name: "a/biases".into(),
+                shape: vec![2],
+            },
+        ];
+        let mut s = Shard::new(task, specs, Rule::Async, 0.99, optimizer);
+        let values = vec![
+            ArrayD::from_shape_vec(vec![3, 2], vec![1., 2., 3., 4., 5., 6.]).unwrap(),
+            ArrayD::from_shape_vec(vec![2], vec![7., 8.]).unwrap(),
+        ];
+        s.initialize(values, None, None, 41, false);
+        s
+    }
+
+    fn encoded(s: &Shard, identity: &str) -> Vec<u8> {
+        let mut image = Image::default();
+        assert!(image.copy_from(s));
+        let slot_specs = s.optimizer().slot_specs(s.specs());
+        image.encode(s.specs(), &slot_specs, identity).unwrap()
+    }
+
+    #[test]
+    fn round_trip_restores_values_shadows_slots_and_step() {
+        let s = shard(0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), s.step(), &encoded(&s, "me"), None).unwrap();
+        let r = load(&path, &shard(0), "me").unwrap();
+        assert_eq!(r.step, 41);
+        assert_eq!(r.values, s.values().unwrap());
+        assert_eq!(r.shadows, s.shadows().unwrap());
+        assert_eq!(&r.slots, s.slots().unwrap());
+    }
+
+    #[test]
+    fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
+        let s = shard(0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), 41, &encoded(&s, "me"), None).unwrap();
+        let e = load(&path, &s, "other").err().unwrap().to_string();
+        assert!(e.contains("another run or shard"), "{e}");
+        let mut bytes = fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0x55;
+        fs::write(&path, &bytes).unwrap();
+        let e = load(&path, &s, "me").err().unwrap().to_string();
+        assert!(e.contains("checksum"), "{e}");
+        fs::write(&path, b"not a snapshot").unwrap();
+        assert!(load(&path, &s, "me").is_err());
+    }
+
+    #[test]
+    fn write_keeps_the_new_file_and_the_one_before_it_only() {
+        let s = shard(0);
+        let bytes = encoded(&s, "me");
+        let dir = tempfile::tempdir().unwrap();
+        // Another timeline's files, at higher steps: not kept.
+        write(dir.path(), 900, &bytes, None).unwrap();
+        write(dir.path(), 901, &bytes, None).unwrap();
+        let first = write(dir.path(), 5, &bytes, None).unwrap();
+        let second = write(dir.path(), 6, &bytes, Some(&first)).unwrap();
+        let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, vec![6, 5]);
+        write(dir.path(), 7, &bytes, Some(&second)).unwrap();
+        let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, vec![7, 6]);
+        // No temp file left behind.
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn names_parse_only_as_written() {
+        assert_eq!(parse_name(&file_name(12)), Some(12));
+        for bad in [
+            "shard-.safetensors",
+            "shard-1x.safetensors",
+            ".shard-1.safetensors.tmp-3",
+        ] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! A ps's own snapshots (`[ps] snapshot_secs`): a killed ps comes back from
+//! its snapshot, not the checkpoint; a damaged or foreign snapshot is
+//! ignored; a snapshot that cannot be written costs nothing but the snapshot.
+
+use crate::util::*;
+use dtf::config::Mode;
+use dtf::pb;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const RUN: Duration = Duration::from_secs(120);
+
+async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
+    ps.state(pb::StateRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// Waits until ps `i` answers a state that `want` accepts.
+async fn wait_state(
+    c: &Cluster,
+    i: usize,
+    what: &str,
+    want: impl Fn(&pb::StateResponse) -> bool,
+) -> pb::StateResponse {
+    let ps = c.client(i, Some(TOKEN)).await;
+    eventually(RUN, what, || {
+        let mut ps = ps.clone();
+        let want = &want;
+        async move { state(&mut ps).await.filter(|s| want(s)) }
+    })
+    .await
+}
+
+/// A run that only ends when the test says so, whose only checkpoint is
+/// the one written at its start (step 0): a ps that comes back at a later
+/// step did not come back from a checkpoint.
+fn long_run(ps: usize, workers: usize, mode: Mode, transport: dtf::config::Transport) -> Cluster {
+    let mut c = Cluster::new(ps, workers, 1_000_000, mode);
+    c.cfg.checkpoint.save_secs = Some(3600);
+    c.cfg.ps.snapshot_secs = 1;
+    c.use_transport(transport);
+    c
+}
+
+/// Ends the run at a live `last_step` a little past where it is, and
+/// checks that every task exits 0.
+async fn finish(c: &mut Cluster) -> pb::StateResponse {
+    let now = wait_state(c, 0, "a state", |s| s.initialized)
+        .await
+        .global_step;
+    c.cfg.train.last_step = now + 20_000;
+    c.write_config_by_rename();
+    let last = c.cfg.train.last_step;
+    let s = wait_state(c, 0, "the run to complete", |s| s.complete).await;
+    assert_eq!(s.global_step, last);
+    tokio::task::block_in_place(|| c.wait_all_success(RUN));
+    s
+}
+
+/// The snapshot files of ps `i`, newest first.
+fn snapshots(c: &Cluster, i: usize) -> Vec<PathBuf> {
+    let dir = Path::new(&c.cfg.ps.snapshot_dir).join(format!("ps-{i}"));
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let step = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+            Some((step.parse().ok()?, e.path()))
+        })
+        .collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Kills ps `i` once it has a snapshot past step 100, restarts it, and
+/// checks it restored that snapshot or a newer one (never the checkpoint of
+/// step 0), and that training goes on from there.
+async fn kill_and_restore(c: &mut Cluster, i: usize) -> pb::StateResponse {
+    let before = wait_state(c, i, "a snapshot past step 100", |s| {
+        s.snapshot_age_seconds >= 0.0 && s.snapshot_step > 100
+    })
+    .await;
+    c.kill(&format!("ps:{i}"));
+    c.start("ps", i);
+    let after = wait_state(c, i, "the restarted ps to serve", |s| {
+        s.initialized && s.incarnation != before.incarnation
+    })
+    .await;
+    assert!(
+        after.restored && after.restored_step >= before.snapshot_step,
+        "ps:{i} came back at step {} (restored: {}), but it had a snapshot of step {}; log:\n{}",
+        after.restored_step,
+        after.restored,
+        before.snapshot_step,
+        c.log(&format!("ps:{i}"))
+    );
+    c.wait_log(
+        &format!("ps:{i}"),
+        "Shard restored from its snapshot.",
+        1,
+        RUN,
+    );
+    // The cluster goes on from the restored step.
+    let restored = after.restored_step;
+    wait_state(c, i, "training past the restored step", |s| {
+        s.global_step > restored + 100
+    })
+    .await;
+    let chief = c.wait_log(
+        "worker:0",
+        "restored its shard from its own snapshot",
+        1,
+        RUN,
+    );
+    assert!(
+        !chief.contains("Restored the model"),
+        "the chief must not re-seed a ps that restored its snapshot:\n{chief}"
+    );
+    let line = chief
+        .lines()
+        .find(|l| l.contains("restored its shard from its own snapshot"))
+        .unwrap();
+    assert!(
+        line.contains(&format!("ps={i}")) && line.contains("steps_lost="),
+        "{line}"
+    );
+    after
+}
+
+crate::on_each_transport! {
+async fn a_killed_ps_restores_its_snapshot_not_the_checkpoint(transport) {
+    let mut c = long_run(1, 2, Mode::Async, transport);
+    c.start_all();
+    kill_and_restore(&mut c, 0).await;
+    // dtf status shows the snapshot.
+    let out = c.dtf(&["status", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(j["tasks"][0]["snapshot_step"].as_u64().is_some_and(|s| s > 0), "{j}");
+    assert!(j["tasks"][0]["snapshot_age_secs"].as_f64().is_some(), "{j}");
+    let table = String::from_utf8(c.dtf(&["status"]).stdout).unwrap();
+    assert!(table.contains("SNAPSHOT") && table.contains(" s ago"), "{table}");
+    finish(&mut c).await;
+    c.assert_transport(transport);
+}
+}
+
+crate::on_each_transport! {
+async fn one_of_two_ps_killed_restores_its_own_shard(transport) {
+    let mut c = long_run(2, 2, Mode::Async, transport);
+    c.start_all();
+    let other = wait_state(&c, 0, "ps:0 training", |s| s.global_step > 0).await;
+    kill_and_restore(&mut c, 1).await;
+    // The other shard kept its process and its progress.
+    let now = wait_state(&c, 0, "ps:0", |s| s.initialized).await;
+    assert_eq!(now.incarnation, other.incarnation);
+    assert!(!now.restored);
+    finish(&mut c).await;
+}
+}
+
+crate::on_each_transport! {
+async fn a_killed_sync_ps_resumes_from_a_whole_step(transport) {
+    let mut c = long_run(1, 2, Mode::Sync, transport);
+    c.start_all();
+    kill_and_restore(&mut c, 0).await;
+    let s = finish(&mut c).await;
+    // Every update since the restart averaged both replicas' gradients: no
+    // half-summed step was applied, none twice.
+    assert_eq!(s.gradients_aggregated, 2 * s.updates_applied, "{s:?}");
+}
+}
+
+/// Flips a byte of a tensor in `path` (its CRC no longer matches).
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x5a;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Rewrites the identity in `path`'s header as another task's, keeping the
+/// length (the tensors and their CRCs stay valid).
+fn make_foreign(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let needle = br#"\"task\":0"#;
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("no task in {}'s identity", path.display()));
+    bytes[at + needle.len() - 1] = b'7';
+    std::fs::write(path, bytes).unwrap();
+}
+
+crate::on_each_transport! {
+async fn a_damaged_or_foreign_snapshot_is_ignored_and_the_checkpoint_used(transport) {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.cfg.checkpoint.save_secs = Some(3600);
+    c.use_transport(transport);
+    c.start_all();
+    let before = wait_state(&c, 0, "two snapshots", |s| s.snapshot_step > 100).await;
+    until(RUN, "two snapshot files", || (snapshots(&c, 0).len() == 2).then_some(()));
+    c.kill("ps:0");
+    let files = snapshots(&c, 0);
+    damage(&files[0]);
+    make_foreign(&files[1]);
+    c.start("ps", 0);
+    let log = c.wait_log("ps:0", "Snapshot ignored.", 2, RUN);
+    assert!(log.contains("fails its checksum"), "{log}");
+    assert!(log.contains("another run or shard"), "{log}");
+    // The chief seeds it from the checkpoint (step 0), as without snapshots.
+    let after = wait_state(&c, 0, "the restarted ps to be seeded", |s| {
+        s.initialized && s.incarnation != before.incarnation
+    })
+    .await;
+    assert!(!after.restored, "{after:?}");
+    c.wait_log("worker:0", "Restored the model", 1, RUN);
+    assert!(!c.log("worker:0").contains("from its own snapshot"));
+    finish(&mut c).await;
+}
+}
+
+/// How a test makes the snapshot directory unwritable.
+enum Unwritable {
+    /// A file where ps-0/ should be.
+    FileInTheWay,
+    /// A 4 KiB tmpfs (as root; else skipped, saying so).
+    Full,
+    /// Read-only: a read-only tmpfs as root, else mode 0500.
+    ReadOnly,
+}
+
+/// Unmounts (lazily) what a test mounted, even when it fails.
+struct Mounted(PathBuf);
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+fn mount_tmpfs(dir: &Path, options: &str) -> Option<Mounted> {
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then(|| Mounted(dir.to_path_buf()))
+}
+
+/// Training goes on past every failed snapshot: one ERROR, every failure
+/// counted (in `State`, `/metrics` and `dtf status`), and snapshots resume
+/// once the directory is writable again.
+async fn unwritable(transport: dtf::config::Transport, how: Unwritable) {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.use_transport(transport);
+    let state = PathBuf::from(&c.cfg.ps.snapshot_dir);
+    std::fs::create_dir_all(&state).unwrap();
+    let root = rustix::process::geteuid().is_root();
+    let _mounted = match how {
+        Unwritable::FileInTheWay => {
+            std::fs::write(state.join("ps-0"), b"in the way").unwrap();
+            None
+        }
+        Unwritable::Full if root => {
+            Some(mount_tmpfs(&state, "size=4k,mode=0755").expect("mount a tmpfs as root"))
+        }
+        Unwritable::Full => {
+            eprintln!("not root: cannot mount a small tmpfs; the full-disk case is not run");
+            return;
+        }
+        Unwritable::ReadOnly if root => {
+            Some(mount_tmpfs(&state, "ro,size=64k").expect("mount a tmpfs as root"))
+        }
+        Unwritable::ReadOnly => {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o500)).unwrap();
+            None
+        }
+    };
+    let metrics = free_addrs(1).remove(0);
+    c.start_env("ps", 0, &[("DTF_METRICS__LISTEN", &metrics)]);
+    c.start("worker", 0);
+    let s = wait_state(&c, 0, "three failed snapshots", |s| {
+        s.snapshot_failures >= 3
+    })
+    .await;
+    assert!(s.global_step > 0, "training goes on: {s:?}");
+    let log = c.log("ps:0");
+    assert_eq!(
+        log.matches("Snapshot not written").count(),
+        1,
+        "one ERROR for a run of failures:\n{log}"
+    );
+    assert!(log.contains("ERROR"), "{log}");
+    let text = until(RUN, "/metrics", || http_get(&metrics, "/metrics"));
+    let failures = text
+        .lines()
+        .find(|l| l.starts_with("dtf_snapshot_failures_total "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no dtf_snapshot_failures_total in:\n{text}"));
+    assert!(failures >= 3.0, "{text}");
+    let table = String::from_utf8(c.dtf(&["status"]).stdout).unwrap();
+    assert!(table.contains("failed)"), "{table}");
+    // Writable again: snapshots resume, said once.
+    drop(_mounted);
+    match how {
+        Unwritable::FileInTheWay => std::fs::remove_file(state.join("ps-0")).unwrap(),
+        Unwritable::ReadOnly if !root => {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+        }
+        _ => {}
+    }
+    c.wait_log("ps:0", "Snapshots written again.", 1, RUN);
+    wait_state(&c, 0, "a snapshot", |s| s.snapshot_step > 0).await;
+    assert!(!snapshots(&c, 0).is_empty());
+    finish(&mut c).await;
+}
+
+crate::on_each_transport! {
+async fn a_file_where_the_snapshot_dir_should_be_costs_only_snapshots(transport) {
+    unwritable(transport, Unwritable::FileInTheWay).await;
+}
+}
+
+crate::on_each_transport! {
+async fn a_full_snapshot_disk_costs_only_snapshots(transport) {
+    unwritable(transport, Unwritable::Full).await;
+}
+}
+
+crate::on_each_transport! {
+async fn a_read_only_snapshot_dir_costs_only_snapshots(transport) {
+    unwritable(transport, Unwritable::ReadOnly).await;
+}
+}
