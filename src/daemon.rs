@@ -472,6 +472,9 @@ pub async fn run(
         && let Some(step) = worker::completed_run(&cfg)
     {
         info!(global_step = step, dir = %cfg.checkpoint.dir.display(), "The run is already complete (final checkpoint present); nothing to do.");
+        if role == Role::Worker && task.index == 0 {
+            worker::tell_complete(&cfg, &credentials, step).await;
+        }
         announce_complete(&notifier, task, step);
         return Ok(());
     }

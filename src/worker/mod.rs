@@ -279,6 +279,30 @@ pub fn completed_run(cfg: &Config) -> Option<u64> {
     }
 }
 
+/// How long a chief that starts on a complete run tries to tell the ps tasks.
+const COMPLETE_NOTICE: Duration = Duration::from_secs(5);
+
+/// The chief started on a complete run (its final checkpoint present): tells
+/// the ps tasks, in case its predecessor died between that checkpoint and
+/// its `Complete` (they would otherwise serve on for ever). Best effort and
+/// bounded: ps tasks that have exited already are the usual case.
+pub async fn tell_complete(cfg: &Config, credentials: &Credentials, step: u64) {
+    let Ok(mlp) = Mlp::new(&cfg.model.layers) else {
+        return;
+    };
+    let Ok(cluster) = Cluster::with_timeout(cfg, mlp.variables(), credentials, COMPLETE_NOTICE)
+    else {
+        return;
+    };
+    match tokio::time::timeout(COMPLETE_NOTICE, cluster.complete(step)).await {
+        Ok(Ok(())) => info!(global_step = step, "Told the ps tasks the run is complete."),
+        Ok(Err(e)) => {
+            debug!(error = %e, "The ps tasks were not told the run is complete (exited already?).")
+        }
+        Err(_) => debug!("The ps tasks did not answer the notice that the run is complete."),
+    }
+}
+
 impl Worker {
     fn cfg(&self) -> Arc<Config> {
         self.config.borrow().clone()

@@ -444,3 +444,30 @@ fn every_task_started_on_a_finished_run_exits_0_at_once() {
     c.wait_log("ps:0", "Parameter server ready", 1, QUICK);
     assert!(c.child("ps:0").try_wait().unwrap().is_none());
 }
+
+/// The chief killed between its final checkpoint and telling the ps tasks
+/// (found by the fault harness): started again, it finds the run complete,
+/// and the ps tasks, which cannot see that checkpoint (another host), are
+/// told, and exit, instead of serving on for ever.
+#[test]
+fn a_chief_started_on_a_finished_run_tells_the_ps_tasks() {
+    let (mut c, _) = base();
+    write_checkpoint(&c.cfg, 100);
+    let elsewhere = tempfile::tempdir().unwrap();
+    c.start_with_env(
+        "ps",
+        0,
+        &[("DTF_CHECKPOINT__DIR", elsewhere.path().as_os_str())],
+    );
+    c.wait_log("ps:0", "Parameter server ready", 1, QUICK);
+    c.start("worker", 0);
+    assert!(c.wait("worker:0", QUICK).success(), "{}", c.log("worker:0"));
+    let chief = c.log("worker:0");
+    assert!(
+        chief.contains("Told the ps tasks the run is complete."),
+        "{chief}"
+    );
+    let s = c.wait("ps:0", QUICK);
+    assert!(s.success(), "ps:0 exited with {s}:\n{}", c.log("ps:0"));
+    assert!(c.log("ps:0").contains("Run complete."), "{}", c.log("ps:0"));
+}

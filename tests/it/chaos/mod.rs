@@ -148,16 +148,12 @@ fn ci_seed_6() {
 
 /// Found by seed 4 (sync, TCP, 2 ps, 3 workers): worker:1 SIGSTOPped for
 /// 3.9 s, then ps:0 stopped by SIGTERM and started again. The chief
-/// re-seeds ps:0 from the checkpoint at 6743 and ps:1 (one step ahead, at
-/// 6744) with it, and then every worker logs "Waiting for the other
-/// replicas' gradients. step=6743 replicas_to_aggregate=3" for ever: the
-/// run never completes. Re-seeding a live shard clears its sync
-/// accumulator (`Shard::initialize` → `clear_pending`), so the gradients
-/// workers had already pushed for the step are dropped while they wait for
-/// it to advance. Not fixed yet: ignored so that CI stays green; run with
-/// `cargo nextest run --run-ignored only -E 'test(/sync_ps_restart/)'`.
+/// re-seeded both shards from the checkpoint, which cleared ps:1's sync
+/// accumulator while the workers waited for the step their gradients were
+/// in: every worker waited for ever. Fixed with the ps snapshots (issue
+/// 26): a worker whose parameters came from a ps process that is gone
+/// computes afresh instead of waiting (`Worker::wait_for_step`).
 #[test]
-#[ignore = "bug: a sync run deadlocks after a ps restart re-seeds a live shard (seed 4)"]
 fn sync_ps_restart_after_a_stopped_worker_completes() {
     let tally = run_seeds([4], 20, false);
     assert!(tally.failed.is_empty(), "seed 4 still fails");

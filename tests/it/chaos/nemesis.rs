@@ -133,7 +133,7 @@ pub enum Bound {
     /// (today's promise for a ps's death).
     Checkpoint,
     /// To no less than the step seen this many seconds before the fault
-    /// (issue 26's ps snapshots: `ps.snapshot_secs`).
+    /// (a ps's own snapshots: `ps.snapshot_secs`).
     Seconds(f64),
     /// By at most this many steps.
     Steps(u64),
@@ -158,15 +158,26 @@ impl Nemesis {
 
     /// What the fault may cost the global step: docs/design.md's recovery
     /// promises. A ps that dies (killed, or stopped and started again)
-    /// loses its shard; today the chief re-seeds the cluster from the newest
-    /// checkpoint. Issue 26 (ps snapshots) tightens this to
-    /// `Bound::Seconds(snapshot_secs)`. Nothing else may cost a step.
-    pub fn bound(&self) -> Bound {
+    /// comes back from its own snapshot, so it loses at most what came after
+    /// the last one (`ps.snapshot_secs`, plus a second for a snapshot that
+    /// is late on a loaded machine); with snapshots off, or in sync mode
+    /// with several ps (whose shards must agree on the step), the chief
+    /// re-seeds the cluster from the newest checkpoint. Nothing else may
+    /// cost a step.
+    pub fn bound(&self, cfg: &dtf::config::Config) -> Bound {
         match self {
             Nemesis::Kill {
                 task: Task::Ps(_), ..
             }
-            | Nemesis::Restart { task: Task::Ps(_) } => Bound::Checkpoint,
+            | Nemesis::Restart { task: Task::Ps(_) } => {
+                let sync_shards =
+                    cfg.train.mode == dtf::config::Mode::Sync && cfg.cluster.ps.len() > 1;
+                if cfg.ps.snapshot_secs == 0 || sync_shards {
+                    Bound::Checkpoint
+                } else {
+                    Bound::Seconds(cfg.ps.snapshot_secs as f64 + 1.0)
+                }
+            }
             _ => Bound::Nothing,
         }
     }

@@ -8,7 +8,7 @@
 
 use super::checker::{self, Expect, Violation};
 use super::history::{Event, Recorder, What};
-use super::nemesis::{Edit, Nemesis, Task};
+use super::nemesis::{Bound, Edit, Nemesis, Task};
 use super::schedule::{Plan, When};
 use crate::hardening::Tmpfs;
 use crate::util::*;
@@ -98,8 +98,8 @@ struct TaskState {
     generation: u64,
     /// The harness signalled it and expects it to exit.
     cause: Option<Cause>,
-    /// SIGSTOPped and not yet continued.
-    paused: bool,
+    /// SIGSTOPped (when) and not yet continued.
+    paused: Option<Instant>,
     /// It exited 0 (or 78): systemd would not start it again.
     finished: bool,
     /// A start is queued.
@@ -162,7 +162,7 @@ impl Driver {
         st.running = true;
         st.generation += 1;
         st.cause = None;
-        st.paused = false;
+        st.paused = None;
         st.start_queued = false;
         self.rec.record(What::Start { task });
     }
@@ -191,7 +191,7 @@ impl Driver {
             use std::os::unix::process::ExitStatusExt;
             let st = self.tasks.get_mut(&task).unwrap();
             st.running = false;
-            st.paused = false;
+            st.paused = None;
             let cause = st.cause.take();
             self.rec.record(What::Exit {
                 task,
@@ -226,13 +226,13 @@ impl Driver {
             }
             Nemesis::Pause { task, duration } => {
                 let st = self.tasks.get(&task);
-                if !st.is_some_and(|s| s.running && !s.paused) {
+                if !st.is_some_and(|s| s.running && s.paused.is_none()) {
                     return false;
                 }
                 self.fault(nemesis);
                 self.signal(task, libc::SIGSTOP);
                 let st = self.tasks.get_mut(&task).unwrap();
-                st.paused = true;
+                st.paused = Some(Instant::now());
                 let g = st.generation;
                 self.queue
                     .push((Instant::now() + duration, Action::Cont(task, g)));
@@ -308,7 +308,16 @@ impl Driver {
     fn fault(&mut self, nemesis: Nemesis) {
         // The steps just before a fault that may cost some, so that the
         // step going back is seen however fast it climbs again.
-        if nemesis.bound() != super::nemesis::Bound::Nothing
+        let mut bound = nemesis.bound(&self.c.cfg);
+        // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped:
+        // its promise counts from when it stopped.
+        if let (Bound::Seconds(secs), Nemesis::Kill { task, .. } | Nemesis::Restart { task }) =
+            (&mut bound, &nemesis)
+            && let Some(at) = self.tasks.get(task).and_then(|t| t.paused)
+        {
+            *secs += at.elapsed().as_secs_f64();
+        }
+        if bound != Bound::Nothing
             && let Some(what) = status(
                 &self.c.config_path,
                 &self.c.cfg.checkpoint.dir,
@@ -321,7 +330,7 @@ impl Driver {
         self.rec.record(What::Fault {
             kind: nemesis.kind(),
             text: nemesis.to_string(),
-            bound: nemesis.bound(),
+            bound,
         });
     }
 
@@ -341,9 +350,9 @@ impl Driver {
                 }
                 Action::Cont(task, g) => {
                     let st = &self.tasks[&task];
-                    if st.running && st.generation == g && st.paused {
+                    if st.running && st.generation == g && st.paused.is_some() {
                         self.signal(task, libc::SIGCONT);
-                        self.tasks.get_mut(&task).unwrap().paused = false;
+                        self.tasks.get_mut(&task).unwrap().paused = None;
                         self.rec.record(What::Heal {
                             text: format!("SIGCONT {task}"),
                         });
@@ -483,8 +492,11 @@ fn cluster(plan: &Plan, last_step: u64) -> Cluster {
     c
 }
 
-/// The newest step seen by the status poller, and the steps per second
-/// over the last few seconds of samples.
+/// The newest step seen by the status poller, and the steps per second:
+/// the fastest seen over a second or more of samples. (The rate of the last
+/// few seconds alone is near 0 after a ps went back to a checkpoint, and a
+/// `last_step` set from it could be passed before the edit lands: the run
+/// would then end past it.)
 fn step_and_rate(events: &[Event]) -> Option<(u64, f64)> {
     let samples: Vec<(f64, u64)> = events
         .iter()
@@ -493,18 +505,16 @@ fn step_and_rate(events: &[Event]) -> Option<(u64, f64)> {
             _ => None,
         })
         .collect();
-    let &(t1, s1) = samples.last()?;
-    let &(t0, s0) = samples
+    let &(_, newest) = samples.last()?;
+    let rate = samples
         .iter()
-        .rev()
-        .find(|(t, _)| *t <= t1 - 3.0)
-        .unwrap_or(&samples[0]);
-    let rate = if t1 > t0 {
-        s1.saturating_sub(s0) as f64 / (t1 - t0)
-    } else {
-        0.0
-    };
-    Some((s1, rate))
+        .enumerate()
+        .filter_map(|(i, &(t0, s0))| {
+            let &(t1, s1) = samples[i..].iter().find(|(t, _)| *t >= t0 + 1.0)?;
+            (s1 >= s0).then(|| (s1 - s0) as f64 / (t1 - t0))
+        })
+        .fold(0.0, f64::max);
+    Some((newest, rate))
 }
 
 /// Runs `plan` and checks its history against `expect`; with `reference`,
