@@ -3,7 +3,7 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, DataFormat, ModelConfig, Role, TaskId};
+use super::schema::{Config, DataFormat, Mode, ModelConfig, Role, TaskId};
 use super::size::memory_bytes;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,9 +28,11 @@ impl Config {
         self.validate_log()
     }
 
-    /// Errors unless `task` indexes an address of its role.
+    /// Errors unless `task` indexes an address of its role (and, a sync
+    /// worker, one of the `train.total_num_replicas` replicas).
     ///
-    /// Errors: [`ConfigError::Task`], naming the list and where it came from.
+    /// Errors: [`ConfigError::Task`], naming the list and where it came
+    /// from; [`ConfigError::Key`] for a sync worker past the replicas.
     pub fn check_task(&self, task: TaskId) -> Result<(), ConfigError> {
         let (key, list) = self.addresses(task.role);
         // The evaluator has no address: a cluster has one, task 0 (TF's
@@ -40,15 +42,32 @@ impl Config {
         } else {
             list.len()
         };
-        if task.index < count {
-            return Ok(());
+        if task.index >= count {
+            return Err(ConfigError::Task {
+                task,
+                count,
+                key: key.to_owned(),
+                origin: self.sources.origin(key).to_owned(),
+            });
         }
-        Err(ConfigError::Task {
-            task,
-            count,
-            key: key.to_owned(),
-            origin: self.sources.origin(key).to_owned(),
-        })
+        // Sync steps take gradients from workers 0..total_num_replicas only:
+        // the ps tasks refuse any other's pushes, so a worker past it would
+        // fail every step (and, restarted, again).
+        let total = self.total_num_replicas();
+        if task.role == Role::Worker && self.train.mode == Mode::Sync && task.index >= total {
+            return Err(self.bad(
+                "train.total_num_replicas",
+                format!(
+                    "{total}: worker {} is not one of the replicas (sync steps take gradients from \
+                     workers 0 to {}; unset, it is train.replicas_to_aggregate); raise it to {} to \
+                     let every worker in cluster.worker take part",
+                    task.index,
+                    total - 1,
+                    self.cluster.worker.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The error for `key`, naming where its value came from.
