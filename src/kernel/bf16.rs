@@ -135,9 +135,29 @@ pub fn pack_a(a: Strided, mp: usize, kp: usize, out: &mut Vec<u32>) {
                 out[i * kp2 + full] = pair(row[k - 1], 0);
             }
         }
-    } else {
+    } else if a.strides.0 == 1 {
         // A transposed (Xᵀ, Aᵀ for dW): two of A's columns are two rows of
         // the source, read along the rows; the pairs scatter to their rows.
+        for kk in 0..k.div_ceil(2) {
+            // SAFETY: column 2kk (and 2kk+1 when < k) of A holds m
+            // contiguous f32 (row stride 1).
+            let c0 = unsafe {
+                std::slice::from_raw_parts(
+                    a.ptr.offset(2 * kk as isize * a.strides.1) as *const u32,
+                    m,
+                )
+            };
+            let c1 = (2 * kk + 1 < k).then(|| unsafe {
+                std::slice::from_raw_parts(
+                    a.ptr.offset((2 * kk + 1) as isize * a.strides.1) as *const u32,
+                    m,
+                )
+            });
+            for i in 0..m {
+                out[i * kp2 + kk] = pair(c0[i], c1.map_or(0, |c1| c1[i]));
+            }
+        }
+    } else {
         for kk in 0..k.div_ceil(2) {
             for i in 0..m {
                 out[i * kp2 + kk] = pair(a.bits(i, 2 * kk), a.bits(i, 2 * kk + 1));

@@ -42,8 +42,9 @@ pub fn dot_bf16(iters: usize) -> Option<(f64, f32)> {
 unsafe fn fma_loop(iters: usize) -> f32 {
     // acc·x + y with x just under 1 converges to y/(1 − x): no overflow,
     // no subnormals, however long it runs.
-    let (x, y) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
-    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    // Opaque to the optimizer, which would otherwise fold the constants.
+    let (x, y) = std::hint::black_box((_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3)));
+    let mut acc = std::hint::black_box([_mm512_set1_ps(1.0); CHAINS]);
     for _ in 0..iters {
         for a in &mut acc {
             *a = _mm512_fmadd_ps(*a, x, y);
@@ -56,8 +57,11 @@ unsafe fn fma_loop(iters: usize) -> f32 {
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn dot_loop(iters: usize) -> f32 {
     // acc + 2·(1e-3 · 1e-3): grows by 2e-6 a round, never near overflow.
-    let a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3), _mm512_set1_ps(1e-3));
-    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    let a = std::hint::black_box(_mm512_cvtne2ps_pbh(
+        _mm512_set1_ps(1e-3),
+        _mm512_set1_ps(1e-3),
+    ));
+    let mut acc = std::hint::black_box([_mm512_set1_ps(1.0); CHAINS]);
     for _ in 0..iters {
         for c in &mut acc {
             *c = _mm512_dpbf16_ps(*c, a, a);

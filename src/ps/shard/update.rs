@@ -311,7 +311,13 @@ pub(super) fn pass(
 /// `ns` and `next`. Returns whether any new value is NaN or infinite.
 ///
 /// Everything is resliced to one length first, so the loop has no bounds
-/// checks left in it and the closure inlines into one pass.
+/// checks left in it and the closure inlines into one pass. The pass runs
+/// in blocks of [`BLOCK`] elements computed into arrays on the stack, then
+/// copied out: the compiler cannot prove that the slots' output slices
+/// (taken from arrays in a list) do not overlap the inputs, and with that
+/// many pointers it gave up vectorizing a loop that wrote them directly
+/// (Adam ran at scalar speed, ~10× SGD); stores into locals need no such
+/// proof, and the copies out are memcpys of data still in L1.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn lanes<const K: usize>(
@@ -336,20 +342,40 @@ fn lanes<const K: usize>(
         &mut out.as_slice_mut().expect(contiguous)[..n]
     });
     let mut bad = 0u32;
-    for j in 0..n {
-        let (w2, slots2) = rule(
-            w[j],
-            le_f32(&g[4 * j..4 * j + 4]),
-            std::array::from_fn(|k| slots[k][j]),
+    let mut j0 = 0;
+    while j0 < n {
+        let len = BLOCK.min(n - j0);
+        let (w, s, g) = (
+            &w[j0..j0 + len],
+            &s[j0..j0 + len],
+            &g[4 * j0..4 * (j0 + len)],
         );
-        let s2 = model::ema_step(s[j], w2, rate);
-        nw[j] = w2;
-        ns[j] = s2;
-        bad |= u32::from(w2.to_bits() & EXP == EXP) | u32::from(s2.to_bits() & EXP == EXP);
-        for k in 0..K {
-            next[k][j] = slots2[k];
-            bad |= u32::from(slots2[k].to_bits() & EXP == EXP);
+        let slots: [&[f32]; K] = std::array::from_fn(|k| &slots[k][j0..j0 + len]);
+        let (mut w2, mut s2, mut slots2) = ([0.0f32; BLOCK], [0.0f32; BLOCK], [[0.0f32; BLOCK]; K]);
+        for j in 0..len {
+            let (wj, sj) = rule(
+                w[j],
+                le_f32(&g[4 * j..4 * j + 4]),
+                std::array::from_fn(|k| slots[k][j]),
+            );
+            let ej = model::ema_step(s[j], wj, rate);
+            w2[j] = wj;
+            s2[j] = ej;
+            bad |= u32::from(wj.to_bits() & EXP == EXP) | u32::from(ej.to_bits() & EXP == EXP);
+            for k in 0..K {
+                slots2[k][j] = sj[k];
+                bad |= u32::from(sj[k].to_bits() & EXP == EXP);
+            }
         }
+        nw[j0..j0 + len].copy_from_slice(&w2[..len]);
+        ns[j0..j0 + len].copy_from_slice(&s2[..len]);
+        for k in 0..K {
+            next[k][j0..j0 + len].copy_from_slice(&slots2[k][..len]);
+        }
+        j0 += len;
     }
     bad != 0
 }
+
+/// Elements per block of [`lanes`]: 2 + K arrays of 1 KiB on the stack.
+const BLOCK: usize = 256;
