@@ -309,14 +309,6 @@ impl Driver {
         // The steps just before a fault that may cost some, so that the
         // step going back is seen however fast it climbs again.
         let mut bound = nemesis.bound(&self.c.cfg);
-        // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped:
-        // its promise counts from when it stopped.
-        if let (Bound::Seconds(secs), Nemesis::Kill { task, .. } | Nemesis::Restart { task }) =
-            (&mut bound, &nemesis)
-            && let Some(at) = self.tasks.get(task).and_then(|t| t.paused)
-        {
-            *secs += at.elapsed().as_secs_f64();
-        }
         if bound != Bound::Nothing
             && let Some(what) = status(
                 &self.c.config_path,
@@ -325,6 +317,16 @@ impl Driver {
             )
         {
             self.rec.record(what);
+        }
+        // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped:
+        // its promise counts from when it stopped. (Measured now, after the
+        // status above, which may have waited seconds on the stopped ps: the
+        // fault's time in the history is now.)
+        if let (Bound::Seconds(secs), Nemesis::Kill { task, .. } | Nemesis::Restart { task }) =
+            (&mut bound, &nemesis)
+            && let Some(at) = self.tasks.get(task).and_then(|t| t.paused)
+        {
+            *secs += at.elapsed().as_secs_f64();
         }
         *self.injected.entry(nemesis.kind()).or_default() += 1;
         self.rec.record(What::Fault {
