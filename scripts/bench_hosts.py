@@ -158,6 +158,8 @@ dir = "{a.data}"
 [checkpoint]
 dir = "{run}/ckpt"
 save_secs = 600
+[ps]
+snapshot_dir = "{run}/state"
 [security]
 {security}""")
         start = time.time()

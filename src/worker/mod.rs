@@ -347,6 +347,9 @@ impl Worker {
                 .map(|(i, _)| i)
                 .collect();
             if missing.is_empty() {
+                if self.is_chief() {
+                    self.check_restored(&states).await?;
+                }
                 return Ok(false);
             }
             if !self.is_chief() {

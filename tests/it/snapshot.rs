@@ -341,3 +341,46 @@ async fn a_read_only_snapshot_dir_costs_only_snapshots(transport) {
     unwritable(transport, Unwritable::ReadOnly).await;
 }
 }
+
+/// The state directory outlives runs: a ps on a host that cannot see
+/// `checkpoint.dir` restores the last run's snapshot when a new run starts.
+/// The chief, finding no checkpoint at all, starts the run afresh instead
+/// of continuing another run's parameters (and step).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_run_does_not_continue_the_last_runs_snapshot() {
+    let mut c = Cluster::new(1, 1, 300, Mode::Async);
+    c.cfg.ps.snapshot_secs = 1;
+    c.write_config();
+    // The ps's host has no checkpoint.dir (another host's).
+    let elsewhere = tempfile::tempdir().unwrap();
+    let absent = elsewhere.path().join("absent");
+    let env = [("DTF_CHECKPOINT__DIR", absent.as_os_str())];
+    c.start_with_env("ps", 0, &env);
+    c.start("worker", 0);
+    tokio::task::block_in_place(|| c.wait_all_success(RUN));
+    assert!(
+        !snapshots(&c, 0).is_empty(),
+        "the first run left a snapshot"
+    );
+    // A new run: a new, empty checkpoint directory, the same state directory.
+    let fresh = tempfile::tempdir().unwrap();
+    c.cfg.checkpoint.dir = fresh.path().join("ckpt");
+    c.cfg.train.last_step = 600;
+    c.write_config();
+    c.start_with_env("ps", 0, &env);
+    c.wait_log("ps:0", "Shard restored from its snapshot.", 1, RUN);
+    c.start("worker", 0);
+    tokio::task::block_in_place(|| c.wait_all_success(RUN));
+    let chief = c.log("worker:0");
+    assert!(
+        chief.contains("the snapshots are of another run; this run starts afresh"),
+        "{chief}"
+    );
+    let steps = checkpoint_steps(&c.cfg.checkpoint.dir);
+    assert_eq!(
+        steps.first(),
+        Some(&0),
+        "the new run starts at step 0: {steps:?}"
+    );
+    assert_eq!(steps.last(), Some(&600), "{steps:?}");
+}
