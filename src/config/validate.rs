@@ -62,7 +62,7 @@ impl Config {
                      workers 0 to {}; unset, it is train.replicas_to_aggregate); raise it to {} to \
                      let every worker in cluster.worker take part",
                     task.index,
-                    total - 1,
+                    total.saturating_sub(1),
                     self.cluster.worker.len()
                 ),
             ));
