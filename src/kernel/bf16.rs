@@ -106,6 +106,41 @@ impl<'a> Strided<'a> {
             0
         }
     }
+
+    /// Row `r` as bits, when a row's elements are contiguous (column
+    /// stride 1); `None` past the last row.
+    #[inline(always)]
+    fn row(&self, r: usize) -> Option<&'a [u32]> {
+        assert_eq!(
+            self.strides.1, 1,
+            "rows of a column-major matrix are not contiguous"
+        );
+        // SAFETY: row r < rows holds `cols` contiguous f32 of the view this
+        // was built from, which outlives 'a.
+        (r < self.dim.0).then(|| unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.offset(r as isize * self.strides.0) as *const u32,
+                self.dim.1,
+            )
+        })
+    }
+
+    /// Column `c` as bits, when a column's elements are contiguous (row
+    /// stride 1); `None` past the last column.
+    #[inline(always)]
+    fn col(&self, c: usize) -> Option<&'a [u32]> {
+        assert_eq!(
+            self.strides.0, 1,
+            "columns of a row-major matrix are not contiguous"
+        );
+        // SAFETY: as `row`, with the axes swapped.
+        (c < self.dim.1).then(|| unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.offset(c as isize * self.strides.1) as *const u32,
+                self.dim.0,
+            )
+        })
+    }
 }
 
 /// Packs A (`m × k`) as rows of bf16 pairs: `out[i·(kp/2) + kk]`, rows
@@ -123,10 +158,7 @@ pub fn pack_a(a: Strided, mp: usize, kp: usize, out: &mut Vec<u32>) {
         // in memory, read as u64 and written in order.
         let full = k / 2;
         for i in 0..m {
-            // SAFETY: row i holds k contiguous f32 (column stride 1).
-            let row = unsafe {
-                std::slice::from_raw_parts(a.ptr.offset(i as isize * a.strides.0) as *const u32, k)
-            };
+            let row = a.row(i).expect("i < m");
             let dst = &mut out[i * kp2..i * kp2 + full];
             for (d, p) in dst.iter_mut().zip(row.chunks_exact(2)) {
                 *d = pair(p[0], p[1]);
@@ -139,20 +171,7 @@ pub fn pack_a(a: Strided, mp: usize, kp: usize, out: &mut Vec<u32>) {
         // A transposed (Xᵀ, Aᵀ for dW): two of A's columns are two rows of
         // the source, read along the rows; the pairs scatter to their rows.
         for kk in 0..k.div_ceil(2) {
-            // SAFETY: column 2kk (and 2kk+1 when < k) of A holds m
-            // contiguous f32 (row stride 1).
-            let c0 = unsafe {
-                std::slice::from_raw_parts(
-                    a.ptr.offset(2 * kk as isize * a.strides.1) as *const u32,
-                    m,
-                )
-            };
-            let c1 = (2 * kk + 1 < k).then(|| unsafe {
-                std::slice::from_raw_parts(
-                    a.ptr.offset((2 * kk + 1) as isize * a.strides.1) as *const u32,
-                    m,
-                )
-            });
+            let (c0, c1) = (a.col(2 * kk).expect("2kk < k"), a.col(2 * kk + 1));
             for i in 0..m {
                 out[i * kp2 + kk] = pair(c0[i], c1.map_or(0, |c1| c1[i]));
             }
@@ -181,19 +200,7 @@ pub fn pack_b(b: Strided, kp: usize, out: &mut Vec<u32>) {
         // Row-major B (W, dZ): two source rows make one pair-row, both read
         // along j: the loop vectorizes.
         for kk in 0..k.div_ceil(2) {
-            // SAFETY: rows 2kk and (when < k) 2kk+1 hold n contiguous f32.
-            let r0 = unsafe {
-                std::slice::from_raw_parts(
-                    b.ptr.offset(2 * kk as isize * b.strides.0) as *const u32,
-                    n,
-                )
-            };
-            let r1 = (2 * kk + 1 < k).then(|| unsafe {
-                std::slice::from_raw_parts(
-                    b.ptr.offset((2 * kk + 1) as isize * b.strides.0) as *const u32,
-                    n,
-                )
-            });
+            let (r0, r1) = (b.row(2 * kk).expect("2kk < k"), b.row(2 * kk + 1));
             for p in 0..panels {
                 let (j0, j1) = (p * NR, ((p + 1) * NR).min(n));
                 let dst = &mut out[(p * kp2 + kk) * NR..][..j1 - j0];
