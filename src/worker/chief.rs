@@ -216,44 +216,6 @@ impl Worker {
         Ok(true)
     }
 
-    /// The chief at its start found every shard initialized. If a ps
-    /// restored its shard from its own snapshot (a ps that cannot see
-    /// `checkpoint.dir`, on another host) while `checkpoint.dir` holds no
-    /// checkpoint at all, the run is a new one and the snapshot another
-    /// run's (the state directory outlives runs): every shard starts afresh.
-    /// (A ps restored into a run that has checkpoints is `restarted`'s.)
-    ///
-    /// Errors: a ps that fails the re-seed, or an unreadable checkpoint.
-    pub(super) async fn check_restored(
-        &mut self,
-        states: &[crate::pb::StateResponse],
-    ) -> Result<(), WorkerError> {
-        let restored: Vec<(usize, u64)> = states
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.restored)
-            .map(|(ps, s)| (ps, s.restored_step))
-            .collect();
-        if restored.is_empty() {
-            return Ok(());
-        }
-        let cfg = self.cfg();
-        let specs = self.mlp.variables();
-        let dir = cfg.checkpoint.dir.clone();
-        let newest =
-            tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
-        if newest.is_some() {
-            return Ok(());
-        }
-        warn!(
-            restored = ?restored,
-            dir = %cfg.checkpoint.dir.display(),
-            "The ps tasks restored snapshots, but checkpoint.dir holds no checkpoint: the snapshots are of another run; this run starts afresh."
-        );
-        let all: Vec<usize> = (0..states.len()).collect();
-        self.seed(&all, true, true).await
-    }
-
     /// The chief's end of the run: final checkpoint, evaluation, and (at
     /// `last_step`) telling the ps tasks the run is complete.
     async fn finish(

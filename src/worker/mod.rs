@@ -347,9 +347,6 @@ impl Worker {
                 .map(|(i, _)| i)
                 .collect();
             if missing.is_empty() {
-                if self.is_chief() {
-                    self.check_restored(&states).await?;
-                }
                 return Ok(false);
             }
             if !self.is_chief() {
