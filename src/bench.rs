@@ -339,6 +339,7 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
             variables: named(&values),
             shadows: named(&values),
             slots: Default::default(),
+            run: 0,
         };
         let t = Instant::now();
         let path = saver.save(&ckpt)?;

@@ -193,6 +193,7 @@ mod tests {
             shadows: variables.clone(),
             variables,
             slots: Default::default(),
+            run: 0,
         };
         checkpoint::Saver::new(dir.path(), 1)
             .unwrap()

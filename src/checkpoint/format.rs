@@ -19,6 +19,8 @@ use crate::optimizer::{self, Optimizer};
 const OPTIMIZER_KEY: &str = "optimizer";
 /// Metadata key of the JSON list of slot tensors in the model file.
 const SLOTS_KEY: &str = "slots";
+/// Metadata key of the run id ([`Checkpoint::run`]), a decimal u64.
+const RUN_KEY: &str = "run";
 
 mod saveable;
 use saveable::check_saveable;
@@ -159,6 +161,9 @@ fn model_metadata(
             serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
         ),
     ]);
+    if ckpt.run != 0 {
+        meta.insert(RUN_KEY.to_string(), ckpt.run.to_string());
+    }
     for (key, value) in extra {
         if meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
             return Err(format!("metadata key {key:?} is reserved"));
@@ -392,11 +397,21 @@ pub(super) fn parse(
     }
     check_no_stray_shadows(&e, &specs, ema_path)?;
     let slots = read_slots(&m, model_path, optimizer, &slot_names, &variables)?;
+    let run = match m.meta.get(RUN_KEY) {
+        None => 0,
+        Some(text) => text.parse().map_err(|_| {
+            CheckpointError::invalid(
+                model_path,
+                format!("metadata {RUN_KEY} is {text:?}, expected a run id (an integer)"),
+            )
+        })?,
+    };
     Ok(Checkpoint {
         global_step: m.global_step,
         variables,
         shadows,
         slots,
+        run,
     })
 }
 

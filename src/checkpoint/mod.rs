@@ -91,6 +91,10 @@ pub struct Checkpoint {
     pub shadows: Vec<(String, ArrayD<f32>)>,
     /// The optimizer of the run and its slots.
     pub slots: Slots,
+    /// The run the state belongs to: the chief's run id, which the ps
+    /// tasks write in their snapshots too (a snapshot of another run is not
+    /// taken). 0: unknown (a checkpoint written before run ids).
+    pub run: u64,
 }
 
 /// The optimizer state a checkpoint carries.
@@ -316,6 +320,7 @@ mod fixtures {
                 .map(|(k, s)| (s.name.clone(), make(k, s, -0.5)))
                 .collect(),
             slots: Slots::default(),
+            run: 0,
         }
     }
 

@@ -378,6 +378,11 @@ impl PsService {
             membership_epoch: membership.epoch(),
             membership_refusals: membership.refusals(),
             members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
+            run: if s.is_initialized() {
+                s.run()
+            } else {
+                snap.run
+            },
             ..snap
         }
     }
@@ -397,11 +402,13 @@ impl PsService {
             snapshot_copy_seconds: st.copy_secs,
             restored: st.restored.is_some(),
             restored_step: st.restored.unwrap_or(0),
+            run: self.inner.snapshots.pending().as_ref().map_or(0, |r| r.run),
             ..Default::default()
         }
     }
 
-    /// `Initialize` on either transport.
+    /// `Initialize` on either transport: the chief's tensors, or with
+    /// `adopt` the snapshot held aside ([`PsService::adopt`]).
     ///
     /// Errors: `INVALID_ARGUMENT` for a step out of range or tensors that are
     /// not the shard's variables.
@@ -411,6 +418,12 @@ impl PsService {
     ) -> Result<pb::InitializeResponse, Status> {
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());
+        }
+        if req.adopt {
+            return Ok(pb::InitializeResponse {
+                applied: self.adopt(req.run, req.global_step),
+                incarnation: self.inner.incarnation,
+            });
         }
         let mut s = self.lock();
         let values = arranged(&s, &req.variables)?;
@@ -432,11 +445,15 @@ impl PsService {
         };
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
+            s.set_run(req.run);
+            drop(s);
+            self.inner.snapshots.seeded();
             // New values: what the workers hold is no base for changes.
             self.inner.wire.forget();
             info!(
                 ps = self.inner.task,
                 step = req.global_step,
+                run = req.run,
                 "Shard initialized."
             );
             self.inner.step_tx.send_replace(req.global_step);
@@ -445,6 +462,30 @@ impl PsService {
             applied,
             incarnation: self.inner.incarnation,
         })
+    }
+
+    /// The chief says the snapshot held aside since start is of its run:
+    /// the shard takes it. Returns false, changing nothing, unless that
+    /// snapshot is of `run` (known, not 0) and of `step` and the shard is
+    /// still uninitialized.
+    fn adopt(&self, run: u64, step: u64) -> bool {
+        let mut pending = self.inner.snapshots.pending();
+        let mut s = self.lock();
+        let Some(r) = pending.take_if(|r| run != 0 && r.run == run && r.step == step) else {
+            return false;
+        };
+        if !s.initialize(r.values, Some(r.shadows), Some(r.slots), step, false) {
+            return false;
+        }
+        s.set_run(run);
+        drop((s, pending));
+        self.inner.wire.forget();
+        info!(
+            ps = self.inner.task,
+            step, run, "Shard initialized from its snapshot: the chief adopted it."
+        );
+        self.inner.step_tx.send_replace(step);
+        true
     }
 
     /// `Pull` on either transport: waits (bounded) for `min_step`, then
@@ -473,6 +514,7 @@ impl PsService {
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
                 membership_epoch: self.membership().epoch(),
+                run: s.run(),
             },
         ))
     }

@@ -188,6 +188,8 @@ pub struct Shard {
     last_loss: f32,
     /// `train.last_step`: no update takes `step` past it.
     last_step: u64,
+    /// The run the state belongs to (the chief's run id; 0: unknown).
+    run: u64,
 }
 
 impl Shard {
@@ -237,6 +239,7 @@ impl Shard {
             counters: Counters::default(),
             last_loss: f32::NAN,
             last_step: u64::MAX,
+            run: 0,
         }
     }
 
@@ -250,6 +253,14 @@ impl Shard {
     }
     pub fn is_initialized(&self) -> bool {
         self.values.is_some()
+    }
+    /// The run the state belongs to ([`crate::checkpoint::Checkpoint::run`]).
+    pub fn run(&self) -> u64 {
+        self.run
+    }
+    /// Sets it, with the values that belong to it ([`Shard::initialize`]).
+    pub fn set_run(&mut self, run: u64) {
+        self.run = run;
     }
     pub fn step(&self) -> u64 {
         self.step

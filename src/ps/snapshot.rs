@@ -13,10 +13,15 @@
 //!
 //! A file carries its identity (the shard's task, the number of ps tasks,
 //! the placement, the variables, the optimizer): a ps restores only its own
-//! shard of this model, and ignores any other file with a warning. At start
-//! [`restore`] takes the newest valid snapshot when it is newer than the
-//! newest checkpoint it can see; otherwise the ps waits to be seeded by the
-//! chief, as without snapshots.
+//! shard of this model, and ignores any other file with a warning. It also
+//! carries the run (the chief's run id, in every checkpoint too). At start
+//! [`restore`] reads the newest valid snapshot when it is newer than the
+//! newest checkpoint it can see, and holds it aside: the shard stays
+//! uninitialized (workers wait) until the chief, which knows its run,
+//! adopts it ([`PsService::adopt`]) or seeds the shard as without snapshots.
+//! The state directory outlives runs, and a ps on a host that cannot see
+//! `checkpoint.dir` cannot tell a new run from its own restart: only the
+//! chief can.
 
 use super::PsService;
 use super::shard::{Shard, Slots};
@@ -42,6 +47,8 @@ const FORMAT: &str = "dtf-snapshot-1";
 const IDENTITY: &str = "identity";
 /// Metadata key of the shard's step.
 const STEP: &str = "step";
+/// Metadata key of the run the state belongs to (a decimal u64; absent: 0).
+const RUN: &str = "run";
 /// Metadata key prefix of each tensor's CRC-32.
 const CRC_PREFIX: &str = "crc32:";
 /// How long a stopping ps gives its last snapshot.
@@ -120,6 +127,8 @@ pub fn identity(config: &Config, task: usize, specs: &[VarSpec]) -> String {
 pub struct Image {
     /// The shard's step when copied.
     pub step: u64,
+    /// The run its state belongs to.
+    pub run: u64,
     /// Its variables, shard order.
     pub values: Vec<ArrayD<f32>>,
     /// Their EMA shadows.
@@ -149,6 +158,7 @@ impl Image {
             mine => *mine = Some(slots.clone()),
         }
         self.step = shard.step();
+        self.run = shard.run();
         true
     }
 
@@ -181,6 +191,7 @@ impl Image {
             ("format".to_owned(), FORMAT.to_owned()),
             (IDENTITY.to_owned(), identity.to_owned()),
             (STEP.to_owned(), self.step.to_string()),
+            (RUN.to_owned(), self.run.to_string()),
         ]);
         let mut views = Vec::with_capacity(tensors.len());
         for (name, shape, bytes) in &tensors {
@@ -310,6 +321,8 @@ fn remove_temps(dir: &Path) {
 /// A snapshot read back and checked: the state to initialize the shard with.
 pub struct Restored {
     pub step: u64,
+    /// The run it belongs to (0: unknown).
+    pub run: u64,
     pub values: Vec<ArrayD<f32>>,
     pub shadows: Vec<ArrayD<f32>>,
     pub slots: Slots,
@@ -365,6 +378,12 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
     let step: u64 = get(STEP)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| SnapshotError::invalid(path, format!("metadata step is {:?}", get(STEP))))?;
+    let run: u64 = match get(RUN) {
+        None => 0,
+        Some(text) => text
+            .parse()
+            .map_err(|_| SnapshotError::invalid(path, format!("metadata run is {text:?}")))?,
+    };
     let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
     let (mut values, mut shadows, mut slots) = (Vec::new(), Vec::new(), Vec::new());
     for (name, view) in &views {
@@ -403,6 +422,7 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
     };
     Ok(Restored {
         step,
+        run,
         values: arrays(shard.arrange_bytes(values).map_err(invalid)?),
         shadows: arrays(shard.arrange_bytes(shadows).map_err(invalid)?),
         slots: shard.arrange_slots(slots).map_err(invalid)?,
@@ -456,11 +476,12 @@ fn newest_checkpoint(config: &Config) -> Option<Option<u64>> {
     }
 }
 
-/// At start: restores the shard from its newest valid snapshot when there
-/// is one newer than the newest checkpoint (and, in sync mode, only with one
-/// ps task: shards restored to different steps would not aggregate the same
-/// step). Every snapshot passed over is named with its reason. Returns the
-/// step restored.
+/// At start: reads the shard's newest valid snapshot when there is one
+/// newer than the newest checkpoint (and, in sync mode, only with one ps
+/// task: shards restored to different steps would not aggregate the same
+/// step) and holds it aside for the chief ([`Snapshotting::pending`]).
+/// Every snapshot passed over is named with its reason. Returns the step
+/// restored.
 pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
     let task = service.inner.task;
     let snap = &service.inner.snapshots;
@@ -510,18 +531,14 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok());
-    let step = r.step;
-    {
-        let mut shard = service.lock();
-        shard.initialize(r.values, Some(r.shadows), Some(r.slots), step, false);
-    }
-    service.inner.step_tx.send_replace(step);
+    let (step, run) = (r.step, r.run);
+    *snap.pending() = Some(r);
     let mut stats = snap.stats();
     stats.restored = Some(step);
     let at = Instant::now().checked_sub(age.unwrap_or_default());
     stats.last = Some((step, at.unwrap_or_else(Instant::now)));
     stats.written = Some(path.clone());
-    info!(ps = task, step, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot.");
+    info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
     Some(step)
 }
 
@@ -631,6 +648,9 @@ pub(super) struct Snapshotting {
     pub identity: String,
     /// For `State` and `/metrics`.
     stats: std::sync::Mutex<Stats>,
+    /// The snapshot restored at start, until the chief adopts it or seeds
+    /// the shard.
+    pending: std::sync::Mutex<Option<Restored>>,
 }
 
 impl Snapshotting {
@@ -647,6 +667,24 @@ impl Snapshotting {
             dir,
             identity: identity(config, task, specs),
             stats: std::sync::Mutex::new(Stats::default()),
+            pending: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The snapshot restored at start and held aside for the chief.
+    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Option<Restored>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shard was seeded (not from the snapshot held aside): that
+    /// snapshot is dropped, and nothing on disk is kept beside the next one
+    /// (it may be another run's).
+    pub(super) fn seeded(&self) {
+        if self.pending().take().is_some() || self.stats().restored.is_some() {
+            let mut stats = self.stats();
+            stats.restored = None;
+            stats.last = None;
+            stats.written = None;
         }
     }
 
@@ -672,7 +710,8 @@ pub(super) struct Stats {
     pub write_secs: f64,
     /// Seconds the latest copy held the shard lock.
     pub copy_secs: f64,
-    /// The step restored at start, if any.
+    /// The step restored at start, if any (until the shard is seeded
+    /// instead).
     pub restored: Option<u64>,
 }
 

@@ -91,6 +91,8 @@ pub struct Snapshot {
     pub shadows: Vec<ArrayD<f32>>,
     /// The optimizer's slots, in [`crate::optimizer::Optimizer::slot_specs`] order.
     pub slots: Vec<ArrayD<f32>>,
+    /// The run the state belongs to (ps 0's; [`crate::checkpoint::Checkpoint::run`]).
+    pub run: u64,
 }
 
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
@@ -521,7 +523,9 @@ impl Cluster {
 
     /// Initializes the shards of the ps tasks in `only` from `values` (model
     /// order), optional `shadows` and optional `slots` ([`Snapshot::slots`]
-    /// order; `None`: fresh), at `step`. Returns the shards that took it.
+    /// order; `None`: fresh), at `step`, as `run`'s. Returns the shards that
+    /// took it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn initialize(
         &self,
         only: &[usize],
@@ -530,8 +534,9 @@ impl Cluster {
         slots: Option<&[ArrayD<f32>]>,
         step: u64,
         force: bool,
+        run: u64,
     ) -> Result<Vec<usize>, PsCallError> {
-        let replies = try_join_all(only.iter().map(|&ps| {
+        let requests = only.iter().map(|&ps| {
             let enc = |src: &[ArrayD<f32>]| {
                 self.by_ps[ps]
                     .iter()
@@ -556,18 +561,44 @@ impl Cluster {
                 global_step: step,
                 force,
                 slots,
+                run,
+                adopt: false,
             };
-            async move {
-                let r: Result<pb::InitializeResponse, Status> = match self.shm(ps).await {
-                    Some((link, mut conn)) => link.call(&mut conn, kind::INITIALIZE, &req).await,
-                    None => {
-                        self.took(ps, Via::Tcp);
-                        let mut c = self.clients[ps].clone();
-                        c.initialize(req).await.map(|r| r.into_inner())
-                    }
-                };
-                r.map(|r| (ps, r.applied)).map_err(call(ps))
-            }
+            (ps, req)
+        });
+        self.send_initialize(requests).await
+    }
+
+    /// Asks each ps in `only` (with the step it restored) to take the
+    /// snapshot it holds aside, as `run`'s. Returns the shards that took it.
+    pub async fn adopt(&self, only: &[(usize, u64)], run: u64) -> Result<Vec<usize>, PsCallError> {
+        let requests = only.iter().map(|&(ps, step)| {
+            let req = pb::InitializeRequest {
+                global_step: step,
+                run,
+                adopt: true,
+                ..Default::default()
+            };
+            (ps, req)
+        });
+        self.send_initialize(requests).await
+    }
+
+    /// Sends each `(ps, request)`; returns the ps tasks that applied theirs.
+    async fn send_initialize(
+        &self,
+        requests: impl Iterator<Item = (usize, pb::InitializeRequest)>,
+    ) -> Result<Vec<usize>, PsCallError> {
+        let replies = try_join_all(requests.map(|(ps, req)| async move {
+            let r: Result<pb::InitializeResponse, Status> = match self.shm(ps).await {
+                Some((link, mut conn)) => link.call(&mut conn, kind::INITIALIZE, &req).await,
+                None => {
+                    self.took(ps, Via::Tcp);
+                    let mut c = self.clients[ps].clone();
+                    c.initialize(req).await.map(|r| r.into_inner())
+                }
+            };
+            r.map(|r| (ps, r.applied)).map_err(call(ps))
         }))
         .await?;
         Ok(replies
@@ -600,8 +631,10 @@ impl Cluster {
             .await?
         };
         let step = replies.first().map_or(0, |r| r.global_step);
+        let run = replies.first().map_or(0, |r| r.run);
         let slots = self.gather_slots(&replies)?;
         Ok(Snapshot {
+            run,
             step,
             values,
             shadows,

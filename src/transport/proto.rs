@@ -493,6 +493,7 @@ mod tests {
             complete: true,
             slots: vec![encode("w/Momentum", &a)],
             membership_epoch: 2,
+            run: 5,
         };
         let (chunks, len) = chunked(msg.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();

@@ -7,10 +7,11 @@
 use super::backoff::Backoff;
 use super::{Outcome, Worker, WorkerError};
 use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
-use crate::config::{Config, DataFormat};
+use crate::config::{Config, DataFormat, Mode};
 use crate::data::{self, Preprocessing, Split};
 use crate::model::Mlp;
 use crate::optimizer::Optimizer;
+use crate::pb;
 use crate::summary::Summaries;
 use crate::transport::{Cluster, Snapshot};
 use ndarray::ArrayD;
@@ -93,20 +94,118 @@ impl Chief {
 }
 
 impl Worker {
-    /// The chief fills the shards of `missing` ps tasks from the newest valid
-    /// checkpoint, or with fresh values when there is none.
-    /// With `force`, shards that are still live are overwritten too.
-    pub(super) async fn seed(
+    /// The chief fills the shards of the `missing` (uninitialized) ps tasks.
+    /// One that holds aside a snapshot it restored at start is told to
+    /// adopt it when the snapshot is of this run and no older than the
+    /// newest checkpoint; the rest are seeded from the newest valid
+    /// checkpoint, or with fresh values when there is none (a new run).
+    /// In sync mode with several ps tasks every shard is seeded again (they
+    /// count steps in lockstep).
+    ///
+    /// Errors: a ps that fails the call, or an unreadable checkpoint.
+    pub(super) async fn fill(
         &mut self,
+        states: &[pb::StateResponse],
         missing: &[usize],
-        all: bool,
-        force: bool,
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let specs = self.mlp.variables();
         let dir = cfg.checkpoint.dir.clone();
         let found =
             tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
+        let newest = found.as_ref().map(|(_, c)| c.global_step);
+        let run = self.run_id(found.as_ref().map(|(_, c)| c.run), states);
+        let mut adopt = Vec::new();
+        for &ps in missing {
+            let s = &states[ps];
+            if !s.restored {
+                continue;
+            }
+            let step = s.restored_step;
+            if s.run != run {
+                warn!(
+                    ps,
+                    restored_step = step,
+                    snapshot_run = s.run,
+                    run,
+                    "The ps's snapshot is of another run (its state directory outlived that run); seeding the shard, not adopting it."
+                );
+            } else if let Some(ckpt) = newest.filter(|&c| c > step) {
+                warn!(
+                    ps,
+                    restored_step = step,
+                    checkpoint_step = ckpt,
+                    "The ps's snapshot is older than the newest checkpoint; seeding the shard from the checkpoint."
+                );
+            } else {
+                adopt.push((ps, step));
+            }
+        }
+        let adopted = if adopt.is_empty() {
+            Vec::new()
+        } else {
+            self.cluster.adopt(&adopt, run).await?
+        };
+        for &(ps, step) in adopt.iter().filter(|(ps, _)| adopted.contains(ps)) {
+            let before = self.seen.get(ps).copied().unwrap_or(0);
+            info!(
+                ps,
+                restored_step = step,
+                before,
+                steps_lost = before.saturating_sub(step),
+                "The ps restarted and restored its shard from its own snapshot."
+            );
+        }
+        let rest: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|ps| !adopted.contains(ps))
+            .collect();
+        if rest.is_empty() {
+            return Ok(());
+        }
+        if cfg.train.mode == Mode::Sync {
+            // Sync shards count steps in lockstep: a shard restored to an
+            // older step alone would never agree with the others again, so
+            // the whole model goes back to the checkpoint (as TensorFlow's
+            // session recovery does).
+            let all: Vec<usize> = (0..states.len()).collect();
+            self.seed(found, &all, true, true, run).await
+        } else {
+            let all = rest.len() == states.len();
+            self.seed(found, &rest, all, false, run).await
+        }
+    }
+
+    /// The run this chief trains: the one it learned or started, else the
+    /// newest checkpoint's, else that of the shards already initialized,
+    /// else a new one (a fresh run).
+    fn run_id(&mut self, checkpoint: Option<u64>, states: &[pb::StateResponse]) -> u64 {
+        *self.run.get_or_insert_with(|| {
+            checkpoint
+                .filter(|&r| r != 0)
+                .or_else(|| {
+                    states
+                        .iter()
+                        .find(|s| s.initialized && s.run != 0)
+                        .map(|s| s.run)
+                })
+                .unwrap_or_else(|| rand::random::<u64>().max(1))
+        })
+    }
+
+    /// Seeds the shards of `missing` ps tasks, as `run`'s, from `found`
+    /// (the newest valid checkpoint), or with fresh values when there is
+    /// none. With `force`, shards that are still live are overwritten too.
+    async fn seed(
+        &mut self,
+        found: Option<(std::path::PathBuf, Checkpoint)>,
+        missing: &[usize],
+        all: bool,
+        force: bool,
+        run: u64,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg();
         let optimizer = cfg.train.optimizer();
         let (values, shadows, slots, step, from) = match found {
             Some((path, c)) => {
@@ -126,6 +225,7 @@ impl Worker {
                 slots.as_deref(),
                 step,
                 force,
+                run,
             )
             .await?;
         match &from {
@@ -133,7 +233,7 @@ impl Worker {
                 info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint.")
             }
             None => {
-                info!(ps = ?took, seed = cfg.train.seed, "Initialized the model with fresh values.")
+                info!(ps = ?took, seed = cfg.train.seed, run, "Initialized the model with fresh values.")
             }
         }
         // A fresh start or a whole-cluster restore is saved at once, as TensorFlow does.
@@ -146,74 +246,11 @@ impl Worker {
                 values,
                 shadows,
                 slots,
+                run,
             };
             let _ = save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot).await;
         }
         Ok(())
-    }
-
-    /// The chief saw the ps tasks `restarted` come back (new incarnations,
-    /// initialized). Each that restored its own snapshot is logged with the
-    /// steps it lost (its step before the restart as this worker saw it,
-    /// less the step restored); one whose snapshot is older than the newest
-    /// checkpoint (a ps that could not read `checkpoint.dir`) is re-seeded
-    /// from the checkpoint instead. Returns whether any was re-seeded.
-    ///
-    /// Errors: a ps that fails the re-seed, or an unreadable checkpoint.
-    pub(super) async fn restarted(&mut self, restarted: &[usize]) -> Result<bool, WorkerError> {
-        let Ok(states) = self.cluster.states().await else {
-            // Not answering now: the next pull finds out.
-            return Ok(false);
-        };
-        let restored: Vec<(usize, u64)> = restarted
-            .iter()
-            .filter_map(|&ps| {
-                states
-                    .get(ps)
-                    .filter(|s| s.restored)
-                    .map(|s| (ps, s.restored_step))
-            })
-            .collect();
-        if restored.is_empty() {
-            return Ok(false);
-        }
-        let cfg = self.cfg();
-        let specs = self.mlp.variables();
-        let dir = cfg.checkpoint.dir.clone();
-        let newest = tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs))
-            .await?
-            .ok()
-            .flatten()
-            .map(|(_, c)| c.global_step);
-        let mut behind = Vec::new();
-        for (ps, step) in restored {
-            let before = self.seen.get(ps).copied().unwrap_or(0);
-            match newest {
-                Some(ckpt) if ckpt > step => {
-                    warn!(
-                        ps,
-                        restored_step = step,
-                        checkpoint_step = ckpt,
-                        "The ps restored a snapshot older than the newest checkpoint; seeding it from the checkpoint."
-                    );
-                    behind.push(ps);
-                }
-                _ => {
-                    info!(
-                        ps,
-                        restored_step = step,
-                        before,
-                        steps_lost = before.saturating_sub(step),
-                        "The ps restarted and restored its shard from its own snapshot."
-                    );
-                }
-            }
-        }
-        if behind.is_empty() {
-            return Ok(false);
-        }
-        self.seed(&behind, false, true).await?;
-        Ok(true)
     }
 
     /// The chief's end of the run: final checkpoint, evaluation, and (at
@@ -359,6 +396,7 @@ async fn save_checkpoint(
             optimizer,
             tensors: slot_names.zip(snapshot.slots).collect(),
         },
+        run: snapshot.run,
     };
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();

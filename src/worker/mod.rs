@@ -189,6 +189,8 @@ struct Worker {
     /// Each shard's step as this worker last saw it: what a ps that
     /// restarts had reached, at least (the chief logs the steps lost).
     seen: Vec<u64>,
+    /// The chief's run id, once known ([`crate::checkpoint::Checkpoint::run`]).
+    run: Option<u64>,
     shutdown: CancellationToken,
     /// Since when a ps has said this worker is not in its `cluster.worker`
     /// while this worker's file lists it ([`MEMBERSHIP_GRACE`]).
@@ -257,6 +259,7 @@ pub async fn run(
         preprocessing,
         decay_steps,
         seen: Vec::new(),
+        run: None,
         shutdown,
         refused_since: None,
     };
@@ -359,17 +362,7 @@ impl Worker {
                 }
                 continue;
             }
-            if self.cfg().train.mode == Mode::Sync {
-                // Sync shards count steps in lockstep: a shard restored to an
-                // older step alone would never agree with the others again, so
-                // the whole model goes back to the checkpoint (as TensorFlow's
-                // session recovery does).
-                let all: Vec<usize> = (0..states.len()).collect();
-                self.seed(&all, true, true).await?;
-            } else {
-                self.seed(&missing, missing.len() == states.len(), false)
-                    .await?;
-            }
+            self.fill(&states, &missing).await?;
         }
     }
 
@@ -647,25 +640,11 @@ impl Worker {
         min_steps: Option<&[u64]>,
     ) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
-        let mut before = self.cluster.incarnations().to_vec();
         loop {
             let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
                 Ok(p) => {
                     crate::metrics::global().pulled(pulled_at.elapsed(), params);
-                    let restarted: Vec<usize> = (0..before.len())
-                        .filter(|&ps| {
-                            before[ps] != 0 && before[ps] != self.cluster.incarnations()[ps]
-                        })
-                        .collect();
-                    if self.is_chief()
-                        && !restarted.is_empty()
-                        && self.restarted(&restarted).await?
-                    {
-                        // A shard went back to the checkpoint: read it again.
-                        before = self.cluster.incarnations().to_vec();
-                        continue;
-                    }
                     self.seen.clone_from(&p.steps);
                     return Ok(p);
                 }

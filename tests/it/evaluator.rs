@@ -88,6 +88,7 @@ fn save_checkpoint(cfg: &Config, step: u64) -> std::path::PathBuf {
         variables: names.iter().cloned().zip(values).collect(),
         shadows: names.into_iter().zip(shadows).collect(),
         slots: Default::default(),
+        run: 0,
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 100)
         .unwrap()

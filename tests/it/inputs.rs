@@ -195,6 +195,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         variables: names.iter().cloned().zip(values.iter().cloned()).collect(),
         shadows: names.into_iter().zip(values).collect(),
         slots: Default::default(),
+        run: 0,
     };
     let meta = ModelMeta {
         layers,

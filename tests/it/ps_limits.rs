@@ -31,6 +31,7 @@ async fn live_ps() -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) {
         global_step: 7,
         force: false,
         slots: vec![],
+        ..Default::default()
     };
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)
@@ -215,6 +216,7 @@ async fn a_step_a_checkpoint_cannot_hold_is_refused() {
             global_step: u64::MAX,
             force: true,
             slots: vec![],
+            ..Default::default()
         })
         .await
         .unwrap_err();

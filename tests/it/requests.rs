@@ -29,6 +29,7 @@ async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) 
         global_step: 7,
         force: false,
         slots: vec![],
+        ..Default::default()
     };
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)

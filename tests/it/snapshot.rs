@@ -341,3 +341,67 @@ async fn a_read_only_snapshot_dir_costs_only_snapshots(transport) {
     unwritable(transport, Unwritable::ReadOnly).await;
 }
 }
+
+/// The state directory outlives runs: a ps on a host that cannot see
+/// `checkpoint.dir` restores the last run's snapshot when a new run starts.
+/// It holds it aside; a worker started before the chief waits (it does not
+/// take the old step, at `last_step`, for the end of this run); the chief,
+/// whose run the snapshot is not, seeds the shard afresh.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_run_does_not_continue_the_last_runs_snapshot() {
+    let mut c = Cluster::new(1, 2, 2000, Mode::Sync);
+    c.cfg.ps.snapshot_secs = 1;
+    c.write_config();
+    // The ps's host has no checkpoint.dir (another host's).
+    let elsewhere = tempfile::tempdir().unwrap();
+    let absent = elsewhere.path().join("absent");
+    let env = [("DTF_CHECKPOINT__DIR", absent.as_os_str())];
+    c.start_with_env("ps", 0, &env);
+    c.start("worker", 0);
+    c.start("worker", 1);
+    tokio::task::block_in_place(|| c.wait_all_success(RUN));
+    assert!(
+        !snapshots(&c, 0).is_empty(),
+        "the first run left a snapshot"
+    );
+    // A new run: a new, empty checkpoint directory, the same state
+    // directory, the same last_step as the snapshot's step.
+    let fresh = tempfile::tempdir().unwrap();
+    c.cfg.checkpoint.dir = fresh.path().join("ckpt");
+    c.write_config();
+    c.start_with_env("ps", 0, &env);
+    c.wait_log("ps:0", "Shard restored from its snapshot.", 1, RUN);
+    let s = wait_state(&c, 0, "the ps to serve", |_| true).await;
+    assert!(s.restored && !s.initialized && s.run != 0, "{s:?}");
+    c.start("worker", 1);
+    c.wait_log(
+        "worker:1",
+        "Waiting for the chief to initialize the model.",
+        1,
+        RUN,
+    );
+    c.start("worker", 0);
+    tokio::task::block_in_place(|| c.wait_all_success(RUN));
+    let chief = c.log("worker:0");
+    assert!(chief.contains("is of another run"), "{chief}");
+    let steps = checkpoint_steps(&c.cfg.checkpoint.dir);
+    assert_eq!(
+        steps.first(),
+        Some(&0),
+        "the new run starts at step 0: {steps:?}"
+    );
+    assert_eq!(steps.last(), Some(&2000), "{steps:?}");
+    // The new run's checkpoints carry its run id, not the old snapshot's.
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let (_, ckpt) = dtf::checkpoint::restore_latest(&c.cfg.checkpoint.dir, &specs)
+        .unwrap()
+        .unwrap();
+    assert!(
+        ckpt.run != 0 && ckpt.run != s.run,
+        "{} vs {}",
+        ckpt.run,
+        s.run
+    );
+}

@@ -598,6 +598,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         variables: names.iter().cloned().zip(values.iter().cloned()).collect(),
         shadows: names.into_iter().zip(values).collect(),
         slots: Default::default(),
+        run: 0,
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)
         .unwrap()

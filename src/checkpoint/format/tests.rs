@@ -150,6 +150,7 @@ fn a_header_too_large_to_load_is_refused_at_save_time() {
         variables: (0..n).map(|i| (name(i), one())).collect(),
         shadows: (0..n).map(|i| (name(i), one())).collect(),
         slots: Slots::default(),
+        run: 0,
     };
     let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
     assert!(err.contains("header would be"), "{err}");
