@@ -174,6 +174,14 @@ impl Hosts {
         }
     }
 
+    /// Takes host `i`'s link back to unshaped.
+    pub fn unshape(&self, i: usize) {
+        let h = &self.hosts[i];
+        for (ns, dev) in [(&h.netns, "eth0"), (&self.switch, h.port.as_str())] {
+            sh("tc", &["-n", ns, "qdisc", "del", "dev", dev, "root"]);
+        }
+    }
+
     /// Takes host `i`'s link down: nothing reaches it or leaves it.
     pub fn cut(&self, i: usize) {
         ip(&[

@@ -50,10 +50,18 @@ impl Tally {
 
 /// Runs each seed; prints each one's plan and outcome, and the report of
 /// any that violates an invariant.
-fn run_seeds(seeds: impl IntoIterator<Item = u64>, seconds: u64, reference: bool) -> Tally {
+fn run_seeds(
+    seeds: impl IntoIterator<Item = u64>,
+    seconds: u64,
+    reference: bool,
+    hosts: bool,
+) -> Tally {
     let mut tally = Tally::default();
     for seed in seeds {
-        let plan = Plan::draw(seed, seconds);
+        let plan = match hosts {
+            true => Plan::draw_on_hosts(seed, seconds),
+            false => Plan::draw(seed, seconds),
+        };
         let out = run::run(&plan, &Expect::default(), reference);
         tally.seeds += 1;
         tally.skipped += out.skipped;
@@ -92,8 +100,8 @@ fn run_seeds(seeds: impl IntoIterator<Item = u64>, seconds: u64, reference: bool
 }
 
 /// `DTF_CHAOS_SEEDS` (`K`, or `A-B`), `DTF_CHAOS_SECONDS` (default 20),
-/// `DTF_CHAOS_REFERENCE=0` to skip the fault-free runs: what
-/// `scripts/chaos.sh` runs.
+/// `DTF_CHAOS_REFERENCE=0` to skip the fault-free runs, `DTF_CHAOS_HOSTS=1`
+/// for plans on hosts (network faults too): what `scripts/chaos.sh` runs.
 #[test]
 #[ignore = "run by scripts/chaos.sh"]
 fn from_env() {
@@ -107,8 +115,9 @@ fn from_env() {
     };
     let seconds = var("DTF_CHAOS_SECONDS").map_or(20, |s| s.parse().expect("DTF_CHAOS_SECONDS"));
     let reference = var("DTF_CHAOS_REFERENCE").as_deref() != Some("0");
+    let hosts = var("DTF_CHAOS_HOSTS").as_deref() == Some("1");
     let began = Instant::now();
-    let tally = run_seeds(seeds, seconds, reference);
+    let tally = run_seeds(seeds, seconds, reference, hosts);
     let summary = tally.summary(began.elapsed());
     eprintln!("{summary}");
     if let Some(path) = var("DTF_CHAOS_SUMMARY") {
@@ -119,8 +128,12 @@ fn from_env() {
 
 /// CI's short form: one seed, its faults over 20 s, checked in full.
 fn ci(seed: u64) {
+    ci_with(seed, false);
+}
+
+fn ci_with(seed: u64, hosts: bool) {
     let began = Instant::now();
-    let tally = run_seeds([seed], 20, true);
+    let tally = run_seeds([seed], 20, true, hosts);
     assert!(
         tally.failed.is_empty(),
         "{}",
@@ -155,6 +168,13 @@ fn ci_seed_6() {
 /// computes afresh instead of waiting (`Worker::wait_for_step`).
 #[test]
 fn sync_ps_restart_after_a_stopped_worker_completes() {
-    let tally = run_seeds([4], 20, false);
+    let tally = run_seeds([4], 20, false, false);
     assert!(tally.failed.is_empty(), "seed 4 still fails");
+}
+
+/// A seed on hosts: each task in a network namespace of its own, links cut
+/// and slowed beside the other faults.
+#[test]
+fn ci_hosts_seed_1() {
+    ci_with(1, true);
 }

@@ -92,16 +92,15 @@ pub enum Nemesis {
     },
     /// A live config edit.
     Edit(Edit),
-    /// Pending issue 31: `task` cut off from every other host for `duration`.
-    #[expect(dead_code, reason = "drawn once the hosts harness (issue 31) lands")]
+    /// `task`'s host cut off from every other host for `duration` (plans
+    /// on hosts only).
     Partition {
         /// The host cut off.
         task: Task,
         /// How long.
         duration: Duration,
     },
-    /// Pending issue 31: `task`'s link shaped by a `tbf` qdisc.
-    #[expect(dead_code, reason = "drawn once the hosts harness (issue 31) lands")]
+    /// `task`'s host's link shaped by a `tbf` qdisc (plans on hosts only).
     SlowLink {
         /// The host whose link is slow.
         task: Task,
@@ -112,7 +111,8 @@ pub enum Nemesis {
     },
 }
 
-/// The kinds a schedule draws (`Nemesis::kind`), for reports and coverage.
+/// The kinds [`super::schedule::Plan::draw`] draws (`Nemesis::kind`), for
+/// reports and coverage; plans on hosts add `partition` and `slow-link`.
 pub const KINDS: &[&str] = &[
     "kill",
     "pause",
@@ -140,7 +140,7 @@ pub enum Bound {
 }
 
 impl Nemesis {
-    /// A short name of its kind (one of [`KINDS`], or a pending one).
+    /// A short name of its kind (one of [`KINDS`], or a network fault's).
     pub fn kind(&self) -> &'static str {
         match self {
             Nemesis::Kill { .. } => "kill",

@@ -1,5 +1,6 @@
 //! One seed's run: a real cluster (`util::Cluster`, processes on
-//! 127.0.0.1) with its checkpoint directory on a small tmpfs, the plan's
+//! 127.0.0.1, or each on a host of its own: `hosts::Hosts`, network
+//! namespaces on a bridge) with its checkpoint directory on a small tmpfs, the plan's
 //! faults injected on schedule, a stand-in for systemd restarting what
 //! fails (`Restart=on-failure`, `RestartSec=1`, never after 78), a poller
 //! recording `dtf status --json` and every task's `/metrics`, and at the
@@ -11,6 +12,7 @@ use super::history::{Event, Recorder, What};
 use super::nemesis::{Bound, Edit, Nemesis, Task};
 use super::schedule::{Plan, When};
 use crate::hardening::Tmpfs;
+use crate::hosts::{Host, Hosts};
 use crate::util::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -117,12 +119,32 @@ enum Action {
     FreeDisk(PathBuf),
     /// Write the valid config back.
     RestoreConfig,
+    /// Bring a host's link back up.
+    Reconnect(usize),
+    /// Take a host's link back to full speed.
+    Unshape(usize),
+}
+
+/// A plan's hosts: each task on its own, and one more the harness observes
+/// from (`dtf status`), never cut off.
+struct Net {
+    hosts: Hosts,
+    /// Each task's host.
+    of: BTreeMap<Task, usize>,
+}
+
+impl Net {
+    fn observer(&self) -> &Host {
+        self.hosts.hosts.last().expect("the observer's host")
+    }
 }
 
 struct Driver {
     c: Cluster,
     /// The tmpfs over `checkpoint.dir` (unmounted on drop, after the processes are gone).
     disk: Option<Tmpfs>,
+    /// The hosts, when the plan runs on hosts (deleted on drop, after the processes).
+    net: Option<Arc<Net>>,
     rec: Recorder,
     /// Each task's `/metrics` address.
     metrics: BTreeMap<Task, String>,
@@ -156,8 +178,16 @@ impl Driver {
     fn start(&mut self, task: Task) {
         let (role, index) = task.role_index();
         let addr = self.metrics[&task].clone();
-        self.c
-            .start_env(role, index, &[("DTF_METRICS__LISTEN", &addr)]);
+        let env = [("DTF_METRICS__LISTEN", addr.as_str())];
+        match &self.net {
+            Some(net) => {
+                let host = net.hosts.host(net.of[&task]);
+                self.c.start_on(host, role, index, &env);
+            }
+            None => {
+                self.c.start_env(role, index, &env);
+            }
+        }
         let st = self.tasks.entry(task).or_default();
         st.running = true;
         st.generation += 1;
@@ -298,11 +328,46 @@ impl Driver {
                 }
                 self.c.write_config_by_rename();
             }
-            Nemesis::Partition { .. } | Nemesis::SlowLink { .. } => {
-                panic!("{nemesis}: network faults need the hosts harness (issue 31)")
+            Nemesis::Partition { task, duration } => {
+                let Some(net) = self.net.clone() else {
+                    panic!("{nemesis}: a network fault in a plan not on hosts")
+                };
+                let host = net.of[&task];
+                // One network fault per host at a time.
+                if self.network_fault_on(host) {
+                    return false;
+                }
+                self.fault(nemesis);
+                net.hosts.cut(host);
+                self.queue
+                    .push((Instant::now() + duration, Action::Reconnect(host)));
+            }
+            Nemesis::SlowLink {
+                task,
+                kbit,
+                duration,
+            } => {
+                let Some(net) = self.net.clone() else {
+                    panic!("{nemesis}: a network fault in a plan not on hosts")
+                };
+                let host = net.of[&task];
+                if self.network_fault_on(host) {
+                    return false;
+                }
+                self.fault(nemesis);
+                net.hosts.set_rate(host, &format!("{kbit}kbit"));
+                self.queue
+                    .push((Instant::now() + duration, Action::Unshape(host)));
             }
         }
         true
+    }
+
+    /// A cut or a slow link of `host` is still to be healed.
+    fn network_fault_on(&self, host: usize) -> bool {
+        self.queue
+            .iter()
+            .any(|(_, a)| matches!(a, Action::Reconnect(h) | Action::Unshape(h) if *h == host))
     }
 
     fn fault(&mut self, nemesis: Nemesis) {
@@ -314,6 +379,7 @@ impl Driver {
                 &self.c.config_path,
                 &self.c.cfg.checkpoint.dir,
                 self.c.cfg.cluster.ps.len(),
+                self.net.as_deref(),
             )
         {
             self.rec.record(what);
@@ -373,6 +439,20 @@ impl Driver {
                         text: "dtf.toml valid again".into(),
                     });
                 }
+                Action::Reconnect(host) => {
+                    let net = self.net.as_ref().expect("a plan on hosts");
+                    net.hosts.heal(host);
+                    self.rec.record(What::Heal {
+                        text: format!("host {host}'s link up again"),
+                    });
+                }
+                Action::Unshape(host) => {
+                    let net = self.net.as_ref().expect("a plan on hosts");
+                    net.hosts.unshape(host);
+                    self.rec.record(What::Heal {
+                        text: format!("host {host}'s link at full speed again"),
+                    });
+                }
             }
         }
     }
@@ -397,10 +477,11 @@ fn write_by_rename(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// One `dtf status --json`: each ps's step, completeness, and the newest
-/// checkpoint file in `ckpt` (read after the status: a checkpoint named here
-/// existed by the time the event is recorded).
-fn status(config: &Path, ckpt: &Path, ps: usize) -> Option<What> {
+/// One `dtf status --json` (from the observer's host, on hosts): each ps's
+/// step, completeness, and the newest checkpoint file in `ckpt` (read after
+/// the status: a checkpoint named here existed by the time the event is
+/// recorded).
+fn status(config: &Path, ckpt: &Path, ps: usize, net: Option<&Net>) -> Option<What> {
     let mut cmd = std::process::Command::new(bin("dtf"));
     cmd.args(["status", "--json", "--config"])
         .arg(config)
@@ -408,7 +489,11 @@ fn status(config: &Path, ckpt: &Path, ps: usize) -> Option<What> {
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     // `dtf status` bounds each ps's answer at 3 s.
-    let v: serde_json::Value = serde_json::from_slice(&cmd.output().ok()?.stdout).ok()?;
+    let out = match net {
+        Some(net) => net.observer().run(&mut cmd, Duration::from_secs(30)),
+        None => cmd.output().ok()?,
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let steps = (0..ps)
         .map(|i| {
             let t = &v["tasks"][i];
@@ -432,13 +517,22 @@ fn poll(
     metrics: BTreeMap<Task, String>,
     rec: Recorder,
     stop: Arc<AtomicBool>,
+    net: Option<Arc<Net>>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        if let Some(what) = status(&config, &ckpt, ps) {
+        if let Some(what) = status(&config, &ckpt, ps, net.as_deref()) {
             rec.record(what);
         }
         for (task, addr) in &metrics {
-            if let Some(text) = http_get(addr, "/metrics") {
+            // On hosts a task's metrics listen on its host's loopback.
+            let scraped = match &net {
+                Some(net) => net
+                    .hosts
+                    .host(net.of[task])
+                    .enter(|| http_get(addr, "/metrics")),
+                None => http_get(addr, "/metrics"),
+            };
+            if let Some(text) = scraped {
                 let gauge = |name: &str| {
                     text.lines()
                         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
@@ -523,15 +617,25 @@ fn step_and_rate(events: &[Event]) -> Option<(u64, f64)> {
 /// also a fault-free run of the same steps for the accuracy band.
 pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
     let began = Instant::now();
-    let c = cluster(plan, FAR);
+    let mut c = cluster(plan, FAR);
     let disk = Tmpfs::mount(&c.cfg.checkpoint.dir, DISK_BYTES);
     let ckpt = c.cfg.checkpoint.dir.clone();
     let addrs = free_addrs(plan.tasks().len());
     let metrics: BTreeMap<Task, String> = plan.tasks().into_iter().zip(addrs).collect();
+    let net = plan.hosts.then(|| {
+        let tasks = plan.tasks();
+        let hosts = Hosts::new(tasks.len() + 1, c.dir.path());
+        let of: BTreeMap<Task, usize> = tasks.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+        let ps: Vec<usize> = (0..plan.ps).map(|i| of[&Task::Ps(i)]).collect();
+        let workers: Vec<usize> = (0..plan.workers).map(|i| of[&Task::Worker(i)]).collect();
+        c.place(&hosts, &ps, &workers);
+        Arc::new(Net { hosts, of })
+    });
     let config_path = c.config_path.clone();
     let mut d = Driver {
         c,
         disk: Some(disk),
+        net: net.clone(),
         rec: Recorder::new(),
         metrics: metrics.clone(),
         tasks: BTreeMap::new(),
@@ -547,7 +651,7 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
     let poller = {
         let (rec, stop, ckpt) = (d.rec.clone(), stop.clone(), ckpt.clone());
         let ps = plan.ps;
-        std::thread::spawn(move || poll(config_path, ckpt, ps, metrics, rec, stop))
+        std::thread::spawn(move || poll(config_path, ckpt, ps, metrics, rec, stop, net))
     };
 
     let start = Instant::now();

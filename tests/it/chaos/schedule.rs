@@ -50,6 +50,9 @@ pub struct Plan {
     pub evaluator: bool,
     /// How long the faults are spread over before the harness ends the run.
     pub seconds: u64,
+    /// Each task on a host of its own (a network namespace, TCP between
+    /// them), so that links can be cut and slowed.
+    pub hosts: bool,
     /// The faults, in the order drawn (not necessarily the order they fire).
     pub faults: Vec<Fault>,
 }
@@ -89,6 +92,7 @@ impl Plan {
             workers,
             evaluator,
             seconds,
+            hosts: false,
             faults: Vec::new(),
         };
         let tasks = plan.tasks();
@@ -124,6 +128,45 @@ impl Plan {
             });
         }
         plan
+    }
+}
+
+impl Plan {
+    /// [`Plan::draw`]'s plan with each task on a host of its own, and as
+    /// many network faults again (a host cut off, a host's link slowed),
+    /// drawn from a second generator so that the rest of the plan is the
+    /// same seed's.
+    pub fn draw_on_hosts(seed: u64, seconds: u64) -> Self {
+        let mut plan = Self::draw(seed, seconds);
+        plan.hosts = true;
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6e65_7477_6f72_6b00);
+        let tasks = plan.tasks();
+        let span = seconds.max(4) as f64;
+        for _ in 0..(seconds / 4).max(2) {
+            let at = Duration::from_secs_f64(rng.random_range(2.0..span));
+            plan.faults.push(Fault {
+                when: When::At(at),
+                nemesis: draw_network(&mut rng, &tasks),
+            });
+        }
+        plan
+    }
+}
+
+/// A network fault: a task's host cut off (below the workers' patience and
+/// the sync stall limit), or its link slowed to a few Mbit/s (a pull of the
+/// tiny model still fits in a step's time; the reference model's would not).
+fn draw_network(rng: &mut StdRng, tasks: &[Task]) -> Nemesis {
+    let task = tasks[rng.random_range(0..tasks.len())];
+    let duration = Duration::from_secs_f64(rng.random_range(0.5..4.0));
+    if rng.random_bool(0.5) {
+        Nemesis::Partition { task, duration }
+    } else {
+        Nemesis::SlowLink {
+            task,
+            kbit: [2_000, 10_000, 50_000][rng.random_range(0..3)],
+            duration,
+        }
     }
 }
 
@@ -175,13 +218,14 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {}: {:?}, transport {:?}, {} ps, {} workers{}, faults over {} s:",
+            "seed {}: {:?}, transport {:?}, {} ps, {} workers{}{}, faults over {} s:",
             self.seed,
             self.mode,
             self.transport,
             self.ps,
             self.workers,
             if self.evaluator { ", an evaluator" } else { "" },
+            if self.hosts { ", a host each" } else { "" },
             self.seconds
         )?;
         for fault in &self.faults {
@@ -222,4 +266,12 @@ fn the_same_seed_draws_the_same_plan_and_seeds_cover_every_choice() {
             .iter()
             .any(|p| p.faults.windows(2).any(|w| w[0].when == w[1].when))
     );
+    // On hosts: the same seed's plan, and network faults besides.
+    let on = Plan::draw_on_hosts(17, 30);
+    assert!(on.hosts && on.faults.starts_with(&a.faults));
+    let net: Vec<&str> = (0..50)
+        .flat_map(|s| Plan::draw_on_hosts(s, 30).faults)
+        .map(|f| f.nemesis.kind())
+        .collect();
+    assert!(net.contains(&"partition") && net.contains(&"slow-link"));
 }
