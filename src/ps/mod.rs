@@ -389,6 +389,8 @@ impl PsService {
 
     /// The snapshot fields of `State` (the rest default).
     fn snapshot_state(&self) -> pb::StateResponse {
+        // One lock at a time: `adopt` and `seeded` take these too.
+        let run = self.inner.snapshots.pending().as_ref().map_or(0, |r| r.run);
         let st = self.inner.snapshots.stats();
         let (step, age) = st
             .last
@@ -402,7 +404,7 @@ impl PsService {
             snapshot_copy_seconds: st.copy_secs,
             restored: st.restored.is_some(),
             restored_step: st.restored.unwrap_or(0),
-            run: self.inner.snapshots.pending().as_ref().map_or(0, |r| r.run),
+            run,
             ..Default::default()
         }
     }

@@ -680,8 +680,10 @@ impl Snapshotting {
     /// snapshot is dropped, and nothing on disk is kept beside the next one
     /// (it may be another run's).
     pub(super) fn seeded(&self) {
-        if self.pending().take().is_some() || self.stats().restored.is_some() {
-            let mut stats = self.stats();
+        // One lock at a time (`State` takes them too).
+        let held = self.pending().take().is_some();
+        let mut stats = self.stats();
+        if held || stats.restored.is_some() {
             stats.restored = None;
             stats.last = None;
             stats.written = None;
