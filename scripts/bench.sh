@@ -95,3 +95,9 @@ BIN=$(dirname "$DTF")
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 --mode sync | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 | emit
+
+# A worker joining a running cluster (a live cluster.worker edit, then its
+# start): the time to its first applied push.
+for mode in async sync; do
+    python3 scripts/bench_join.py --bin "$BIN" --data "$DATA" --mode "$mode" | emit
+done

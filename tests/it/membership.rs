@@ -263,6 +263,53 @@ async fn a_worker_leaves_a_running_run_sync(transport) {
 }
 
 crate::on_each_transport! {
+/// Worker 2 removed while the chief writes a checkpoint at every step (so
+/// the removal lands during one): it leaves cleanly, every checkpoint
+/// written meanwhile verifies, and the run ends exactly at `last_step`.
+async fn a_worker_leaves_while_the_chief_checkpoints(transport) {
+    let mut c = Cluster::new(1, 3, 1_000_000, Mode::Async);
+    c.use_transport(transport);
+    c.cfg.checkpoint.save_secs = None;
+    c.cfg.checkpoint.save_steps = 1;
+    c.write_config();
+    c.start_all();
+    past(&c, 50).await;
+    until(RUN, "the chief checkpointing", || {
+        (checkpoint_steps(&c.cfg.checkpoint.dir).len() >= 3).then_some(())
+    });
+    c.cfg.cluster.worker.pop();
+    c.write_config_by_rename();
+    assert_eq!(
+        exit_code(&mut c, "worker:2"),
+        Some(0),
+        "{}",
+        c.log("worker:2")
+    );
+    assert!(c.log("worker:2").contains("Left the cluster"));
+    ps0(&c, "two members", |s| s.members == 2).await;
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap().variables();
+    for step in checkpoint_steps(&c.cfg.checkpoint.dir) {
+        let path = c
+            .cfg
+            .checkpoint
+            .dir
+            .join(format!("model.ckpt-{step}.safetensors"));
+        // One may be deleted (max_to_keep) between the listing and the read.
+        if let Err(e) = dtf::checkpoint::load(&path, Some(&specs))
+            && path.exists()
+        {
+            panic!("{}: {e}", path.display());
+        }
+    }
+    // Back to a checkpoint a second for the rest of the run.
+    c.cfg.checkpoint.save_steps = 0;
+    c.cfg.checkpoint.save_secs = Some(1);
+    c.write_config_by_rename();
+    end_run(&mut c, &["worker:0", "worker:1", "ps:0"]).await;
+}
+}
+
+crate::on_each_transport! {
 /// Worker 1 added, removed and added again within a second: the cluster
 /// settles on the last edit, and worker 1 then joins and trains.
 async fn a_flapping_worker_list_settles_on_the_last_edit(transport) {
