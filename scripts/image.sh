@@ -43,6 +43,10 @@ DATASET="dataset-fashion-mnist"
 DTF_UID=10001
 DTF_GID=10001
 
+# host_mirror (the host's Debian mirror, as tests/system/run.sh finds it);
+# lib.sh's log and die are the system tests', replaced here.
+# shellcheck source=tests/system/lib.sh
+. "$SRC/tests/system/lib.sh"
 log() { printf '[image] %s\n' "$*"; }
 die() { printf 'image.sh: ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -83,17 +87,6 @@ log "package: $deb"
 
 # --- the cached base ------------------------------------------------------
 
-# The host's Debian mirror, as tests/system/run.sh finds it.
-host_mirror() {
-	local uri
-	uri=$( {
-		sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
-		sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
-			/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
-	} | grep -E '^https?://' | grep -v -e security -e updates | head -n1)
-	[ -n "$uri" ] || die "no Debian mirror in the host's apt sources: set DTF_SYSTEM_TEST_MIRROR"
-	echo "$uri"
-}
 
 build_base() {
 	local mirror tmp

@@ -59,29 +59,10 @@ PORT=2222
 HUGE_STEP=100000000
 TAG=$$
 
-started=$(date +%s)
-log() { printf '[%4ds] %s\n' $(($(date +%s) - started)) "$*"; }
-die() { printf 'multihost: ERROR: %s\n' "$*" >&2; exit 2; }
-failures=0
-checks=0
-pass() { checks=$((checks + 1)); printf 'PASS  %s\n' "$*"; }
-fail() { checks=$((checks + 1)); failures=$((failures + 1)); printf 'FAIL  %s\n' "$*"; }
-skip() { printf 'SKIP  %s\n' "$*"; }
-quiet() { "$@" >/dev/null 2>&1; }
-contains() { [[ "$1" == *"$2"* ]]; }
-check() {
-	local what=$1
-	shift
-	if "$@"; then pass "$what"; else fail "$what"; fi
-}
-wait_for() {
-	local deadline=$(($(date +%s) + $1))
-	shift
-	until "$@"; do
-		[ "$(date +%s)" -lt "$deadline" ] || return 1
-		sleep 0.5
-	done
-}
+ME=multihost
+# log, die, pass, fail, skip, check, wait_for, host_mirror.
+# shellcheck source=tests/system/lib.sh
+. "$SRC/tests/system/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root (systemd-nspawn, ip netns)"
 
@@ -114,16 +95,6 @@ fi
 debname=$(basename "$DEB")
 log "package: $DEB"
 
-host_mirror() {
-	local uri
-	uri=$( {
-		sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
-		sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
-			/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
-	} | grep -E '^https?://' | grep -v -e security -e updates | head -n1)
-	[ -n "$uri" ] || die "no Debian mirror in the host's apt sources: set DTF_SYSTEM_TEST_MIRROR"
-	echo "$uri"
-}
 if [ ! -d "$CACHED_ROOT" ]; then
 	mirror=${DTF_SYSTEM_TEST_MIRROR:-$(host_mirror)}
 	mkdir -p "$CACHE"

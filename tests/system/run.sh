@@ -58,23 +58,10 @@ UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1 dtf-evaluator)
 FINAL_STEPS=2500     # the run ends at max(this, current step + 500)
 MIN_ACCURACY=0.7
 
-started=$(date +%s)
-log() { printf '[%4ds] %s\n' $(($(date +%s) - started)) "$*"; }
-die() { printf 'system test: ERROR: %s\n' "$*" >&2; exit 2; }
-
-failures=0
-checks=0
-pass() { checks=$((checks + 1)); printf 'PASS  %s\n' "$*"; }
-fail() { checks=$((checks + 1)); failures=$((failures + 1)); printf 'FAIL  %s\n' "$*"; }
-quiet() { "$@" >/dev/null 2>&1; }
-# contains HAYSTACK NEEDLE
-contains() { [[ "$1" == *"$2"* ]]; }
-# check DESCRIPTION COMMAND...: PASS if the command succeeds.
-check() {
-	local what=$1
-	shift
-	if "$@"; then pass "$what"; else fail "$what"; fi
-}
+ME="system test"
+# log, die, pass, fail, check, wait_for, host_mirror.
+# shellcheck source=tests/system/lib.sh
+. "$SRC/tests/system/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root (systemd-nspawn, debootstrap)"
 
@@ -114,17 +101,6 @@ fi
 log "package: $DEB"
 
 # --- the cached Debian root -------------------------------------------------
-
-host_mirror() {
-	local uri
-	uri=$( {
-		sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
-		sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
-			/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
-	} | grep -E '^https?://' | grep -v -e security -e updates | head -n1)
-	[ -n "$uri" ] || die "no Debian mirror in the host's apt sources: set DTF_SYSTEM_TEST_MIRROR"
-	echo "$uri"
-}
 
 build_root() {
 	local mirror tmp
@@ -213,16 +189,6 @@ log "booting the container"
 systemd-nspawn -q -D "$ROOT" --boot --register=no --keep-unit --console=passive \
 	--private-network --machine="dtf-systest-$$" >"$RUN/nspawn.log" 2>&1 &
 NSPAWN_PID=$!
-
-# wait_for SECONDS COMMAND...: polls the command until it succeeds.
-wait_for() {
-	local deadline=$(($(date +%s) + $1))
-	shift
-	until "$@"; do
-		[ "$(date +%s)" -lt "$deadline" ] || return 1
-		sleep 0.5
-	done
-}
 
 container_pid() {
 	kill -0 "$NSPAWN_PID" 2>/dev/null || { cat "$RUN/nspawn.log" >&2; die "systemd-nspawn exited"; }
