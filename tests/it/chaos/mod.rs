@@ -36,7 +36,7 @@ impl Tally {
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         format!(
-            "chaos: {} seeds, {} faults injected ({}), {} skipped (victim not running), {} seeds with violations {:?}, wall {:.0} s",
+            "chaos: {} seeds, {} faults injected ({}), {} skipped (victim not running, or an edit of last_step after the end), {} seeds with violations {:?}, wall {:.0} s",
             self.seeds,
             faults,
             kinds.join(", "),

@@ -38,8 +38,9 @@ pub struct Outcome {
     pub violations: Vec<Violation>,
     /// Faults injected, by kind.
     pub injected: BTreeMap<&'static str, usize>,
-    /// Faults not injected, their victim not running then (exited at the
-    /// end of the run, or already down).
+    /// Faults not injected: their victim not running then (exited at the
+    /// end of the run, or already down), or a far `last_step` edit after
+    /// the harness set the end.
     pub skipped: usize,
     /// How long the seed took, reference run included.
     pub wall: Duration,
@@ -153,6 +154,8 @@ struct Driver {
     queue: Vec<(Instant, Action)>,
     /// An invalid config is in place (no task may start meanwhile).
     invalid: bool,
+    /// The harness has set the run's end (`train.last_step` just ahead).
+    ended: bool,
     injected: BTreeMap<&'static str, usize>,
     skipped: usize,
 }
@@ -290,7 +293,10 @@ impl Driver {
                     .push((Instant::now() + duration, Action::FreeDisk(filler)));
             }
             Nemesis::Edit(edit) => {
-                if self.invalid {
+                // Moving last_step far ahead after the harness set the end
+                // would undo the end: the run would rightly never finish.
+                let undoes_end = self.ended && matches!(edit, Edit::LastStepFarAhead(_));
+                if self.invalid || undoes_end {
                     return false;
                 }
                 self.fault(nemesis);
@@ -641,6 +647,7 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
         tasks: BTreeMap::new(),
         queue: Vec::new(),
         invalid: false,
+        ended: false,
         injected: BTreeMap::new(),
         skipped: 0,
     };
@@ -722,6 +729,7 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
             });
             d.c.write_config_by_rename();
             end = Some(Instant::now());
+            d.ended = true;
         }
         if !d.queue.is_empty() {
             last_activity = Instant::now();
