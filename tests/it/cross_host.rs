@@ -184,7 +184,10 @@ fn a_compression_mismatch_stops_the_worker_naming_the_key() {
 
 #[test]
 fn mutual_tls_across_hosts_with_onebit() {
-    let mut c = Cluster::new(1, 2, 800, Mode::Async);
+    // Open-ended until both workers are connected: a fixed 800 steps could
+    // end (the tiny model on a loaded machine) before worker 1's next poll
+    // for the chief's initialization, and it would never connect.
+    let mut c = Cluster::new(1, 2, OPEN_ENDED, Mode::Async);
     let hosts = Hosts::new(2, c.dir.path());
     crate::tls::enable_tls(&mut c);
     c.cfg.cluster.compression = Compression::Onebit;
@@ -192,8 +195,10 @@ fn mutual_tls_across_hosts_with_onebit() {
     c.start_on(hosts.host(0), "ps", 0, &[]);
     c.start_on(hosts.host(1), "worker", 0, &[]);
     c.start_on(hosts.host(1), "worker", 1, &[]);
-    c.wait_all_success(Duration::from_secs(180));
-    let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
+    for w in ["worker:0", "worker:1"] {
+        c.wait_log(w, "Connected to ps.", 1, Duration::from_secs(120));
+    }
+    let ev = finish(&mut c, hosts.host(1), 800);
     assert!(ev.global_step >= 800 && ev.ema_accuracy > 0.9, "{ev:?}");
     assert_links(&c, "onebit");
     let ps = c.log("ps:0");
