@@ -219,6 +219,19 @@ async fn a_worker_joins_a_running_run_sync(transport) {
 }
 }
 
+/// Removes worker 2 (the last) from `cluster.worker` and checks that it
+/// exits 0 saying it left.
+fn remove_worker_2(c: &mut Cluster) {
+    c.cfg.cluster.worker.pop();
+    c.write_config_by_rename();
+    assert_eq!(exit_code(c, "worker:2"), Some(0), "{}", c.log("worker:2"));
+    let log = c.log("worker:2");
+    assert!(
+        log.contains("Left the cluster (removed from cluster.worker)"),
+        "{log}"
+    );
+}
+
 /// Worker 2 is removed from a running run (while it pushes, and while the
 /// chief checkpoints every second): it finishes its step, says it left, and
 /// exits 0; the others go on (in sync, every step then averages the two
@@ -228,19 +241,7 @@ async fn leaves(transport: Transport, mode: Mode) {
     c.use_transport(transport);
     c.start_all();
     past(&c, 50).await;
-    c.cfg.cluster.worker.pop();
-    c.write_config_by_rename();
-    assert_eq!(
-        exit_code(&mut c, "worker:2"),
-        Some(0),
-        "{}",
-        c.log("worker:2")
-    );
-    let log = c.log("worker:2");
-    assert!(
-        log.contains("Left the cluster (removed from cluster.worker)"),
-        "{log}"
-    );
+    remove_worker_2(&mut c);
     let s = ps0(&c, "two members", |s| s.members == 2).await;
     assert_eq!(s.membership_epoch, 2, "{s:?}");
     if mode == Mode::Sync {
@@ -277,15 +278,7 @@ async fn a_worker_leaves_while_the_chief_checkpoints(transport) {
     until(RUN, "the chief checkpointing", || {
         (checkpoint_steps(&c.cfg.checkpoint.dir).len() >= 3).then_some(())
     });
-    c.cfg.cluster.worker.pop();
-    c.write_config_by_rename();
-    assert_eq!(
-        exit_code(&mut c, "worker:2"),
-        Some(0),
-        "{}",
-        c.log("worker:2")
-    );
-    assert!(c.log("worker:2").contains("Left the cluster"));
+    remove_worker_2(&mut c);
     ps0(&c, "two members", |s| s.members == 2).await;
     let specs = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap().variables();
     for step in checkpoint_steps(&c.cfg.checkpoint.dir) {

@@ -334,7 +334,7 @@ impl Driver {
                 }
                 self.c.write_config_by_rename();
             }
-            Nemesis::Partition { task, duration } => {
+            Nemesis::Partition { task, duration } | Nemesis::SlowLink { task, duration, .. } => {
                 let Some(net) = self.net.clone() else {
                     panic!("{nemesis}: a network fault in a plan not on hosts")
                 };
@@ -344,26 +344,17 @@ impl Driver {
                     return false;
                 }
                 self.fault(nemesis);
-                net.hosts.cut(host);
-                self.queue
-                    .push((Instant::now() + duration, Action::Reconnect(host)));
-            }
-            Nemesis::SlowLink {
-                task,
-                kbit,
-                duration,
-            } => {
-                let Some(net) = self.net.clone() else {
-                    panic!("{nemesis}: a network fault in a plan not on hosts")
+                let heal = match nemesis {
+                    Nemesis::SlowLink { kbit, .. } => {
+                        net.hosts.set_rate(host, &format!("{kbit}kbit"));
+                        Action::Unshape(host)
+                    }
+                    _ => {
+                        net.hosts.cut(host);
+                        Action::Reconnect(host)
+                    }
                 };
-                let host = net.of[&task];
-                if self.network_fault_on(host) {
-                    return false;
-                }
-                self.fault(nemesis);
-                net.hosts.set_rate(host, &format!("{kbit}kbit"));
-                self.queue
-                    .push((Instant::now() + duration, Action::Unshape(host)));
+                self.queue.push((Instant::now() + duration, heal));
             }
         }
         true
