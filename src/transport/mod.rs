@@ -181,6 +181,19 @@ impl Progress {
         self.steps[0]
     }
 
+    /// The step the run has reached, for its end: async, the global step;
+    /// sync, the lowest shard's. Sync shards may stand one step apart (a
+    /// worker that pulled between two shards' updates of a step pushes to
+    /// each the step it read there), and a shard behind still waits for
+    /// every worker's gradient: no worker may end before it has taken its
+    /// last step too.
+    pub fn reached(&self, sync: bool) -> u64 {
+        match sync {
+            true => self.steps.iter().copied().min().unwrap_or(0),
+            false => self.global_step(),
+        }
+    }
+
     /// What the shards' answers said: each one's `(step, complete)`.
     fn of(answers: impl ExactSizeIterator<Item = (u64, bool)>) -> Self {
         let mut progress = Self {

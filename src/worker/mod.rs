@@ -411,7 +411,7 @@ impl Worker {
         let outcome = loop {
             let cfg = self.cfg();
             let step = progress.global_step();
-            if progress.complete || step >= cfg.train.last_step {
+            if progress.complete || progress.reached(sync) >= cfg.train.last_step {
                 break Outcome::Finished {
                     global_step: step,
                     local_steps: rate.local_steps,
@@ -595,11 +595,16 @@ impl Worker {
         let mut waiting = Backoff::new();
         let want: Vec<u64> = tags.iter().map(|t| t + 1).collect();
         // A worker removed meanwhile stops waiting: its gradient is in, and
-        // the ps tasks no longer wait for it.
+        // the ps tasks no longer wait for it. A shard at `last_step` takes
+        // no more steps (its answer was `AtLastStep`): nothing to wait for.
         while !progress.complete
             && self.is_member()
             && self.cluster.incarnations() == read_from
-            && progress.steps.iter().zip(tags).any(|(now, tag)| now == tag)
+            && progress
+                .steps
+                .iter()
+                .zip(tags)
+                .any(|(&now, &tag)| now == tag && now < self.config.borrow().train.last_step)
         {
             if last_progress.elapsed() > SYNC_STALL_LIMIT {
                 return Err(WorkerError::Stalled {

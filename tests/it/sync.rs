@@ -197,3 +197,67 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes(transport) {
     c.assert_transport(transport);
 }
 }
+
+crate::on_each_transport! {
+/// Found by chaos seed 4: a worker that pulled between two shards' updates
+/// of a step read them one step apart, and from then on pushed each shard
+/// the step it had read there. When the first shard reached `last_step` it
+/// ended, though the second still waited for its gradient of the step
+/// before: every other task waited for ever. Here a stand-in for worker 1
+/// pushes its first gradient to ps:0 alone (as a worker stopped between
+/// its two pushes would), so the real worker 1 starts with the shards one
+/// step apart; the run must still end at `last_step` on both shards.
+async fn a_worker_that_read_the_shards_a_step_apart_does_not_end_the_run_early(transport) {
+    let mut c = Cluster::new(2, 2, 40, Mode::Sync);
+    c.use_transport(transport);
+    c.start("ps", 0);
+    c.start("ps", 1);
+    c.start("worker", 0);
+    let mut ps0 = c.client(0, Some(TOKEN)).await;
+    let ps1 = c.client(1, Some(TOKEN)).await;
+    // The chief's gradient of step 0 is in on both shards.
+    for ps in [&ps0, &ps1] {
+        eventually(RUN, "the chief's first gradient on each shard", || {
+            let mut ps = ps.clone();
+            async move {
+                state(&mut ps)
+                    .await
+                    .filter(|s| s.initialized && s.workers.iter().any(|w| w.task == 0))
+            }
+        })
+        .await;
+    }
+    let shard = state(&mut ps0).await.unwrap();
+    assert_eq!(shard.global_step, 0, "{shard:?}");
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap().variables();
+    let gradients = shard
+        .variables
+        .iter()
+        .map(|name| {
+            let spec = specs.iter().find(|s| &s.name == name).unwrap();
+            dtf::rpc::encode(name, &ndarray::ArrayD::<f32>::zeros(spec.shape.clone()))
+        })
+        .collect();
+    let pushed = ps0
+        .push(pb::PushRequest {
+            gradients,
+            learning_rate: 0.1,
+            step: 0,
+            worker: 1,
+            worker_incarnation: 1,
+            loss: 1.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pushed.global_step, 1, "ps:0 applied step 0: {pushed:?}");
+    assert_eq!(reach(&c, 1, 0).await.global_step, 0, "ps:1 still waits");
+    // Worker 1's first pull reads the shards at steps 1 and 0.
+    c.start("worker", 1);
+    for s in finish(&mut c).await {
+        assert_eq!(s.global_step, 40, "ps:{}", s.task);
+        assert_eq!(s.gradients_aggregated, 2 * 40, "ps:{}", s.task);
+    }
+}
+}
