@@ -454,6 +454,9 @@ fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
 /// metrics, then runs the role's job under [`supervise`] (reload, graceful
 /// stop, watchdog) until it ends.
 ///
+/// Returns what the process does next: exit, or ([`Next::Restart`], a
+/// re-shard) start again under the new `cluster.ps`.
+///
 /// Errors: [`DaemonError`]: exit 78 for configuration, 1 for the rest.
 pub async fn run(
     role: Role,
@@ -462,7 +465,7 @@ pub async fn run(
     task: TaskId,
     credentials: Credentials,
     log: LogHandle,
-) -> Result<(), DaemonError> {
+) -> Result<Next, DaemonError> {
     let notifier = Notifier::default();
     let controls = control_sources(&path)?;
     // Any task that can see the final checkpoint (the chief; others on its
@@ -476,7 +479,7 @@ pub async fn run(
             worker::tell_complete(&cfg, &credentials, step).await;
         }
         announce_complete(&notifier, task, step);
-        return Ok(());
+        return Ok(Next::Exit);
     }
     let shutdown = CancellationToken::new();
     let (tx, rx) = watch::channel(Arc::new(cfg));
@@ -487,21 +490,66 @@ pub async fn run(
             Role::Worker => {
                 let out =
                     worker::run(rx, task.index, &credentials, shutdown.clone(), &notifier).await?;
-                if let Outcome::AlreadyComplete { global_step } = out {
-                    announce_complete(&notifier, task, global_step);
+                match out {
+                    Outcome::AlreadyComplete { global_step } => {
+                        announce_complete(&notifier, task, global_step);
+                        Ok(Next::Exit)
+                    }
+                    Outcome::Reshard { .. } => Ok(Next::Restart),
+                    _ => Ok(Next::Exit),
                 }
-                Ok(())
             }
             Role::Evaluator => {
                 crate::evaluator::run(rx, &notifier, shutdown.clone()).await?;
-                Ok(())
+                Ok(Next::Exit)
             }
         }
     };
     let out = supervise(controls, &path, tx, log, &notifier, shutdown.clone(), job).await;
-    notifier.stopping();
+    match out {
+        // systemd's reload protocol: the new image says READY=1 again.
+        Some(Ok(Next::Restart)) => {
+            let mut states = vec![
+                NotifyState::Reloading,
+                NotifyState::Status("re-sharding: starting again under the new cluster.ps"),
+            ];
+            if let Ok(usec) = NotifyState::monotonic_usec_now() {
+                states.push(usec);
+            }
+            notify(&states);
+        }
+        _ => notifier.stopping(),
+    }
     // None: stopped before the task was ready, with nothing to drain.
-    out.unwrap_or(Ok(()))
+    out.unwrap_or(Ok(Next::Exit))
+}
+
+/// What a daemon does once its job ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Exits (0).
+    Exit,
+    /// Starts again in the same process ([`reexec`]): `cluster.ps` changed
+    /// and the cluster re-shards.
+    Restart,
+}
+
+/// Starts this program again in this process: `execve` of
+/// `/proc/self/exe` with the same arguments and environment. The PID stays,
+/// so systemd (and whatever else started the task) sees one process
+/// throughout; every descriptor dtf opened is close-on-exec. Returns only
+/// when the exec fails (exit 1: systemd restarts the task).
+fn reexec() -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_default();
+    info!("Starting again under the new cluster.ps.");
+    let e = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .exec();
+    error!(error = %e, "Cannot start again for the re-shard; exiting (a supervisor restarts the task).");
+    std::process::ExitCode::from(EX_FAILURE)
 }
 
 /// The ps's job: listen on its address, say `READY=1`, serve until the run
@@ -512,7 +560,7 @@ async fn serve_ps(
     credentials: &Credentials,
     notifier: &Notifier,
     shutdown: CancellationToken,
-) -> Result<(), DaemonError> {
+) -> Result<Next, DaemonError> {
     let cfg = config.borrow().clone();
     let addr = cfg.address(task).unwrap_or_default().to_string();
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -524,8 +572,19 @@ async fn serve_ps(
         })?;
     notifier.ready(&format!("ps:{} serving on {addr}", task.index));
     info!(task = task.index, %addr, tls = credentials.tls(), "Parameter server ready.");
-    crate::ps::serve(config, task.index, credentials, listener, shutdown).await?;
-    Ok(())
+    let ended =
+        crate::ps::serve(config.clone(), task.index, credentials, listener, shutdown).await?;
+    if ended == crate::ps::Ended::Stopped {
+        return Ok(Next::Exit);
+    }
+    // Still listed at the same address: start again under the new list.
+    // Gone, or moved (another host takes the index): exit 0.
+    let now = config.borrow().address(task).map(str::to_owned);
+    if now.as_deref() == Some(addr.as_str()) {
+        return Ok(Next::Restart);
+    }
+    info!(task = %task, %addr, now = ?now, "No longer in cluster.ps at this address: exiting.");
+    Ok(Next::Exit)
 }
 
 /// The evaluator's progress, reported to systemd.
@@ -796,7 +855,10 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     };
     let result = rt.block_on(run(role, args.config, cfg, task, credentials, log));
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(Next::Exit) => std::process::ExitCode::SUCCESS,
+        // The job is done (a ps's last snapshot written, a chief's
+        // checkpoint); what else runs, the exec ends.
+        Ok(Next::Restart) => reexec(),
         Err(e) => {
             error!(error = %e, "{task} failed.");
             std::process::ExitCode::from(e.exit_code())

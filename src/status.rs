@@ -84,6 +84,9 @@ pub struct TaskStatus {
     pub snapshot_age_secs: Option<f64>,
     /// Snapshots the ps could not write since it started.
     pub snapshot_failures: Option<u64>,
+    /// Ps: it reloaded a changed `cluster.ps` and takes no pushes until the
+    /// chief's re-shard checkpoint, then starts again under the new list.
+    pub resharding: Option<bool>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -211,6 +214,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
                 .filter(|s| s.snapshot_age_seconds >= 0.0)
                 .map(|s| s.snapshot_age_seconds),
             snapshot_failures: s.map(|s| s.snapshot_failures),
+            resharding: s.map(|s| s.resharding),
             ..Default::default()
         });
     }
@@ -411,6 +415,20 @@ impl Status {
             }
             (None, None) => {}
         }
+        let resharding: Vec<&str> = self
+            .tasks
+            .iter()
+            .filter(|t| t.resharding == Some(true))
+            .map(|t| t.task.as_str())
+            .collect();
+        if !resharding.is_empty() {
+            let _ = writeln!(
+                out,
+                "re-sharding   {} (cluster.ps changed: the chief checkpoints, then every task \
+                 starts again under the new list)",
+                resharding.join(", ")
+            );
+        }
         for t in self.tasks.iter().filter(|t| t.error.is_some()) {
             let what = if t.role == "evaluator" {
                 "unreadable"
@@ -433,6 +451,7 @@ fn row(t: &TaskStatus) -> Vec<String> {
         t.address.clone(),
         {
             let seen = match (t.reachable, &t.contact, t.last_contact_secs) {
+                (Some(true), ..) if t.resharding == Some(true) => "yes, RE-SHARDING".into(),
                 (Some(true), ..) => "yes".into(),
                 (Some(false), ..) => "NO".into(),
                 (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),

@@ -27,6 +27,11 @@ pub enum Applier {
     /// list and epoch at once; each worker's step loop checks between steps
     /// whether it is still listed, and leaves if not.
     Membership,
+    /// The placement: each ps stops taking pushes; the chief writes a
+    /// checkpoint from the old ps tasks and tells them; then every task
+    /// starts again under the new list (`daemon::reexec`) and the chief
+    /// seeds the new placement from that checkpoint.
+    Reshard,
 }
 
 /// A key that may change while the cluster runs.
@@ -52,6 +57,7 @@ pub const LIVE_KEYS: &[LiveKey] = &[
     live("train.save_summaries_steps", Applier::TrainingLoop),
     live("metrics.listen", Applier::MetricsServer),
     live("cluster.worker", Applier::Membership),
+    live("cluster.ps", Applier::Reshard),
 ];
 
 /// A [`LiveKey`] (a `const fn`, so the table stays one line per key).
@@ -207,7 +213,10 @@ mod tests {
                 format!("{key} cannot change while running (restart the cluster to change it)")
             );
         };
-        rejected(|c| c.cluster.ps.push("h:9".into()), "cluster.ps");
+        // The ps list re-shards.
+        let mut more_ps = old.clone();
+        more_ps.cluster.ps.push("h:9".into());
+        assert_eq!(old.reload(more_ps.clone()).unwrap(), more_ps);
         // Workers come and go at the end of the list.
         let mut grown = old.clone();
         grown.cluster.worker.push("h:7".into());

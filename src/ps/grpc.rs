@@ -139,7 +139,7 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        self.complete_run(req.into_inner().global_step);
+        self.complete_run(&req.into_inner())?;
         Ok(Response::new(pb::CompleteResponse {}))
     }
 }

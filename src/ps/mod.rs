@@ -20,7 +20,7 @@ use crate::pb::parameter_server_server::ParameterServerServer;
 use crate::placement;
 use crate::transport::{self, proto as rpc, tcp};
 use shard::{Pushed, Rule, Shard};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -86,6 +86,25 @@ struct Inner {
     wire: transport::compress::PsWire,
     /// This shard's snapshots ([`snapshot`]): where, and how they went.
     snapshots: snapshot::Snapshotting,
+    /// `cluster.ps` as this process started with it: its placement.
+    ps: Vec<String>,
+    /// A reload changed `cluster.ps`: the cluster re-shards, and pushes
+    /// are refused until the chief's re-shard checkpoint.
+    resharding: AtomicBool,
+    /// Cancelled once the chief has written that checkpoint: [`serve`]
+    /// returns [`Ended::Reshard`].
+    reshard: CancellationToken,
+}
+
+/// How [`serve`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Stopped (a signal, or the run complete).
+    Stopped,
+    /// The cluster re-shards (`cluster.ps` changed): the chief wrote its
+    /// checkpoint; this task starts again under the new list, or exits if
+    /// it is no longer in it.
+    Reshard,
 }
 
 /// The gRPC service of one ps task.
@@ -152,6 +171,9 @@ impl PsService {
                     config.cluster.worker.len(),
                 ),
                 snapshots,
+                ps: config.cluster.ps.clone(),
+                resharding: AtomicBool::new(false),
+                reshard: CancellationToken::new(),
             }),
         })
     }
@@ -291,13 +313,15 @@ impl PsService {
         Ok((vars, shadows, slots))
     }
 
-    /// Waits (at most [`STEP_WAIT`]) until the step is at least `min_step` or the run is complete.
+    /// Waits (at most [`STEP_WAIT`]) until the step is at least `min_step`, the run is
+    /// complete, or the cluster re-shards.
     async fn wait_for_step(&self, min_step: u64) {
         let mut rx = self.inner.step_tx.subscribe();
         let done = self.inner.complete.clone();
         let _ = tokio::time::timeout(STEP_WAIT, async {
             tokio::select! {
-                _ = rx.wait_for(|&s| s >= min_step) => {}
+                // A re-shard stops the steps: no use waiting for one.
+                _ = rx.wait_for(|&s| s >= min_step || self.inner.resharding.load(Ordering::Relaxed)) => {}
                 _ = done.cancelled() => {}
             }
         })
@@ -378,6 +402,7 @@ impl PsService {
             membership_epoch: membership.epoch(),
             membership_refusals: membership.refusals(),
             members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
+            resharding: self.inner.resharding.load(Ordering::Relaxed),
             run: if s.is_initialized() {
                 s.run()
             } else {
@@ -542,6 +567,14 @@ impl PsService {
     ) -> Result<(Option<T>, pb::PushResponse), Status> {
         // Any authenticated push is contact, let in or not.
         self.admit(req, refused)?;
+        if self.inner.resharding.load(Ordering::Relaxed) {
+            return Err(Status::unavailable(format!(
+                "ps:{} {}: no pushes until the chief's checkpoint; then every task starts \
+                 again under the new placement",
+                self.inner.task,
+                transport::RESHARDING
+            )));
+        }
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -628,18 +661,63 @@ impl PsService {
         Ok(())
     }
 
-    /// `Complete` on either transport: the chief declares the run complete.
-    pub fn complete_run(&self, step: u64) {
+    /// Follows a reload's `cluster.ps`: changed from the one this process
+    /// started with, the cluster re-shards (pushes refused from now on);
+    /// back as it was before the chief's checkpoint, nothing happens.
+    fn follow_ps(&self, ps: &[String]) {
+        let changed = ps != self.inner.ps.as_slice();
+        if self.inner.resharding.swap(changed, Ordering::Relaxed) != changed {
+            // Wakes the calls waiting for a step (`wait_for_step`).
+            self.inner.step_tx.send_modify(|_| ());
+            match changed {
+                true => {
+                    info!(ps = self.inner.task, old = ?self.inner.ps, new = ?ps, "cluster.ps changed: the cluster re-shards. Pushes wait for the chief's checkpoint; then this task starts again under the new placement.")
+                }
+                false => info!(
+                    ps = self.inner.task,
+                    "cluster.ps is back as this task started with it: no re-shard; taking pushes again."
+                ),
+            }
+        }
+    }
+
+    /// `Complete` on either transport: the chief declares the run complete,
+    /// or (`reshard`) that it wrote the re-shard checkpoint.
+    ///
+    /// Errors: `FAILED_PRECONDITION` for a re-shard when this task's
+    /// `cluster.ps` did not change (its file is not edited yet).
+    pub fn complete_run(&self, req: &pb::CompleteRequest) -> Result<(), Status> {
+        if req.reshard {
+            if !self.inner.resharding.load(Ordering::Relaxed) {
+                return Err(Status::failed_precondition(format!(
+                    "ps:{}: its cluster.ps has not changed (edit its dtf.toml too, or send it SIGHUP)",
+                    self.inner.task
+                )));
+            }
+            if !self.inner.reshard.is_cancelled() {
+                info!(
+                    ps = self.inner.task,
+                    step = req.global_step,
+                    "The chief wrote the re-shard checkpoint."
+                );
+            }
+            self.inner.reshard.cancel();
+            return Ok(());
+        }
+        let step = req.global_step;
         self.lock().set_complete();
         if !self.inner.complete.is_cancelled() {
             info!(ps = self.inner.task, step, "Run complete.");
         }
         self.inner.complete.cancel();
+        Ok(())
     }
 }
 
 /// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
 /// `cluster.ps_exit_when_complete`, shortly after the run is complete.
+///
+/// Returns [`Ended::Reshard`] once the chief wrote the re-shard checkpoint.
 ///
 /// Errors: [`PsError`] when the model is invalid or the server fails.
 pub async fn serve(
@@ -648,7 +726,7 @@ pub async fn serve(
     credentials: &Credentials,
     listener: TcpListener,
     shutdown: CancellationToken,
-) -> Result<(), PsError> {
+) -> Result<Ended, PsError> {
     let service = PsService::new(live.clone(), task)?;
     let snapshot_secs = {
         let config = live.borrow().clone();
@@ -703,14 +781,23 @@ pub async fn serve(
             }
         })
     };
-    // `cluster.worker` is live: the membership follows each reload.
+    // `cluster.worker` is live: the membership follows each reload;
+    // `cluster.ps` too: a change re-shards.
     let members = {
         let (service, mut live) = (service.clone(), live.clone());
         tokio::spawn(async move {
             while live.changed().await.is_ok() {
-                let members = live.borrow_and_update().cluster.worker.len();
-                service.apply_members(members);
+                let cfg = live.borrow_and_update().clone();
+                service.apply_members(cfg.cluster.worker.len());
+                service.follow_ps(&cfg.cluster.ps);
             }
+        })
+    };
+    let resharded = {
+        let (reshard, stop) = (service.inner.reshard.clone(), stop.clone());
+        tokio::spawn(async move {
+            reshard.cancelled().await;
+            stop.cancel();
         })
     };
     let snapshots = (snapshot_secs > 0 && service.inner.snapshots.dir.is_some()).then(|| {
@@ -735,6 +822,7 @@ pub async fn serve(
         .await;
     linger.abort();
     members.abort();
+    resharded.abort();
     stop.cancel();
     if let Some(shm) = shm {
         let _ = shm.await;
@@ -746,7 +834,11 @@ pub async fn serve(
     if let Err(e) = &result {
         warn!(ps = task, error = %e, "Server stopped with an error.");
     }
-    Ok(result?)
+    result?;
+    Ok(match service.inner.reshard.is_cancelled() {
+        true => Ended::Reshard,
+        false => Ended::Stopped,
+    })
 }
 
 /// Tasks on this host reach the ps through shared memory too (unless

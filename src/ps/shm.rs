@@ -392,7 +392,7 @@ async fn call(
         }
         kind::COMPLETE => {
             let req: pb::CompleteRequest = decode(body)?;
-            service.complete_run(req.global_step);
+            service.complete_run(&req)?;
             Ok(pb::CompleteResponse {}.encode_to_vec())
         }
         k => Err(Status::invalid_argument(format!(

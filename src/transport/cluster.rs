@@ -687,19 +687,38 @@ impl Cluster {
 
     /// Tells every ps the run is complete (best effort per task).
     pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
-        try_join_all((0..self.num_ps()).map(|ps| async move {
-            let req = pb::CompleteRequest { global_step: step };
-            let r: Result<pb::CompleteResponse, Status> = match self.shm(ps).await {
-                Some((link, mut conn)) => link.call(&mut conn, kind::COMPLETE, &req).await,
-                None => {
-                    self.took(ps, Via::Tcp);
-                    let mut c = self.clients[ps].clone();
-                    c.complete(req).await.map(|r| r.into_inner())
-                }
-            };
-            r.map(|_| ()).map_err(call(ps))
-        }))
-        .await
-        .map(|_| ())
+        let req = pb::CompleteRequest {
+            global_step: step,
+            reshard: false,
+        };
+        try_join_all((0..self.num_ps()).map(|ps| self.complete_one(ps, req)))
+            .await
+            .map(|_| ())
+    }
+
+    /// Tells the ps tasks `only` the re-shard checkpoint at `step` is
+    /// written: each one's answer, in that order.
+    pub async fn complete_reshard(
+        &self,
+        step: u64,
+        only: &[usize],
+    ) -> Vec<Result<(), PsCallError>> {
+        let req = pb::CompleteRequest {
+            global_step: step,
+            reshard: true,
+        };
+        futures::future::join_all(only.iter().map(|&ps| self.complete_one(ps, req))).await
+    }
+
+    async fn complete_one(&self, ps: usize, req: pb::CompleteRequest) -> Result<(), PsCallError> {
+        let r: Result<pb::CompleteResponse, Status> = match self.shm(ps).await {
+            Some((link, mut conn)) => link.call(&mut conn, kind::COMPLETE, &req).await,
+            None => {
+                self.took(ps, Via::Tcp);
+                let mut c = self.clients[ps].clone();
+                c.complete(req).await.map(|r| r.into_inner())
+            }
+        };
+        r.map(|_| ()).map_err(call(ps))
     }
 }

@@ -165,7 +165,15 @@ impl PsCallError {
     pub fn needs_pull(&self) -> bool {
         self.status.code() == Code::FailedPrecondition
     }
+    /// The ps takes no pushes while the cluster re-shards (`cluster.ps`
+    /// changed; [`RESHARDING`] in its answer).
+    pub fn is_resharding(&self) -> bool {
+        self.status.code() == Code::Unavailable && self.status.message().contains(RESHARDING)
+    }
 }
+
+/// What a ps's refusal of a push says while the cluster re-shards.
+pub const RESHARDING: &str = "is re-sharding (cluster.ps changed)";
 
 /// What a pull or push learned besides the values.
 #[derive(Debug, Clone, PartialEq, Eq)]

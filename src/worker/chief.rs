@@ -26,6 +26,12 @@ use tracing::{info, warn};
 /// (a full disk may be freed meanwhile; systemd restarts the chief, which
 /// tries again, as the ps tasks still hold the variables).
 const FINAL_SAVE_ATTEMPTS: u32 = 3;
+/// How long the chief waits, at a re-shard, for every ps to reload the new
+/// `cluster.ps` (and so stop taking pushes) before it checkpoints anyway.
+const RESHARD_FREEZE: Duration = Duration::from_secs(10);
+/// How long the chief tries to read the old ps tasks for the re-shard
+/// checkpoint before the new placement starts from the newest checkpoint.
+const RESHARD_READ: Duration = Duration::from_secs(30);
 
 /// What the chief runs beside its steps: the checkpoint timer and the
 /// summaries. Built only on worker 0.
@@ -261,6 +267,9 @@ impl Worker {
         loss: f32,
         summaries: &mut Summaries,
     ) -> Result<(), WorkerError> {
+        if let Outcome::Reshard { global_step } = outcome {
+            return self.reshard(*global_step).await;
+        }
         let cfg = self.cfg();
         // At the end of a run keep trying until a stop signal: the ps tasks
         // must hear of it. On a stop, one attempt is all it gets.
@@ -295,6 +304,91 @@ impl Worker {
             self.cluster.complete(step).await?;
         }
         Ok(())
+    }
+
+    /// The chief's part of a re-shard (`cluster.ps` changed), at `step`:
+    /// once every old ps has stopped taking pushes, a checkpoint of their
+    /// state, then the word to each that it is written (they start again
+    /// under the new list, or exit). On its own start again the chief
+    /// seeds the new placement from that checkpoint.
+    ///
+    /// Bounded throughout: a ps that does not stop taking pushes within
+    /// [`RESHARD_FREEZE`] is checkpointed anyway (its pushes after that are
+    /// lost), and one that cannot be read within [`RESHARD_READ`] leaves the
+    /// new placement to start from the newest checkpoint there is (said at
+    /// ERROR): a ps host that is gone must not hold the cluster up.
+    async fn reshard(&mut self, step: u64) -> Result<(), WorkerError> {
+        let began = Instant::now();
+        let cfg = self.cfg();
+        info!(global_step = step, old = ?self.ps, new = ?cfg.cluster.ps, "cluster.ps changed: re-sharding. Checkpointing the old ps tasks' state once they stop taking pushes.");
+        let mut log = Backoff::new();
+        loop {
+            let open: Vec<usize> = self
+                .cluster
+                .each_state()
+                .await
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.as_ref().is_ok_and(|s| s.resharding))
+                .map(|(ps, _)| ps)
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            if began.elapsed() >= RESHARD_FREEZE {
+                warn!(ps = ?open, waited_secs = RESHARD_FREEZE.as_secs(), "These ps tasks still take pushes (is their dtf.toml edited too?); checkpointing anyway: what they take from now on is lost.");
+                break;
+            }
+            if log.should_log() {
+                info!(ps = ?open, "Waiting for the ps tasks to reload the new cluster.ps (they then stop taking pushes).");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
+            }
+        }
+        let mut backoff = Backoff::new();
+        let snapshot = loop {
+            match self.cluster.snapshot().await {
+                Ok(s) => break Some(s),
+                Err(e)
+                    if began.elapsed() < RESHARD_READ && (e.is_unavailable() || e.needs_pull()) =>
+                {
+                    backoff.wait(&e.to_string(), &self.shutdown).await?
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "The old ps tasks cannot be read: the re-shard starts from the newest checkpoint there is, and the steps since it are lost.");
+                    break None;
+                }
+            }
+        };
+        let mut at = step;
+        if let Some(snapshot) = snapshot {
+            at = snapshot.step;
+            if let Err(e) = self.save_final(&snapshot).await {
+                tracing::error!(error = %e, "The re-shard checkpoint was not written: the re-shard starts from the newest checkpoint there is, and the steps since it are lost.");
+            }
+        }
+        let all: Vec<usize> = (0..self.cluster.num_ps()).collect();
+        self.tell_reshard(at, &all).await;
+        info!(
+            global_step = at,
+            millis = began.elapsed().as_millis() as u64,
+            "Re-shard checkpoint done; starting again under the new cluster.ps."
+        );
+        Ok(())
+    }
+
+    /// Tells the old ps tasks `only` the re-shard checkpoint (at `step`) is
+    /// done: each starts again under the new list, or exits. A refusal (a
+    /// ps whose file still has the old list) is logged.
+    pub(super) async fn tell_reshard(&self, step: u64, only: &[usize]) {
+        let answers = self.cluster.complete_reshard(step, only).await;
+        for (&ps, r) in only.iter().zip(answers) {
+            if let Err(e) = r {
+                warn!(ps, error = %e, "This ps did not take the re-shard (its cluster.ps has not changed yet); the chief, started again, tells it again once it has.");
+            }
+        }
     }
 
     /// The final checkpoint, retried a few times: a run is complete only once

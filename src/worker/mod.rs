@@ -15,6 +15,7 @@ use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::data::{self, Batches, Dataset, Preprocessing, Split};
 use crate::model::{self, Mlp};
+use crate::pb;
 use crate::ps::workers::Refused;
 use crate::transport::{Cluster, Progress, PsCallError};
 use backoff::{Backoff, WAIT_LOG_EVERY};
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// How often a non-chief worker asks whether the model is initialized
 /// (TensorFlow waits 30 s between checks).
@@ -90,6 +91,10 @@ pub enum WorkerError {
     /// Stopped (SIGTERM) while waiting for the ps tasks.
     #[error("stopped while waiting for the ps tasks")]
     Interrupted,
+    /// `cluster.ps` changed while waiting for the ps tasks: [`run`] ends
+    /// with [`Outcome::Reshard`].
+    #[error("cluster.ps changed: the cluster re-shards")]
+    Reshard,
     /// A ps refused this worker's pushes: its index is not in the ps's
     /// `cluster.worker`, or another process took the index over. A
     /// configuration error (exit 78, not restarted): restarting cannot help.
@@ -126,6 +131,13 @@ pub enum Outcome {
     AlreadyComplete { global_step: u64 },
     /// Asked to stop (SIGTERM) before the end.
     Stopped { global_step: u64 },
+    /// `cluster.ps` changed (a live reload): the cluster re-shards. The
+    /// chief has written its checkpoint and told the old ps tasks; the
+    /// daemon starts this task again under the new list.
+    Reshard {
+        /// The global step when this worker stopped (0: while waiting).
+        global_step: u64,
+    },
     /// Removed from `cluster.worker` (a live reload): left after its step.
     Left {
         /// The global step when this worker left.
@@ -152,6 +164,11 @@ impl std::fmt::Display for Outcome {
                 )
             }
             Outcome::Stopped { global_step } => write!(f, "Stopped at global step {global_step}"),
+            Outcome::Reshard { global_step } => write!(
+                f,
+                "cluster.ps changed at global step {global_step}: starting again under the new \
+                 placement"
+            ),
             Outcome::Left {
                 global_step,
                 local_steps,
@@ -195,6 +212,9 @@ struct Worker {
     /// Since when a ps has said this worker is not in its `cluster.worker`
     /// while this worker's file lists it ([`MEMBERSHIP_GRACE`]).
     refused_since: Option<Instant>,
+    /// `cluster.ps` as this process started with it: the placement its
+    /// [`Cluster`] follows. A reload that changes it re-shards.
+    ps: Vec<String>,
 }
 
 /// Runs worker `task` until `last_step`, a complete run, or `shutdown`.
@@ -262,11 +282,23 @@ pub async fn run(
         run: None,
         shutdown,
         refused_since: None,
+        ps: cfg.cluster.ps.clone(),
     };
     match w.train(reporter).await {
         Err(WorkerError::Interrupted) => {
             info!(worker = task, "Stopped while waiting for the ps tasks.");
             Ok(Outcome::Stopped { global_step: 0 })
+        }
+        Err(WorkerError::Reshard) => {
+            // Caught waiting on a ps (one down, say): no checkpoint can be
+            // read, but the old ps tasks must hear that they can go.
+            if w.is_chief() {
+                let all: Vec<usize> = (0..w.cluster.num_ps()).collect();
+                w.tell_reshard(0, &all).await;
+            }
+            let outcome = Outcome::Reshard { global_step: 0 };
+            info!(worker = task, outcome = %outcome, "Worker done.");
+            Ok(outcome)
         }
         other => other,
     }
@@ -321,6 +353,32 @@ impl Worker {
         self.task < self.config.borrow().cluster.worker.len()
     }
 
+    /// Whether a reload changed `cluster.ps`: the cluster re-shards.
+    fn resharding(&self) -> bool {
+        self.config.borrow().cluster.ps != self.ps
+    }
+
+    /// The ps tasks whose shard is not the one this worker's placement
+    /// gives them, or that are re-sharding: a re-shard is under way (or
+    /// the hosts' files disagree on `cluster.ps`), and they are not to be
+    /// trained against or seeded.
+    fn placed_otherwise(&self, states: &[pb::StateResponse]) -> Vec<usize> {
+        let specs = self.cluster.specs();
+        states
+            .iter()
+            .enumerate()
+            .filter(|&(ps, s)| {
+                s.resharding
+                    || !s.variables.iter().map(String::as_str).eq(self
+                        .cluster
+                        .shard(ps)
+                        .iter()
+                        .map(|&i| specs[i].name.as_str()))
+            })
+            .map(|(ps, _)| ps)
+            .collect()
+    }
+
     /// Waits until every shard is initialized (the chief initializes or
     /// restores those that are not). Returns true if the run is complete.
     async fn ensure_initialized(&mut self) -> Result<bool, WorkerError> {
@@ -328,9 +386,13 @@ impl Worker {
         // Its own log schedule: "waiting for the chief" is news as soon as
         // the ps answers, even just after a "waiting for the ps" line.
         let mut chief_wait = Backoff::new();
+        let mut placed_wait = Backoff::new();
         loop {
             if self.shutdown.is_cancelled() {
                 return Err(WorkerError::Interrupted);
+            }
+            if self.resharding() {
+                return Err(WorkerError::Reshard);
             }
             let states = match self.cluster.states().await {
                 Ok(s) => s,
@@ -340,6 +402,28 @@ impl Worker {
                 }
                 Err(e) => return Err(e.into()),
             };
+            let otherwise = self.placed_otherwise(&states);
+            if !otherwise.is_empty() {
+                // A ps still stopped for a re-shard whose word it missed
+                // (its reload came after the chief's): the chief, started
+                // again under the new list, tells it again.
+                let stopped: Vec<usize> = otherwise
+                    .iter()
+                    .copied()
+                    .filter(|&ps| states[ps].resharding)
+                    .collect();
+                if self.is_chief() && !stopped.is_empty() {
+                    self.tell_reshard(0, &stopped).await;
+                }
+                if placed_wait.should_log() {
+                    warn!(ps = ?otherwise, cluster_ps = ?self.ps, "Waiting for ps tasks that hold another placement: a re-shard is under way, or their cluster.ps differs from this task's.");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(INIT_POLL) => {}
+                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
+                }
+                continue;
+            }
             if states.iter().any(|s| s.complete) {
                 return Ok(true);
             }
@@ -427,6 +511,10 @@ impl Worker {
                     global_step: step,
                     local_steps: rate.local_steps,
                 };
+            }
+            if self.resharding() {
+                // The chief's `finish` writes the re-shard checkpoint.
+                break Outcome::Reshard { global_step: step };
             }
             let lr = model::learning_rate(
                 cfg.train.learning_rate,
@@ -528,6 +616,16 @@ impl Worker {
         let progress = match pushed {
             Ok(p) => p,
             Err(e) if Refused::of(&e.status).is_some() => return self.refused(e).await,
+            Err(e) if e.is_resharding() => {
+                // Until this task's own reload: not a spin of computed,
+                // refused steps.
+                debug!(error = %e, "Push refused: the cluster re-shards.");
+                tokio::select! {
+                    _ = tokio::time::sleep(INIT_POLL) => {}
+                    _ = self.shutdown.cancelled() => {}
+                }
+                return Ok(None);
+            }
             Err(e) if e.is_unavailable() || e.needs_pull() => {
                 debug!(error = %e, "Push failed; pulling again.");
                 self.pull(&mut buf.params, None).await?
@@ -599,6 +697,7 @@ impl Worker {
         // no more steps (its answer was `AtLastStep`): nothing to wait for.
         while !progress.complete
             && self.is_member()
+            && !self.resharding()
             && self.cluster.incarnations() == read_from
             && progress
                 .steps
@@ -654,6 +753,9 @@ impl Worker {
                     return Ok(p);
                 }
                 Err(e) if e.is_unavailable() => {
+                    if self.resharding() {
+                        return Err(WorkerError::Reshard);
+                    }
                     backoff.wait(&e.to_string(), &self.shutdown).await?
                 }
                 Err(e) if e.needs_pull() => {

@@ -118,11 +118,11 @@ async fn ps_notifies_ready_reloading_and_stopping() {
     ps_answers(&c).await;
 
     let mut moved = c.cfg.clone();
-    moved.cluster.ps = free_addrs(1);
+    moved.train.batch_size += 1;
     std::fs::write(&c.config_path, moved.to_toml()).unwrap();
     let log = c.wait_log("ps:0", "Reload rejected", 2, SOON);
     assert!(
-        log.contains("cluster.ps cannot change while running"),
+        log.contains("train.batch_size cannot change while running"),
         "the error names the key:\n{log}"
     );
     assert_eq!(

@@ -335,7 +335,8 @@ async fn a_flapping_worker_list_settles_on_the_last_edit(transport) {
 /// Edits of `cluster.worker` that cannot work are refused on every task,
 /// naming the keys, and the running membership stays: removing a worker
 /// that `train.replicas_to_aggregate` needs, a duplicate address, an empty
-/// list, another chief, a changed entry in the middle.
+/// list, another chief, a changed entry in the middle; an empty ps list, or
+/// one that names a worker's address.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_membership_edits_change_nothing() {
     let mut c = Cluster::new(1, 3, 1_000_000, Mode::Sync);
@@ -380,7 +381,33 @@ async fn bad_membership_edits_change_nothing() {
             }
         }
     }
+    // The ps list likewise: emptied, or naming a worker's address.
+    c.cfg.cluster.worker = good.clone();
+    let ps = c.cfg.cluster.ps.clone();
+    let ps_edits = [
+        (vec![], "is empty"),
+        (vec![ps[0].clone(), good[1].clone()], "duplicate address"),
+    ];
+    for (k, (list, says)) in ps_edits.into_iter().enumerate() {
+        c.cfg.cluster.ps = list;
+        c.write_config_by_rename();
+        for n in names {
+            let log = c.wait_log(n, "Reload rejected", 6 + k, RUN);
+            let line = log
+                .lines()
+                .filter(|l| l.contains("Reload rejected"))
+                .nth(5 + k)
+                .unwrap_or_default();
+            assert!(
+                line.contains("cluster.ps") && line.contains(says),
+                "{n}: {line}"
+            );
+        }
+    }
+    c.cfg.cluster.ps = ps;
+    c.write_config_by_rename();
     let s = past(&c, 0).await;
+    assert!(!s.resharding, "{s:?}");
     assert_eq!((s.members, s.membership_epoch), (3, 1), "{s:?}");
     // Still training, all three.
     let (updates, gradients) = aggregates(&c, 10).await;
@@ -392,4 +419,120 @@ async fn bad_membership_edits_change_nothing() {
             c.log(n)
         );
     }
+}
+
+/// The step of the `n`th (from 1) line of `name`'s log containing `needle`
+/// with a `global_step=` or `step=` field, waiting for it.
+fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
+    let log = c.wait_log(name, needle, n, RUN);
+    let line = log
+        .lines()
+        .filter(|l| l.contains(needle))
+        .nth(n - 1)
+        .unwrap_or_default();
+    line.split_whitespace()
+        .find_map(|f| {
+            f.strip_prefix("global_step=")
+                .or_else(|| f.strip_prefix("step="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {line:?}"))
+}
+
+/// ps `i`'s variables, waiting until it is initialized past `step`.
+async fn shard_past(c: &Cluster, i: usize, step: u64) -> Vec<String> {
+    eventually(
+        RUN,
+        &format!("ps:{i} initialized past step {step}"),
+        || async {
+            state(c, i)
+                .await
+                .filter(|s| s.initialized && s.global_step > step)
+        },
+    )
+    .await
+    .variables
+}
+
+/// The ps list grows from 1 to 2 and shrinks back mid-run: each time the
+/// chief checkpoints the old ps tasks once they stop taking pushes, every
+/// task starts again (the same process) under the new list, and the chief
+/// seeds the new placement from that checkpoint — no step lost. The ps
+/// dropped from the list exits 0; the run ends at `last_step` with a
+/// final checkpoint that evaluates.
+async fn reshards(transport: Transport, mode: Mode) {
+    let mut c = Cluster::new(1, 2, 1_000_000, mode);
+    c.use_transport(transport);
+    c.start_all();
+    past(&c, 50).await;
+    let all = state(&c, 0).await.unwrap().variables;
+    assert_eq!(all.len(), 4, "{all:?}");
+    let pids: Vec<u32> = ["ps:0", "worker:0", "worker:1"]
+        .iter()
+        .map(|n| c.child(n).id())
+        .collect();
+
+    c.cfg.cluster.ps.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    c.start("ps", 1);
+    let saved = logged_step(&c, "worker:0", "Re-shard checkpoint done", 1);
+    let restored = logged_step(&c, "worker:0", "Restored the model from the newest", 1);
+    assert_eq!(
+        restored, saved,
+        "the new placement starts where the old one stopped"
+    );
+    let (a, b) = (
+        shard_past(&c, 0, saved).await,
+        shard_past(&c, 1, saved).await,
+    );
+    assert_eq!(a.len() + b.len(), 4, "{a:?} {b:?}");
+    assert!(!a.is_empty() && !b.is_empty(), "{a:?} {b:?}");
+    for n in ["ps:0", "worker:0", "worker:1"] {
+        c.wait_log(n, "Starting again under the new cluster.ps.", 1, RUN);
+    }
+    past(&c, saved + 50).await;
+
+    c.cfg.cluster.ps.pop();
+    c.write_config_by_rename();
+    assert_eq!(exit_code(&mut c, "ps:1"), Some(0), "{}", c.log("ps:1"));
+    assert!(
+        c.log("ps:1").contains("No longer in cluster.ps"),
+        "{}",
+        c.log("ps:1")
+    );
+    let saved = logged_step(&c, "worker:0", "Re-shard checkpoint done", 2);
+    let restored = logged_step(&c, "worker:0", "Restored the model from the newest", 2);
+    assert_eq!(restored, saved);
+    assert_eq!(shard_past(&c, 0, saved).await, all);
+    // The same processes throughout: each started again in place.
+    let now: Vec<u32> = ["ps:0", "worker:0", "worker:1"]
+        .iter()
+        .map(|n| c.child(n).id())
+        .collect();
+    assert_eq!(now, pids);
+
+    let last = past(&c, saved + 50).await.global_step + ROOM;
+    c.cfg.train.last_step = last;
+    c.write_config_by_rename();
+    let end = ps0(&c, "the run to complete", |s| s.complete).await;
+    assert_eq!(end.global_step, last, "{end:?}");
+    for n in ["worker:0", "worker:1", "ps:0"] {
+        assert_eq!(exit_code(&mut c, n), Some(0), "{n}:\n{}", c.log(n));
+    }
+    let ev = dtf::eval::evaluate(&c.cfg.checkpoint.dir, &c.cfg.data.dir).unwrap();
+    assert_eq!(ev.global_step, last);
+    assert!(ev.ema_accuracy > 0.9, "EMA accuracy {}", ev.ema_accuracy);
+    c.assert_transport(transport);
+}
+
+crate::on_each_transport! {
+async fn the_ps_list_grows_and_shrinks_back_async(transport) {
+    reshards(transport, Mode::Async).await;
+}
+}
+
+crate::on_each_transport! {
+async fn the_ps_list_grows_and_shrinks_back_sync(transport) {
+    reshards(transport, Mode::Sync).await;
+}
 }

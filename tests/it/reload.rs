@@ -38,6 +38,7 @@ const SHOWN_BY: &[(&str, &str)] = &[
     ("checkpoint.save_steps", "save_steps_reloads_live"),
     // With the membership tests (both transports, async and sync).
     ("cluster.worker", "a_worker_joins_a_running_run_async"),
+    ("cluster.ps", "the_ps_list_grows_and_shrinks_back_async"),
 ];
 
 #[test]

@@ -5,7 +5,6 @@ use super::{Cluster, call};
 use crate::pb;
 use crate::transport::shm::kind;
 use crate::transport::{Progress, PsCallError, ShmConn, ShmLink, Via};
-use futures::future::try_join_all;
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD};
 use std::sync::atomic::Ordering;
 use tonic::Status;
@@ -200,9 +199,29 @@ impl Cluster {
                         r.map_err(call(ps))
                     }
                 });
-        try_join_all(pushes)
-            .await
-            .map(|r| Progress::of(r.iter().map(|r| (r.global_step, r.complete))))
+        // Every shard's push runs to its end: one shard's refusal must not
+        // cancel another's. A sync gradient already in on one shard
+        // (`ALREADY_EXISTS`, a retry) once ended the step while the push to
+        // another, still connecting to its restarted ps, was dropped: the
+        // worker then waited for a step that lacked its gradient, and every
+        // other worker with it (chaos seed 4).
+        let mut answers = Vec::with_capacity(self.num_ps());
+        let (mut failed, mut already) = (None, None);
+        for r in futures::future::join_all(pushes).await {
+            match r {
+                Ok(r) => answers.push((r.global_step, r.complete)),
+                Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
+                    already.get_or_insert(e);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed.or(already) {
+            Some(e) => Err(e),
+            None => Ok(Progress::of(answers.into_iter())),
+        }
     }
 
     /// Views of ps `ps`'s variables over its region: the values to read
