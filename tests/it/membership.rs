@@ -536,3 +536,56 @@ async fn the_ps_list_grows_and_shrinks_back_sync(transport) {
     reshards(transport, Mode::Sync).await;
 }
 }
+
+/// A ps whose file is edited late (another host's copy): the chief waits
+/// 10 s for it to stop taking pushes, checkpoints anyway and says so; the
+/// ps refuses the word (its list has not changed), and the chief, started
+/// again under the new list, waits for it, saying why. Once its file is
+/// edited, the ps stops taking pushes, `dtf status` shows it re-sharding
+/// (the chief held stopped meanwhile), and the chief tells it again: it
+/// starts again under the new placement and the run goes on to its end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ps_whose_file_is_edited_late_still_moves_to_the_new_placement() {
+    let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
+    c.use_transport(Transport::Tcp);
+    let own = c.dir.path().join("ps-0.toml");
+    std::fs::write(&own, c.cfg.to_toml()).unwrap();
+    c.start_as("ps:0", "ps", 0, &own);
+    c.start("worker", 0);
+    c.start("worker", 1);
+    past(&c, 50).await;
+
+    c.cfg.cluster.ps.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    c.start("ps", 1);
+    let log = c.wait_log("worker:0", "still take pushes", 1, RUN);
+    assert!(log.contains("checkpointing anyway"), "{log}");
+    c.wait_log("worker:0", "did not take the re-shard", 1, RUN);
+    c.wait_log("worker:0", "Waiting for ps tasks that hold another placement", 1, RUN);
+
+    c.signal("worker:0", libc::SIGSTOP);
+    std::fs::write(&own, c.cfg.to_toml()).unwrap();
+    c.wait_log("ps:0", "cluster.ps changed: the cluster re-shards", 1, RUN);
+    let status = tokio::task::block_in_place(|| c.dtf(&["status"]));
+    let table = String::from_utf8_lossy(&status.stdout).into_owned();
+    c.signal("worker:0", libc::SIGCONT);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("ps:0"))
+        .unwrap_or_else(|| panic!("no ps:0 row:\n{table}"));
+    assert!(row.contains("RE-SHARDING"), "{table}");
+    assert!(table.contains("re-sharding   ps:0"), "{table}");
+
+    c.wait_log("ps:0", "Starting again under the new cluster.ps.", 1, RUN);
+    let (a, b) = (shard_past(&c, 0, 50).await, shard_past(&c, 1, 50).await);
+    assert_eq!((a.len(), b.len()), (2, 2), "{a:?} {b:?}");
+    let now = past(&c, 0).await.global_step;
+    past(&c, now + 50).await;
+    c.cfg.train.last_step = now + ROOM;
+    c.write_config_by_rename();
+    std::fs::write(&own, c.cfg.to_toml()).unwrap();
+    for n in ["worker:0", "worker:1", "ps:0", "ps:1"] {
+        assert_eq!(exit_code(&mut c, n), Some(0), "{n}:\n{}", c.log(n));
+    }
+    assert!(checkpoint_steps(&c.cfg.checkpoint.dir).contains(&(now + ROOM)));
+}
