@@ -101,3 +101,9 @@ python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 
 for mode in async sync; do
     python3 scripts/bench_join.py --bin "$BIN" --data "$DATA" --mode "$mode" | emit
 done
+
+# The re-shard pause (a live cluster.ps edit, 1 -> 2 ps and back): from the
+# edit to every worker training again under the new placement.
+for mode in async sync; do
+    python3 scripts/bench_reshard.py --bin "$BIN" --data "$DATA" --mode "$mode" | emit
+done

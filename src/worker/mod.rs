@@ -293,6 +293,7 @@ pub async fn run(
             // Caught waiting on a ps (one down, say): no checkpoint can be
             // read, but the old ps tasks must hear that they can go.
             if w.is_chief() {
+                warn!("cluster.ps changed while a ps could not be reached: no re-shard checkpoint; the new placement starts from the newest checkpoint there is.");
                 let all: Vec<usize> = (0..w.cluster.num_ps()).collect();
                 w.tell_reshard(0, &all).await;
             }

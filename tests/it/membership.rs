@@ -465,6 +465,11 @@ async fn reshards(transport: Transport, mode: Mode) {
     c.use_transport(transport);
     c.start_all();
     past(&c, 50).await;
+    // Both started under the first list (a worker slow to start would read
+    // the edited file at its start, and have nothing to start again for).
+    for n in ["worker:0", "worker:1"] {
+        c.wait_log(n, "Training.", 1, RUN);
+    }
     let all = state(&c, 0).await.unwrap().variables;
     assert_eq!(all.len(), 4, "{all:?}");
     let pids: Vec<u32> = ["ps:0", "worker:0", "worker:1"]

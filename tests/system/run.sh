@@ -52,6 +52,9 @@ W1_ADDR=127.0.0.1:2224
 W2_ADDR=127.0.0.1:2225
 # The workers write_config lists (the membership section adds W2_ADDR).
 WORKER_LIST="\"$W0_ADDR\", \"$W1_ADDR\""
+# Added to cluster.ps by an edit, then removed (the re-shard section).
+PS1_ADDR=127.0.0.1:2226
+PS_LIST="\"$PS_ADDR\""
 # dtf-evaluator runs beside the cluster: the same lifecycle checks apply to it
 # (start, reloads, the stop at last_step, once it has scored the final checkpoint).
 UNITS=(dtf-ps@0 dtf-worker@0 dtf-worker@1 dtf-evaluator)
@@ -238,7 +241,7 @@ write_config() {
 	cat >"$ROOT/etc/dtf/dtf.toml.new" <<-EOF
 		# dtf system test: 1 ps + 2 workers on the container's loopback.
 		[cluster]
-		ps = ["$PS_ADDR"]
+		ps = [$PS_LIST]
 		worker = [$WORKER_LIST]
 		[train]
 		mode = "async"
@@ -541,6 +544,62 @@ check "dtf-worker@2 ended with Result=success (exit 0, not failed)" test "$(prop
 check "dtf-worker@2 was not restarted (NRestarts=$(prop dtf-worker@2 NRestarts))" test "$(prop dtf-worker@2 NRestarts)" = 0
 check "dtf-worker@2 logged that it left the cluster" journal_count_above dtf-worker@2 'Left the cluster' 0
 check "all units active after the leave" all_active
+
+# --- re-shard: the ps list grows and shrinks back ---------------------------------------
+
+# Every task starts again in its own process (the same PID: systemd sees a
+# reload, not a restart), and the chief seeds the new placement from the
+# checkpoint it wrote of the old one.
+pids() { echo "$(prop dtf-ps@0 MainPID):$(prop dtf-worker@0 MainPID):$(prop dtf-worker@1 MainPID)"; }
+restarts() { echo "$(prop dtf-ps@0 NRestarts):$(prop dtf-worker@0 NRestarts):$(prop dtf-worker@1 NRestarts)"; }
+# reshard_step N: the step of the chief's Nth re-shard checkpoint.
+reshard_step() {
+	in_ct journalctl --no-pager -o cat -u dtf-worker@0.service | grep 'Re-shard checkpoint done' |
+		sed -n "${1}s/.*global_step=\([0-9]*\).*/\1/p"
+}
+# resharded N: the chief has written its Nth re-shard checkpoint, seeded
+# the new placement from it, and trains past it.
+resharded() {
+	local step
+	step=$(reshard_step "$1")
+	[ -n "$step" ] && journal_count_above dtf-worker@0 "Restored the model from the newest valid checkpoint.*step=$step " 0 &&
+		status_step_above dtf-worker@0 "$step"
+}
+ps1_listed() { in_ct dtf status 2>/dev/null | grep -E '^ps:1 ' | grep -q ' yes '; }
+
+log "re-shard: add ps 1 to cluster.ps, then systemctl start dtf-ps@1"
+pids_before=$(pids)
+restarts_before=$(restarts)
+count_reloads
+PS_LIST="\"$PS_ADDR\", \"$PS1_ADDR\""
+write_config $HUGE_STEP 3
+expect_in_journals 'Configuration reloaded' "ps 1 added, reloaded" reloaded
+if in_ct timeout 120 systemctl start dtf-ps@1; then
+	pass "systemctl start dtf-ps@1 returns 0"
+else
+	fail "systemctl start dtf-ps@1"
+fi
+check "the chief checkpointed at the re-shard, seeded 2 ps from it and trains on (step $(reshard_step 1))" \
+	wait_for 120 resharded 1
+check "dtf status lists ps:1 reachable" wait_for 30 ps1_listed
+check "every task started again in place (same PIDs: $pids_before)" test "$(pids)" = "$pids_before"
+check "systemd restarted nothing (NRestarts $(restarts))" test "$(restarts)" = "$restarts_before"
+check "dtf-ps@0 logged its start again" journal_count_above dtf-ps@0 'Starting again under the new cluster.ps' 0
+check "all units active after the re-shard, dtf-ps@1 too" all_active
+check "dtf-ps@1 is active" is_active dtf-ps@1
+
+log "re-shard: remove ps 1 from cluster.ps"
+count_reloads
+PS_LIST="\"$PS_ADDR\""
+write_config $HUGE_STEP 3
+ps1_gone() { [ "$(prop dtf-ps@1 ActiveState)" = inactive ]; }
+check "dtf-ps@1 stopped by itself" wait_for 120 ps1_gone
+check "dtf-ps@1 ended with Result=success, not restarted ($(prop dtf-ps@1 Result), NRestarts=$(prop dtf-ps@1 NRestarts))" \
+	test "$(prop dtf-ps@1 Result):$(prop dtf-ps@1 NRestarts)" = success:0
+check "dtf-ps@1 said it is no longer listed" journal_count_above dtf-ps@1 'No longer in cluster.ps' 0
+check "the chief re-sharded back to 1 ps and trains on (step $(reshard_step 2))" wait_for 120 resharded 2
+check "still the same processes ($(pids))" test "$(pids)" = "$pids_before"
+check "all units active after the second re-shard" all_active
 
 # --- to the end of the run -------------------------------------------------------------
 
