@@ -506,6 +506,11 @@ pub async fn run(
         }
     };
     let out = supervise(controls, &path, tx, log, &notifier, shutdown.clone(), job).await;
+    // A stop signal during the re-shard is a stop: systemd heard STOPPING=1.
+    let out = match out {
+        Some(Ok(Next::Restart)) if shutdown.is_cancelled() => Some(Ok(Next::Exit)),
+        out => out,
+    };
     match out {
         // systemd's reload protocol: the new image says READY=1 again.
         Some(Ok(Next::Restart)) => {
@@ -544,6 +549,11 @@ fn reexec() -> std::process::ExitCode {
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_default();
     info!("Starting again under the new cluster.ps.");
+    // Until the new image installs its handler, a SIGHUP (a reload) would
+    // end the process; ignored dispositions survive the exec.
+    // SAFETY: setting a signal's disposition to SIG_IGN has no
+    // preconditions; the exec follows at once.
+    unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
     let e = std::process::Command::new("/proc/self/exe")
         .arg0(arg0)
         .args(args)

@@ -93,7 +93,34 @@ impl Config {
             return Err(ConfigError::NotReloadable { keys });
         }
         self.check_worker_change(&new)?;
+        self.check_ps_change(&new)?;
         Ok(new)
+    }
+
+    /// A live change of `cluster.ps` (a re-shard) keeps every ps that stays
+    /// at its index: ps N is `cluster.ps[N]`, the instance `dtf-ps@N`, and a
+    /// ps that finds its address at another index exits, with no unit of
+    /// that index to take its place. Entries are added and removed at the
+    /// end, or replaced where they are (another host for that index).
+    ///
+    /// Errors: [`ConfigError::Key`] for `cluster.ps`, naming the entry.
+    fn check_ps_change(&self, new: &Config) -> Result<(), ConfigError> {
+        let (old, now) = (&self.cluster.ps, &new.cluster.ps);
+        for (i, addr) in old.iter().enumerate() {
+            if let Some(j) = now.iter().position(|a| a == addr)
+                && j != i
+            {
+                return Err(new.bad(
+                    "cluster.ps",
+                    format!(
+                        "{addr:?} moved from entry {i} to entry {j}: a running ps keeps its \
+                         index (dtf-ps@{i}), so entries are added and removed at the end of the \
+                         list, or replaced in place"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A live change of `cluster.worker` keeps every remaining worker's task
@@ -213,10 +240,22 @@ mod tests {
                 format!("{key} cannot change while running (restart the cluster to change it)")
             );
         };
-        // The ps list re-shards.
+        // The ps list re-shards: entries added or removed at the end, or
+        // replaced in place; none moves.
         let mut more_ps = old.clone();
         more_ps.cluster.ps.push("h:9".into());
         assert_eq!(old.reload(more_ps.clone()).unwrap(), more_ps);
+        assert_eq!(more_ps.reload(old.clone()).unwrap(), old);
+        let mut replaced = more_ps.clone();
+        replaced.cluster.ps[0] = "h:10".into();
+        assert_eq!(more_ps.reload(replaced.clone()).unwrap(), replaced);
+        let mut moved = more_ps.clone();
+        moved.cluster.ps.remove(0);
+        let err = more_ps.reload(moved).unwrap_err().to_string();
+        assert!(
+            err.contains("cluster.ps") && err.contains("moved from entry 1 to entry 0"),
+            "{err}"
+        );
         // Workers come and go at the end of the list.
         let mut grown = old.clone();
         grown.cluster.worker.push("h:7".into());

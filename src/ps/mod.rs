@@ -34,6 +34,10 @@ use tracing::{info, warn};
 /// hangs on a dead peer.
 const STEP_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a ps taken out of `cluster.ps` waits for the chief's word that
+/// its re-shard checkpoint is written before it exits anyway.
+const RESHARD_ORPHAN: Duration = Duration::from_secs(300);
+
 /// How long a ps lingers after the run is complete, so that workers still
 /// waiting on it hear so rather than finding it gone.
 const COMPLETE_LINGER: Duration = Duration::from_secs(2);
@@ -528,6 +532,11 @@ impl PsService {
     ) -> Result<(T, pb::PullResponse), Status> {
         if min_step > 0 {
             self.wait_for_step(min_step).await;
+            // No step comes while the cluster re-shards: the caller backs
+            // off rather than asking again at once.
+            if self.inner.resharding.load(Ordering::Relaxed) {
+                return Err(self.resharding_status());
+            }
         }
         let s = self.lock();
         let values = read(&s)?;
@@ -567,14 +576,6 @@ impl PsService {
     ) -> Result<(Option<T>, pb::PushResponse), Status> {
         // Any authenticated push is contact, let in or not.
         self.admit(req, refused)?;
-        if self.inner.resharding.load(Ordering::Relaxed) {
-            return Err(Status::unavailable(format!(
-                "ps:{} {}: no pushes until the chief's checkpoint; then every task starts \
-                 again under the new placement",
-                self.inner.task,
-                transport::RESHARDING
-            )));
-        }
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
             return Err(rpc::status(
                 tonic::Code::FailedPrecondition,
@@ -586,6 +587,11 @@ impl PsService {
         }
         let outcome = {
             let mut s = self.lock();
+            // Under the shard lock: a push that got past it before the flag
+            // was set is applied before the chief's snapshot can read.
+            if self.inner.resharding.load(Ordering::Relaxed) {
+                return Err(self.resharding_status());
+            }
             if s.is_complete() {
                 None
             } else {
@@ -661,11 +667,26 @@ impl PsService {
         Ok(())
     }
 
+    /// The answer to a push, and to a pull that waits for a step, while
+    /// the cluster re-shards ([`transport::RESHARDING`]).
+    fn resharding_status(&self) -> Status {
+        Status::unavailable(format!(
+            "ps:{} {}: no steps until the chief's checkpoint; then every task starts again \
+             under the new placement",
+            self.inner.task,
+            transport::RESHARDING
+        ))
+    }
+
     /// Follows a reload's `cluster.ps`: changed from the one this process
     /// started with, the cluster re-shards (pushes refused from now on);
     /// back as it was before the chief's checkpoint, nothing happens.
     fn follow_ps(&self, ps: &[String]) {
         let changed = ps != self.inner.ps.as_slice();
+        if !changed && self.inner.reshard.is_cancelled() {
+            // Told already: the pushes it would take now would be lost.
+            return;
+        }
         if self.inner.resharding.swap(changed, Ordering::Relaxed) != changed {
             // Wakes the calls waiting for a step (`wait_for_step`).
             self.inner.step_tx.send_modify(|_| ());
@@ -800,6 +821,33 @@ pub async fn serve(
             stop.cancel();
         })
     };
+    // A ps taken out of the list that never hears the chief's word (its
+    // reload came after it, the chief is gone) must not wait for ever.
+    let orphaned = {
+        let (service, live) = (service.clone(), live.clone());
+        tokio::spawn(async move {
+            let mut since: Option<Instant> = None;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let listed = live.borrow().cluster.ps.get(task) == service.inner.ps.get(task);
+                let waiting = service.inner.resharding.load(Ordering::Relaxed) && !listed;
+                match (waiting, since) {
+                    (false, _) => since = None,
+                    (true, None) => since = Some(Instant::now()),
+                    (true, Some(t)) if t.elapsed() >= RESHARD_ORPHAN => {
+                        warn!(
+                            ps = task,
+                            waited_secs = RESHARD_ORPHAN.as_secs(),
+                            "No longer in cluster.ps, and no word from the chief that its re-shard checkpoint is written: exiting."
+                        );
+                        service.inner.reshard.cancel();
+                        return;
+                    }
+                    (true, Some(_)) => {}
+                }
+            }
+        })
+    };
     let snapshots = (snapshot_secs > 0 && service.inner.snapshots.dir.is_some()).then(|| {
         let every = Duration::from_secs(snapshot_secs);
         tokio::spawn(snapshot::run(service.clone(), every, stop.clone()))
@@ -823,6 +871,7 @@ pub async fn serve(
     linger.abort();
     members.abort();
     resharded.abort();
+    orphaned.abort();
     stop.cancel();
     if let Some(shm) = shm {
         let _ = shm.await;

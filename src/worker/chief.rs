@@ -317,7 +317,7 @@ impl Worker {
     /// lost), and one that cannot be read within [`RESHARD_READ`] leaves the
     /// new placement to start from the newest checkpoint there is (said at
     /// ERROR): a ps host that is gone must not hold the cluster up.
-    async fn reshard(&mut self, step: u64) -> Result<(), WorkerError> {
+    pub(super) async fn reshard(&mut self, step: u64) -> Result<(), WorkerError> {
         let began = Instant::now();
         let cfg = self.cfg();
         info!(global_step = step, old = ?self.ps, new = ?cfg.cluster.ps, "cluster.ps changed: re-sharding. Checkpointing the old ps tasks' state once they stop taking pushes.");
@@ -379,10 +379,22 @@ impl Worker {
         Ok(())
     }
 
-    /// Tells the old ps tasks `only` the re-shard checkpoint (at `step`) is
-    /// done: each starts again under the new list, or exits. A refusal (a
-    /// ps whose file still has the old list) is logged.
+    /// Tells those of the old ps tasks `only` that report re-sharding that
+    /// the re-shard checkpoint (at `step`) is done: each starts again under
+    /// the new list, or exits. One that does not re-shard (its file still
+    /// has the old list) is not told — an older dtf would take the word for
+    /// the end of the run — and is logged; told later, once it does.
     pub(super) async fn tell_reshard(&self, step: u64, only: &[usize]) {
+        let states = self.cluster.each_state().await;
+        let (only, not): (Vec<usize>, Vec<usize>) = only.iter().partition(|&&ps| {
+            states
+                .get(ps)
+                .is_some_and(|s| s.as_ref().is_ok_and(|s| s.resharding))
+        });
+        if !not.is_empty() {
+            warn!(ps = ?not, "These ps tasks do not re-shard (their cluster.ps has not changed yet, or they do not answer): they keep the old placement until they do, and are told then.");
+        }
+        let only = only.as_slice();
         let answers = self.cluster.complete_reshard(step, only).await;
         for (&ps, r) in only.iter().zip(answers) {
             if let Err(e) = r {

@@ -290,12 +290,11 @@ pub async fn run(
             Ok(Outcome::Stopped { global_step: 0 })
         }
         Err(WorkerError::Reshard) => {
-            // Caught waiting on a ps (one down, say): no checkpoint can be
-            // read, but the old ps tasks must hear that they can go.
+            // Caught waiting on a ps (one down, say): the chief checkpoints
+            // what it can read (bounded), and the old ps tasks hear that
+            // they can go.
             if w.is_chief() {
-                warn!("cluster.ps changed while a ps could not be reached: no re-shard checkpoint; the new placement starts from the newest checkpoint there is.");
-                let all: Vec<usize> = (0..w.cluster.num_ps()).collect();
-                w.tell_reshard(0, &all).await;
+                w.reshard(0).await?;
             }
             let outcome = Outcome::Reshard { global_step: 0 };
             info!(worker = task, outcome = %outcome, "Worker done.");
@@ -405,13 +404,16 @@ impl Worker {
             };
             let otherwise = self.placed_otherwise(&states);
             if !otherwise.is_empty() {
-                // A ps still stopped for a re-shard whose word it missed
-                // (its reload came after the chief's): the chief, started
-                // again under the new list, tells it again.
+                // A ps of another list still stopped for a re-shard whose
+                // word it missed (its reload came after the chief's): the
+                // chief, started again under the new list, tells it again.
+                // Not one of this chief's own list: that state is this
+                // chief's to checkpoint, once its own file changes.
+                let ours = crate::transport::cluster_id(&self.ps);
                 let stopped: Vec<usize> = otherwise
                     .iter()
                     .copied()
-                    .filter(|&ps| states[ps].resharding)
+                    .filter(|&ps| states[ps].resharding && states[ps].cluster != ours)
                     .collect();
                 if self.is_chief() && !stopped.is_empty() {
                     self.tell_reshard(0, &stopped).await;
@@ -618,13 +620,8 @@ impl Worker {
             Ok(p) => p,
             Err(e) if Refused::of(&e.status).is_some() => return self.refused(e).await,
             Err(e) if e.is_resharding() => {
-                // Until this task's own reload: not a spin of computed,
-                // refused steps.
                 debug!(error = %e, "Push refused: the cluster re-shards.");
-                tokio::select! {
-                    _ = tokio::time::sleep(INIT_POLL) => {}
-                    _ = self.shutdown.cancelled() => {}
-                }
+                self.await_reshard().await;
                 return Ok(None);
             }
             Err(e) if e.is_unavailable() || e.needs_pull() => {
@@ -640,6 +637,30 @@ impl Worker {
             Err(e) => return Err(e.into()),
         };
         Ok(Some((loss, progress)))
+    }
+
+    /// A ps refused a push: the cluster re-shards. No more steps — a sync
+    /// shard that has not stopped yet would take them, and the checkpoint
+    /// would hold them at another step than the rest — until this task's
+    /// own reload, or until no ps re-shards any more (the edit undone). A
+    /// wait past a few seconds says what is missing.
+    async fn await_reshard(&mut self) {
+        let since = Instant::now();
+        let mut log = Backoff::new();
+        while !self.resharding() && !self.shutdown.is_cancelled() {
+            if let Ok(states) = self.cluster.states().await
+                && states.iter().all(|s| !s.resharding)
+            {
+                return;
+            }
+            if since.elapsed() >= Duration::from_secs(2) && log.should_log() {
+                warn!(cluster_ps = ?self.ps, "The ps tasks are re-sharding (their cluster.ps changed), but this task's has not: waiting for its reload (edit its dtf.toml too, or send it SIGHUP).");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(INIT_POLL) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
+        }
     }
 
     /// A ps refused this worker's push ([`Refused`]): nothing was computed
