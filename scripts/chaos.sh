@@ -43,7 +43,7 @@ trap 'rm -f "$summary"' EXIT
 status=0
 DTF_CHAOS_SEEDS=$range DTF_CHAOS_SECONDS=$seconds DTF_CHAOS_REFERENCE=$reference DTF_CHAOS_HOSTS=$hosts \
 DTF_CHAOS_SUMMARY=$summary \
-    cargo nextest run --locked --no-capture --run-ignored only \
+    cargo nextest run --locked --profile chaos --no-capture --run-ignored only \
     -E 'test(=chaos::from_env)' || status=$?
 cat "$summary"
 exit $status
