@@ -322,7 +322,7 @@ impl Worker {
         let cfg = self.cfg();
         info!(global_step = step, old = ?self.ps, new = ?cfg.cluster.ps, "cluster.ps changed: re-sharding. Checkpointing the old ps tasks' state once they stop taking pushes.");
         let mut log = Backoff::new();
-        loop {
+        let open = loop {
             let open: Vec<usize> = self
                 .cluster
                 .each_state()
@@ -333,11 +333,11 @@ impl Worker {
                 .map(|(ps, _)| ps)
                 .collect();
             if open.is_empty() {
-                break;
+                break open;
             }
             if began.elapsed() >= RESHARD_FREEZE {
                 warn!(ps = ?open, waited_secs = RESHARD_FREEZE.as_secs(), "These ps tasks still take pushes (is their dtf.toml edited too?); checkpointing anyway: what they take from now on is lost.");
-                break;
+                break open;
             }
             if log.should_log() {
                 info!(ps = ?open, "Waiting for the ps tasks to reload the new cluster.ps (they then stop taking pushes).");
@@ -346,7 +346,7 @@ impl Worker {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
             }
-        }
+        };
         let mut backoff = Backoff::new();
         let snapshot = loop {
             match self.cluster.snapshot().await {
@@ -369,8 +369,16 @@ impl Worker {
                 tracing::error!(error = %e, "The re-shard checkpoint was not written: the re-shard starts from the newest checkpoint there is, and the steps since it are lost.");
             }
         }
-        let all: Vec<usize> = (0..self.cluster.num_ps()).collect();
-        self.tell_reshard(at, &all).await;
+        // Only those that re-shard: an older dtf would take the word for
+        // the end of the run. The rest are told by the chief started again,
+        // once they do (`Worker::ensure_initialized`).
+        if !open.is_empty() {
+            warn!(ps = ?open, "These ps tasks do not re-shard (their cluster.ps has not changed yet, or they do not answer): they keep the old placement until they do, and are told then.");
+        }
+        let told: Vec<usize> = (0..self.cluster.num_ps())
+            .filter(|ps| !open.contains(ps))
+            .collect();
+        self.tell_reshard(at, &told).await;
         info!(
             global_step = at,
             millis = began.elapsed().as_millis() as u64,
@@ -379,22 +387,10 @@ impl Worker {
         Ok(())
     }
 
-    /// Tells those of the old ps tasks `only` that report re-sharding that
-    /// the re-shard checkpoint (at `step`) is done: each starts again under
-    /// the new list, or exits. One that does not re-shard (its file still
-    /// has the old list) is not told — an older dtf would take the word for
-    /// the end of the run — and is logged; told later, once it does.
+    /// Tells the ps tasks `only`, which report re-sharding, that the
+    /// re-shard checkpoint (at `step`) is done: each starts again under the
+    /// new list, or exits.
     pub(super) async fn tell_reshard(&self, step: u64, only: &[usize]) {
-        let states = self.cluster.each_state().await;
-        let (only, not): (Vec<usize>, Vec<usize>) = only.iter().partition(|&&ps| {
-            states
-                .get(ps)
-                .is_some_and(|s| s.as_ref().is_ok_and(|s| s.resharding))
-        });
-        if !not.is_empty() {
-            warn!(ps = ?not, "These ps tasks do not re-shard (their cluster.ps has not changed yet, or they do not answer): they keep the old placement until they do, and are told then.");
-        }
-        let only = only.as_slice();
         let answers = self.cluster.complete_reshard(step, only).await;
         for (&ps, r) in only.iter().zip(answers) {
             if let Err(e) = r {
