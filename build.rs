@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .bytes(".dtf.v1.Tensor.data")
+        .bytes(".dtf.v1.ReplicateRequest.snapshot")
+        .bytes(".dtf.v1.FetchReplicaResponse.snapshot")
         // prost's codec, but a request that does not parse is
         // INVALID_ARGUMENT rather than INTERNAL (see `rpc::Codec`).
         .codec_path("crate::rpc::Codec")

@@ -113,6 +113,10 @@ pub struct Metrics {
     snapshot_bytes: Gauge,
     /// `dtf_snapshot_failures_total`: ps: snapshots that could not be written.
     snapshot_failures: Counter,
+    /// `dtf_snapshot_replica_step`: ps: the step of the newest snapshot its ring neighbour keeps.
+    replica_step: Gauge,
+    /// `dtf_snapshot_replica_failures_total`: ps: snapshots its neighbour did not take.
+    replica_failures: Counter,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -172,6 +176,8 @@ impl Metrics {
             snapshot_copy: FloatGauge::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_failures: Counter::default(),
+            replica_step: Gauge::default(),
+            replica_failures: Counter::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -336,6 +342,11 @@ impl Metrics {
             s.snapshot_failures
                 .saturating_sub(self.snapshot_failures.get()),
         );
+        self.replica_step.set(s.replica_step as i64);
+        self.replica_failures.inc_by(
+            s.replica_failures
+                .saturating_sub(self.replica_failures.get()),
+        );
     }
 
     /// The registry a `role` process exposes (`chief`: worker 0, which also checkpoints).
@@ -483,6 +494,16 @@ impl Metrics {
             "dtf_snapshot_failures",
             "Snapshots this ps could not write (full or read-only disk, ...)",
             self.snapshot_failures.clone(),
+        );
+        r.register(
+            "dtf_snapshot_replica_step",
+            "The step of the newest snapshot of this shard its ring neighbour (ps task+1 mod n) keeps (0: none)",
+            self.replica_step.clone(),
+        );
+        r.register(
+            "dtf_snapshot_replica_failures",
+            "Snapshots of this shard its ring neighbour did not take (down, disk full, ...)",
+            self.replica_failures.clone(),
         );
     }
 

@@ -30,15 +30,25 @@ impl Config {
         };
         // Each optimizer slot is one more copy of the variables on the ps.
         let slots = self.train.optimizer().slot_names().len() as u64;
-        let ps = need
+        let own = need
             .ps
             .saturating_add(need.variables.saturating_mul(4 * slots));
+        // With the ring of snapshot copies (`ps/replica.rs`) a ps also holds
+        // its neighbour's snapshot while it checks and writes it: at most
+        // one more copy of everything.
+        let ring = self.cluster.ps.len() >= 2
+            && self.ps.snapshot_secs > 0
+            && self.train.mode == super::Mode::Async;
+        let ps = if ring { own.saturating_mul(2) } else { own };
         if ps > memory {
-            let with = if slots == 0 {
+            let mut with = if slots == 0 {
                 String::new()
             } else {
                 format!(" and {slots} slot(s) of train.optimizer")
             };
+            if ring {
+                with.push_str(", twice (a ps also holds its ring neighbour's snapshot)");
+            }
             return Err(self.bad(
                 "model.layers",
                 format!(
@@ -147,6 +157,27 @@ mod tests {
             "{err}"
         );
         c.train.optimizer = crate::config::OptimizerKind::Sgd;
+        assert!(c.check_fits(100_000_000_000).is_ok());
+    }
+
+    #[test]
+    fn the_ring_neighbours_snapshot_counts_towards_the_ps_memory() {
+        // [784, 1e7, 10]: 63.6 GB of values and shadows; 127.2 GB once a ps
+        // also holds its neighbour's snapshot (2 ps, async, snapshots on).
+        let mut c = Config::default();
+        c.model.layers = vec![784, 10_000_000, 10];
+        c.cluster.ps = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()];
+        c.ps.snapshot_secs = 1;
+        let err = c.check_fits(100_000_000_000).unwrap_err().to_string();
+        assert!(
+            err.contains("127200000160 bytes") && err.contains("ring neighbour"),
+            "{err}"
+        );
+        // No ring: snapshots off, or one ps.
+        c.ps.snapshot_secs = 0;
+        assert!(c.check_fits(100_000_000_000).is_ok());
+        c.ps.snapshot_secs = 1;
+        c.cluster.ps.truncate(1);
         assert!(c.check_fits(100_000_000_000).is_ok());
     }
 

@@ -103,6 +103,7 @@ impl ParameterServer for PsService {
         &self,
         _: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, Status> {
+        self.serving()?;
         Ok(Response::new(self.state_now()))
     }
 
@@ -141,6 +142,21 @@ impl ParameterServer for PsService {
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         self.complete_run(&req.into_inner())?;
         Ok(Response::new(pb::CompleteResponse {}))
+    }
+
+    async fn replicate(
+        &self,
+        req: Request<pb::ReplicateRequest>,
+    ) -> Result<Response<pb::ReplicateResponse>, Status> {
+        self.keep_copy(req.into_inner()).await?;
+        Ok(Response::new(pb::ReplicateResponse {}))
+    }
+
+    async fn fetch_replica(
+        &self,
+        req: Request<pb::FetchReplicaRequest>,
+    ) -> Result<Response<pb::FetchReplicaResponse>, Status> {
+        self.fetch_copy(req.into_inner()).await.map(Response::new)
     }
 }
 

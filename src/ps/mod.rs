@@ -6,6 +6,7 @@
 
 mod grpc;
 pub mod limits;
+mod replica;
 pub mod shard;
 mod shm;
 pub mod snapshot;
@@ -90,6 +91,8 @@ struct Inner {
     wire: transport::compress::PsWire,
     /// This shard's snapshots ([`snapshot`]): where, and how they went.
     snapshots: snapshot::Snapshotting,
+    /// Its place on the ring of snapshot copies ([`replica`]).
+    ring: replica::Ring,
     /// `cluster.ps` as this process started with it: its placement.
     ps: Vec<String>,
     /// A reload changed `cluster.ps`: the cluster re-shards, and pushes
@@ -145,6 +148,7 @@ impl PsService {
             .sum();
         let optimizer = config.train.optimizer();
         let snapshots = snapshot::Snapshotting::new(&config, task, &specs);
+        let ring = replica::Ring::new(&config, task, snapshots.dir.as_deref())?;
         let shard = Shard::new(
             task,
             specs,
@@ -175,6 +179,7 @@ impl PsService {
                     config.cluster.worker.len(),
                 ),
                 snapshots,
+                ring,
                 ps: config.cluster.ps.clone(),
                 resharding: AtomicBool::new(false),
                 reshard: CancellationToken::new(),
@@ -369,6 +374,7 @@ impl PsService {
     /// transport, and the plain accessor the metrics read.
     pub fn state_now(&self) -> pb::StateResponse {
         let snap = self.snapshot_state();
+        let (replica_step, replica_failures) = self.inner.ring.report();
         let s = self.lock();
         let c = s.counters();
         let rate = self.inner.rate.lock().unwrap_or_else(|e| e.into_inner()).2;
@@ -407,6 +413,8 @@ impl PsService {
             membership_refusals: membership.refusals(),
             members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
             resharding: self.inner.resharding.load(Ordering::Relaxed),
+            replica_step,
+            replica_failures,
             run: if s.is_initialized() {
                 s.run()
             } else {
@@ -447,6 +455,7 @@ impl PsService {
         &self,
         req: pb::InitializeRequest,
     ) -> Result<pb::InitializeResponse, Status> {
+        self.serving()?;
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());
         }
@@ -530,6 +539,7 @@ impl PsService {
         min_step: u64,
         read: impl FnOnce(&Shard) -> Result<T, Status>,
     ) -> Result<(T, pb::PullResponse), Status> {
+        self.serving()?;
         if min_step > 0 {
             self.wait_for_step(min_step).await;
             // No step comes while the cluster re-shards: the caller backs
@@ -574,6 +584,7 @@ impl PsService {
         refused: impl FnOnce(&str),
         read: impl FnOnce(&Shard) -> Result<T, Status>,
     ) -> Result<(Option<T>, pb::PushResponse), Status> {
+        self.serving()?;
         // Any authenticated push is contact, let in or not.
         self.admit(req, refused)?;
         if req.incarnation != 0 && req.incarnation != self.inner.incarnation {
@@ -749,10 +760,12 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<Ended, PsError> {
     let service = PsService::new(live.clone(), task)?;
-    let snapshot_secs = {
+    let (snapshot_secs, restored) = {
         let config = live.borrow().clone();
-        snapshot::restore(&service, &config);
-        config.ps.snapshot_secs
+        (
+            config.ps.snapshot_secs,
+            snapshot::restore(&service, &config),
+        )
     };
     {
         let service = service.clone();
@@ -852,6 +865,36 @@ pub async fn serve(
         let every = Duration::from_secs(snapshot_secs);
         tokio::spawn(snapshot::run(service.clone(), every, stop.clone()))
     });
+    // The ring: this shard's snapshots go to the next ps; with none of its
+    // own, this ps first fetches its copy from there (serving only the
+    // ring's calls until then).
+    let ring = match &service.inner.ring.next {
+        Some((_, addr)) => {
+            match tcp::client(credentials, addr, limit, replica::CALL_TIMEOUT, "none") {
+                Ok(client) => {
+                    if restored == snapshot::Restore::Nothing {
+                        service.inner.ring.fetching.store(true, Ordering::Release);
+                        tokio::spawn(replica::fetch_own(
+                            service.clone(),
+                            live.borrow().clone(),
+                            client.clone(),
+                            stop.clone(),
+                        ));
+                    }
+                    Some(tokio::spawn(replica::send(
+                        service.clone(),
+                        client,
+                        stop.clone(),
+                    )))
+                }
+                Err(e) => {
+                    warn!(ps = task, address = %addr, error = %e, "No snapshot copies for the neighbour: cannot make its client.");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let shm = listener
         .local_addr()
         .ok()
@@ -870,6 +913,9 @@ pub async fn serve(
         .await;
     linger.abort();
     members.abort();
+    if let Some(ring) = ring {
+        ring.abort();
+    }
     resharded.abort();
     orphaned.abort();
     stop.cancel();

@@ -242,7 +242,7 @@ fn parse_name(name: &str) -> Option<u64> {
 }
 
 /// The snapshot files in `dir`, newest (highest step) first.
-fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
+pub(super) fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -328,21 +328,35 @@ pub struct Restored {
     pub slots: Slots,
 }
 
-/// Reads and checks the snapshot at `path` for `shard`: a regular file no
-/// larger than the shard's tensors and a 1 MiB header, the format, the
-/// identity, every tensor's CRC, then the shard's own checks (every variable,
-/// shadow and slot exactly once, its shape, finite values).
-///
-/// Errors: [`SnapshotError`] saying what is wrong; nothing is changed.
-pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, SnapshotError> {
-    let tensor_bytes: u64 = shard
-        .specs()
+/// The largest file a snapshot of a shard of `specs` may be: its tensors
+/// (values, shadows, `optimizer`'s slots and non-slot scalars) and a header
+/// of at most [`MAX_HEADER_BYTES`].
+pub(super) fn size_bound(specs: &[VarSpec], optimizer: &crate::optimizer::Optimizer) -> u64 {
+    let floats: u64 = specs
         .iter()
-        .map(|s| 4 * s.shape.iter().product::<usize>() as u64)
-        .sum::<u64>()
-        * (2 + shard.optimizer().slot_names().len() as u64)
-        + 4 * shard.optimizer().non_slot_names().len() as u64;
-    let bytes = read_regular(path, tensor_bytes + 8 + MAX_HEADER_BYTES)?;
+        .map(|s| s.shape.iter().product::<usize>() as u64)
+        .sum();
+    let copies = 2 + optimizer.slot_names().len() as u64;
+    4 * (floats * copies + optimizer.non_slot_names().len() as u64) + 8 + MAX_HEADER_BYTES
+}
+
+/// A snapshot file's bytes, checked: every tensor as read, its step and run.
+pub(super) struct Checked<'a> {
+    pub tensors: SafeTensors<'a>,
+    pub step: u64,
+    pub run: u64,
+}
+
+/// Checks a snapshot file's bytes (`path` names it in errors): the header
+/// bound, the format, `identity`, the step and run, and every tensor's
+/// dtype and CRC. What the shard's own checks add is [`load`]'s.
+///
+/// Errors: [`SnapshotError::Invalid`] saying what is wrong.
+pub(super) fn verify<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    identity: &str,
+) -> Result<Checked<'a>, SnapshotError> {
     let header = bytes
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
@@ -353,8 +367,8 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
         ));
     }
     let bad = |e: safetensors::SafeTensorError| SnapshotError::invalid(path, e.to_string());
-    let tensors = SafeTensors::deserialize(&bytes).map_err(bad)?;
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(bad)?;
+    let tensors = SafeTensors::deserialize(bytes).map_err(bad)?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(bad)?;
     let meta = header.metadata().clone().unwrap_or_default();
     let get = |k: &str| meta.get(k).map(String::as_str);
     if get("format") != Some(FORMAT) {
@@ -384,10 +398,7 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
             .parse()
             .map_err(|_| SnapshotError::invalid(path, format!("metadata run is {text:?}")))?,
     };
-    let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
-    let (mut values, mut shadows, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for (name, view) in &views {
-        let name: &str = name;
+    for (name, view) in tensors.iter() {
         if view.dtype() != Dtype::F32 {
             return Err(SnapshotError::invalid(
                 path,
@@ -400,6 +411,24 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
                 format!("tensor {name:?} fails its checksum: the file is damaged"),
             ));
         }
+    }
+    Ok(Checked { tensors, step, run })
+}
+
+/// Reads and checks the snapshot at `path` for `shard`: a regular file no
+/// larger than [`size_bound`], [`verify`], then the shard's own checks
+/// (every variable, shadow and slot exactly once, its shape, finite values).
+///
+/// Errors: [`SnapshotError`] saying what is wrong; nothing is changed.
+pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, SnapshotError> {
+    let bytes = read_regular(path, size_bound(shard.specs(), &shard.optimizer()))?;
+    let Checked {
+        tensors, step, run, ..
+    } = verify(path, &bytes, identity)?;
+    let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
+    let (mut values, mut shadows, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, view) in &views {
+        let name: &str = name;
         let item = (name, view.shape(), view.data());
         if let Some(var) = name.strip_suffix(EMA_SUFFIX) {
             shadows.push((var, item.1, item.2));
@@ -432,7 +461,7 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
 /// Reads `path` if it is a regular file of at most `limit` bytes, opened
 /// non-blocking (a FIFO named like a snapshot cannot hang the ps) and
 /// checked on the open descriptor.
-fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+pub(super) fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -480,23 +509,26 @@ fn newest_checkpoint(config: &Config) -> Option<Option<u64>> {
 /// newer than the newest checkpoint (and, in sync mode, only with one ps
 /// task: shards restored to different steps would not aggregate the same
 /// step) and holds it aside for the chief ([`Snapshotting::pending`]).
-/// Every snapshot passed over is named with its reason. Returns the step
-/// restored.
-pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
+/// Every snapshot passed over is named with its reason.
+pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
     let task = service.inner.task;
     let snap = &service.inner.snapshots;
-    let dir = snap.dir.as_deref()?;
+    let Some(dir) = snap.dir.as_deref() else {
+        return Restore::Passed;
+    };
     if config.ps.snapshot_secs == 0 {
-        return None;
+        return Restore::Passed;
     }
     remove_temps(dir);
     let files = list(dir);
-    if files.is_empty() {
-        return None;
-    }
     if config.train.mode == Mode::Sync && config.cluster.ps.len() > 1 {
-        info!(ps = task, dir = %dir.display(), "Snapshots not restored: a sync run with several ps tasks goes back to the newest checkpoint together (the chief seeds every shard).");
-        return None;
+        if !files.is_empty() {
+            info!(ps = task, dir = %dir.display(), "Snapshots not restored: a sync run with several ps tasks goes back to the newest checkpoint together (the chief seeds every shard).");
+        }
+        return Restore::Passed;
+    }
+    if files.is_empty() {
+        return Restore::Nothing;
     }
     let restored = {
         let shard = service.lock();
@@ -510,7 +542,9 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
                 }
             })
     };
-    let (path, r) = restored?;
+    let Some((path, r)) = restored else {
+        return Restore::Nothing;
+    };
     match newest_checkpoint(config) {
         Some(Some(ckpt)) if ckpt >= r.step => {
             info!(
@@ -519,11 +553,11 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
                 checkpoint_step = ckpt,
                 "Snapshot not restored: the newest checkpoint is as new; waiting for the chief to seed the shard."
             );
-            return None;
+            return Restore::Passed;
         }
         Some(None) => {
             warn!(ps = task, snapshot = %path.display(), checkpoint_dir = %config.checkpoint.dir.display(), "Snapshot not restored: checkpoint.dir holds no checkpoint, so this is a new run; waiting for the chief.");
-            return None;
+            return Restore::Passed;
         }
         _ => {}
     }
@@ -539,7 +573,19 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Option<u64> {
     stats.last = Some((step, at.unwrap_or_else(Instant::now)));
     stats.written = Some(path.clone());
     info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
-    Some(step)
+    Restore::Held(step)
+}
+
+/// What [`restore`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Restore {
+    /// A snapshot of this step, held aside for the chief.
+    Held(u64),
+    /// A valid snapshot passed over (the checkpoint is as new, a new run, a
+    /// sync run of several ps), or snapshots off.
+    Passed,
+    /// No valid snapshot of its own: a new or emptied disk.
+    Nothing,
 }
 
 /// The snapshot loop of a ps: every `ps.snapshot_secs` a copy under the
@@ -606,7 +652,7 @@ async fn take(
         let result = img
             .encode(&layout.0, &layout.1, &identity)
             .map_err(|why| SnapshotError::invalid(&dir, why))
-            .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes.len())));
+            .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes)));
         (img, result)
     })
     .await
@@ -620,14 +666,17 @@ async fn take(
     stats.copy_secs = copy_took.as_secs_f64();
     match result {
         Ok((path, bytes)) => {
+            let len = bytes.len();
+            // Its ring neighbour keeps a copy ([`super::replica`]).
+            service.inner.ring.offer(step, bytes);
             if stats.failing {
                 info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");
             }
-            debug!(ps = service.inner.task, step, path = %path.display(), bytes, millis = took.as_millis() as u64, "Snapshot written.");
+            debug!(ps = service.inner.task, step, path = %path.display(), bytes = len, millis = took.as_millis() as u64, "Snapshot written.");
             stats.failing = false;
             stats.last = Some((step, at));
             stats.written = Some(path);
-            stats.bytes = bytes as u64;
+            stats.bytes = len as u64;
             stats.write_secs = took.as_secs_f64();
         }
         Err(e) => {

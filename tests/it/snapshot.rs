@@ -80,11 +80,43 @@ fn snapshots(c: &Cluster, i: usize) -> Vec<PathBuf> {
 /// checks it restored that snapshot or a newer one (never the checkpoint of
 /// step 0), and that training goes on from there.
 async fn kill_and_restore(c: &mut Cluster, i: usize) -> pb::StateResponse {
+    restart_and_restore(c, i, Disk::Kept).await
+}
+
+/// What a killed ps comes back to.
+#[derive(PartialEq)]
+enum Disk {
+    /// Its own snapshot dir.
+    Kept,
+    /// An empty one (a replaced machine): its shard comes from its neighbour.
+    Lost,
+}
+
+/// Kills ps `i` once its snapshot past step 100 is on disk (`Disk::Lost`:
+/// kept by its neighbour), restarts it, and checks it restored that
+/// snapshot or a newer one (never the checkpoint of step 0), and that
+/// training goes on from there.
+async fn restart_and_restore(c: &mut Cluster, i: usize, disk: Disk) -> pb::StateResponse {
     let before = wait_state(c, i, "a snapshot past step 100", |s| {
-        s.snapshot_age_seconds >= 0.0 && s.snapshot_step > 100
+        let kept = match disk {
+            Disk::Kept => s.snapshot_step,
+            Disk::Lost => s.replica_step,
+        };
+        s.snapshot_age_seconds >= 0.0 && kept > 100
     })
     .await;
     c.kill(&format!("ps:{i}"));
+    let before = pb::StateResponse {
+        snapshot_step: match disk {
+            Disk::Kept => before.snapshot_step,
+            Disk::Lost => before.replica_step,
+        },
+        ..before
+    };
+    if disk == Disk::Lost {
+        let dir = Path::new(&c.cfg.ps.snapshot_dir).join(format!("ps-{i}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     c.start("ps", i);
     let after = wait_state(c, i, "the restarted ps to serve", |s| {
         s.initialized && s.incarnation != before.incarnation
@@ -160,6 +192,96 @@ async fn one_of_two_ps_killed_restores_its_own_shard(transport) {
     assert!(!now.restored);
     finish(&mut c).await;
 }
+}
+
+crate::on_each_transport! {
+async fn a_ps_on_an_empty_disk_fetches_its_shard_from_its_neighbour(transport) {
+    let mut c = long_run(2, 2, Mode::Async, transport);
+    c.start_all();
+    let other = wait_state(&c, 0, "ps:0 training", |s| s.global_step > 0).await;
+    restart_and_restore(&mut c, 1, Disk::Lost).await;
+    let log = c.log("ps:1");
+    assert!(log.contains("Fetched this shard's copy from its neighbour."), "{log}");
+    // The neighbour kept its process, its progress, and keeps the new copies.
+    let now = wait_state(&c, 0, "ps:0", |s| s.initialized).await;
+    assert_eq!(now.incarnation, other.incarnation);
+    let copied = wait_state(&c, 1, "ps:1's copy kept again", |s| s.replica_step > s.restored_step).await;
+    assert_eq!(copied.replica_failures, 0, "{copied:?}");
+    // Its own copy of ps:1's neighbour (ps:0 keeps ps:1's, ps:1 keeps ps:0's).
+    until(RUN, "ps:1 keeping ps:0's copy again", || {
+        let dir = Path::new(&c.cfg.ps.snapshot_dir).join("ps-1/replica-ps-0");
+        (std::fs::read_dir(dir).ok()?.count() > 0).then_some(())
+    });
+    finish(&mut c).await;
+}
+}
+
+/// Kills both ps of a 2-ps run once each has a snapshot past step 100 and
+/// its neighbour a copy of it, and empties ps:1's disk: ps:1 restarted
+/// alone waits for ps:0, refusing calls with the reason.
+async fn both_down_one_disk_lost(c: &mut Cluster) -> (u64, u64) {
+    let zero = wait_state(c, 0, "ps:0 snapshotted", |s| s.snapshot_step > 100).await;
+    let one = wait_state(c, 1, "ps:1's copy kept", |s| s.replica_step > 100).await;
+    c.kill("ps:0");
+    c.kill("ps:1");
+    std::fs::remove_dir_all(Path::new(&c.cfg.ps.snapshot_dir).join("ps-1")).unwrap();
+    c.start("ps", 1);
+    c.wait_log(
+        "ps:1",
+        "Waiting for the neighbour that keeps this shard's copy.",
+        1,
+        RUN,
+    );
+    let mut ps = c.client(1, Some(TOKEN)).await;
+    let refused = ps.state(pb::StateRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("fetching its shard's copy from ps:0"),
+        "{refused:?}"
+    );
+    (zero.snapshot_step, one.replica_step)
+}
+
+crate::on_each_transport! {
+async fn an_empty_ps_waits_for_its_neighbour_and_then_fetches(transport) {
+    let mut c = long_run(2, 2, Mode::Async, transport);
+    c.start_all();
+    let (zero, one) = both_down_one_disk_lost(&mut c).await;
+    c.start("ps", 0);
+    for (i, at_least) in [(0, zero), (1, one)] {
+        let s = wait_state(&c, i, "the shard restored", |s| s.initialized).await;
+        assert!(s.restored && s.restored_step >= at_least, "ps:{i}: {s:?}");
+    }
+    c.wait_log("ps:1", "Fetched this shard's copy from its neighbour.", 1, RUN);
+    let chief = c.wait_log("worker:0", "restored its shard from its own snapshot", 2, RUN);
+    assert!(!chief.contains("Restored the model"), "{chief}");
+    finish(&mut c).await;
+}
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_ps_whose_neighbour_stays_down_falls_back_to_the_checkpoint() {
+    let mut c = long_run(2, 2, Mode::Async, dtf::config::Transport::Tcp);
+    c.start_all();
+    both_down_one_disk_lost(&mut c).await;
+    // 60 s (`replica::NEIGHBOUR_WAIT`), then it serves without the copy.
+    let log = c.wait_log(
+        "ps:1",
+        "The neighbour did not answer: serving without",
+        1,
+        RUN,
+    );
+    assert!(log.contains("waited_secs=60"), "{log}");
+    c.start("ps", 0);
+    // The chief seeds ps:1 from the checkpoint; ps:0 comes from its snapshot.
+    let one = wait_state(&c, 1, "ps:1 seeded", |s| s.initialized).await;
+    assert!(!one.restored, "{one:?}");
+    let zero = wait_state(&c, 0, "ps:0 restored", |s| s.initialized).await;
+    assert!(zero.restored, "{zero:?}");
+    c.wait_log("worker:0", "Restored the model", 1, RUN);
+    finish(&mut c).await;
 }
 
 crate::on_each_transport! {

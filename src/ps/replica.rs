@@ -1,0 +1,427 @@
+//! The ring copy of each shard's snapshots: a lost disk or host costs no
+//! more than a killed process.
+//!
+//! With two or more ps tasks (async; see [`Ring::new`]), ps `i` hands every
+//! snapshot it writes to ps `(i+1) mod n`, which checks it (the identity of
+//! shard `i` under its own config, every CRC) and keeps it beside its own:
+//! `<its snapshot dir>/replica-ps-<i>/`, written like its own snapshots
+//! (temp file, fsync, rename; two generations). A ps that starts with no
+//! valid snapshot of its own (a replaced machine at the same address)
+//! fetches that copy from `(i+1) mod n` before it serves: until then every
+//! call but these two is refused `UNAVAILABLE`, saying why, so workers and
+//! the chief wait as for a ps that is down. A neighbour that does not
+//! answer is waited for up to [`NEIGHBOUR_WAIT`]; then the ps serves without
+//! it and the chief seeds the shard from the newest checkpoint.
+//!
+//! Both calls carry the cluster's token like every other call; a copy is
+//! bounded by the size a snapshot of that shard can have before it is read.
+
+use super::PsService;
+use super::snapshot::{self, SnapshotError};
+use crate::config::{Config, Mode};
+use crate::model::Mlp;
+use crate::pb;
+use crate::transport::tcp::Client;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::{error, info, warn};
+
+/// How long a ps that starts with no snapshot of its own waits for its
+/// neighbour's copy before it serves without it (the chief then seeds the
+/// shard from the newest checkpoint).
+pub const NEIGHBOUR_WAIT: Duration = Duration::from_secs(60);
+
+/// Bound on one hand-over or fetch of a copy.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An idle shard's newest snapshot is handed over again this often, so a
+/// neighbour that restarted on an empty disk holds it again.
+const RESEND_IDLE: Duration = Duration::from_secs(30);
+
+/// How often a wait for the neighbour says so.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A ps task's place on the ring.
+pub(super) struct Ring {
+    /// This task's index.
+    task: usize,
+    /// `(i+1) mod n` and its address: keeps this shard's copies, and is
+    /// asked for them at a start on an empty disk.
+    pub next: Option<(usize, String)>,
+    /// The copies this task keeps, of `(i-1) mod n`.
+    keeps: Option<Kept>,
+    /// The newest snapshot to hand over: (step, file bytes).
+    outbox: watch::Sender<Option<(u64, bytes::Bytes)>>,
+    /// Writes of kept copies, one at a time; the file written last (kept
+    /// beside the next, in case the newest is damaged).
+    written: tokio::sync::Mutex<Option<PathBuf>>,
+    /// For `State` and `/metrics`.
+    stats: Mutex<Stats>,
+    /// Set while this task fetches its own copy at start.
+    pub fetching: std::sync::atomic::AtomicBool,
+}
+
+/// Whose copies a ps keeps, and how they must look.
+struct Kept {
+    /// The ps before it on the ring.
+    task: usize,
+    /// That shard's snapshot identity ([`snapshot::identity`]).
+    identity: String,
+    /// The largest file a snapshot of that shard can be.
+    bound: u64,
+    /// `<own dir>/replica-ps-<task>`.
+    dir: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    /// The step of the newest copy the neighbour took.
+    sent: u64,
+    /// Hand-overs that failed since start.
+    failures: u64,
+    /// The latest one failed (an ERROR is logged once per run of failures).
+    failing: bool,
+}
+
+impl Ring {
+    /// Ps `task`'s ring under `config`: none with one ps task, with
+    /// snapshots off or without a snapshot dir (`own`), and in sync mode
+    /// with several ps tasks (their snapshots are not restored: the shards
+    /// go back to the checkpoint together).
+    ///
+    /// Errors: [`crate::model::ModelError`] for a bad `model.layers`.
+    pub(super) fn new(
+        config: &Config,
+        task: usize,
+        own: Option<&Path>,
+    ) -> Result<Self, crate::model::ModelError> {
+        let n = config.cluster.ps.len();
+        let on = n >= 2
+            && config.ps.snapshot_secs > 0
+            && own.is_some()
+            && !(config.train.mode == Mode::Sync);
+        let (next, keeps) = match (on, own) {
+            (true, Some(own)) => {
+                let prev = (task + n - 1) % n;
+                let specs = crate::placement::shard(
+                    &Mlp::new(&config.model.layers)?.variables(),
+                    n,
+                    config.cluster.placement,
+                    prev,
+                );
+                let next = (task + 1) % n;
+                let kept = Kept {
+                    task: prev,
+                    identity: snapshot::identity(config, prev, &specs),
+                    bound: snapshot::size_bound(&specs, &config.train.optimizer()),
+                    dir: own.join(format!("replica-ps-{prev}")),
+                };
+                (Some((next, config.cluster.ps[next].clone())), Some(kept))
+            }
+            _ => (None, None),
+        };
+        Ok(Self {
+            task,
+            next,
+            keeps,
+            outbox: watch::channel(None).0,
+            written: tokio::sync::Mutex::new(None),
+            stats: Mutex::new(Stats::default()),
+            fetching: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// A snapshot was written: the sender hands it to the neighbour (the
+    /// newest only, when it is behind).
+    pub(super) fn offer(&self, step: u64, bytes: Vec<u8>) {
+        if self.next.is_some() {
+            self.outbox.send_replace(Some((step, bytes.into())));
+        }
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// (the step of the newest copy the neighbour took, failed hand-overs).
+    pub(super) fn report(&self) -> (u64, u64) {
+        let s = self.stats();
+        (s.sent, s.failures)
+    }
+
+    /// Refuses a call about shard `task` unless this ps keeps its copies.
+    fn kept(&self, task: u32) -> Result<&Kept, Status> {
+        match &self.keeps {
+            Some(k) if k.task as u64 == u64::from(task) => Ok(k),
+            Some(k) => Err(Status::failed_precondition(format!(
+                "ps:{} keeps the copies of ps:{}, not of ps:{task}: cluster.ps differs between them",
+                self.task, k.task
+            ))),
+            None => Err(Status::failed_precondition(format!(
+                "ps:{} keeps no copies (one ps task, snapshots off, or a sync run)",
+                self.task
+            ))),
+        }
+    }
+}
+
+impl PsService {
+    /// `Replicate`: the previous ps's snapshot, checked and kept.
+    ///
+    /// Errors: `FAILED_PRECONDITION` for a shard this ps does not keep,
+    /// `INVALID_ARGUMENT` for a file too large, damaged or of another
+    /// shard, `UNAVAILABLE` when it cannot be written (the error is logged).
+    pub(super) async fn keep_copy(&self, req: pb::ReplicateRequest) -> Result<(), Status> {
+        let ring = &self.inner.ring;
+        let kept = ring.kept(req.task)?;
+        if req.snapshot.len() as u64 > kept.bound {
+            return Err(Status::invalid_argument(format!(
+                "a snapshot of ps:{}'s shard is at most {} bytes, not {}",
+                kept.task,
+                kept.bound,
+                req.snapshot.len()
+            )));
+        }
+        let mut written = ring.written.lock().await;
+        let (dir, identity, keep) = (kept.dir.clone(), kept.identity.clone(), written.clone());
+        let bytes = req.snapshot;
+        let result = tokio::task::spawn_blocking(move || {
+            let step = snapshot::verify(&dir, &bytes, &identity)?.step;
+            snapshot::write(&dir, step, &bytes, keep.as_deref())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the writing task failed: {e}")))?;
+        match result {
+            Ok(path) => {
+                *written = Some(path);
+                Ok(())
+            }
+            Err(e @ SnapshotError::Invalid { .. }) => Err(Status::invalid_argument(e.to_string())),
+            Err(e) => {
+                warn!(ps = ring.task, of = kept.task, error = %e, "Cannot keep the neighbour's snapshot.");
+                Err(Status::unavailable(format!(
+                    "ps:{} cannot keep the copy: {e}",
+                    ring.task
+                )))
+            }
+        }
+    }
+
+    /// `FetchReplica`: the newest valid copy this ps keeps of shard
+    /// `req.task`; `held` false when it keeps none.
+    ///
+    /// Errors: `FAILED_PRECONDITION` for a shard this ps does not keep.
+    pub(super) async fn fetch_copy(
+        &self,
+        req: pb::FetchReplicaRequest,
+    ) -> Result<pb::FetchReplicaResponse, Status> {
+        let kept = self.inner.ring.kept(req.task)?;
+        let (dir, identity, bound, task) = (
+            kept.dir.clone(),
+            kept.identity.clone(),
+            kept.bound,
+            self.inner.task,
+        );
+        let found = tokio::task::spawn_blocking(move || {
+            snapshot::list(&dir).into_iter().find_map(|(_, path)| {
+                let read = snapshot::read_regular(&path, bound).and_then(|bytes| {
+                    let step = snapshot::verify(&path, &bytes, &identity)?.step;
+                    Ok((step, bytes))
+                });
+                read.inspect_err(|e| warn!(ps = task, error = %e, "Neighbour's copy skipped."))
+                    .ok()
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the reading task failed: {e}")))?;
+        Ok(match found {
+            Some((step, bytes)) => pb::FetchReplicaResponse {
+                held: true,
+                step,
+                snapshot: bytes.into(),
+            },
+            None => pb::FetchReplicaResponse::default(),
+        })
+    }
+
+    /// While this ps fetches its copy at start, the answer to every call
+    /// but the ring's.
+    pub(super) fn serving(&self) -> Result<(), Status> {
+        let ring = &self.inner.ring;
+        if !ring.fetching.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let next = ring.next.as_ref().map_or(0, |n| n.0);
+        Err(Status::unavailable(format!(
+            "ps:{} started with no snapshot of its own and is fetching its shard's copy from \
+             ps:{next}; it serves once it has it, or after {} s without an answer",
+            self.inner.task,
+            NEIGHBOUR_WAIT.as_secs()
+        )))
+    }
+}
+
+/// Hands each new snapshot (and, idle, the newest again every
+/// [`RESEND_IDLE`]) to the neighbour until `stop`. A failed hand-over is
+/// counted, logged at ERROR once until one succeeds; training goes on.
+pub(super) async fn send(service: PsService, client: Client, stop: CancellationToken) {
+    let ring = &service.inner.ring;
+    let Some((next, addr)) = ring.next.clone() else {
+        return;
+    };
+    let mut rx = ring.outbox.subscribe();
+    loop {
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(RESEND_IDLE) => {}
+            _ = stop.cancelled() => return,
+        }
+        let Some((step, bytes)) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let req = pb::ReplicateRequest {
+            task: ring.task as u32,
+            step,
+            snapshot: bytes,
+        };
+        let result = tokio::time::timeout(CALL_TIMEOUT, client.clone().replicate(req)).await;
+        let mut stats = ring.stats();
+        match result {
+            Ok(Ok(_)) => {
+                if stats.failing {
+                    info!(
+                        ps = ring.task,
+                        neighbour = next,
+                        step,
+                        "The neighbour keeps this shard's snapshots again."
+                    );
+                }
+                stats.failing = false;
+                stats.sent = step;
+            }
+            Ok(Err(status)) => fail(&mut stats, ring.task, next, &addr, &status.to_string()),
+            Err(_) => fail(&mut stats, ring.task, next, &addr, "no answer within 10 s"),
+        }
+    }
+}
+
+fn fail(stats: &mut Stats, task: usize, next: usize, addr: &str, why: &str) {
+    stats.failures += 1;
+    if !stats.failing {
+        error!(
+            ps = task,
+            neighbour = next,
+            address = addr,
+            error = why,
+            "The neighbour does not keep this shard's snapshot; training goes on, and a lost disk of this ps would go back to the newest checkpoint."
+        );
+    }
+    stats.failing = true;
+}
+
+/// At start with no snapshot of its own: asks the neighbour for this
+/// shard's copy, writes it into the own snapshot dir and restores it
+/// ([`snapshot::restore`]); waits for a neighbour that does not answer up
+/// to [`NEIGHBOUR_WAIT`], saying so. Then this ps serves (`fetching` was
+/// set by the caller, and is cleared here, whatever happened).
+pub(super) async fn fetch_own(
+    service: PsService,
+    config: std::sync::Arc<Config>,
+    client: Client,
+    stop: CancellationToken,
+) {
+    let ring = &service.inner.ring;
+    let task = ring.task;
+    let Some((next, addr)) = ring.next.clone() else {
+        return;
+    };
+    info!(
+        ps = task,
+        neighbour = next,
+        "No snapshot of its own (a new or emptied disk): fetching this shard's copy from its neighbour before serving."
+    );
+    let started = Instant::now();
+    let mut logged: Option<Instant> = None;
+    loop {
+        let req = pb::FetchReplicaRequest { task: task as u32 };
+        let why = match tokio::time::timeout(CALL_TIMEOUT, client.clone().fetch_replica(req)).await
+        {
+            Ok(Ok(answer)) => {
+                take(&service, &config, answer.into_inner(), next).await;
+                break;
+            }
+            Ok(Err(status)) if status.code() != tonic::Code::Unavailable => {
+                warn!(ps = task, neighbour = next, address = %addr, error = %status, "The neighbour refused to hand over this shard's copy; serving without it (the chief seeds the shard from the newest checkpoint).");
+                break;
+            }
+            Ok(Err(status)) => status.message().to_owned(),
+            Err(_) => "no answer within 10 s".to_owned(),
+        };
+        if started.elapsed() >= NEIGHBOUR_WAIT {
+            warn!(ps = task, neighbour = next, address = %addr, waited_secs = NEIGHBOUR_WAIT.as_secs(), error = %why, "The neighbour did not answer: serving without this shard's copy (the chief seeds the shard from the newest checkpoint).");
+            break;
+        }
+        if logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
+            logged = Some(Instant::now());
+            warn!(ps = task, neighbour = next, address = %addr, error = %why, waited_secs = started.elapsed().as_secs(), limit_secs = NEIGHBOUR_WAIT.as_secs(), "Waiting for the neighbour that keeps this shard's copy.");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    ring.fetching
+        .store(false, std::sync::atomic::Ordering::Release);
+}
+
+/// The neighbour's answer: its copy written into this ps's own snapshot
+/// dir, then restored as if this ps had written it.
+async fn take(
+    service: &PsService,
+    config: &std::sync::Arc<Config>,
+    answer: pb::FetchReplicaResponse,
+    next: usize,
+) {
+    let task = service.inner.task;
+    if !answer.held {
+        info!(
+            ps = task,
+            neighbour = next,
+            "The neighbour keeps no copy of this shard (a new cluster, or its disk is new too): waiting for the chief."
+        );
+        return;
+    }
+    let Some(dir) = service.inner.snapshots.dir.clone() else {
+        return;
+    };
+    let (service, config) = (service.clone(), config.clone());
+    let step = answer.step;
+    let done = tokio::task::spawn_blocking(move || {
+        snapshot::write(&dir, step, &answer.snapshot, None)?;
+        info!(
+            ps = task,
+            neighbour = next,
+            step,
+            "Fetched this shard's copy from its neighbour."
+        );
+        Ok::<_, SnapshotError>(snapshot::restore(&service, &config))
+    })
+    .await;
+    match done {
+        Ok(Ok(snapshot::Restore::Held(_))) => {}
+        Ok(Ok(_)) => info!(
+            ps = task,
+            "The neighbour's copy was not restored (see above): waiting for the chief."
+        ),
+        Ok(Err(e)) => {
+            error!(ps = task, error = %e, "Cannot write the neighbour's copy: waiting for the chief.")
+        }
+        Err(e) => {
+            error!(ps = task, error = %e, "The restoring task failed: waiting for the chief.")
+        }
+    }
+}
