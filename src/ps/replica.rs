@@ -42,6 +42,10 @@ pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// neighbour that restarted on an empty disk holds it again.
 const RESEND_IDLE: Duration = Duration::from_secs(30);
 
+/// Between asks of a neighbour that does not answer (a refused connection
+/// costs nothing; a fresh cluster's ps tasks start at about the same time).
+const RETRY: Duration = Duration::from_millis(250);
+
 /// How often a wait for the neighbour says so.
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -370,7 +374,7 @@ pub(super) async fn fetch_own(
             warn!(ps = task, neighbour = next, address = %addr, error = %why, waited_secs = started.elapsed().as_secs(), limit_secs = NEIGHBOUR_WAIT.as_secs(), "Waiting for the neighbour that keeps this shard's copy.");
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(RETRY) => {}
             _ = stop.cancelled() => break,
         }
     }
