@@ -83,18 +83,23 @@ if [[ "${HOSTS:-1}" != 0 ]]; then
 fi
 
 # ps snapshots (ps.snapshot_secs): every second, the default, vs off,
-# interleaved; and the step a kill -9 of the ps costs (bench_ps_kill.py).
+# interleaved; and the step a kill -9 of the ps costs (bench_ps_kill.py),
+# also on a lost disk (the shard from its ring neighbour).
 snap_off=$(mktemp --suffix=.toml)
 printf '[ps]\nsnapshot_secs = 0\n' > "$snap_off"
 for _ in $(seq "$REPEAT"); do
     cluster --ps 1 --workers 2 --steps "$STEPS"
     cluster --ps 1 --workers 2 --steps "$STEPS" --config "$snap_off"
+    # Two ps: the snapshots and their ring copies (ps/replica.rs).
+    cluster --ps 2 --workers 2 --steps "$STEPS"
+    cluster --ps 2 --workers 2 --steps "$STEPS" --config "$snap_off"
 done
 rm -f "$snap_off"
 BIN=$(dirname "$DTF")
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 --mode sync | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 | emit
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 --lose-disk | emit
 
 # A worker joining a running cluster (a live cluster.worker edit, then its
 # start): the time to its first applied push.

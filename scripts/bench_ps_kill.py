@@ -7,8 +7,12 @@ line: steps lost, steps/s before the kill, and so the seconds of training
 lost.
 
     scripts/bench_ps_kill.py --bin target/release --ps 1 --workers 2 [--mode sync] [--transport tcp]
+    scripts/bench_ps_kill.py --bin target/release --ps 2 --workers 4 --victim 1 --lose-disk
+
+With --lose-disk the victim's snapshot dir is deleted before the restart (a
+replaced disk or machine): its shard comes from its ring neighbour's copy.
 """
-import argparse, json, os, re, signal, subprocess, sys, tempfile, time
+import argparse, json, os, re, shutil, signal, subprocess, sys, tempfile, time
 
 def main():
     ap = argparse.ArgumentParser()
@@ -19,6 +23,8 @@ def main():
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--victim", type=int, default=0, help="the ps task to kill")
+    ap.add_argument("--lose-disk", action="store_true",
+                    help="delete the victim's snapshot dir before restarting it")
     ap.add_argument("--train-secs", type=float, default=8.0, help="training before the kill")
     args = ap.parse_args()
     d = tempfile.mkdtemp(prefix="dtf-kill-")
@@ -76,6 +82,8 @@ token_file = "{token}"
         rate = (s1 - s0) / (t1 - t0)
         procs[("ps", args.victim)].send_signal(signal.SIGKILL)
         procs[("ps", args.victim)].wait()
+        if args.lose_disk:
+            shutil.rmtree(os.path.join(d, "state", f"ps-{args.victim}"))
         start("ps", args.victim)
         chief_log = os.path.join(d, "worker-0.log")
         pat = re.compile(r"ps=%d .*restored_step=(\d+) before=(\d+) steps_lost=(\d+)" % args.victim)
@@ -90,6 +98,7 @@ token_file = "{token}"
         restored, before, lost = map(int, m.groups())
         print(json.dumps({"bench": "ps_kill", "ps": args.ps, "workers": args.workers,
                           "mode": args.mode, "transport": args.transport,
+                          "lost_disk": args.lose_disk,
                           "steps_per_sec": round(rate, 1), "restored_step": restored,
                           "step_before_kill": before, "steps_lost": lost,
                           "seconds_of_training_lost": round(lost / rate, 3) if rate else None}))

@@ -87,6 +87,9 @@ pub struct TaskStatus {
     /// Ps: it reloaded a changed `cluster.ps` and takes no pushes until the
     /// chief's re-shard checkpoint, then starts again under the new list.
     pub resharding: Option<bool>,
+    /// Ps: it started with no snapshot of its own and fetches its shard's
+    /// copy from its ring neighbour before it serves.
+    pub fetching: Option<bool>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -215,6 +218,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
                 .map(|s| s.snapshot_age_seconds),
             snapshot_failures: s.map(|s| s.snapshot_failures),
             resharding: s.map(|s| s.resharding),
+            fetching: s.map(|s| s.fetching),
             ..Default::default()
         });
     }
@@ -452,6 +456,9 @@ fn row(t: &TaskStatus) -> Vec<String> {
         {
             let seen = match (t.reachable, &t.contact, t.last_contact_secs) {
                 (Some(true), ..) if t.resharding == Some(true) => "yes, RE-SHARDING".into(),
+                (Some(true), ..) if t.fetching == Some(true) => {
+                    "yes, FETCHING ITS SHARD FROM ITS NEIGHBOUR".into()
+                }
                 (Some(true), ..) => "yes".into(),
                 (Some(false), ..) => "NO".into(),
                 (None, Some(c), Some(ago)) => format!("{c} ({ago:.1} s ago)"),

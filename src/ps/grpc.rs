@@ -103,7 +103,6 @@ impl ParameterServer for PsService {
         &self,
         _: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, Status> {
-        self.serving()?;
         Ok(Response::new(self.state_now()))
     }
 

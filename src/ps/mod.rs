@@ -415,6 +415,7 @@ impl PsService {
             resharding: self.inner.resharding.load(Ordering::Relaxed),
             replica_step,
             replica_failures,
+            fetching: self.inner.ring.fetching.load(Ordering::Acquire),
             run: if s.is_initialized() {
                 s.run()
             } else {

@@ -7,9 +7,9 @@
 //! `<its snapshot dir>/replica-ps-<i>/`, written like its own snapshots
 //! (temp file, fsync, rename; two generations). A ps that starts with no
 //! valid snapshot of its own (a replaced machine at the same address)
-//! fetches that copy from `(i+1) mod n` before it serves: until then every
-//! call but these two is refused `UNAVAILABLE`, saying why, so workers and
-//! the chief wait as for a ps that is down. A neighbour that does not
+//! fetches that copy from `(i+1) mod n` before it serves: until then its
+//! `State` says `fetching` (the chief waits rather than seeding it) and
+//! `Initialize`, `Pull` and `Push` are refused `UNAVAILABLE`, saying why. A neighbour that does not
 //! answer is waited for up to [`NEIGHBOUR_WAIT`]; then the ps serves without
 //! it and the chief seeds the shard from the newest checkpoint.
 //!
@@ -252,8 +252,8 @@ impl PsService {
         })
     }
 
-    /// While this ps fetches its copy at start, the answer to every call
-    /// but the ring's.
+    /// While this ps fetches its copy at start, the answer to `Initialize`,
+    /// `Pull` and `Push` (`State` says `fetching`).
     pub(super) fn serving(&self) -> Result<(), Status> {
         let ring = &self.inner.ring;
         if !ring.fetching.load(std::sync::atomic::Ordering::Acquire) {

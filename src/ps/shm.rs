@@ -329,10 +329,7 @@ async fn call(
     body: &[u8],
 ) -> Result<Vec<u8>, Status> {
     match k {
-        kind::STATE => {
-            service.serving()?;
-            Ok(service.state_now().encode_to_vec())
-        }
+        kind::STATE => Ok(service.state_now().encode_to_vec()),
         kind::INITIALIZE => Ok(service.initialize_from(decode(body)?)?.encode_to_vec()),
         kind::PULL => {
             let req: pb::PullRequest = decode(body)?;

@@ -387,6 +387,7 @@ impl Worker {
         // the ps answers, even just after a "waiting for the ps" line.
         let mut chief_wait = Backoff::new();
         let mut placed_wait = Backoff::new();
+        let mut fetch_wait = Backoff::new();
         loop {
             if self.shutdown.is_cancelled() {
                 return Err(WorkerError::Interrupted);
@@ -438,6 +439,23 @@ impl Worker {
                 .collect();
             if missing.is_empty() {
                 return Ok(false);
+            }
+            // A ps started on an empty disk fetches its shard's copy from
+            // its ring neighbour: not to be seeded meanwhile.
+            let fetching: Vec<usize> = missing
+                .iter()
+                .copied()
+                .filter(|&ps| states[ps].fetching)
+                .collect();
+            if !fetching.is_empty() {
+                if fetch_wait.should_log() {
+                    info!(ps = ?fetching, "Waiting for ps tasks that fetch their shard's copy from their ring neighbour (they started with no snapshot of their own).");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(INIT_POLL) => {}
+                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
+                }
+                continue;
             }
             if !self.is_chief() {
                 if chief_wait.should_log() {

@@ -218,7 +218,8 @@ async fn a_ps_on_an_empty_disk_fetches_its_shard_from_its_neighbour(transport) {
 
 /// Kills both ps of a 2-ps run once each has a snapshot past step 100 and
 /// its neighbour a copy of it, and empties ps:1's disk: ps:1 restarted
-/// alone waits for ps:0, refusing calls with the reason.
+/// alone waits for ps:0, saying so in `State` and `dtf status`, and refuses
+/// pulls with the reason.
 async fn both_down_one_disk_lost(c: &mut Cluster) -> (u64, u64) {
     let zero = wait_state(c, 0, "ps:0 snapshotted", |s| s.snapshot_step > 100).await;
     let one = wait_state(c, 1, "ps:1's copy kept", |s| s.replica_step > 100).await;
@@ -233,13 +234,20 @@ async fn both_down_one_disk_lost(c: &mut Cluster) -> (u64, u64) {
         RUN,
     );
     let mut ps = c.client(1, Some(TOKEN)).await;
-    let refused = ps.state(pb::StateRequest {}).await.unwrap_err();
+    let s = ps.state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert!(s.fetching && !s.initialized, "{s:?}");
+    let refused = ps.pull(pb::PullRequest::default()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     assert!(
         refused
             .message()
             .contains("fetching its shard's copy from ps:0"),
         "{refused:?}"
+    );
+    let table = String::from_utf8(c.dtf(&["status"]).stdout).unwrap();
+    assert!(
+        table.contains("FETCHING ITS SHARD FROM ITS NEIGHBOUR"),
+        "{table}"
     );
     (zero.snapshot_step, one.replica_step)
 }
