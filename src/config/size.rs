@@ -34,8 +34,9 @@ impl Config {
             .ps
             .saturating_add(need.variables.saturating_mul(4 * slots));
         // With the ring of snapshot copies (`ps/replica.rs`) a ps also holds
-        // its neighbour's snapshot while it checks and writes it: at most
-        // one more copy of everything.
+        // its own newest snapshot for the neighbour and the neighbour's
+        // while it checks and writes it (one at a time): counted as one more
+        // copy of everything, a bound rather than an exact count.
         let ring = self.cluster.ps.len() >= 2
             && self.ps.snapshot_secs > 0
             && self.train.mode == super::Mode::Async;

@@ -147,8 +147,8 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::ReplicateRequest>,
     ) -> Result<Response<pb::ReplicateResponse>, Status> {
-        self.keep_copy(req.into_inner()).await?;
-        Ok(Response::new(pb::ReplicateResponse {}))
+        let incarnation = self.keep_copy(req.into_inner()).await?;
+        Ok(Response::new(pb::ReplicateResponse { incarnation }))
     }
 
     async fn fetch_replica(

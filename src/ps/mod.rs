@@ -373,6 +373,9 @@ impl PsService {
     /// This task's state and counters: what `State` answers on either
     /// transport, and the plain accessor the metrics read.
     pub fn state_now(&self) -> pb::StateResponse {
+        // First: once it is false, what the fetch restored is in the
+        // snapshot fields read next (never "not fetching, nothing held").
+        let fetching = self.inner.ring.fetching.load(Ordering::Acquire);
         let snap = self.snapshot_state();
         let (replica_step, replica_failures) = self.inner.ring.report();
         let s = self.lock();
@@ -415,7 +418,7 @@ impl PsService {
             resharding: self.inner.resharding.load(Ordering::Relaxed),
             replica_step,
             replica_failures,
-            fetching: self.inner.ring.fetching.load(Ordering::Acquire),
+            fetching,
             run: if s.is_initialized() {
                 s.run()
             } else {
@@ -871,7 +874,7 @@ pub async fn serve(
     // ring's calls until then).
     let ring = match &service.inner.ring.next {
         Some((_, addr)) => {
-            match tcp::client(credentials, addr, limit, replica::CALL_TIMEOUT, "none") {
+            match tcp::client(credentials, addr, limit, replica::CLIENT_TIMEOUT, "none") {
                 Ok(client) => {
                     if restored == snapshot::Restore::Nothing {
                         service.inner.ring.fetching.store(true, Ordering::Release);
@@ -882,11 +885,9 @@ pub async fn serve(
                             stop.clone(),
                         ));
                     }
-                    Some(tokio::spawn(replica::send(
-                        service.clone(),
-                        client,
-                        stop.clone(),
-                    )))
+                    let sender =
+                        tokio::spawn(replica::send(service.clone(), client.clone(), stop.clone()));
+                    Some((sender, client))
                 }
                 Err(e) => {
                     warn!(ps = task, address = %addr, error = %e, "No snapshot copies for the neighbour: cannot make its client.");
@@ -914,8 +915,8 @@ pub async fn serve(
         .await;
     linger.abort();
     members.abort();
-    if let Some(ring) = ring {
-        ring.abort();
+    if let Some((sender, _)) = &ring {
+        sender.abort();
     }
     resharded.abort();
     orphaned.abort();
@@ -926,6 +927,10 @@ pub async fn serve(
     // The last snapshot, of the state as it stopped (bounded).
     if let Some(snapshots) = snapshots {
         let _ = snapshots.await;
+    }
+    // ... and its hand-over to the neighbour (bounded).
+    if let Some((_, client)) = &ring {
+        replica::send_last(&service, client).await;
     }
     if let Err(e) = &result {
         warn!(ps = task, error = %e, "Server stopped with an error.");

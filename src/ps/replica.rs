@@ -35,8 +35,25 @@ use tracing::{error, info, warn};
 /// shard from the newest checkpoint).
 pub const NEIGHBOUR_WAIT: Duration = Duration::from_secs(60);
 
-/// Bound on one hand-over or fetch of a copy.
-pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on a call that carries no snapshot, and the fixed part of one
+/// that does ([`transfer_timeout`]).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The slowest rate a copy is given time for: 10 MB/s (a tenth of a
+/// 1 Gbit/s link), so a large shard's copy is not cut off by a fixed bound.
+const FLOOR_BYTES_PER_SEC: u64 = 10_000_000;
+
+/// How long a call carrying `bytes` of snapshot may take.
+fn transfer_timeout(bytes: u64) -> Duration {
+    CALL_TIMEOUT + Duration::from_secs(bytes / FLOOR_BYTES_PER_SEC)
+}
+
+/// The clients' own per-call bound (the ring's calls set theirs with
+/// `tokio::time::timeout`, sized to what they carry).
+pub(super) const CLIENT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a stopping ps gives the hand-over of its last snapshot.
+const FINAL_HAND_OVER: Duration = Duration::from_secs(5);
 
 /// An idle shard's newest snapshot is handed over again this often, so a
 /// neighbour that restarted on an empty disk holds it again.
@@ -58,11 +75,16 @@ pub(super) struct Ring {
     pub next: Option<(usize, String)>,
     /// The copies this task keeps, of `(i-1) mod n`.
     keeps: Option<Kept>,
+    /// The largest snapshot of this task's own shard (a fetch's time bound).
+    own_bound: u64,
     /// The newest snapshot to hand over: (step, file bytes).
     outbox: watch::Sender<Option<(u64, bytes::Bytes)>>,
-    /// Writes of kept copies, one at a time; the file written last (kept
-    /// beside the next, in case the newest is damaged).
-    written: tokio::sync::Mutex<Option<PathBuf>>,
+    /// Writes of kept copies, one at a time (the write owns the guard, so a
+    /// caller that gives up does not let a second one start beside it); the
+    /// file written last (kept beside the next, in case it is damaged).
+    written: std::sync::Arc<tokio::sync::Mutex<Option<PathBuf>>>,
+    /// Reads for `FetchReplica`, one at a time (each holds a whole copy).
+    reading: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// For `State` and `/metrics`.
     stats: Mutex<Stats>,
     /// Set while this task fetches its own copy at start.
@@ -85,6 +107,8 @@ struct Kept {
 struct Stats {
     /// The step of the newest copy the neighbour took.
     sent: u64,
+    /// The incarnation of the neighbour that took it.
+    taken_by: Option<u64>,
     /// Hand-overs that failed since start.
     failures: u64,
     /// The latest one failed (an ERROR is logged once per run of failures).
@@ -108,22 +132,21 @@ impl Ring {
             && config.ps.snapshot_secs > 0
             && own.is_some()
             && !(config.train.mode == Mode::Sync);
+        let variables = Mlp::new(&config.model.layers)?.variables();
+        let specs = |t: usize| crate::placement::shard(&variables, n, config.cluster.placement, t);
+        let optimizer = config.train.optimizer();
         let (next, keeps) = match (on, own) {
             (true, Some(own)) => {
                 let prev = (task + n - 1) % n;
-                let specs = crate::placement::shard(
-                    &Mlp::new(&config.model.layers)?.variables(),
-                    n,
-                    config.cluster.placement,
-                    prev,
-                );
                 let next = (task + 1) % n;
                 let kept = Kept {
                     task: prev,
-                    identity: snapshot::identity(config, prev, &specs),
-                    bound: snapshot::size_bound(&specs, &config.train.optimizer()),
+                    identity: snapshot::identity(config, prev, &specs(prev)),
+                    bound: snapshot::size_bound(&specs(prev), &optimizer),
                     dir: own.join(format!("replica-ps-{prev}")),
                 };
+                // What a writer killed mid-copy left (only this task writes there).
+                snapshot::remove_temps(&kept.dir);
                 (Some((next, config.cluster.ps[next].clone())), Some(kept))
             }
             _ => (None, None),
@@ -132,8 +155,10 @@ impl Ring {
             task,
             next,
             keeps,
+            own_bound: snapshot::size_bound(&specs(task), &optimizer),
             outbox: watch::channel(None).0,
-            written: tokio::sync::Mutex::new(None),
+            written: Default::default(),
+            reading: Default::default(),
             stats: Mutex::new(Stats::default()),
             fetching: std::sync::atomic::AtomicBool::new(false),
         })
@@ -174,12 +199,14 @@ impl Ring {
 }
 
 impl PsService {
-    /// `Replicate`: the previous ps's snapshot, checked and kept.
+    /// `Replicate`: the previous ps's snapshot, checked and kept. Returns
+    /// this process's incarnation.
     ///
     /// Errors: `FAILED_PRECONDITION` for a shard this ps does not keep,
     /// `INVALID_ARGUMENT` for a file too large, damaged or of another
-    /// shard, `UNAVAILABLE` when it cannot be written (the error is logged).
-    pub(super) async fn keep_copy(&self, req: pb::ReplicateRequest) -> Result<(), Status> {
+    /// shard, `RESOURCE_EXHAUSTED` while the previous copy is still being
+    /// written, `UNAVAILABLE` when it cannot be written (the error is logged).
+    pub(super) async fn keep_copy(&self, req: pb::ReplicateRequest) -> Result<u64, Status> {
         let ring = &self.inner.ring;
         let kept = ring.kept(req.task)?;
         if req.snapshot.len() as u64 > kept.bound {
@@ -190,20 +217,31 @@ impl PsService {
                 req.snapshot.len()
             )));
         }
-        let mut written = ring.written.lock().await;
-        let (dir, identity, keep) = (kept.dir.clone(), kept.identity.clone(), written.clone());
+        let Ok(mut written) = ring.written.clone().try_lock_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "ps:{} is still writing the previous copy",
+                ring.task
+            )));
+        };
+        let (dir, identity) = (kept.dir.clone(), kept.identity.clone());
         let bytes = req.snapshot;
+        // The write owns the lock: it runs to its end even when the caller
+        // has given up, and no other starts beside it. A copy it already
+        // holds (an idle shard's, handed over again) is not written twice.
         let result = tokio::task::spawn_blocking(move || {
             let step = snapshot::verify(&dir, &bytes, &identity)?.step;
-            snapshot::write(&dir, step, &bytes, keep.as_deref())
+            let held = written
+                .as_deref()
+                .is_some_and(|p| p == snapshot::path(&dir, step));
+            if !held {
+                *written = Some(snapshot::write(&dir, step, &bytes, written.as_deref())?);
+            }
+            Ok(())
         })
         .await
         .map_err(|e| Status::internal(format!("the writing task failed: {e}")))?;
         match result {
-            Ok(path) => {
-                *written = Some(path);
-                Ok(())
-            }
+            Ok(()) => Ok(self.inner.incarnation),
             Err(e @ SnapshotError::Invalid { .. }) => Err(Status::invalid_argument(e.to_string())),
             Err(e) => {
                 warn!(ps = ring.task, of = kept.task, error = %e, "Cannot keep the neighbour's snapshot.");
@@ -223,7 +261,14 @@ impl PsService {
         &self,
         req: pb::FetchReplicaRequest,
     ) -> Result<pb::FetchReplicaResponse, Status> {
-        let kept = self.inner.ring.kept(req.task)?;
+        let ring = &self.inner.ring;
+        let kept = ring.kept(req.task)?;
+        let Ok(reading) = ring.reading.clone().try_lock_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "ps:{} is already reading a copy for another call",
+                ring.task
+            )));
+        };
         let (dir, identity, bound, task) = (
             kept.dir.clone(),
             kept.identity.clone(),
@@ -231,6 +276,7 @@ impl PsService {
             self.inner.task,
         );
         let found = tokio::task::spawn_blocking(move || {
+            let _reading = reading;
             snapshot::list(&dir).into_iter().find_map(|(_, path)| {
                 let read = snapshot::read_regular(&path, bound).and_then(|bytes| {
                     let step = snapshot::verify(&path, &bytes, &identity)?.step;
@@ -269,14 +315,13 @@ impl PsService {
     }
 }
 
-/// Hands each new snapshot (and, idle, the newest again every
-/// [`RESEND_IDLE`]) to the neighbour until `stop`. A failed hand-over is
-/// counted, logged at ERROR once until one succeeds; training goes on.
+/// Hands each new snapshot to the neighbour until `stop`; while the shard
+/// is idle, checks every [`RESEND_IDLE`] that the neighbour that took the
+/// newest is still the same process, and hands it over again if not. A
+/// failed hand-over is counted, logged at ERROR once until one succeeds;
+/// training goes on.
 pub(super) async fn send(service: PsService, client: Client, stop: CancellationToken) {
     let ring = &service.inner.ring;
-    let Some((next, addr)) = ring.next.clone() else {
-        return;
-    };
     let mut rx = ring.outbox.subscribe();
     loop {
         tokio::select! {
@@ -287,28 +332,74 @@ pub(super) async fn send(service: PsService, client: Client, stop: CancellationT
         let Some((step, bytes)) = rx.borrow_and_update().clone() else {
             continue;
         };
-        let req = pb::ReplicateRequest {
-            task: ring.task as u32,
-            step,
-            snapshot: bytes,
+        let taken_by = {
+            let s = ring.stats();
+            (s.sent == step).then_some(s.taken_by).flatten()
         };
-        let result = tokio::time::timeout(CALL_TIMEOUT, client.clone().replicate(req)).await;
-        let mut stats = ring.stats();
-        match result {
-            Ok(Ok(_)) => {
-                if stats.failing {
-                    info!(
-                        ps = ring.task,
-                        neighbour = next,
-                        step,
-                        "The neighbour keeps this shard's snapshots again."
-                    );
-                }
-                stats.failing = false;
-                stats.sent = step;
+        if let Some(holder) = taken_by {
+            let mut client = client.clone();
+            let state = client.state(pb::StateRequest {});
+            if let Ok(Ok(s)) = tokio::time::timeout(CALL_TIMEOUT, state).await
+                && s.into_inner().incarnation == holder
+            {
+                continue;
             }
-            Ok(Err(status)) => fail(&mut stats, ring.task, next, &addr, &status.to_string()),
-            Err(_) => fail(&mut stats, ring.task, next, &addr, "no answer within 10 s"),
+        }
+        hand_over(ring, &client, step, bytes, transfer_timeout).await;
+    }
+}
+
+/// A stopping ps's last snapshot (written after [`send`] stopped), handed
+/// over within [`FINAL_HAND_OVER`] when the neighbour does not have it.
+pub(super) async fn send_last(service: &PsService, client: &Client) {
+    let ring = &service.inner.ring;
+    let Some((step, bytes)) = ring.outbox.borrow().clone() else {
+        return;
+    };
+    if ring.stats().sent != step {
+        hand_over(ring, client, step, bytes, |_| FINAL_HAND_OVER).await;
+    }
+}
+
+/// One hand-over, bounded by `bound` of its size; the outcome counted.
+async fn hand_over(
+    ring: &Ring,
+    client: &Client,
+    step: u64,
+    bytes: bytes::Bytes,
+    bound: impl Fn(u64) -> Duration,
+) {
+    let Some((next, addr)) = &ring.next else {
+        return;
+    };
+    let limit = bound(bytes.len() as u64);
+    let req = pb::ReplicateRequest {
+        task: ring.task as u32,
+        step,
+        snapshot: bytes,
+    };
+    let result = tokio::time::timeout(limit, client.clone().replicate(req)).await;
+    let mut stats = ring.stats();
+    match result {
+        Ok(Ok(answer)) => {
+            if stats.failing {
+                info!(
+                    ps = ring.task,
+                    neighbour = next,
+                    step,
+                    "The neighbour keeps this shard's snapshots again."
+                );
+            }
+            stats.failing = false;
+            stats.sent = step;
+            stats.taken_by = Some(answer.into_inner().incarnation);
+        }
+        // Still writing the one before: this one is skipped, the next goes.
+        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {}
+        Ok(Err(status)) => fail(&mut stats, ring.task, *next, addr, &status.to_string()),
+        Err(_) => {
+            let why = format!("no answer within {} s", limit.as_secs());
+            fail(&mut stats, ring.task, *next, addr, &why)
         }
     }
 }
@@ -352,18 +443,18 @@ pub(super) async fn fetch_own(
     let mut logged: Option<Instant> = None;
     loop {
         let req = pb::FetchReplicaRequest { task: task as u32 };
-        let why = match tokio::time::timeout(CALL_TIMEOUT, client.clone().fetch_replica(req)).await
-        {
+        let limit = transfer_timeout(ring.own_bound);
+        let why = match tokio::time::timeout(limit, client.clone().fetch_replica(req)).await {
             Ok(Ok(answer)) => {
                 take(&service, &config, answer.into_inner(), next).await;
                 break;
             }
-            Ok(Err(status)) if status.code() != tonic::Code::Unavailable => {
+            Ok(Err(status)) if refusal(status.code()) => {
                 warn!(ps = task, neighbour = next, address = %addr, error = %status, "The neighbour refused to hand over this shard's copy; serving without it (the chief seeds the shard from the newest checkpoint).");
                 break;
             }
-            Ok(Err(status)) => status.message().to_owned(),
-            Err(_) => "no answer within 10 s".to_owned(),
+            Ok(Err(status)) => status.to_string(),
+            Err(_) => format!("no answer within {} s", limit.as_secs()),
         };
         if started.elapsed() >= NEIGHBOUR_WAIT {
             warn!(ps = task, neighbour = next, address = %addr, waited_secs = NEIGHBOUR_WAIT.as_secs(), error = %why, "The neighbour did not answer: serving without this shard's copy (the chief seeds the shard from the newest checkpoint).");
@@ -382,8 +473,20 @@ pub(super) async fn fetch_own(
         .store(false, std::sync::atomic::Ordering::Release);
 }
 
-/// The neighbour's answer: its copy written into this ps's own snapshot
-/// dir, then restored as if this ps had written it.
+/// A refusal that asking again will not change (a different list or
+/// token, an older dtf); anything else (down, busy, a timeout, a reset
+/// connection) is asked again until [`NEIGHBOUR_WAIT`].
+fn refusal(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(
+        code,
+        FailedPrecondition | Unauthenticated | PermissionDenied | Unimplemented | InvalidArgument
+    )
+}
+
+/// The neighbour's answer: its copy checked as this shard's (identity,
+/// CRCs), written into this ps's own snapshot dir under the step it holds,
+/// then restored as if this ps had written it.
 async fn take(
     service: &PsService,
     config: &std::sync::Arc<Config>,
@@ -403,8 +506,9 @@ async fn take(
         return;
     };
     let (service, config) = (service.clone(), config.clone());
-    let step = answer.step;
     let done = tokio::task::spawn_blocking(move || {
+        let identity = &service.inner.snapshots.identity;
+        let step = snapshot::verify(&dir, &answer.snapshot, identity)?.step;
         snapshot::write(&dir, step, &answer.snapshot, None)?;
         info!(
             ps = task,

@@ -232,6 +232,11 @@ fn file_name(step: u64) -> String {
     format!("shard-{step}.safetensors")
 }
 
+/// Where [`write`] puts the snapshot of `step` in `dir`.
+pub(super) fn path(dir: &Path, step: u64) -> PathBuf {
+    dir.join(file_name(step))
+}
+
 /// The step in a snapshot's file name.
 fn parse_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
@@ -306,7 +311,7 @@ pub fn write(
 
 /// Removes temp files a crashed writer left in `dir` (only this task
 /// writes there, and it has just started).
-fn remove_temps(dir: &Path) {
+pub(super) fn remove_temps(dir: &Path) {
     for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = entry.file_name();
         if name

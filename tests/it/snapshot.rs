@@ -292,6 +292,53 @@ async fn an_empty_ps_whose_neighbour_stays_down_falls_back_to_the_checkpoint() {
     finish(&mut c).await;
 }
 
+/// The ring's calls, from a hostile or misconfigured client: refused with
+/// the reason, nothing kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_ring_calls_are_refused_and_keep_nothing() {
+    let mut c = long_run(2, 1, Mode::Async, dtf::config::Transport::Tcp);
+    c.start("ps", 0);
+    c.start("ps", 1);
+    // ps:1 keeps ps:0's copies (ps:0 hands them to ps:1), no one else's.
+    let mut ps1 = c.client(1, Some(TOKEN)).await;
+    wait_state(&c, 1, "ps:1 serving", |s| !s.fetching).await;
+    let replicate = |task: u32, snapshot: &'static [u8]| pb::ReplicateRequest {
+        task,
+        step: 5,
+        snapshot: snapshot.into(),
+    };
+    let e = ps1.replicate(replicate(1, b"x")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("keeps the copies of ps:0"), "{e:?}");
+    let e = ps1
+        .replicate(replicate(0, b"not a snapshot"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = ps1
+        .fetch_replica(pb::FetchReplicaRequest { task: 2 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    // Nothing was kept: a fetch finds nothing.
+    let held = ps1
+        .fetch_replica(pb::FetchReplicaRequest { task: 0 })
+        .await
+        .unwrap();
+    assert!(!held.into_inner().held);
+    let kept = Path::new(&c.cfg.ps.snapshot_dir).join("ps-1/replica-ps-0");
+    assert_eq!(std::fs::read_dir(&kept).map_or(0, |d| d.count()), 0);
+    // Without the token, neither call is served.
+    let mut anon = c.client(1, None).await;
+    let e = anon.replicate(replicate(0, b"x")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = anon
+        .fetch_replica(pb::FetchReplicaRequest { task: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+}
+
 crate::on_each_transport! {
 async fn a_killed_sync_ps_resumes_from_a_whole_step(transport) {
     let mut c = long_run(1, 2, Mode::Sync, transport);
