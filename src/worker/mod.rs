@@ -379,6 +379,16 @@ impl Worker {
             .collect()
     }
 
+    /// Sleeps [`INIT_POLL`] between looks at the shards.
+    ///
+    /// Errors: [`WorkerError::Interrupted`] at once when the task is stopped.
+    async fn init_poll(&self) -> Result<(), WorkerError> {
+        tokio::select! {
+            _ = tokio::time::sleep(INIT_POLL) => Ok(()),
+            _ = self.shutdown.cancelled() => Err(WorkerError::Interrupted),
+        }
+    }
+
     /// Waits until every shard is initialized (the chief initializes or
     /// restores those that are not). Returns true if the run is complete.
     async fn ensure_initialized(&mut self) -> Result<bool, WorkerError> {
@@ -422,10 +432,7 @@ impl Worker {
                 if placed_wait.should_log() {
                     warn!(ps = ?otherwise, cluster_ps = ?self.ps, "Waiting for ps tasks that hold another placement: a re-shard is under way, or their cluster.ps differs from this task's.");
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(INIT_POLL) => {}
-                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
-                }
+                self.init_poll().await?;
                 continue;
             }
             if states.iter().any(|s| s.complete) {
@@ -451,20 +458,14 @@ impl Worker {
                 if fetch_wait.should_log() {
                     info!(ps = ?fetching, "Waiting for ps tasks that fetch their shard's copy from their ring neighbour (they started with no snapshot of their own).");
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(INIT_POLL) => {}
-                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
-                }
+                self.init_poll().await?;
                 continue;
             }
             if !self.is_chief() {
                 if chief_wait.should_log() {
                     info!(uninitialized_ps = ?missing, "Waiting for the chief to initialize the model.");
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(INIT_POLL) => {}
-                    _ = self.shutdown.cancelled() => return Err(WorkerError::Interrupted),
-                }
+                self.init_poll().await?;
                 continue;
             }
             self.fill(&states, &missing).await?;
