@@ -870,8 +870,8 @@ pub async fn serve(
         tokio::spawn(snapshot::run(service.clone(), every, stop.clone()))
     });
     // The ring: this shard's snapshots go to the next ps; with none of its
-    // own, this ps first fetches its copy from there (serving only the
-    // ring's calls until then).
+    // own, this ps first fetches its copy from there (refusing Initialize,
+    // Pull and Push until then).
     let ring = match &service.inner.ring.next {
         Some((_, addr)) => {
             match tcp::client(credentials, addr, limit, replica::CLIENT_TIMEOUT, "none") {
@@ -928,8 +928,12 @@ pub async fn serve(
     if let Some(snapshots) = snapshots {
         let _ = snapshots.await;
     }
-    // ... and its hand-over to the neighbour (bounded).
-    if let Some((_, client)) = &ring {
+    // ... and its hand-over to the neighbour (bounded; not when the run is
+    // complete or the cluster re-shards, when the copy is of no use).
+    if let Some((_, client)) = &ring
+        && !service.inner.complete.is_cancelled()
+        && !service.inner.reshard.is_cancelled()
+    {
         replica::send_last(&service, client).await;
     }
     if let Err(e) = &result {

@@ -131,7 +131,7 @@ impl Ring {
         let on = n >= 2
             && config.ps.snapshot_secs > 0
             && own.is_some()
-            && !(config.train.mode == Mode::Sync);
+            && config.train.mode != Mode::Sync;
         let variables = Mlp::new(&config.model.layers)?.variables();
         let specs = |t: usize| crate::placement::shard(&variables, n, config.cluster.placement, t);
         let optimizer = config.train.optimizer();
@@ -345,32 +345,43 @@ pub(super) async fn send(service: PsService, client: Client, stop: CancellationT
                 continue;
             }
         }
-        hand_over(ring, &client, step, bytes, transfer_timeout).await;
+        if let Err(why) = hand_over(ring, &client, step, bytes, transfer_timeout).await {
+            let (next, addr) = ring.next.as_ref().expect("a ring with a neighbour");
+            fail(&mut ring.stats(), ring.task, *next, addr, &why);
+        }
     }
 }
 
 /// A stopping ps's last snapshot (written after [`send`] stopped), handed
-/// over within [`FINAL_HAND_OVER`] when the neighbour does not have it.
+/// over within [`FINAL_HAND_OVER`] when the neighbour does not have it. Not
+/// counted as a failure when it cannot be (the neighbour may be stopping
+/// too).
 pub(super) async fn send_last(service: &PsService, client: &Client) {
     let ring = &service.inner.ring;
     let Some((step, bytes)) = ring.outbox.borrow().clone() else {
         return;
     };
-    if ring.stats().sent != step {
-        hand_over(ring, client, step, bytes, |_| FINAL_HAND_OVER).await;
+    if ring.stats().sent == step {
+        return;
+    }
+    if let Err(why) = hand_over(ring, client, step, bytes, |_| FINAL_HAND_OVER).await {
+        info!(ps = ring.task, step, error = %why, "The last snapshot was not handed to the neighbour (it keeps the one before).");
     }
 }
 
-/// One hand-over, bounded by `bound` of its size; the outcome counted.
+/// One hand-over, bounded by `bound` of its size: recorded when the
+/// neighbour took it, or skipped when it is still writing the one before.
+///
+/// Errors: why it failed.
 async fn hand_over(
     ring: &Ring,
     client: &Client,
     step: u64,
     bytes: bytes::Bytes,
     bound: impl Fn(u64) -> Duration,
-) {
-    let Some((next, addr)) = &ring.next else {
-        return;
+) -> Result<(), String> {
+    let Some((next, _)) = &ring.next else {
+        return Ok(());
     };
     let limit = bound(bytes.len() as u64);
     let req = pb::ReplicateRequest {
@@ -393,14 +404,12 @@ async fn hand_over(
             stats.failing = false;
             stats.sent = step;
             stats.taken_by = Some(answer.into_inner().incarnation);
+            Ok(())
         }
         // Still writing the one before: this one is skipped, the next goes.
-        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {}
-        Ok(Err(status)) => fail(&mut stats, ring.task, *next, addr, &status.to_string()),
-        Err(_) => {
-            let why = format!("no answer within {} s", limit.as_secs());
-            fail(&mut stats, ring.task, *next, addr, &why)
-        }
+        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => Ok(()),
+        Ok(Err(status)) => Err(status.to_string()),
+        Err(_) => Err(format!("no answer within {} s", limit.as_secs())),
     }
 }
 
