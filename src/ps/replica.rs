@@ -529,7 +529,7 @@ async fn take(
     })
     .await;
     match done {
-        Ok(Ok(snapshot::Restore::Held(_))) => {}
+        Ok(Ok(snapshot::Restore::Held)) => {}
         Ok(Ok(_)) => info!(
             ps = task,
             "The neighbour's copy was not restored (see above): waiting for the chief."

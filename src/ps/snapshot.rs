@@ -578,14 +578,14 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
     stats.last = Some((step, at.unwrap_or_else(Instant::now)));
     stats.written = Some(path.clone());
     info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
-    Restore::Held(step)
+    Restore::Held
 }
 
 /// What [`restore`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Restore {
-    /// A snapshot of this step, held aside for the chief.
-    Held(u64),
+    /// A snapshot, held aside for the chief.
+    Held,
     /// A valid snapshot passed over (the checkpoint is as new, a new run, a
     /// sync run of several ps), or snapshots off.
     Passed,

@@ -675,10 +675,8 @@ impl Worker {
             if since.elapsed() >= Duration::from_secs(2) && log.should_log() {
                 warn!(cluster_ps = ?self.ps, "The ps tasks are re-sharding (their cluster.ps changed), but this task's has not: waiting for its reload (edit its dtf.toml too, or send it SIGHUP).");
             }
-            tokio::select! {
-                _ = tokio::time::sleep(INIT_POLL) => {}
-                _ = self.shutdown.cancelled() => {}
-            }
+            // A stop ends the wait (the loop's condition).
+            let _ = self.init_poll().await;
         }
     }
 
