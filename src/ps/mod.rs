@@ -464,8 +464,12 @@ impl PsService {
             return Err(shard::ShardError::StepRange(req.global_step).into());
         }
         if req.adopt {
+            let held = match req.snapshot_step {
+                0 => req.global_step,
+                s => s,
+            };
             return Ok(pb::InitializeResponse {
-                applied: self.adopt(req.run, req.global_step),
+                applied: self.adopt(req.run, held, req.global_step),
                 incarnation: self.inner.incarnation,
             });
         }
@@ -509,13 +513,17 @@ impl PsService {
     }
 
     /// The chief says the snapshot held aside since start is of its run:
-    /// the shard takes it. Returns false, changing nothing, unless that
-    /// snapshot is of `run` (known, not 0) and of `step` and the shard is
-    /// still uninitialized.
-    fn adopt(&self, run: u64, step: u64) -> bool {
+    /// the shard takes it, and counts on from `step` (its snapshot's own
+    /// step, or in sync mode the step of the shards that kept running).
+    /// Returns false, changing nothing, unless that snapshot is of `run`
+    /// (known, not 0) and of step `held`, `step` is not below it, and the
+    /// shard is still uninitialized.
+    fn adopt(&self, run: u64, held: u64, step: u64) -> bool {
         let mut pending = self.inner.snapshots.pending();
         let mut s = self.lock();
-        let Some(r) = pending.take_if(|r| run != 0 && r.run == run && r.step == step) else {
+        let Some(r) =
+            pending.take_if(|r| run != 0 && r.run == run && r.step == held && step >= held)
+        else {
             return false;
         };
         if !s.initialize(r.values, Some(r.shadows), Some(r.slots), step, false) {
@@ -526,7 +534,10 @@ impl PsService {
         self.inner.wire.forget();
         info!(
             ps = self.inner.task,
-            step, run, "Shard initialized from its snapshot: the chief adopted it."
+            step,
+            snapshot_step = held,
+            run,
+            "Shard initialized from its snapshot: the chief adopted it."
         );
         self.inner.step_tx.send_replace(step);
         true
@@ -741,9 +752,13 @@ impl PsService {
             return Ok(());
         }
         let step = req.global_step;
-        self.lock().set_complete();
+        let shard_step = {
+            let mut s = self.lock();
+            s.set_complete();
+            s.step()
+        };
         if !self.inner.complete.is_cancelled() {
-            info!(ps = self.inner.task, step, "Run complete.");
+            info!(ps = self.inner.task, step, shard_step, "Run complete.");
         }
         self.inner.complete.cancel();
         Ok(())

@@ -1,7 +1,7 @@
 //! The ring copy of each shard's snapshots: a lost disk or host costs no
 //! more than a killed process.
 //!
-//! With two or more ps tasks (async; see [`Ring::new`]), ps `i` hands every
+//! With two or more ps tasks ([`Ring::new`]), ps `i` hands every
 //! snapshot it writes to ps `(i+1) mod n`, which checks it (the identity of
 //! shard `i` under its own config, every CRC) and keeps it beside its own:
 //! `<its snapshot dir>/replica-ps-<i>/`, written like its own snapshots
@@ -18,7 +18,7 @@
 
 use super::PsService;
 use super::snapshot::{self, SnapshotError};
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::model::Mlp;
 use crate::pb;
 use crate::transport::tcp::Client;
@@ -116,10 +116,8 @@ struct Stats {
 }
 
 impl Ring {
-    /// Ps `task`'s ring under `config`: none with one ps task, with
-    /// snapshots off or without a snapshot dir (`own`), and in sync mode
-    /// with several ps tasks (their snapshots are not restored: the shards
-    /// go back to the checkpoint together).
+    /// Ps `task`'s ring under `config`: none with one ps task, or with
+    /// snapshots off or without a snapshot dir (`own`).
     ///
     /// Errors: [`crate::model::ModelError`] for a bad `model.layers`.
     pub(super) fn new(
@@ -128,10 +126,7 @@ impl Ring {
         own: Option<&Path>,
     ) -> Result<Self, crate::model::ModelError> {
         let n = config.cluster.ps.len();
-        let on = n >= 2
-            && config.ps.snapshot_secs > 0
-            && own.is_some()
-            && config.train.mode != Mode::Sync;
+        let on = n >= 2 && config.ps.snapshot_secs > 0 && own.is_some();
         let variables = Mlp::new(&config.model.layers)?.variables();
         let specs = |t: usize| crate::placement::shard(&variables, n, config.cluster.placement, t);
         let optimizer = config.train.optimizer();
@@ -191,7 +186,7 @@ impl Ring {
                 self.task, k.task
             ))),
             None => Err(Status::failed_precondition(format!(
-                "ps:{} keeps no copies (one ps task, snapshots off, or a sync run)",
+                "ps:{} keeps no copies (one ps task, or snapshots off)",
                 self.task
             ))),
         }

@@ -26,7 +26,7 @@
 use super::PsService;
 use super::shard::{Shard, Slots};
 use crate::checkpoint::{self, EMA_SUFFIX, MAX_HEADER_BYTES};
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::model::{Mlp, VarSpec};
 use crate::optimizer::SlotSpec;
 use ndarray::ArrayD;
@@ -511,9 +511,9 @@ fn newest_checkpoint(config: &Config) -> Option<Option<u64>> {
 }
 
 /// At start: reads the shard's newest valid snapshot when there is one
-/// newer than the newest checkpoint (and, in sync mode, only with one ps
-/// task: shards restored to different steps would not aggregate the same
-/// step) and holds it aside for the chief ([`Snapshotting::pending`]).
+/// newer than the newest checkpoint and holds it aside for the chief
+/// ([`Snapshotting::pending`]), which decides the step it resumes at (in a
+/// sync run of several ps tasks, that of the shards that kept running).
 /// Every snapshot passed over is named with its reason.
 pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
     let task = service.inner.task;
@@ -526,12 +526,6 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
     }
     remove_temps(dir);
     let files = list(dir);
-    if config.train.mode == Mode::Sync && config.cluster.ps.len() > 1 {
-        if !files.is_empty() {
-            info!(ps = task, dir = %dir.display(), "Snapshots not restored: a sync run with several ps tasks goes back to the newest checkpoint together (the chief seeds every shard).");
-        }
-        return Restore::Passed;
-    }
     if files.is_empty() {
         return Restore::Nothing;
     }
@@ -586,8 +580,8 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
 pub(super) enum Restore {
     /// A snapshot, held aside for the chief.
     Held,
-    /// A valid snapshot passed over (the checkpoint is as new, a new run, a
-    /// sync run of several ps), or snapshots off.
+    /// A valid snapshot passed over (the checkpoint is as new, a new run),
+    /// or snapshots off.
     Passed,
     /// No valid snapshot of its own: a new or emptied disk.
     Nothing,

@@ -562,19 +562,25 @@ impl Cluster {
                 force,
                 slots,
                 run,
-                adopt: false,
+                ..Default::default()
             };
             (ps, req)
         });
         self.send_initialize(requests).await
     }
 
-    /// Asks each ps in `only` (with the step it restored) to take the
-    /// snapshot it holds aside, as `run`'s. Returns the shards that took it.
-    pub async fn adopt(&self, only: &[(usize, u64)], run: u64) -> Result<Vec<usize>, PsCallError> {
-        let requests = only.iter().map(|&(ps, step)| {
+    /// Asks each ps in `only` (with the step it restored, and the step to
+    /// count on from) to take the snapshot it holds aside, as `run`'s.
+    /// Returns the shards that took it.
+    pub async fn adopt(
+        &self,
+        only: &[(usize, u64, u64)],
+        run: u64,
+    ) -> Result<Vec<usize>, PsCallError> {
+        let requests = only.iter().map(|&(ps, held, resume)| {
             let req = pb::InitializeRequest {
-                global_step: step,
+                global_step: resume,
+                snapshot_step: held,
                 run,
                 adopt: true,
                 ..Default::default()

@@ -105,8 +105,12 @@ impl Worker {
     /// adopt it when the snapshot is of this run and no older than the
     /// newest checkpoint; the rest are seeded from the newest valid
     /// checkpoint, or with fresh values when there is none (a new run).
-    /// In sync mode with several ps tasks every shard is seeded again (they
-    /// count steps in lockstep).
+    ///
+    /// In sync mode the shards count steps in lockstep: a filled shard
+    /// resumes at the step of the shards that kept running (the newest of
+    /// them and of the sources), its values those of its snapshot, or of
+    /// the checkpoint when it has none to adopt: partial recovery (CPR),
+    /// the updates its source lacks lost, no step applied twice.
     ///
     /// Errors: a ps that fails the call, or an unreadable checkpoint.
     pub(super) async fn fill(
@@ -115,6 +119,7 @@ impl Worker {
         missing: &[usize],
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
+        let sync = cfg.train.mode == Mode::Sync;
         let specs = self.mlp.variables();
         let dir = cfg.checkpoint.dir.clone();
         let found =
@@ -144,7 +149,26 @@ impl Worker {
                     "The ps's snapshot is older than the newest checkpoint; seeding the shard from the checkpoint."
                 );
             } else {
-                adopt.push((ps, step));
+                adopt.push((ps, step, step));
+            }
+        }
+        // Sync: the shards count steps in lockstep (a worker tags each push
+        // with the step it read from that shard), so every shard filled
+        // here resumes at one step: the newest of the shards that kept
+        // running and of the sources (snapshots, the checkpoint). Partial
+        // recovery (CPR): the live shards keep their progress; a filled
+        // shard has lost the updates its source lacks.
+        let seeded_from = (adopt.len() < missing.len()).then_some(newest.unwrap_or(0));
+        let resume = (0..states.len())
+            .filter(|ps| !missing.contains(ps) && states[*ps].initialized)
+            .map(|ps| states[ps].global_step)
+            .chain(adopt.iter().map(|a| a.1))
+            .chain(seeded_from)
+            .max()
+            .unwrap_or(0);
+        if sync {
+            for a in &mut adopt {
+                a.2 = resume;
             }
         }
         let adopted = if adopt.is_empty() {
@@ -152,13 +176,14 @@ impl Worker {
         } else {
             self.cluster.adopt(&adopt, run).await?
         };
-        for &(ps, step) in adopt.iter().filter(|(ps, _)| adopted.contains(ps)) {
+        for &(ps, step, resumed_at) in adopt.iter().filter(|(ps, ..)| adopted.contains(ps)) {
             let before = self.seen.get(ps).copied().unwrap_or(0);
             info!(
                 ps,
                 restored_step = step,
                 before,
-                steps_lost = before.saturating_sub(step),
+                steps_lost = before.max(resumed_at) - step,
+                resumed_at,
                 "The ps restarted and restored its shard from its own snapshot."
             );
         }
@@ -170,17 +195,23 @@ impl Worker {
         if rest.is_empty() {
             return Ok(());
         }
-        if cfg.train.mode == Mode::Sync {
-            // Sync shards count steps in lockstep: a shard restored to an
-            // older step alone would never agree with the others again, so
-            // the whole model goes back to the checkpoint (as TensorFlow's
-            // session recovery does).
-            let all: Vec<usize> = (0..states.len()).collect();
-            self.seed(found, &all, true, true, run).await
-        } else {
-            let all = rest.len() == states.len();
-            self.seed(found, &rest, all, false, run).await
+        let all = rest.len() == states.len();
+        if !sync {
+            return self.seed(found, &rest, all, false, run, None).await;
         }
+        if adopt.iter().any(|(ps, ..)| !adopted.contains(ps)) {
+            // Told to adopt, but it did not (it restarted again meanwhile):
+            // the caller reads the states again and asks anew.
+            return Ok(());
+        }
+        if found.is_none() && !all {
+            // No checkpoint to seed one shard from in a live run (the chief
+            // saves one at a fresh start: it was deleted): the whole model
+            // starts afresh, together.
+            let every: Vec<usize> = (0..states.len()).collect();
+            return self.seed(found, &every, true, true, run, None).await;
+        }
+        self.seed(found, &rest, all, false, run, Some(resume)).await
     }
 
     /// The run this chief trains: the one it learned or started, else the
@@ -203,6 +234,8 @@ impl Worker {
     /// Seeds the shards of `missing` ps tasks, as `run`'s, from `found`
     /// (the newest valid checkpoint), or with fresh values when there is
     /// none. With `force`, shards that are still live are overwritten too.
+    /// With `at`, the shards count on from that step rather than the
+    /// checkpoint's (sync partial recovery: the other shards' step).
     async fn seed(
         &mut self,
         found: Option<(std::path::PathBuf, Checkpoint)>,
@@ -210,6 +243,7 @@ impl Worker {
         all: bool,
         force: bool,
         run: u64,
+        at: Option<u64>,
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let optimizer = cfg.train.optimizer();
@@ -222,6 +256,8 @@ impl Worker {
             }
             None => (self.mlp.init(cfg.train.seed), None, None, 0, None),
         };
+        let checkpoint_step = step;
+        let step = at.unwrap_or(step);
         let took = self
             .cluster
             .initialize(
@@ -235,6 +271,9 @@ impl Worker {
             )
             .await?;
         match &from {
+            Some(path) if step != checkpoint_step => {
+                info!(ps = ?took, step, checkpoint_step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint, these shards at the step of the others (partial recovery: the updates since the checkpoint are lost for them alone).")
+            }
             Some(path) => {
                 info!(ps = ?took, step, checkpoint = %path.display(), "Restored the model from the newest valid checkpoint.")
             }

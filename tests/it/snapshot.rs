@@ -351,6 +351,116 @@ async fn a_killed_sync_ps_resumes_from_a_whole_step(transport) {
 }
 }
 
+/// The chief's line for ps `i`'s restore: `(restored_step, resumed_at)`.
+fn resumed(c: &Cluster, i: usize) -> (u64, u64) {
+    let log = c.log("worker:0");
+    let line = log
+        .lines()
+        .rfind(|l| {
+            l.contains("restored its shard from its own snapshot")
+                && l.contains(&format!("ps={i} "))
+        })
+        .unwrap_or_else(|| panic!("no restore of ps:{i} in the chief's log:\n{log}"));
+    let field = |k: &str| -> u64 {
+        let v = line
+            .split(&format!("{k}="))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{k} in {line}"));
+        v.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (field("restored_step"), field("resumed_at"))
+}
+
+crate::on_each_transport! {
+/// Sync with two ps: the killed ps 0 (the global step's) comes back from
+/// its own snapshot at the step of the shard that kept running (partial
+/// recovery): the global step does not go back to the checkpoint, and the
+/// shards agree on the step again.
+async fn a_killed_sync_ps_of_two_resumes_at_the_other_shards_step(transport) {
+    let mut c = long_run(2, 2, Mode::Sync, transport);
+    c.start_all();
+    let other = wait_state(&c, 1, "ps:1 training", |s| s.global_step > 0).await;
+    let before = wait_state(&c, 0, "ps:0 past step 100", |s| s.global_step > 100).await;
+    kill_and_restore(&mut c, 0).await;
+    let (restored, resumed_at) = resumed(&c, 0);
+    // Not the checkpoint (step 0): the step ps:0 had reached, give or take
+    // the one step the shards of a sync run may be apart.
+    assert!(resumed_at + 1 >= before.global_step && resumed_at >= restored, "resumed at {resumed_at} from {restored}; ps:0 was at {} before the kill", before.global_step);
+    let now = wait_state(&c, 1, "ps:1", |s| s.initialized).await;
+    assert_eq!(now.incarnation, other.incarnation, "ps:1 kept its process");
+    let last = finish(&mut c).await.global_step;
+    // Both shards end at last_step: they count steps together again.
+    assert_shard_ends_at(&c, 1, last);
+    let log = c.log("worker:0");
+    assert!(!log.contains("Restored the model"), "the chief must not go back to the checkpoint:\n{log}");
+}
+}
+
+crate::on_each_transport! {
+/// Sync with two ps and snapshots off: the killed ps 1 is seeded from the
+/// checkpoint (step 0 here) at ps 0's step; ps 0 keeps its process and its
+/// progress, and the global step does not go back.
+async fn a_sync_shard_without_a_snapshot_is_seeded_at_the_other_shards_step(transport) {
+    let mut c = long_run(2, 2, Mode::Sync, transport);
+    c.cfg.ps.snapshot_secs = 0;
+    c.write_config();
+    c.start_all();
+    let one = wait_state(&c, 1, "ps:1 past step 100", |s| s.global_step > 100).await;
+    c.kill("ps:1");
+    let zero = wait_state(&c, 0, "ps:0", |s| s.initialized).await;
+    c.start("ps", 1);
+    let after = wait_state(&c, 1, "the restarted ps:1 to serve", |s| {
+        s.initialized && s.incarnation != one.incarnation
+    })
+    .await;
+    assert!(!after.restored, "{after:?}");
+    assert!(after.global_step + 1 >= zero.global_step, "ps:1 resumed at {}, ps:0 was at {}", after.global_step, zero.global_step);
+    let log = c.wait_log("worker:0", "partial recovery", 1, RUN);
+    let line = log.lines().find(|l| l.contains("partial recovery")).unwrap();
+    assert!(line.contains("ps=[1]") && line.contains("checkpoint_step=0"), "{line}");
+    let now = wait_state(&c, 0, "ps:0", |s| s.initialized).await;
+    assert_eq!(now.incarnation, zero.incarnation, "ps:0 kept its process");
+    assert!(now.global_step >= zero.global_step, "ps:0 went back: {} < {}", now.global_step, zero.global_step);
+    let last = finish(&mut c).await.global_step;
+    assert_shard_ends_at(&c, 1, last);
+}
+}
+
+/// Sync with two ps, a lost disk: ps 1 gets its shard from ps 0's copy
+/// and resumes at ps 0's step.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sync_ps_on_an_empty_disk_fetches_its_shard_from_its_neighbour() {
+    let mut c = long_run(2, 2, Mode::Sync, dtf::config::Transport::Tcp);
+    c.start_all();
+    restart_and_restore(&mut c, 1, Disk::Lost).await;
+    let log = c.log("ps:1");
+    assert!(
+        log.contains("Fetched this shard's copy from its neighbour."),
+        "{log}"
+    );
+    let (restored, resumed_at) = resumed(&c, 1);
+    assert!(resumed_at >= restored, "{resumed_at} < {restored}");
+    let last = finish(&mut c).await.global_step;
+    assert_shard_ends_at(&c, 1, last);
+}
+
+/// Ps `i` (exited) logged its shard's step at the run's end as `last`.
+fn assert_shard_ends_at(c: &Cluster, i: usize, last: u64) {
+    let log = c.log(&format!("ps:{i}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("Run complete."))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains(&format!("shard_step={last}")),
+        "ps:{i}'s shard did not end at {last}: {line}"
+    );
+}
+
 /// Flips a byte of a tensor in `path` (its CRC no longer matches).
 fn damage(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();

@@ -101,7 +101,8 @@ fn run_seeds(
 
 /// `DTF_CHAOS_SEEDS` (`K`, or `A-B`), `DTF_CHAOS_SECONDS` (default 20),
 /// `DTF_CHAOS_REFERENCE=0` to skip the fault-free runs, `DTF_CHAOS_HOSTS=1`
-/// for plans on hosts (network faults too): what `scripts/chaos.sh` runs.
+/// for plans on hosts (network faults too), `DTF_CHAOS_LIST=1` to print the
+/// plans and run nothing: what `scripts/chaos.sh` runs.
 #[test]
 #[ignore = "run by scripts/chaos.sh"]
 fn from_env() {
@@ -116,6 +117,16 @@ fn from_env() {
     let seconds = var("DTF_CHAOS_SECONDS").map_or(20, |s| s.parse().expect("DTF_CHAOS_SECONDS"));
     let reference = var("DTF_CHAOS_REFERENCE").as_deref() != Some("0");
     let hosts = var("DTF_CHAOS_HOSTS").as_deref() == Some("1");
+    if var("DTF_CHAOS_LIST").as_deref() == Some("1") {
+        for seed in seeds {
+            let plan = match hosts {
+                true => Plan::draw_on_hosts(seed, seconds),
+                false => Plan::draw(seed, seconds),
+            };
+            eprint!("{plan}");
+        }
+        return;
+    }
     let began = Instant::now();
     let tally = run_seeds(seeds, seconds, reference, hosts);
     let summary = tally.summary(began.elapsed());

@@ -160,19 +160,16 @@ impl Nemesis {
     /// promises. A ps that dies (killed, or stopped and started again)
     /// comes back from its own snapshot, so it loses at most what came after
     /// the last one (`ps.snapshot_secs`, plus a second for a snapshot that
-    /// is late on a loaded machine); with snapshots off, or in sync mode
-    /// with several ps (whose shards must agree on the step), the chief
-    /// re-seeds the cluster from the newest checkpoint. Nothing else may
-    /// cost a step.
+    /// is late on a loaded machine; in sync mode with several ps it resumes
+    /// at the other shards' step); with snapshots off, the chief re-seeds
+    /// it from the newest checkpoint. Nothing else may cost a step.
     pub fn bound(&self, cfg: &dtf::config::Config) -> Bound {
         match self {
             Nemesis::Kill {
                 task: Task::Ps(_), ..
             }
             | Nemesis::Restart { task: Task::Ps(_) } => {
-                let sync_shards =
-                    cfg.train.mode == dtf::config::Mode::Sync && cfg.cluster.ps.len() > 1;
-                if cfg.ps.snapshot_secs == 0 || sync_shards {
+                if cfg.ps.snapshot_secs == 0 {
                     Bound::Checkpoint
                 } else {
                     Bound::Seconds(cfg.ps.snapshot_secs as f64 + 1.0)
