@@ -100,6 +100,8 @@ python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 1 --workers 2 --mode sync | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 | emit
 python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 --lose-disk | emit
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 0 --mode sync | emit
+python3 scripts/bench_ps_kill.py --bin "$BIN" --data "$DATA" --ps 2 --workers 4 --victim 1 --mode sync --lose-disk | emit
 
 # A worker joining a running cluster (a live cluster.worker edit, then its
 # start): the time to its first applied push.

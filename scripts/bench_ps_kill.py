@@ -2,12 +2,15 @@
 """The training a `kill -9` of a ps costs: a cluster of dtf-ps and dtf-worker
 processes (the reference model, `checkpoint.save_secs = 60`), a ps killed
 mid-run and restarted at once; the chief's log says which step the restarted
-ps restored and the step it had seen before (`steps_lost`). Prints one JSON
+ps restored, the step it had seen before and the step the shard resumed at
+(in sync mode with several ps, the other shards' step; `steps_lost`: the
+updates the shard lost). Prints one JSON
 line: steps lost, steps/s before the kill, and so the seconds of training
 lost.
 
     scripts/bench_ps_kill.py --bin target/release --ps 1 --workers 2 [--mode sync] [--transport tcp]
     scripts/bench_ps_kill.py --bin target/release --ps 2 --workers 4 --victim 1 --lose-disk
+    scripts/bench_ps_kill.py --bin target/release --ps 2 --workers 4 --victim 0 --mode sync
 
 With --lose-disk the victim's snapshot dir is deleted before the restart (a
 replaced disk or machine): its shard comes from its ring neighbour's copy.
@@ -86,7 +89,7 @@ token_file = "{token}"
             shutil.rmtree(os.path.join(d, "state", f"ps-{args.victim}"))
         start("ps", args.victim)
         chief_log = os.path.join(d, "worker-0.log")
-        pat = re.compile(r"ps=%d .*restored_step=(\d+) before=(\d+) steps_lost=(\d+)" % args.victim)
+        pat = re.compile(r"ps=%d .*restored_step=(\d+) before=(\d+) steps_lost=(\d+) resumed_at=(\d+)" % args.victim)
         end = time.time() + 60
         m = None
         while time.time() < end and not m:
@@ -95,12 +98,12 @@ token_file = "{token}"
             time.sleep(0.1)
         if not m:
             raise SystemExit(f"the chief never logged a snapshot restore; see {d}")
-        restored, before, lost = map(int, m.groups())
+        restored, before, lost, resumed = map(int, m.groups())
         print(json.dumps({"bench": "ps_kill", "ps": args.ps, "workers": args.workers,
                           "mode": args.mode, "transport": args.transport,
                           "lost_disk": args.lose_disk,
                           "steps_per_sec": round(rate, 1), "restored_step": restored,
-                          "step_before_kill": before, "steps_lost": lost,
+                          "step_before_kill": before, "resumed_at": resumed, "steps_lost": lost,
                           "seconds_of_training_lost": round(lost / rate, 3) if rate else None}))
     finally:
         for p in procs.values():
