@@ -77,7 +77,11 @@ token_file = "{token}"
         for i in range(args.workers):
             start("worker", i)
         # Wait for training, then measure the rate over train_secs.
+        deadline = time.time() + 120
         while not (s := status()) or not s["tasks"][0].get("initialized"):
+            dead = [f"{r}-{i}" for (r, i), p in procs.items() if p.poll() is not None]
+            if dead or time.time() > deadline:
+                raise SystemExit(f"training never started ({', '.join(dead) or 'timed out'}); see the logs in {d}")
             time.sleep(0.2)
         t0, s0 = time.time(), s["global_step"]
         time.sleep(args.train_secs)
