@@ -159,10 +159,6 @@ impl ParameterServer for PsService {
     }
 }
 
-/// gRPC paths whose answers [`Direct`] sends.
-const PUSH_PATH: &str = "/dtf.v1.ParameterServer/Push";
-const PULL_PATH: &str = "/dtf.v1.ParameterServer/Pull";
-
 /// The generated gRPC server, except that `Push` and `Pull` answers leave
 /// as chunks ([`rpc::chunked`]): the snapshot's bytes go to the socket as
 /// they are, where tonic's encoder would first copy the whole 1.6 MB message
@@ -194,7 +190,9 @@ impl tonic::codegen::Service<http::Request<Body>> for Direct {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let path = req.uri().path();
-        if (path != PUSH_PATH && path != PULL_PATH) || req.headers().contains_key("grpc-encoding") {
+        if (path != tcp::PUSH_PATH && path != tcp::PULL_PATH)
+            || req.headers().contains_key("grpc-encoding")
+        {
             return self.inner.call(req);
         }
         let this = self.clone();
@@ -223,7 +221,7 @@ impl Direct {
 
     /// A push's or pull's answer, or the status to send instead.
     async fn answer(&self, req: http::Request<Body>) -> Result<http::Response<Body>, Status> {
-        let (chunks, len, reserved) = if req.uri().path() == PUSH_PATH {
+        let (chunks, len, reserved) = if req.uri().path() == tcp::PUSH_PATH {
             let req = self.request::<pb::PushRequest>(req).await?;
             let (answer, reserved) = self.service.push_answer(req).await?;
             let (chunks, len) = rpc::chunked(answer);

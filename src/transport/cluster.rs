@@ -29,6 +29,8 @@ use tonic::Status;
 pub struct Cluster {
     /// One gRPC client per ps task.
     clients: Vec<tcp::Client>,
+    /// Pushes and pulls on the same connections, without tonic's copies.
+    direct: Vec<tcp::Direct>,
     /// The shared-memory way to each ps on this host (`None`: TCP only).
     shm: Vec<Option<Arc<ShmLink>>>,
     /// The transport each ps's latest call took ([`Via`] as a byte), for reports.
@@ -126,12 +128,12 @@ impl Cluster {
         let limit = message_limit(config);
         let compression = config.cluster.compression;
         rpc::keep_freed_buffers();
-        let clients = config
+        let (clients, direct): (Vec<_>, Vec<_>) = config
             .cluster
             .ps
             .iter()
             .map(|addr| {
-                tcp::client(
+                tcp::clients(
                     credentials,
                     addr,
                     limit,
@@ -140,7 +142,9 @@ impl Cluster {
                 )
                 .map_err(ClusterError)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
         let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
         let mut by_ps = vec![Vec::new(); clients.len()];
         for (i, &p) in owner.iter().enumerate() {
@@ -196,6 +200,7 @@ impl Cluster {
         let bytes = Arc::new((0..clients.len()).map(|_| Default::default()).collect());
         Ok(Self {
             clients,
+            direct,
             shm,
             via,
             specs,
@@ -410,9 +415,8 @@ impl Cluster {
             // The caller's arrays take other values: no onebit answer names them.
             self.wire.take_replica(ps);
         }
-        let mut c = self.clients[ps].clone();
         let sent = req.encoded_len();
-        let r = c.pull(req).await?.into_inner();
+        let r = self.direct[ps].pull(req).await?;
         self.count(ps, sent, r.encoded_len());
         self.store(ps, &r.variables, values, false)?;
         if let Some(sh) = shadows {
@@ -493,9 +497,8 @@ impl Cluster {
         // Until this answer is stored, the arrays hold nothing it names.
         req.replica = self.wire.take_replica(ps);
         let changes = req.replica != 0;
-        let mut c = self.clients[ps].clone();
         let sent = req.encoded_len();
-        let r = c.push(req).await?.into_inner();
+        let r = self.direct[ps].push(req).await?;
         self.count(ps, sent, r.encoded_len());
         self.store(ps, &r.variables, out, changes)?;
         self.wire.set_replica(ps, r.replica);

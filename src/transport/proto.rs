@@ -219,6 +219,18 @@ pub trait WithTensors: prost::Message + Sized {
     fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)>;
 }
 
+impl WithTensors for pb::PushRequest {
+    fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)> {
+        vec![(1, std::mem::take(&mut self.gradients))]
+    }
+}
+
+impl WithTensors for pb::PullRequest {
+    fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)> {
+        Vec::new()
+    }
+}
+
 impl WithTensors for pb::PushResponse {
     fn take_tensors(&mut self) -> Vec<(u32, Vec<pb::Tensor>)> {
         vec![(1, std::mem::take(&mut self.variables))]

@@ -1,10 +1,14 @@
 //! gRPC over TCP (tonic): the transport between hosts, and to every ps with
 //! `cluster.transport = "tcp"`. The HTTP/2 settings both ends share.
 
+use super::proto::{WithTensors, chunked};
 use crate::auth::{AddToken, ClientError, Credentials};
+use crate::pb;
 use crate::pb::parameter_server_client::ParameterServerClient;
+use bytes::{Buf, Bytes};
 use std::time::Duration;
-use tonic::codegen::{InterceptedService, http};
+use tonic::Status;
+use tonic::codegen::{InterceptedService, Service, http};
 use tonic::transport::Channel;
 
 /// HTTP/2 frame size both ends accept: a whole push or pull in one DATA
@@ -22,8 +26,17 @@ pub fn window(limit: usize) -> u32 {
     u32::try_from(limit).unwrap_or(u32::MAX).min((1 << 31) - 1)
 }
 
+/// gRPC paths of the calls whose tensors go as chunks both ways: answers
+/// by the ps's `Direct` service, requests and answers by [`Direct`] here.
+pub const PUSH_PATH: &str = "/dtf.v1.ParameterServer/Push";
+pub const PULL_PATH: &str = "/dtf.v1.ParameterServer/Pull";
+
+/// The channel to one ps with the token and the compression stamped on
+/// every call.
+type Stamped = InterceptedService<Channel, Stamp>;
+
 /// A gRPC client of one ps, with the token and the compression on every call.
-pub type Client = ParameterServerClient<InterceptedService<Channel, Stamp>>;
+pub type Client = ParameterServerClient<Stamped>;
 
 /// What every TCP call carries: the token, and this task's
 /// `cluster.compression` ([`super::compress::HEADER`]), so that a ps of
@@ -59,6 +72,19 @@ pub fn client(
     timeout: Duration,
     compression: &'static str,
 ) -> Result<Client, ClientError> {
+    Ok(clients(credentials, addr, limit, timeout, compression)?.0)
+}
+
+/// [`client`], and a [`Direct`] on the same connection.
+///
+/// Errors: as [`client`].
+pub fn clients(
+    credentials: &Credentials,
+    addr: &str,
+    limit: usize,
+    timeout: Duration,
+    compression: &'static str,
+) -> Result<(Client, Direct), ClientError> {
     let auth = Stamp {
         token: credentials.add_token()?,
         compression,
@@ -71,11 +97,143 @@ pub fn client(
         .initial_stream_window_size(window(limit))
         .initial_connection_window_size(window(limit))
         .max_frame_size(frame(limit));
-    Ok(
-        ParameterServerClient::with_interceptor(ep.connect_lazy(), auth)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit),
-    )
+    let channel = InterceptedService::new(ep.connect_lazy(), auth);
+    let client = ParameterServerClient::new(channel.clone())
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    Ok((client, Direct { channel, limit }))
+}
+
+/// Pushes and pulls of a worker without tonic's copies of their tensors:
+/// the request's tensors go to the socket as chunks ([`super::proto::chunked`],
+/// as the ps's answers do), and the answer is decoded from the HTTP/2 frame
+/// it arrived in (with frames as large as a message, [`frame`], one frame),
+/// its tensors slices of that frame. tonic's client copies a request into
+/// one buffer before sending it and moves an answer once more while
+/// decoding it: two copies of the model per step, 5 % of a worker's CPU
+/// at 10 Gbit/s (docs/benchmarks.md, "Across hosts"). Statuses, limits and
+/// errors are tonic's own: the same codes and words as a [`Client`] call.
+#[derive(Clone)]
+pub struct Direct {
+    /// The same connection as the [`Client`]'s.
+    channel: Stamped,
+    /// Largest message either way.
+    limit: usize,
+}
+
+impl Direct {
+    /// A fused push-and-pull.
+    pub async fn push(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
+        self.unary(PUSH_PATH, req).await
+    }
+
+    /// A pull.
+    pub async fn pull(&self, req: pb::PullRequest) -> Result<pb::PullResponse, Status> {
+        self.unary(PULL_PATH, req).await
+    }
+
+    /// One unary call, as tonic's `Grpc::unary` makes it.
+    async fn unary<Q: WithTensors, A: prost::Message + Default>(
+        &self,
+        path: &'static str,
+        req: Q,
+    ) -> Result<A, Status> {
+        let (chunks, len) = chunked(req);
+        if len > self.limit {
+            return Err(Status::out_of_range(format!(
+                "Error, encoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.limit
+            )));
+        }
+        let req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(http::Uri::from_static(path))
+            .version(http::Version::HTTP_2)
+            .header(http::header::TE, "trailers")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(tonic::body::Body::new(Chunks::new(chunks)))
+            .expect("a static path and headers make a valid request");
+        let mut channel = self.channel.clone();
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .map_err(|e| Status::from_error(e.into()))?;
+        let res = channel
+            .call(req)
+            .await
+            .map_err(|e| Status::from_error(e.into()))?;
+        answer(res, self.limit).await
+    }
+}
+
+/// The message of a unary answer of at most `limit` bytes, or its status.
+async fn answer<B, A>(res: http::Response<B>, limit: usize) -> Result<A, Status>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    A: prost::Message + Default,
+{
+    use http_body_util::BodyExt;
+    let (head, body) = res.into_parts();
+    // A status alone (trailers-only): the call failed before an answer.
+    if let Some(status) = Status::from_header_map(&head.headers) {
+        return Err(match status.code() {
+            tonic::Code::Ok => Status::internal("Missing response message."),
+            _ => status,
+        });
+    }
+    if head.status != http::StatusCode::OK {
+        return Err(Status::unknown(format!(
+            "grpc-status header missing, mapped from HTTP status code {}",
+            head.status.as_u16()
+        )));
+    }
+    // The 5-byte prefix, then at most a message.
+    let body = http_body_util::Limited::new(body, limit.saturating_add(5));
+    let all = body.collect().await.map_err(|e| {
+        if e.is::<http_body_util::LengthLimitError>() {
+            Status::out_of_range(format!(
+                "Error, decoded message length too large: the limit is: {} bytes",
+                limit
+            ))
+        } else {
+            Status::from_error(e)
+        }
+    })?;
+    match all.trailers().and_then(Status::from_header_map) {
+        Some(s) if s.code() == tonic::Code::Ok => {}
+        Some(s) => return Err(s),
+        None => {
+            return Err(Status::internal(
+                "protocol error: the answer ended without a grpc-status",
+            ));
+        }
+    }
+    let mut data = all.to_bytes();
+    if data.len() < 5 {
+        return Err(Status::internal("Unexpected EOF decoding stream."));
+    }
+    let compressed = data.get_u8();
+    let len = data.get_u32() as usize;
+    if compressed != 0 {
+        return Err(Status::internal(
+            "protocol error: received a compressed message, none was asked for",
+        ));
+    }
+    if len > data.len() {
+        return Err(Status::internal("Unexpected EOF decoding stream."));
+    }
+    if len < data.len() {
+        return Err(Status::internal(format!(
+            "protocol error: {} bytes after a unary answer's message",
+            data.len() - len
+        )));
+    }
+    A::decode(data).map_err(|e| {
+        super::proto::status(
+            tonic::Code::InvalidArgument,
+            format_args!("malformed protobuf message: {e}"),
+        )
+    })
 }
 
 /// A unary gRPC answer's body from [`super::proto::chunked`]'s chunks, then
@@ -118,5 +276,105 @@ impl http_body::Body for Chunks {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    /// An answer as the ps sends it: `chunks`, then `trailers`.
+    fn res(
+        chunks: Vec<Bytes>,
+        trailers: Option<http::HeaderMap>,
+    ) -> http::Response<impl http_body::Body<Data = Bytes, Error = Status>> {
+        let data = Full::new(chunks.concat().into()).map_err(|e| match e {});
+        let body = data.with_trailers(async move { trailers.map(Ok) });
+        http::Response::new(body)
+    }
+
+    fn ok() -> Option<http::HeaderMap> {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+        Some(t)
+    }
+
+    fn push_answer() -> pb::PushResponse {
+        pb::PushResponse {
+            variables: vec![pb::Tensor {
+                name: "w".into(),
+                shape: vec![3],
+                dtype: pb::DataType::F32 as i32,
+                data: Bytes::from(vec![7u8; 12]),
+            }],
+            global_step: 42,
+            ..Default::default()
+        }
+    }
+
+    async fn decode(
+        res: http::Response<impl http_body::Body<Data = Bytes, Error = Status>>,
+        limit: usize,
+    ) -> Result<pb::PushResponse, Status> {
+        answer(res, limit).await
+    }
+
+    #[tokio::test]
+    async fn the_ps_s_chunked_answer_decodes_to_the_same_message() {
+        let (chunks, len) = chunked(push_answer());
+        let got = decode(res(chunks, ok()), len).await.unwrap();
+        assert_eq!(got, push_answer());
+    }
+
+    #[tokio::test]
+    async fn a_hostile_or_broken_answer_is_a_clear_status() {
+        let (chunks, len) = chunked(push_answer());
+        // Larger than the limit: refused before it is all read.
+        let e = decode(res(chunks.clone(), ok()), len - 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+        // No grpc-status at the end: the ps died mid-answer.
+        let e = decode(res(chunks.clone(), None), len).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal, "{e}");
+        // A failure in the trailers is the call's status.
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static("9"));
+        t.insert("grpc-message", http::HeaderValue::from_static("pull again"));
+        let e = decode(res(chunks.clone(), Some(t)), len).await.unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (tonic::Code::FailedPrecondition, "pull again")
+        );
+        // Trailers-only: the status in the headers.
+        let mut r = res(vec![], None);
+        r.headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("16"));
+        let e = decode(r, len).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+        // Cut short, padded, compressed, not protobuf, not gRPC at all.
+        let all: Bytes = chunks.concat().into();
+        let cut = decode(res(vec![all.slice(..all.len() - 1)], ok()), len).await;
+        assert_eq!(cut.unwrap_err().code(), tonic::Code::Internal);
+        let padded = decode(
+            res(vec![all.clone(), Bytes::from_static(b"x")], ok()),
+            len + 1,
+        )
+        .await;
+        assert_eq!(padded.unwrap_err().code(), tonic::Code::Internal);
+        let mut zipped = all.to_vec();
+        zipped[0] = 1;
+        let zipped = decode(res(vec![zipped.into()], ok()), len).await;
+        assert_eq!(zipped.unwrap_err().code(), tonic::Code::Internal);
+        let garbage = Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]);
+        let e = decode(res(vec![garbage], ok()), len).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        let mut r = res(vec![], None);
+        *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+        assert_eq!(
+            decode(r, len).await.unwrap_err().code(),
+            tonic::Code::Unknown
+        );
     }
 }

@@ -175,6 +175,8 @@ pub struct Recorder {
     start: Instant,
     /// The entries, in the order recorded.
     events: Arc<Mutex<Vec<Event>>>,
+    /// Held through one [`Recorder::observe`].
+    observing: Arc<Mutex<()>>,
 }
 
 impl Recorder {
@@ -182,6 +184,18 @@ impl Recorder {
         Self {
             start: Instant::now(),
             events: Arc::default(),
+            observing: Arc::default(),
+        }
+    }
+
+    /// Records what `look` saw, one look at a time. Two `dtf status` calls
+    /// that overlap can end in the other order than they read the ps: the
+    /// one that read first, recorded last, made the step seem to go back
+    /// (seed 48, by 10 steps, on a loaded machine).
+    pub fn observe(&self, look: impl FnOnce() -> Option<What>) {
+        let _one = self.observing.lock().unwrap();
+        if let Some(what) = look() {
+            self.record(what);
         }
     }
 

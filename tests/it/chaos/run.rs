@@ -371,15 +371,15 @@ impl Driver {
         // The steps just before a fault that may cost some, so that the
         // step going back is seen however fast it climbs again.
         let mut bound = nemesis.bound(&self.c.cfg);
-        if bound != Bound::Nothing
-            && let Some(what) = status(
-                &self.c.config_path,
-                &self.c.cfg.checkpoint.dir,
-                self.c.cfg.cluster.ps.len(),
-                self.net.as_deref(),
-            )
-        {
-            self.rec.record(what);
+        if bound != Bound::Nothing {
+            self.rec.observe(|| {
+                status(
+                    &self.c.config_path,
+                    &self.c.cfg.checkpoint.dir,
+                    self.c.cfg.cluster.ps.len(),
+                    self.net.as_deref(),
+                )
+            });
         }
         // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped:
         // its promise counts from when it stopped. (Measured now, after the
@@ -399,12 +399,25 @@ impl Driver {
         });
     }
 
-    /// Runs the queued actions that are due (a start waits while the config is invalid).
+    /// Runs the queued actions that are due. A start waits while the config
+    /// is invalid, and while the process it replaces has not been reaped: a
+    /// SIGKILLed process can take longer than its `down` time to exit on a
+    /// loaded machine, and a start dropped then was never made (seed 52).
     fn act(&mut self) {
         let now = Instant::now();
+        let waits = |a: &Action| match a {
+            Action::Start(task) => {
+                self.invalid
+                    || self
+                        .tasks
+                        .get(task)
+                        .is_some_and(|s| s.running && s.cause == Some(Cause::Killed))
+            }
+            _ => false,
+        };
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|(at, a)| *at <= now && !(self.invalid && matches!(a, Action::Start(_))));
+            .partition(|(at, a)| *at <= now && !waits(a));
         self.queue = later;
         for (_, action) in due {
             match action {
@@ -517,9 +530,7 @@ fn poll(
     net: Option<Arc<Net>>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        if let Some(what) = status(&config, &ckpt, ps, net.as_deref()) {
-            rec.record(what);
-        }
+        rec.observe(|| status(&config, &ckpt, ps, net.as_deref()));
         for (task, addr) in &metrics {
             // On hosts a task's metrics listen on its host's loopback.
             let scraped = match &net {
