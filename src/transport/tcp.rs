@@ -101,7 +101,14 @@ pub fn clients(
     let client = ParameterServerClient::new(channel.clone())
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
-    Ok((client, Direct { channel, limit }))
+    Ok((
+        client,
+        Direct {
+            channel,
+            limit,
+            timeout,
+        },
+    ))
 }
 
 /// Pushes and pulls of a worker without tonic's copies of their tensors:
@@ -119,6 +126,9 @@ pub struct Direct {
     channel: Stamped,
     /// Largest message either way.
     limit: usize,
+    /// Bound of a whole call, its answer's body included (the channel's
+    /// own timeout ends when the answer's headers arrive).
+    timeout: Duration,
 }
 
 impl Direct {
@@ -132,14 +142,15 @@ impl Direct {
         self.unary(PULL_PATH, req).await
     }
 
-    /// One unary call, as tonic's `Grpc::unary` makes it.
+    /// One unary call, as tonic's `Grpc::unary` makes it, bounded as a whole
+    /// by the call timeout (expiry: `CANCELLED`, as the channel's own).
     async fn unary<Q: WithTensors, A: prost::Message + Default>(
         &self,
         path: &'static str,
         req: Q,
     ) -> Result<A, Status> {
         let (chunks, len) = chunked(req);
-        if len > self.limit {
+        if len > self.limit || u32::try_from(len).is_err() {
             return Err(Status::out_of_range(format!(
                 "Error, encoded message length too large: found {len} bytes, the limit is: {} bytes",
                 self.limit
@@ -151,21 +162,30 @@ impl Direct {
             .version(http::Version::HTTP_2)
             .header(http::header::TE, "trailers")
             .header(http::header::CONTENT_TYPE, "application/grpc")
-            .body(tonic::body::Body::new(Chunks::new(chunks)))
+            .body(tonic::body::Body::new(Chunks::request(chunks)))
             .expect("a static path and headers make a valid request");
         let mut channel = self.channel.clone();
-        std::future::poll_fn(|cx| channel.poll_ready(cx))
+        let call = async {
+            std::future::poll_fn(|cx| channel.poll_ready(cx))
+                .await
+                .map_err(|e| Status::from_error(e.into()))?;
+            let res = channel
+                .call(req)
+                .await
+                .map_err(|e| Status::from_error(e.into()))?;
+            answer(res, self.limit).await
+        };
+        tokio::time::timeout(self.timeout, call)
             .await
-            .map_err(|e| Status::from_error(e.into()))?;
-        let res = channel
-            .call(req)
-            .await
-            .map_err(|e| Status::from_error(e.into()))?;
-        answer(res, self.limit).await
+            .unwrap_or_else(|_| Err(Status::cancelled("Timeout expired")))
     }
 }
 
-/// The message of a unary answer of at most `limit` bytes, or its status.
+/// The message of a unary answer of at most `limit` bytes, or its status,
+/// with tonic's codes (a worker retries the codes of a ps that is away,
+/// `UNKNOWN` and `UNAVAILABLE`, and stops on the others). The tensors'
+/// bytes stay in the frames they came in: each is its own DATA frame from a
+/// dtf ps ([`super::proto::chunked`]), which prost's `bytes` fields slice.
 async fn answer<B, A>(res: http::Response<B>, limit: usize) -> Result<A, Status>
 where
     B: http_body::Body<Data = Bytes>,
@@ -182,18 +202,14 @@ where
         });
     }
     if head.status != http::StatusCode::OK {
-        return Err(Status::unknown(format!(
-            "grpc-status header missing, mapped from HTTP status code {}",
-            head.status.as_u16()
-        )));
+        return Err(from_http(head.status));
     }
     // The 5-byte prefix, then at most a message.
     let body = http_body_util::Limited::new(body, limit.saturating_add(5));
     let all = body.collect().await.map_err(|e| {
         if e.is::<http_body_util::LengthLimitError>() {
             Status::out_of_range(format!(
-                "Error, decoded message length too large: the limit is: {} bytes",
-                limit
+                "Error, decoded message length too large: the limit is: {limit} bytes"
             ))
         } else {
             Status::from_error(e)
@@ -202,14 +218,11 @@ where
     match all.trailers().and_then(Status::from_header_map) {
         Some(s) if s.code() == tonic::Code::Ok => {}
         Some(s) => return Err(s),
-        None => {
-            return Err(Status::internal(
-                "protocol error: the answer ended without a grpc-status",
-            ));
-        }
+        // tonic's words and code: a stream reset without an error ends so.
+        None => return Err(Status::unknown("missing grpc-status trailer")),
     }
-    let mut data = all.to_bytes();
-    if data.len() < 5 {
+    let mut data = all.aggregate();
+    if data.remaining() < 5 {
         return Err(Status::internal("Unexpected EOF decoding stream."));
     }
     let compressed = data.get_u8();
@@ -219,13 +232,13 @@ where
             "protocol error: received a compressed message, none was asked for",
         ));
     }
-    if len > data.len() {
+    if len > data.remaining() {
         return Err(Status::internal("Unexpected EOF decoding stream."));
     }
-    if len < data.len() {
+    if len < data.remaining() {
         return Err(Status::internal(format!(
             "protocol error: {} bytes after a unary answer's message",
-            data.len() - len
+            data.remaining() - len
         )));
     }
     A::decode(data).map_err(|e| {
@@ -236,20 +249,54 @@ where
     })
 }
 
-/// A unary gRPC answer's body from [`super::proto::chunked`]'s chunks, then
-/// the `grpc-status: 0` trailers tonic's encoder would send.
+/// The status of an answer that is not HTTP 200 and carries none: tonic's
+/// mapping (the gRPC spec's, from HTTP to gRPC status codes).
+fn from_http(status: http::StatusCode) -> Status {
+    use tonic::Code;
+    let code = match status {
+        http::StatusCode::BAD_REQUEST => Code::Internal,
+        http::StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        http::StatusCode::FORBIDDEN => Code::PermissionDenied,
+        http::StatusCode::NOT_FOUND => Code::Unimplemented,
+        http::StatusCode::TOO_MANY_REQUESTS
+        | http::StatusCode::BAD_GATEWAY
+        | http::StatusCode::SERVICE_UNAVAILABLE
+        | http::StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(
+        code,
+        format!(
+            "grpc-status header missing, mapped from HTTP status code {}",
+            status.as_u16()
+        ),
+    )
+}
+
+/// A unary gRPC body from [`super::proto::chunked`]'s chunks: an answer's
+/// ends with the `grpc-status: 0` trailers tonic's encoder would send.
 pub struct Chunks {
     /// Data still to send.
     data: std::vec::IntoIter<bytes::Bytes>,
-    /// The trailers were sent.
+    /// The trailers were sent, or none are to be.
     done: bool,
 }
 
 impl Chunks {
+    /// An answer's body: the chunks, then `grpc-status: 0`.
     pub fn new(chunks: Vec<bytes::Bytes>) -> Self {
         Self {
             data: chunks.into_iter(),
             done: false,
+        }
+    }
+
+    /// A request's body: the chunks alone (a gRPC client half-closes with
+    /// its last DATA frame).
+    pub fn request(chunks: Vec<bytes::Bytes>) -> Self {
+        Self {
+            data: chunks.into_iter(),
+            done: true,
         }
     }
 }
@@ -275,23 +322,28 @@ impl http_body::Body for Chunks {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.data.len() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::{BodyExt, Full};
+    use http_body::Frame;
+    use http_body_util::{BodyExt, StreamBody};
+    use prost::Message;
 
-    /// An answer as the ps sends it: `chunks`, then `trailers`.
-    fn res(
-        chunks: Vec<Bytes>,
-        trailers: Option<http::HeaderMap>,
-    ) -> http::Response<impl http_body::Body<Data = Bytes, Error = Status>> {
-        let data = Full::new(chunks.concat().into()).map_err(|e| match e {});
-        let body = data.with_trailers(async move { trailers.map(Ok) });
-        http::Response::new(body)
+    type Frames = Vec<Result<Frame<Bytes>, Status>>;
+    type Answer = http::Response<
+        StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Status>>>>,
+    >;
+
+    /// An answer as a ps sends it: each chunk its own DATA frame, then
+    /// `trailers`.
+    fn res(chunks: Vec<Bytes>, trailers: Option<http::HeaderMap>) -> Answer {
+        let mut frames: Frames = chunks.into_iter().map(|c| Ok(Frame::data(c))).collect();
+        frames.extend(trailers.map(|t| Ok(Frame::trailers(t))));
+        http::Response::new(StreamBody::new(futures::stream::iter(frames)))
     }
 
     fn ok() -> Option<http::HeaderMap> {
@@ -313,31 +365,64 @@ mod tests {
         }
     }
 
-    async fn decode(
-        res: http::Response<impl http_body::Body<Data = Bytes, Error = Status>>,
-        limit: usize,
-    ) -> Result<pb::PushResponse, Status> {
+    async fn decode<B>(res: http::Response<B>, limit: usize) -> Result<pb::PushResponse, Status>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         answer(res, limit).await
     }
 
     #[tokio::test]
-    async fn the_ps_s_chunked_answer_decodes_to_the_same_message() {
+    async fn the_ps_s_chunked_answer_decodes_in_place() {
         let (chunks, len) = chunked(push_answer());
+        let data = chunks.iter().find(|c| c[..] == [7u8; 12]).unwrap().clone();
         let got = decode(res(chunks, ok()), len).await.unwrap();
         assert_eq!(got, push_answer());
+        // The tensor's bytes are its frame's, not a copy.
+        assert_eq!(got.variables[0].data.as_ptr(), data.as_ptr());
     }
 
     #[tokio::test]
-    async fn a_hostile_or_broken_answer_is_a_clear_status() {
+    async fn a_request_is_the_message_in_chunks_and_ends_without_trailers() {
+        let req = pb::PushRequest {
+            gradients: push_answer().variables,
+            learning_rate: 0.5,
+            step: 9,
+            pull: true,
+            ..Default::default()
+        };
+        let (chunks, len) = chunked(req.clone());
+        let body = Chunks::request(chunks).collect().await.unwrap();
+        assert!(body.trailers().is_none());
+        let all = body.to_bytes();
+        assert_eq!((all[0], &all[1..5]), (0, &(len as u32).to_be_bytes()[..]));
+        assert_eq!(all.len(), 5 + len);
+        assert_eq!(pb::PushRequest::decode(all.slice(5..)).unwrap(), req);
+        let (chunks, _) = chunked(pb::PullRequest::default());
+        let body = Chunks::request(chunks).collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], &[0, 0, 0, 0, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_hostile_or_broken_answer_is_a_clear_status_with_tonic_s_code() {
         let (chunks, len) = chunked(push_answer());
-        // Larger than the limit: refused before it is all read.
+        // Larger than the limit; an endless one is cut off too.
         let e = decode(res(chunks.clone(), ok()), len - 1)
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
-        // No grpc-status at the end: the ps died mid-answer.
+        let endless = futures::stream::repeat_with(|| {
+            Ok::<_, Status>(Frame::data(Bytes::from_static(&[0; 1024])))
+        });
+        let e = decode(http::Response::new(StreamBody::new(endless)), 1 << 20)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+        // No grpc-status at the end (a stream reset without an error):
+        // UNKNOWN, as tonic says, which a worker retries.
         let e = decode(res(chunks.clone(), None), len).await.unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Internal, "{e}");
+        assert_eq!(e.code(), tonic::Code::Unknown, "{e}");
         // A failure in the trailers is the call's status.
         let mut t = http::HeaderMap::new();
         t.insert("grpc-status", http::HeaderValue::from_static("9"));
@@ -353,7 +438,7 @@ mod tests {
             .insert("grpc-status", http::HeaderValue::from_static("16"));
         let e = decode(r, len).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
-        // Cut short, padded, compressed, not protobuf, not gRPC at all.
+        // Cut short, padded, compressed, not protobuf.
         let all: Bytes = chunks.concat().into();
         let cut = decode(res(vec![all.slice(..all.len() - 1)], ok()), len).await;
         assert_eq!(cut.unwrap_err().code(), tonic::Code::Internal);
@@ -370,11 +455,16 @@ mod tests {
         let garbage = Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]);
         let e = decode(res(vec![garbage], ok()), len).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
-        let mut r = res(vec![], None);
-        *r.status_mut() = http::StatusCode::BAD_GATEWAY;
-        assert_eq!(
-            decode(r, len).await.unwrap_err().code(),
-            tonic::Code::Unknown
-        );
+        // Not gRPC at all: tonic's mapping of the HTTP status.
+        for (http, code) in [
+            (http::StatusCode::BAD_GATEWAY, tonic::Code::Unavailable),
+            (http::StatusCode::UNAUTHORIZED, tonic::Code::Unauthenticated),
+            (http::StatusCode::NOT_FOUND, tonic::Code::Unimplemented),
+            (http::StatusCode::IM_A_TEAPOT, tonic::Code::Unknown),
+        ] {
+            let mut r = res(vec![], None);
+            *r.status_mut() = http;
+            assert_eq!(decode(r, len).await.unwrap_err().code(), code, "{http}");
+        }
     }
 }
