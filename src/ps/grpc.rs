@@ -232,13 +232,7 @@ impl Direct {
             let (chunks, len) = rpc::chunked(answer);
             (chunks, len, Some(reserved))
         };
-        // tonic's own check and words (`max_encoding_message_size`).
-        if len > self.limit {
-            return Err(Status::out_of_range(format!(
-                "Error, encoded message length too large: found {len} bytes, the limit is: {} bytes",
-                self.limit
-            )));
-        }
+        tcp::check_encoded(len, self.limit)?;
         let mut res = http::Response::new(Body::new(tcp::Chunks::new(chunks)));
         res.headers_mut().insert(
             http::header::CONTENT_TYPE,

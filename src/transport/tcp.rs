@@ -113,9 +113,10 @@ pub fn clients(
 
 /// Pushes and pulls of a worker without tonic's copies of their tensors:
 /// the request's tensors go to the socket as chunks ([`super::proto::chunked`],
-/// as the ps's answers do), and the answer is decoded from the HTTP/2 frame
-/// it arrived in (with frames as large as a message, [`frame`], one frame),
-/// its tensors slices of that frame. tonic's client copies a request into
+/// as the ps's answers do), and the answer is decoded from the HTTP/2 DATA
+/// frames it arrived in (a dtf ps sends each tensor's bytes as a frame of
+/// its own, [`frame`] large enough for it), its tensors slices of them.
+/// tonic's client copies a request into
 /// one buffer before sending it and moves an answer once more while
 /// decoding it: two copies of the model per step, 5 % of a worker's CPU
 /// at 10 Gbit/s (docs/benchmarks.md, "Across hosts"). Statuses, limits and
@@ -150,12 +151,7 @@ impl Direct {
         req: Q,
     ) -> Result<A, Status> {
         let (chunks, len) = chunked(req);
-        if len > self.limit || u32::try_from(len).is_err() {
-            return Err(Status::out_of_range(format!(
-                "Error, encoded message length too large: found {len} bytes, the limit is: {} bytes",
-                self.limit
-            )));
-        }
+        check_encoded(len, self.limit)?;
         let req = http::Request::builder()
             .method(http::Method::POST)
             .uri(http::Uri::from_static(path))
@@ -179,6 +175,20 @@ impl Direct {
             .await
             .unwrap_or_else(|_| Err(Status::cancelled("Timeout expired")))
     }
+}
+
+/// tonic's own check and words (`max_encoding_message_size`) for a message
+/// of `len` bytes sent as [`chunked`]'s chunks; the gRPC prefix holds no
+/// more than `u32::MAX`.
+///
+/// Errors: `OUT_OF_RANGE` when it is larger.
+pub fn check_encoded(len: usize, limit: usize) -> Result<(), Status> {
+    if len > limit || u32::try_from(len).is_err() {
+        return Err(Status::out_of_range(format!(
+            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// The message of a unary answer of at most `limit` bytes, or its status,
