@@ -340,6 +340,7 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
             shadows: named(&values),
             slots: Default::default(),
             run: 0,
+            shard_steps: Vec::new(),
         };
         let t = Instant::now();
         let path = saver.save(&ckpt)?;

@@ -194,6 +194,7 @@ mod tests {
             variables,
             slots: Default::default(),
             run: 0,
+            shard_steps: Vec::new(),
         };
         checkpoint::Saver::new(dir.path(), 1)
             .unwrap()

@@ -21,6 +21,9 @@ const OPTIMIZER_KEY: &str = "optimizer";
 const SLOTS_KEY: &str = "slots";
 /// Metadata key of the run id ([`Checkpoint::run`]), a decimal u64.
 const RUN_KEY: &str = "run";
+/// Metadata key of each ps task's own step ([`Checkpoint::shard_steps`]), a
+/// JSON list of decimal u64s.
+const SHARD_STEPS_KEY: &str = "shard_steps";
 
 mod saveable;
 use saveable::check_saveable;
@@ -163,6 +166,12 @@ fn model_metadata(
     ]);
     if ckpt.run != 0 {
         meta.insert(RUN_KEY.to_string(), ckpt.run.to_string());
+    }
+    if !ckpt.shard_steps.is_empty() {
+        meta.insert(
+            SHARD_STEPS_KEY.to_string(),
+            serde_json::to_string(&ckpt.shard_steps).map_err(|e| e.to_string())?,
+        );
     }
     for (key, value) in extra {
         if meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
@@ -406,12 +415,24 @@ pub(super) fn parse(
             )
         })?,
     };
+    let shard_steps = match m.meta.get(SHARD_STEPS_KEY) {
+        None => Vec::new(),
+        Some(text) => serde_json::from_str(text).map_err(|_| {
+            CheckpointError::invalid(
+                model_path,
+                format!(
+                    "metadata {SHARD_STEPS_KEY} is {text:?}, expected a list of each ps task's step"
+                ),
+            )
+        })?,
+    };
     Ok(Checkpoint {
         global_step: m.global_step,
         variables,
         shadows,
         slots,
         run,
+        shard_steps,
     })
 }
 

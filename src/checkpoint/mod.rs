@@ -95,6 +95,26 @@ pub struct Checkpoint {
     /// tasks write in their snapshots too (a snapshot of another run is not
     /// taken). 0: unknown (a checkpoint written before run ids).
     pub run: u64,
+    /// Each ps task's own update count when the variables were read (ps 0's
+    /// is `global_step`). In async mode a shard that once lost steps to a
+    /// restore counts behind ps 0 for good, so "is a shard's snapshot newer
+    /// than this checkpoint" compares the snapshot's step with that shard's
+    /// entry here, never with `global_step` ([`Checkpoint::shard_step`]).
+    /// Empty: unknown (a checkpoint written before shard steps were kept).
+    pub shard_steps: Vec<u64>,
+}
+
+impl Checkpoint {
+    /// Ps task `task`'s own update count in this checkpoint, for a cluster
+    /// of `ps_tasks`: its recorded count when the checkpoint was written by
+    /// a cluster of that many ps tasks, else `global_step` (an older
+    /// checkpoint, or another placement, where only that is known).
+    pub fn shard_step(&self, task: usize, ps_tasks: usize) -> u64 {
+        match self.shard_steps.get(task) {
+            Some(&step) if self.shard_steps.len() == ps_tasks => step,
+            _ => self.global_step,
+        }
+    }
 }
 
 /// The optimizer state a checkpoint carries.
@@ -321,6 +341,7 @@ mod fixtures {
                 .collect(),
             slots: Slots::default(),
             run: 0,
+            shard_steps: Vec::new(),
         }
     }
 

@@ -891,15 +891,17 @@ pub async fn serve(
         Some((_, addr)) => {
             match tcp::client(credentials, addr, limit, replica::CLIENT_TIMEOUT, "none") {
                 Ok(client) => {
-                    if restored == snapshot::Restore::Nothing {
-                        service.inner.ring.fetching.store(true, Ordering::Release);
-                        tokio::spawn(replica::fetch_own(
-                            service.clone(),
-                            live.borrow().clone(),
-                            client.clone(),
-                            stop.clone(),
-                        ));
-                    }
+                    // Asked at every start, not only on an empty disk: the
+                    // neighbour's copy may be newer than what this ps
+                    // restored of its own (issue 45).
+                    service.inner.ring.fetching.store(true, Ordering::Release);
+                    tokio::spawn(replica::fetch_own(
+                        service.clone(),
+                        live.borrow().clone(),
+                        client.clone(),
+                        stop.clone(),
+                        restored,
+                    ));
                     let sender =
                         tokio::spawn(replica::send(service.clone(), client.clone(), stop.clone()));
                     Some((sender, client))

@@ -35,6 +35,10 @@ use tracing::{error, info, warn};
 /// shard from the newest checkpoint).
 pub const NEIGHBOUR_WAIT: Duration = Duration::from_secs(60);
 
+/// How long a ps that starts with a snapshot of its own waits for its
+/// neighbour's copy (which may be newer) before it serves with its own.
+pub const NEIGHBOUR_WAIT_HELD: Duration = Duration::from_secs(10);
+
 /// Bound on a call that carries no snapshot, and the fixed part of one
 /// that does ([`transfer_timeout`]).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -89,6 +93,9 @@ pub(super) struct Ring {
     stats: Mutex<Stats>,
     /// Set while this task fetches its own copy at start.
     pub fetching: std::sync::atomic::AtomicBool,
+    /// The latest kept copy could not be written (a full disk): the WARN
+    /// is logged once per run of failures, and an INFO when one is again.
+    keep_failing: std::sync::atomic::AtomicBool,
 }
 
 /// Whose copies a ps keeps, and how they must look.
@@ -156,6 +163,7 @@ impl Ring {
             reading: Default::default(),
             stats: Mutex::new(Stats::default()),
             fetching: std::sync::atomic::AtomicBool::new(false),
+            keep_failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -235,11 +243,28 @@ impl PsService {
         })
         .await
         .map_err(|e| Status::internal(format!("the writing task failed: {e}")))?;
+        let failing = |now: bool| {
+            ring.keep_failing
+                .swap(now, std::sync::atomic::Ordering::AcqRel)
+        };
         match result {
-            Ok(()) => Ok(self.inner.incarnation),
+            Ok(()) => {
+                if failing(false) {
+                    info!(
+                        ps = ring.task,
+                        of = kept.task,
+                        "Keeping the neighbour's snapshots again."
+                    );
+                }
+                Ok(self.inner.incarnation)
+            }
             Err(e @ SnapshotError::Invalid { .. }) => Err(Status::invalid_argument(e.to_string())),
             Err(e) => {
-                warn!(ps = ring.task, of = kept.task, error = %e, "Cannot keep the neighbour's snapshot.");
+                // Once per run of failures: the neighbour hands a copy over
+                // every snapshot (about once a second).
+                if !failing(true) {
+                    warn!(ps = ring.task, of = kept.task, error = %e, "Cannot keep the neighbour's snapshot; further failures are not logged until a copy is kept again.");
+                }
                 Err(Status::unavailable(format!(
                     "ps:{} cannot keep the copy: {e}",
                     ring.task
@@ -270,16 +295,23 @@ impl PsService {
             kept.bound,
             self.inner.task,
         );
+        // Every copy is checked, and the one holding the highest step is
+        // handed over, whatever its name says (issue 45).
         let found = tokio::task::spawn_blocking(move || {
             let _reading = reading;
-            snapshot::list(&dir).into_iter().find_map(|(_, path)| {
+            let mut best: Option<(u64, Vec<u8>)> = None;
+            for (_, path) in snapshot::list(&dir) {
                 let read = snapshot::read_regular(&path, bound).and_then(|bytes| {
                     let step = snapshot::verify(&path, &bytes, &identity)?.step;
                     Ok((step, bytes))
                 });
-                read.inspect_err(|e| warn!(ps = task, error = %e, "Neighbour's copy skipped."))
-                    .ok()
-            })
+                match read {
+                    Ok(copy) if best.as_ref().is_none_or(|b| copy.0 > b.0) => best = Some(copy),
+                    Ok(_) => {}
+                    Err(e) => warn!(ps = task, error = %e, "Neighbour's copy skipped."),
+                }
+            }
+            best
         })
         .await
         .map_err(|e| Status::internal(format!("the reading task failed: {e}")))?;
@@ -422,27 +454,41 @@ fn fail(stats: &mut Stats, task: usize, next: usize, addr: &str, why: &str) {
     stats.failing = true;
 }
 
-/// At start with no snapshot of its own: asks the neighbour for this
-/// shard's copy, writes it into the own snapshot dir and restores it
-/// ([`snapshot::restore`]); waits for a neighbour that does not answer up
-/// to [`NEIGHBOUR_WAIT`], saying so. Then this ps serves (`fetching` was
-/// set by the caller, and is cleared here, whatever happened).
+/// At every start: asks the neighbour for this shard's copy, writes it
+/// beside this ps's own snapshots and restores the newest of them
+/// ([`snapshot::restore`]): a state directory put back from an older copy
+/// must not win over the newer state the ring keeps (issue 45). Waits for
+/// a neighbour that does not answer up to [`NEIGHBOUR_WAIT`] with no
+/// snapshot of its own, [`NEIGHBOUR_WAIT_HELD`] with one, saying so. Then
+/// this ps serves (`fetching` was set by the caller, and is cleared here,
+/// whatever happened).
 pub(super) async fn fetch_own(
     service: PsService,
     config: std::sync::Arc<Config>,
     client: Client,
     stop: CancellationToken,
+    own: snapshot::Restore,
 ) {
     let ring = &service.inner.ring;
     let task = ring.task;
     let Some((next, addr)) = ring.next.clone() else {
         return;
     };
-    info!(
-        ps = task,
-        neighbour = next,
-        "No snapshot of its own (a new or emptied disk): fetching this shard's copy from its neighbour before serving."
-    );
+    let wait = if own == snapshot::Restore::Nothing {
+        info!(
+            ps = task,
+            neighbour = next,
+            "No snapshot of its own (a new or emptied disk): fetching this shard's copy from its neighbour before serving."
+        );
+        NEIGHBOUR_WAIT
+    } else {
+        info!(
+            ps = task,
+            neighbour = next,
+            "Asking the neighbour for its copy of this shard before serving: the newer of its copy and this ps's own snapshot is restored."
+        );
+        NEIGHBOUR_WAIT_HELD
+    };
     let started = Instant::now();
     let mut logged: Option<Instant> = None;
     loop {
@@ -460,13 +506,13 @@ pub(super) async fn fetch_own(
             Ok(Err(status)) => status.to_string(),
             Err(_) => format!("no answer within {} s", limit.as_secs()),
         };
-        if started.elapsed() >= NEIGHBOUR_WAIT {
-            warn!(ps = task, neighbour = next, address = %addr, waited_secs = NEIGHBOUR_WAIT.as_secs(), error = %why, "The neighbour did not answer: serving without this shard's copy (the chief seeds the shard from the newest checkpoint).");
+        if started.elapsed() >= wait {
+            warn!(ps = task, neighbour = next, address = %addr, waited_secs = wait.as_secs(), error = %why, "The neighbour did not answer: serving without this shard's copy (with its own snapshot, if it has one; else the chief seeds the shard from the newest checkpoint).");
             break;
         }
         if logged.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
             logged = Some(Instant::now());
-            warn!(ps = task, neighbour = next, address = %addr, error = %why, waited_secs = started.elapsed().as_secs(), limit_secs = NEIGHBOUR_WAIT.as_secs(), "Waiting for the neighbour that keeps this shard's copy.");
+            warn!(ps = task, neighbour = next, address = %addr, error = %why, waited_secs = started.elapsed().as_secs(), limit_secs = wait.as_secs(), "Waiting for the neighbour that keeps this shard's copy.");
         }
         tokio::select! {
             _ = tokio::time::sleep(RETRY) => {}
@@ -489,8 +535,11 @@ fn refusal(code: tonic::Code) -> bool {
 }
 
 /// The neighbour's answer: its copy checked as this shard's (identity,
-/// CRCs), written into this ps's own snapshot dir under the step it holds,
-/// then restored as if this ps had written it.
+/// CRCs), written beside this ps's own snapshots under the step it holds,
+/// then the newest of them restored ([`snapshot::restore`]). A copy newer
+/// than what this ps restored of its own is a fault worth a WARN: its own
+/// state directory was older than it should be (put back from a copy, or
+/// its writes failed).
 async fn take(
     service: &PsService,
     config: &std::sync::Arc<Config>,
@@ -502,30 +551,58 @@ async fn take(
         info!(
             ps = task,
             neighbour = next,
-            "The neighbour keeps no copy of this shard (a new cluster, or its disk is new too): waiting for the chief."
+            "The neighbour keeps no copy of this shard (a new cluster, or its disk is new too)."
         );
         return;
     }
     let Some(dir) = service.inner.snapshots.dir.clone() else {
         return;
     };
+    let own = service.inner.snapshots.pending().as_ref().map(|r| r.step);
     let (service, config) = (service.clone(), config.clone());
     let done = tokio::task::spawn_blocking(move || {
         let identity = &service.inner.snapshots.identity;
         let step = snapshot::verify(&dir, &answer.snapshot, identity)?.step;
-        snapshot::write(&dir, step, &answer.snapshot, None)?;
+        if own.is_some_and(|own| own >= step) {
+            info!(
+                ps = task,
+                neighbour = next,
+                own_step = own,
+                copy_step = step,
+                "This ps's own snapshot is as new as the neighbour's copy: keeping it."
+            );
+            return Ok(None);
+        }
+        snapshot::write_beside(&dir, step, &answer.snapshot)?;
         info!(
             ps = task,
             neighbour = next,
             step,
             "Fetched this shard's copy from its neighbour."
         );
-        Ok::<_, SnapshotError>(snapshot::restore(&service, &config))
+        let restored = snapshot::restore(&service, &config);
+        let now = service.inner.snapshots.pending().as_ref().map(|r| r.step);
+        Ok::<_, SnapshotError>(Some((restored, step, now)))
     })
     .await;
     match done {
-        Ok(Ok(snapshot::Restore::Held)) => {}
-        Ok(Ok(_)) => info!(
+        Ok(Ok(None)) => {}
+        Ok(Ok(Some((snapshot::Restore::Held, copy, now)))) => {
+            if let (Some(own), Some(now)) = (own, now)
+                && now > own
+            {
+                warn!(
+                    ps = task,
+                    own_step = own,
+                    restored_step = now,
+                    steps_behind = now - own,
+                    neighbour = next,
+                    copy_step = copy,
+                    "This ps's own snapshot was older than its neighbour's copy (its state directory was put back from an older copy, or its writes failed): restored the neighbour's."
+                );
+            }
+        }
+        Ok(Ok(Some(_))) => info!(
             ps = task,
             "The neighbour's copy was not restored (see above): waiting for the chief."
         ),

@@ -271,6 +271,24 @@ pub fn write(
     bytes: &[u8],
     keep_also: Option<&Path>,
 ) -> Result<PathBuf, SnapshotError> {
+    let path = write_beside(dir, step, bytes)?;
+    for (_, old) in list(dir) {
+        if old != path
+            && Some(old.as_path()) != keep_also
+            && let Err(e) = fs::remove_file(&old)
+        {
+            warn!(path = %old.display(), error = %e, "Cannot delete an old snapshot.");
+        }
+    }
+    Ok(path)
+}
+
+/// [`write`] without deleting anything: the file joins those in `dir`, and
+/// [`restore`] chooses among them by what they hold (a copy fetched from the
+/// ring goes beside the ps's own, which may be newer).
+///
+/// Errors: [`SnapshotError::Io`]; a failed write leaves no temp file.
+pub(super) fn write_beside(dir: &Path, step: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
@@ -298,14 +316,6 @@ pub fn write(
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(SnapshotError::io(dir, "fsync directory"))?;
-    for (_, old) in list(dir) {
-        if old != path
-            && Some(old.as_path()) != keep_also
-            && let Err(e) = fs::remove_file(&old)
-        {
-            warn!(path = %old.display(), error = %e, "Cannot delete an old snapshot.");
-        }
-    }
     Ok(path)
 }
 
@@ -403,6 +413,23 @@ pub(super) fn verify<'a>(
             .parse()
             .map_err(|_| SnapshotError::invalid(path, format!("metadata run is {text:?}")))?,
     };
+    // A file's identity is what it holds: one whose name claims another step
+    // (an older snapshot renamed, or a backup put back under a newer name)
+    // would otherwise be taken for the newest (issue 45).
+    if let Some(named) = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_name)
+        && named != step
+    {
+        return Err(SnapshotError::invalid(
+            path,
+            format!(
+                "it holds step {step} but is named for step {named}: an older snapshot renamed \
+                 or put back by hand; it is not restored"
+            ),
+        ));
+    }
     for (name, view) in tensors.iter() {
         if view.dtype() != Dtype::F32 {
             return Err(SnapshotError::invalid(
@@ -495,23 +522,72 @@ pub(super) fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotE
     Ok(bytes)
 }
 
-/// The newest checkpoint's step, when `checkpoint.dir` can be read on this
-/// host: `Some(None)` when it exists and holds none that verifies, `None`
-/// when it cannot be told (no such directory here: a ps on another host).
-fn newest_checkpoint(config: &Config) -> Option<Option<u64>> {
+/// What the newest checkpoint says of ps `task`'s shard, when
+/// `checkpoint.dir` can be read on this host: `Some(None)` when it exists
+/// and holds none that verifies, `None` when it cannot be told (no such
+/// directory here: a ps on another host).
+fn newest_checkpoint(config: &Config, task: usize) -> Option<Option<CheckpointStep>> {
     let dir = &config.checkpoint.dir;
     if !dir.is_dir() {
         return None;
     }
     let specs = Mlp::new(&config.model.layers).ok()?.variables();
     match checkpoint::restore_latest(dir, &specs) {
-        Ok(found) => Some(found.map(|(_, c)| c.global_step)),
+        Ok(found) => Some(found.map(|(_, c)| CheckpointStep {
+            shard: c.shard_step(task, config.cluster.ps.len()),
+            global: c.global_step,
+            run: c.run,
+        })),
         Err(_) => None,
     }
 }
 
-/// At start: reads the shard's newest valid snapshot when there is one
-/// newer than the newest checkpoint and holds it aside for the chief
+/// The newest checkpoint as one shard sees it.
+#[derive(Debug, Clone, Copy)]
+struct CheckpointStep {
+    /// The shard's own update count in it: what its snapshots' steps are
+    /// compared with (in async mode a shard may count behind ps 0).
+    shard: u64,
+    /// Its global step (ps 0's count), for the log.
+    global: u64,
+    /// Its run (0: unknown).
+    run: u64,
+}
+
+/// The snapshot to restore among `files`: every one is read and checked
+/// ([`load`]), and of those that verify the one holding the highest step
+/// wins — of the run `prefer` when one of its files verifies (the newest
+/// checkpoint's run, where it can be seen) — wherever it sits in the
+/// listing: a file's name says nothing a file cannot fake (issue 45).
+/// Every file passed over as invalid is named with its reason.
+fn choose(
+    files: &[(u64, PathBuf)],
+    shard: &Shard,
+    identity: &str,
+    prefer: Option<u64>,
+    task: usize,
+) -> Option<(PathBuf, Restored)> {
+    let mut best: Option<(PathBuf, Restored)> = None;
+    for (_, path) in files {
+        let r = match load(path, shard, identity) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(ps = task, error = %e, "Snapshot ignored.");
+                continue;
+            }
+        };
+        let rank = |r: &Restored| (prefer.is_some_and(|run| r.run == run), r.step);
+        if best.as_ref().is_none_or(|(_, b)| rank(&r) > rank(b)) {
+            best = Some((path.clone(), r));
+        }
+    }
+    best
+}
+
+/// At start (and again when the ring neighbour's copy has been fetched
+/// beside the ps's own): reads the shard's newest valid snapshot — by the
+/// step it holds ([`choose`]) — when it is newer than this shard's count in
+/// the newest checkpoint, and holds it aside for the chief
 /// ([`Snapshotting::pending`]), which decides the step it resumes at (in a
 /// sync run of several ps tasks, that of the shards that kept running).
 /// Every snapshot passed over is named with its reason.
@@ -529,28 +605,23 @@ pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
     if files.is_empty() {
         return Restore::Nothing;
     }
+    let newest = newest_checkpoint(config, task);
+    let prefer = newest.flatten().map(|c| c.run).filter(|&run| run != 0);
     let restored = {
         let shard = service.lock();
-        files
-            .iter()
-            .find_map(|(_, path)| match load(path, &shard, &snap.identity) {
-                Ok(r) => Some((path.clone(), r)),
-                Err(e) => {
-                    warn!(ps = task, error = %e, "Snapshot ignored.");
-                    None
-                }
-            })
+        choose(&files, &shard, &snap.identity, prefer, task)
     };
     let Some((path, r)) = restored else {
         return Restore::Nothing;
     };
-    match newest_checkpoint(config) {
-        Some(Some(ckpt)) if ckpt >= r.step => {
+    match newest {
+        Some(Some(ckpt)) if ckpt.shard >= r.step => {
             info!(
                 ps = task,
                 snapshot_step = r.step,
-                checkpoint_step = ckpt,
-                "Snapshot not restored: the newest checkpoint is as new; waiting for the chief to seed the shard."
+                checkpoint_shard_step = ckpt.shard,
+                checkpoint_step = ckpt.global,
+                "Snapshot not restored: the newest checkpoint holds this shard as new; waiting for the chief to seed the shard."
             );
             return Restore::Passed;
         }
@@ -771,6 +842,10 @@ mod tests {
     use crate::ps::shard::Rule;
 
     fn shard(task: usize) -> Shard {
+        shard_at(task, 41)
+    }
+
+    fn shard_at(task: usize, step: u64) -> Shard {
         let optimizer = crate::optimizer::Optimizer::Adam {
             beta1: 0.9,
             beta2: 0.999,
@@ -791,7 +866,7 @@ mod tests {
             ArrayD::from_shape_vec(vec![3, 2], vec![1., 2., 3., 4., 5., 6.]).unwrap(),
             ArrayD::from_shape_vec(vec![2], vec![7., 8.]).unwrap(),
         ];
-        s.initialize(values, None, None, 41, false);
+        s.initialize(values, None, None, step, false);
         s
     }
 
@@ -848,6 +923,27 @@ mod tests {
         assert_eq!(steps, vec![7, 6]);
         // No temp file left behind.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_file_named_for_another_step_is_refused_and_the_highest_held_step_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let older = write_beside(dir.path(), 41, &encoded(&shard_at(0, 41), "me")).unwrap();
+        write_beside(dir.path(), 50, &encoded(&shard_at(0, 50), "me")).unwrap();
+        // The older one put back under a newer name: first by name.
+        let renamed = path(dir.path(), 51);
+        fs::rename(&older, &renamed).unwrap();
+        let files = list(dir.path());
+        assert_eq!(files[0].1, renamed);
+        let e = load(&renamed, &shard(0), "me").err().unwrap().to_string();
+        assert!(e.contains("holds step 41 but is named for step 51"), "{e}");
+        let (chosen, r) = choose(&files, &shard(0), "me", None, 0).unwrap();
+        assert_eq!((chosen, r.step), (path(dir.path(), 50), 50));
+        // Whatever the listing's order, the highest held step wins.
+        write_beside(dir.path(), 7, &encoded(&shard_at(0, 7), "me")).unwrap();
+        let mut files = list(dir.path());
+        files.reverse();
+        assert_eq!(choose(&files, &shard(0), "me", None, 0).unwrap().1.step, 50);
     }
 
     #[test]

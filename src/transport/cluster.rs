@@ -95,6 +95,8 @@ pub struct Snapshot {
     pub slots: Vec<ArrayD<f32>>,
     /// The run the state belongs to (ps 0's; [`crate::checkpoint::Checkpoint::run`]).
     pub run: u64,
+    /// Each ps task's own step when read ([`crate::checkpoint::Checkpoint::shard_steps`]).
+    pub shard_steps: Vec<u64>,
 }
 
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
@@ -641,9 +643,11 @@ impl Cluster {
         };
         let step = replies.first().map_or(0, |r| r.global_step);
         let run = replies.first().map_or(0, |r| r.run);
+        let shard_steps = replies.iter().map(|r| r.global_step).collect();
         let slots = self.gather_slots(&replies)?;
         Ok(Snapshot {
             run,
+            shard_steps,
             step,
             values,
             shadows,

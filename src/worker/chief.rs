@@ -126,6 +126,11 @@ impl Worker {
             tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
         let newest = found.as_ref().map(|(_, c)| c.global_step);
         let run = self.run_id(found.as_ref().map(|(_, c)| c.run), states);
+        // Like with like: a shard's snapshot against that shard's own count
+        // in the checkpoint (in async mode it may count behind ps 0's
+        // global step for good), never against the global step (issue 45).
+        let shard_in_checkpoint =
+            |ps: usize| found.as_ref().map(|(_, c)| c.shard_step(ps, states.len()));
         let mut adopt = Vec::new();
         for &ps in missing {
             let s = &states[ps];
@@ -141,12 +146,14 @@ impl Worker {
                     run,
                     "The ps's snapshot is of another run (its state directory outlived that run); seeding the shard, not adopting it."
                 );
-            } else if let Some(ckpt) = newest.filter(|&c| c > step) {
+            } else if let Some(ckpt) = shard_in_checkpoint(ps).filter(|&c| c > step) {
                 warn!(
                     ps,
                     restored_step = step,
-                    checkpoint_step = ckpt,
-                    "The ps's snapshot is older than the newest checkpoint; seeding the shard from the checkpoint."
+                    checkpoint_shard_step = ckpt,
+                    checkpoint_step = newest.unwrap_or(0),
+                    steps_lost = self.seen.get(ps).copied().unwrap_or(0).saturating_sub(ckpt),
+                    "The ps's snapshot is older than its shard in the newest checkpoint; seeding the shard from the checkpoint."
                 );
             } else {
                 adopt.push((ps, step, step));
@@ -176,16 +183,33 @@ impl Worker {
         } else {
             self.cluster.adopt(&adopt, run).await?
         };
+        let bound = lost_bound(&cfg, states);
         for &(ps, step, resumed_at) in adopt.iter().filter(|(ps, ..)| adopted.contains(ps)) {
             let before = self.seen.get(ps).copied().unwrap_or(0);
-            info!(
-                ps,
-                restored_step = step,
-                before,
-                steps_lost = before.max(resumed_at) - step,
-                resumed_at,
-                "The ps restarted and restored its shard from its own snapshot."
-            );
+            let steps_lost = before.max(resumed_at) - step;
+            if bound.is_some_and(|b| steps_lost > b) {
+                // More than a snapshot's interval: the shard came back from
+                // older state than its own snapshots should have left.
+                warn!(
+                    ps,
+                    restored_step = step,
+                    before,
+                    steps_lost,
+                    bound_steps = bound.unwrap_or(0),
+                    resumed_at,
+                    checkpoint_shard_step = shard_in_checkpoint(ps).unwrap_or(0),
+                    "The ps restarted from a snapshot further behind than ps.snapshot_secs allows: its state directory or its ring neighbour held no newer state (put back from an older copy, or its snapshot writes failed)."
+                );
+            } else {
+                info!(
+                    ps,
+                    restored_step = step,
+                    before,
+                    steps_lost,
+                    resumed_at,
+                    "The ps restarted and restored its shard from its own snapshot."
+                );
+            }
         }
         let rest: Vec<usize> = missing
             .iter()
@@ -292,6 +316,8 @@ impl Worker {
                 shadows,
                 slots,
                 run,
+                // Every shard was just initialized at this step.
+                shard_steps: vec![step; cfg.cluster.ps.len()],
             };
             let _ = save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot).await;
         }
@@ -498,6 +524,22 @@ fn restored_slots(
 /// Writes a checkpoint off the hot path. A failure is logged at ERROR and
 /// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
 /// saves go on training, the final one fails the run.
+/// The steps a shard restored from its own snapshot may have lost without
+/// a fault beyond the one promised: `ps.snapshot_secs` (doubled, for a
+/// snapshot late on a loaded machine) and a second, at the rate the live
+/// shards report. `None` when no live shard reports a rate (one ps task, or
+/// all restarted): the bound cannot be told.
+fn lost_bound(cfg: &Config, states: &[pb::StateResponse]) -> Option<u64> {
+    let examples = states
+        .iter()
+        .filter(|s| s.initialized)
+        .map(|s| s.examples_per_sec)
+        .fold(0.0, f64::max);
+    let steps_per_sec = examples / cfg.train.batch_size.max(1) as f64;
+    (steps_per_sec > 0.0)
+        .then(|| (steps_per_sec * (2.0 * cfg.ps.snapshot_secs as f64 + 1.0)).ceil() as u64)
+}
+
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
@@ -538,6 +580,7 @@ async fn save_checkpoint(
             tensors: slot_names.zip(snapshot.slots).collect(),
         },
         run: snapshot.run,
+        shard_steps: snapshot.shard_steps,
     };
     let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
     let started = Instant::now();

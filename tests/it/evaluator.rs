@@ -89,6 +89,7 @@ fn save_checkpoint(cfg: &Config, step: u64) -> std::path::PathBuf {
         shadows: names.into_iter().zip(shadows).collect(),
         slots: Default::default(),
         run: 0,
+        shard_steps: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 100)
         .unwrap()

@@ -196,6 +196,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         shadows: names.into_iter().zip(values).collect(),
         slots: Default::default(),
         run: 0,
+        shard_steps: Vec::new(),
     };
     let meta = ModelMeta {
         layers,

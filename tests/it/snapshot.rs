@@ -8,7 +8,7 @@ use dtf::pb;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const RUN: Duration = Duration::from_secs(120);
+pub(crate) const RUN: Duration = Duration::from_secs(120);
 
 async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
     ps.state(pb::StateRequest {})
@@ -18,7 +18,7 @@ async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
 }
 
 /// Waits until ps `i` answers a state that `want` accepts.
-async fn wait_state(
+pub(crate) async fn wait_state(
     c: &Cluster,
     i: usize,
     what: &str,
@@ -36,7 +36,12 @@ async fn wait_state(
 /// A run that only ends when the test says so, whose only checkpoint is
 /// the one written at its start (step 0): a ps that comes back at a later
 /// step did not come back from a checkpoint.
-fn long_run(ps: usize, workers: usize, mode: Mode, transport: dtf::config::Transport) -> Cluster {
+pub(crate) fn long_run(
+    ps: usize,
+    workers: usize,
+    mode: Mode,
+    transport: dtf::config::Transport,
+) -> Cluster {
     let mut c = Cluster::new(ps, workers, 1_000_000, mode);
     c.cfg.checkpoint.save_secs = Some(3600);
     c.cfg.ps.snapshot_secs = 1;
@@ -46,7 +51,7 @@ fn long_run(ps: usize, workers: usize, mode: Mode, transport: dtf::config::Trans
 
 /// Ends the run at a live `last_step` a little past where it is, and
 /// checks that every task exits 0.
-async fn finish(c: &mut Cluster) -> pb::StateResponse {
+pub(crate) async fn finish(c: &mut Cluster) -> pb::StateResponse {
     let now = wait_state(c, 0, "a state", |s| s.initialized)
         .await
         .global_step;

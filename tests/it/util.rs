@@ -599,6 +599,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         shadows: names.into_iter().zip(values).collect(),
         slots: Default::default(),
         run: 0,
+        shard_steps: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)
         .unwrap()

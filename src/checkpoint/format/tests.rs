@@ -151,7 +151,25 @@ fn a_header_too_large_to_load_is_refused_at_save_time() {
         shadows: (0..n).map(|i| (name(i), one())).collect(),
         slots: Slots::default(),
         run: 0,
+        shard_steps: Vec::new(),
     };
     let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
     assert!(err.contains("header would be"), "{err}");
+}
+
+#[test]
+fn each_shards_own_step_round_trips_and_older_files_give_the_global_step() {
+    let mut c = sample(90, &SMALL);
+    c.shard_steps = vec![90, 61];
+    let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+    let back = from_bytes(&model, &ema, Some(&small_specs())).unwrap();
+    assert_eq!(back.shard_steps, vec![90, 61]);
+    assert_eq!(back.shard_step(1, 2), 61);
+    // Another ps count: only the global step is known for it.
+    assert_eq!(back.shard_step(1, 3), 90);
+    // A checkpoint from before shard steps were kept.
+    let (model, ema) = to_bytes(&sample(90, &SMALL), &BTreeMap::new()).unwrap();
+    let back = from_bytes(&model, &ema, Some(&small_specs())).unwrap();
+    assert!(back.shard_steps.is_empty());
+    assert_eq!(back.shard_step(1, 2), 90);
 }
