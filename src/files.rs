@@ -67,6 +67,60 @@ pub fn open_regular(path: &Path) -> Result<(File, fs::Metadata), OpenError> {
     }
 }
 
+/// Why [`read_bounded`] read nothing.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The operating system's error, and the step it failed at (`open`,
+    /// `stat`, `read`).
+    Io {
+        /// The step.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The path is not a regular file: what it is, in words.
+    Special(&'static str),
+    /// The file is larger than the reader's bound.
+    TooLarge {
+        /// Its size.
+        size: u64,
+        /// The bound.
+        limit: u64,
+    },
+}
+
+/// Reads `path` whole if it is a regular file of at most `limit` bytes:
+/// [`open_regular`] (never blocks on a FIFO, checks the opened descriptor),
+/// the size checked on that descriptor, then at most `limit` bytes read even
+/// if the file grows meanwhile. Memory is allocated as the bytes arrive, not
+/// up front (a bound may be gigabytes).
+///
+/// Errors: [`ReadError`].
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read;
+    let (file, meta) = open_regular(path).map_err(|e| match e {
+        OpenError::Io(source) => ReadError::Io {
+            what: "open",
+            source,
+        },
+        OpenError::Special(kind) => ReadError::Special(kind),
+    })?;
+    if meta.len() > limit {
+        return Err(ReadError::TooLarge {
+            size: meta.len(),
+            limit,
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(limit)
+        .read_to_end(&mut bytes)
+        .map_err(|source| ReadError::Io {
+            what: "read",
+            source,
+        })?;
+    Ok(bytes)
+}
+
 /// Refuses `path` if it is a symbolic link: dtf deletes and overwrites only
 /// in directories it reaches without one it did not make (a `best -> .`
 /// link once made the evaluator delete the training checkpoints). A path

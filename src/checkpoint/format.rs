@@ -31,7 +31,9 @@ use saveable::check_saveable;
 // ---------------------------------------------------------------------------
 // Encoding
 
-fn crc32(bytes: &[u8]) -> String {
+/// A tensor's CRC-32 as its `crc32:<name>` metadata holds it (8 hex
+/// digits): checkpoints and ps snapshots alike.
+pub(crate) fn crc32(bytes: &[u8]) -> String {
     let mut crc = flate2::Crc::new();
     crc.update(bytes);
     format!("{:08x}", crc.sum())

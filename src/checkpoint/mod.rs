@@ -44,6 +44,7 @@ use crate::optimizer::Optimizer;
 use ndarray::ArrayD;
 use safetensors::SafeTensorError;
 
+pub(crate) use format::crc32;
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
 pub use meta::{ACTIVATION, ModelMeta, json_value, read_metadata, widths};

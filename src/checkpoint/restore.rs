@@ -2,8 +2,7 @@
 //! the directory scan they share with retention.
 
 use std::fs;
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use super::format::parse;
@@ -100,34 +99,20 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
 /// Errors: [`CheckpointError::Io`], [`CheckpointError::NotRegular`],
 /// [`CheckpointError::TooLarge`].
 pub(super) fn read(path: &Path, limit: Limit) -> Result<Vec<u8>, CheckpointError> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| CheckpointError::io(path, "open", e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| CheckpointError::io(path, "stat", e))?;
-    if let Some(what) = crate::files::special_kind(meta.file_type()) {
-        return Err(CheckpointError::NotRegular {
+    use crate::files::ReadError;
+    crate::files::read_bounded(path, limit.bytes).map_err(|e| match e {
+        ReadError::Io { what, source } => CheckpointError::io(path, what, source),
+        ReadError::Special(what) => CheckpointError::NotRegular {
             path: path.to_path_buf(),
             what,
-        });
-    }
-    if meta.len() > limit.bytes {
-        return Err(CheckpointError::TooLarge {
+        },
+        ReadError::TooLarge { size, limit: bytes } => CheckpointError::TooLarge {
             path: path.to_path_buf(),
-            size: meta.len(),
-            limit: limit.bytes,
+            size,
+            limit: bytes,
             allowed: limit.allowed,
-        });
-    }
-    // The size is within `limit`, which may be 8 GiB: allocate as we read.
-    let mut bytes = Vec::new();
-    file.take(limit.bytes)
-        .read_to_end(&mut bytes)
-        .map_err(|e| CheckpointError::io(path, "read", e))?;
-    Ok(bytes)
+        },
+    })
 }
 
 /// The most bytes [`read`] takes from one file.

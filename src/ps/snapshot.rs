@@ -25,7 +25,7 @@
 
 use super::PsService;
 use super::shard::{Shard, Slots};
-use crate::checkpoint::{self, EMA_SUFFIX, MAX_HEADER_BYTES};
+use crate::checkpoint::{self, EMA_SUFFIX, MAX_HEADER_BYTES, crc32};
 use crate::config::Config;
 use crate::model::{Mlp, VarSpec};
 use crate::optimizer::SlotSpec;
@@ -34,8 +34,8 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
@@ -221,12 +221,6 @@ fn copy_arrays(dst: &mut Vec<ArrayD<f32>>, src: &[ArrayD<f32>]) {
     }
 }
 
-fn crc32(bytes: &[u8]) -> String {
-    let mut crc = flate2::Crc::new();
-    crc.update(bytes);
-    format!("{:08x}", crc.sum())
-}
-
 /// `shard-<step>.safetensors`.
 fn file_name(step: u64) -> String {
     format!("shard-{step}.safetensors")
@@ -295,27 +289,7 @@ pub(super) fn write_beside(dir: &Path, step: u64, bytes: &[u8]) -> Result<PathBu
         .create(dir)
         .map_err(SnapshotError::io(dir, "create directory"))?;
     let path = dir.join(file_name(step));
-    let tmp = dir.join(format!(".{}.tmp-{}", file_name(step), std::process::id()));
-    let written = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o640)
-            .open(&tmp)
-            .map_err(SnapshotError::io(&tmp, "create"))?;
-        file.write_all(bytes)
-            .map_err(SnapshotError::io(&tmp, "write"))?;
-        file.sync_all().map_err(SnapshotError::io(&tmp, "fsync"))?;
-        fs::rename(&tmp, &path).map_err(SnapshotError::io(&path, "rename into place"))
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(SnapshotError::io(dir, "fsync directory"))?;
+    crate::files::write_atomic(&path, bytes, 0o640).map_err(SnapshotError::io(&path, "write"))?;
     Ok(path)
 }
 
@@ -494,32 +468,17 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
 /// non-blocking (a FIFO named like a snapshot cannot hang the ps) and
 /// checked on the open descriptor.
 pub(super) fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(SnapshotError::io(path, "open"))?;
-    let meta = file.metadata().map_err(SnapshotError::io(path, "stat"))?;
-    if let Some(what) = crate::files::special_kind(meta.file_type()) {
-        return Err(SnapshotError::invalid(
+    use crate::files::ReadError;
+    crate::files::read_bounded(path, limit).map_err(|e| match e {
+        ReadError::Io { what, source } => SnapshotError::io(path, what)(source),
+        ReadError::Special(what) => {
+            SnapshotError::invalid(path, format!("it is {what}, not a regular file"))
+        }
+        ReadError::TooLarge { size, limit } => SnapshotError::invalid(
             path,
-            format!("it is {what}, not a regular file"),
-        ));
-    }
-    if meta.len() > limit {
-        return Err(SnapshotError::invalid(
-            path,
-            format!(
-                "it is {} bytes, more than the {limit} a snapshot of this shard can take",
-                meta.len()
-            ),
-        ));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(limit)
-        .read_to_end(&mut bytes)
-        .map_err(SnapshotError::io(path, "read"))?;
-    Ok(bytes)
+            format!("it is {size} bytes, more than the {limit} a snapshot of this shard can take"),
+        ),
+    })
 }
 
 /// What the newest checkpoint says of ps `task`'s shard, when

@@ -198,7 +198,7 @@ impl Worker {
                     bound_steps = bound.unwrap_or(0),
                     resumed_at,
                     checkpoint_shard_step = shard_in_checkpoint(ps).unwrap_or(0),
-                    "The ps restarted from a snapshot further behind than ps.snapshot_secs allows: its state directory or its ring neighbour held no newer state (put back from an older copy, or its snapshot writes failed)."
+                    "The ps restarted and restored its shard from its own snapshot, further behind than ps.snapshot_secs allows: neither its state directory nor its ring neighbour held newer state (put back from an older copy, or its snapshot writes failed)."
                 );
             } else {
                 info!(
