@@ -25,9 +25,9 @@
 
 use super::PsService;
 use super::shard::{Shard, Slots};
-use crate::checkpoint::{self, EMA_SUFFIX, MAX_HEADER_BYTES, crc32};
+use crate::checkpoint::{EMA_SUFFIX, MAX_HEADER_BYTES, crc32};
 use crate::config::Config;
-use crate::model::{Mlp, VarSpec};
+use crate::model::VarSpec;
 use crate::optimizer::SlotSpec;
 use ndarray::ArrayD;
 use safetensors::tensor::TensorView;
@@ -37,9 +37,12 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
+
+mod restore;
+pub(super) use restore::{Restore, restore};
 
 /// The `format` metadata of a snapshot file (a checkpoint's is `dtf-1`).
 const FORMAT: &str = "dtf-snapshot-1";
@@ -481,142 +484,6 @@ pub(super) fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotE
     })
 }
 
-/// What the newest checkpoint says of ps `task`'s shard, when
-/// `checkpoint.dir` can be read on this host: `Some(None)` when it exists
-/// and holds none that verifies, `None` when it cannot be told (no such
-/// directory here: a ps on another host).
-fn newest_checkpoint(config: &Config, task: usize) -> Option<Option<CheckpointStep>> {
-    let dir = &config.checkpoint.dir;
-    if !dir.is_dir() {
-        return None;
-    }
-    let specs = Mlp::new(&config.model.layers).ok()?.variables();
-    match checkpoint::restore_latest(dir, &specs) {
-        Ok(found) => Some(found.map(|(_, c)| CheckpointStep {
-            shard: c.shard_step(task, config.cluster.ps.len()),
-            global: c.global_step,
-            run: c.run,
-        })),
-        Err(_) => None,
-    }
-}
-
-/// The newest checkpoint as one shard sees it.
-#[derive(Debug, Clone, Copy)]
-struct CheckpointStep {
-    /// The shard's own update count in it: what its snapshots' steps are
-    /// compared with (in async mode a shard may count behind ps 0).
-    shard: u64,
-    /// Its global step (ps 0's count), for the log.
-    global: u64,
-    /// Its run (0: unknown).
-    run: u64,
-}
-
-/// The snapshot to restore among `files`: every one is read and checked
-/// ([`load`]), and of those that verify the one holding the highest step
-/// wins — of the run `prefer` when one of its files verifies (the newest
-/// checkpoint's run, where it can be seen) — wherever it sits in the
-/// listing: a file's name says nothing a file cannot fake (issue 45).
-/// Every file passed over as invalid is named with its reason.
-fn choose(
-    files: &[(u64, PathBuf)],
-    shard: &Shard,
-    identity: &str,
-    prefer: Option<u64>,
-    task: usize,
-) -> Option<(PathBuf, Restored)> {
-    let mut best: Option<(PathBuf, Restored)> = None;
-    for (_, path) in files {
-        let r = match load(path, shard, identity) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(ps = task, error = %e, "Snapshot ignored.");
-                continue;
-            }
-        };
-        let rank = |r: &Restored| (prefer.is_some_and(|run| r.run == run), r.step);
-        if best.as_ref().is_none_or(|(_, b)| rank(&r) > rank(b)) {
-            best = Some((path.clone(), r));
-        }
-    }
-    best
-}
-
-/// At start (and again when the ring neighbour's copy has been fetched
-/// beside the ps's own): reads the shard's newest valid snapshot — by the
-/// step it holds ([`choose`]) — when it is newer than this shard's count in
-/// the newest checkpoint, and holds it aside for the chief
-/// ([`Snapshotting::pending`]), which decides the step it resumes at (in a
-/// sync run of several ps tasks, that of the shards that kept running).
-/// Every snapshot passed over is named with its reason.
-pub(super) fn restore(service: &PsService, config: &Config) -> Restore {
-    let task = service.inner.task;
-    let snap = &service.inner.snapshots;
-    let Some(dir) = snap.dir.as_deref() else {
-        return Restore::Passed;
-    };
-    if config.ps.snapshot_secs == 0 {
-        return Restore::Passed;
-    }
-    remove_temps(dir);
-    let files = list(dir);
-    if files.is_empty() {
-        return Restore::Nothing;
-    }
-    let newest = newest_checkpoint(config, task);
-    let prefer = newest.flatten().map(|c| c.run).filter(|&run| run != 0);
-    let restored = {
-        let shard = service.lock();
-        choose(&files, &shard, &snap.identity, prefer, task)
-    };
-    let Some((path, r)) = restored else {
-        return Restore::Nothing;
-    };
-    match newest {
-        Some(Some(ckpt)) if ckpt.shard >= r.step => {
-            info!(
-                ps = task,
-                snapshot_step = r.step,
-                checkpoint_shard_step = ckpt.shard,
-                checkpoint_step = ckpt.global,
-                "Snapshot not restored: the newest checkpoint holds this shard as new; waiting for the chief to seed the shard."
-            );
-            return Restore::Passed;
-        }
-        Some(None) => {
-            warn!(ps = task, snapshot = %path.display(), checkpoint_dir = %config.checkpoint.dir.display(), "Snapshot not restored: checkpoint.dir holds no checkpoint, so this is a new run; waiting for the chief.");
-            return Restore::Passed;
-        }
-        _ => {}
-    }
-    let age = fs::metadata(&path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| SystemTime::now().duration_since(t).ok());
-    let (step, run) = (r.step, r.run);
-    *snap.pending() = Some(r);
-    let mut stats = snap.stats();
-    stats.restored = Some(step);
-    let at = Instant::now().checked_sub(age.unwrap_or_default());
-    stats.last = Some((step, at.unwrap_or_else(Instant::now)));
-    stats.written = Some(path.clone());
-    info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
-    Restore::Held
-}
-
-/// What [`restore`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Restore {
-    /// A snapshot, held aside for the chief.
-    Held,
-    /// A valid snapshot passed over (the checkpoint is as new, a new run),
-    /// or snapshots off.
-    Passed,
-    /// No valid snapshot of its own: a new or emptied disk.
-    Nothing,
-}
-
 /// The snapshot loop of a ps: every `ps.snapshot_secs` a copy under the
 /// lock, written off it; a last one when `stop` is cancelled (a graceful
 /// stop then loses nothing). A write that fails is counted, and logged at
@@ -796,124 +663,4 @@ pub(super) struct Stats {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ps::shard::Rule;
-
-    fn shard(task: usize) -> Shard {
-        shard_at(task, 41)
-    }
-
-    fn shard_at(task: usize, step: u64) -> Shard {
-        let optimizer = crate::optimizer::Optimizer::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-        };
-        let specs = vec![
-            VarSpec {
-                name: "a/weights".into(),
-                shape: vec![3, 2],
-            },
-            VarSpec {
-                name: "a/biases".into(),
-                shape: vec![2],
-            },
-        ];
-        let mut s = Shard::new(task, specs, Rule::Async, 0.99, optimizer);
-        let values = vec![
-            ArrayD::from_shape_vec(vec![3, 2], vec![1., 2., 3., 4., 5., 6.]).unwrap(),
-            ArrayD::from_shape_vec(vec![2], vec![7., 8.]).unwrap(),
-        ];
-        s.initialize(values, None, None, step, false);
-        s
-    }
-
-    fn encoded(s: &Shard, identity: &str) -> Vec<u8> {
-        let mut image = Image::default();
-        assert!(image.copy_from(s));
-        let slot_specs = s.optimizer().slot_specs(s.specs());
-        image.encode(s.specs(), &slot_specs, identity).unwrap()
-    }
-
-    #[test]
-    fn round_trip_restores_values_shadows_slots_and_step() {
-        let s = shard(0);
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), s.step(), &encoded(&s, "me"), None).unwrap();
-        let r = load(&path, &shard(0), "me").unwrap();
-        assert_eq!(r.step, 41);
-        assert_eq!(r.values, s.values().unwrap());
-        assert_eq!(r.shadows, s.shadows().unwrap());
-        assert_eq!(&r.slots, s.slots().unwrap());
-    }
-
-    #[test]
-    fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
-        let s = shard(0);
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), 41, &encoded(&s, "me"), None).unwrap();
-        let e = load(&path, &s, "other").err().unwrap().to_string();
-        assert!(e.contains("another run or shard"), "{e}");
-        let mut bytes = fs::read(&path).unwrap();
-        let n = bytes.len();
-        bytes[n - 3] ^= 0x55;
-        fs::write(&path, &bytes).unwrap();
-        let e = load(&path, &s, "me").err().unwrap().to_string();
-        assert!(e.contains("checksum"), "{e}");
-        fs::write(&path, b"not a snapshot").unwrap();
-        assert!(load(&path, &s, "me").is_err());
-    }
-
-    #[test]
-    fn write_keeps_the_new_file_and_the_one_before_it_only() {
-        let s = shard(0);
-        let bytes = encoded(&s, "me");
-        let dir = tempfile::tempdir().unwrap();
-        // Another timeline's files, at higher steps: not kept.
-        write(dir.path(), 900, &bytes, None).unwrap();
-        write(dir.path(), 901, &bytes, None).unwrap();
-        let first = write(dir.path(), 5, &bytes, None).unwrap();
-        let second = write(dir.path(), 6, &bytes, Some(&first)).unwrap();
-        let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
-        assert_eq!(steps, vec![6, 5]);
-        write(dir.path(), 7, &bytes, Some(&second)).unwrap();
-        let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
-        assert_eq!(steps, vec![7, 6]);
-        // No temp file left behind.
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
-    }
-
-    #[test]
-    fn a_file_named_for_another_step_is_refused_and_the_highest_held_step_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        let older = write_beside(dir.path(), 41, &encoded(&shard_at(0, 41), "me")).unwrap();
-        write_beside(dir.path(), 50, &encoded(&shard_at(0, 50), "me")).unwrap();
-        // The older one put back under a newer name: first by name.
-        let renamed = path(dir.path(), 51);
-        fs::rename(&older, &renamed).unwrap();
-        let files = list(dir.path());
-        assert_eq!(files[0].1, renamed);
-        let e = load(&renamed, &shard(0), "me").err().unwrap().to_string();
-        assert!(e.contains("holds step 41 but is named for step 51"), "{e}");
-        let (chosen, r) = choose(&files, &shard(0), "me", None, 0).unwrap();
-        assert_eq!((chosen, r.step), (path(dir.path(), 50), 50));
-        // Whatever the listing's order, the highest held step wins.
-        write_beside(dir.path(), 7, &encoded(&shard_at(0, 7), "me")).unwrap();
-        let mut files = list(dir.path());
-        files.reverse();
-        assert_eq!(choose(&files, &shard(0), "me", None, 0).unwrap().1.step, 50);
-    }
-
-    #[test]
-    fn names_parse_only_as_written() {
-        assert_eq!(parse_name(&file_name(12)), Some(12));
-        for bad in [
-            "shard-.safetensors",
-            "shard-1x.safetensors",
-            ".shard-1.safetensors.tmp-3",
-        ] {
-            assert_eq!(parse_name(bad), None, "{bad}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,149 @@
+//! Which snapshot a starting ps restores: the one holding the highest step
+//! (not the highest name), and only when it is newer than this shard's own
+//! count in the newest checkpoint (issue 45).
+
+use super::{PsService, Restored, list, load, remove_temps};
+use crate::checkpoint;
+use crate::config::Config;
+use crate::model::Mlp;
+use crate::ps::shard::Shard;
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+use tracing::{info, warn};
+
+/// What the newest checkpoint says of ps `task`'s shard, when
+/// `checkpoint.dir` can be read on this host: `Some(None)` when it exists
+/// and holds none that verifies, `None` when it cannot be told (no such
+/// directory here: a ps on another host).
+fn newest_checkpoint(config: &Config, task: usize) -> Option<Option<CheckpointStep>> {
+    let dir = &config.checkpoint.dir;
+    if !dir.is_dir() {
+        return None;
+    }
+    let specs = Mlp::new(&config.model.layers).ok()?.variables();
+    match checkpoint::restore_latest(dir, &specs) {
+        Ok(found) => Some(found.map(|(_, c)| CheckpointStep {
+            shard: c.shard_step(task, config.cluster.ps.len()),
+            global: c.global_step,
+            run: c.run,
+        })),
+        Err(_) => None,
+    }
+}
+
+/// The newest checkpoint as one shard sees it.
+#[derive(Debug, Clone, Copy)]
+struct CheckpointStep {
+    /// The shard's own update count in it: what its snapshots' steps are
+    /// compared with (in async mode a shard may count behind ps 0).
+    shard: u64,
+    /// Its global step (ps 0's count), for the log.
+    global: u64,
+    /// Its run (0: unknown).
+    run: u64,
+}
+
+/// The snapshot to restore among `files`: every one is read and checked
+/// ([`load`]), and of those that verify the one holding the highest step
+/// wins — of the run `prefer` when one of its files verifies (the newest
+/// checkpoint's run, where it can be seen) — wherever it sits in the
+/// listing: a file's name says nothing a file cannot fake (issue 45).
+/// Every file passed over as invalid is named with its reason.
+pub(super) fn choose(
+    files: &[(u64, PathBuf)],
+    shard: &Shard,
+    identity: &str,
+    prefer: Option<u64>,
+    task: usize,
+) -> Option<(PathBuf, Restored)> {
+    let mut best: Option<(PathBuf, Restored)> = None;
+    for (_, path) in files {
+        let r = match load(path, shard, identity) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(ps = task, error = %e, "Snapshot ignored.");
+                continue;
+            }
+        };
+        let rank = |r: &Restored| (prefer.is_some_and(|run| r.run == run), r.step);
+        if best.as_ref().is_none_or(|(_, b)| rank(&r) > rank(b)) {
+            best = Some((path.clone(), r));
+        }
+    }
+    best
+}
+
+/// At start (and again when the ring neighbour's copy has been fetched
+/// beside the ps's own): reads the shard's newest valid snapshot — by the
+/// step it holds ([`choose`]) — when it is newer than this shard's count in
+/// the newest checkpoint, and holds it aside for the chief
+/// ([`Snapshotting::pending`]), which decides the step it resumes at (in a
+/// sync run of several ps tasks, that of the shards that kept running).
+/// Every snapshot passed over is named with its reason.
+pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
+    let task = service.inner.task;
+    let snap = &service.inner.snapshots;
+    let Some(dir) = snap.dir.as_deref() else {
+        return Restore::Passed;
+    };
+    if config.ps.snapshot_secs == 0 {
+        return Restore::Passed;
+    }
+    remove_temps(dir);
+    let files = list(dir);
+    if files.is_empty() {
+        return Restore::Nothing;
+    }
+    let newest = newest_checkpoint(config, task);
+    let prefer = newest.flatten().map(|c| c.run).filter(|&run| run != 0);
+    let restored = {
+        let shard = service.lock();
+        choose(&files, &shard, &snap.identity, prefer, task)
+    };
+    let Some((path, r)) = restored else {
+        return Restore::Nothing;
+    };
+    match newest {
+        Some(Some(ckpt)) if ckpt.shard >= r.step => {
+            info!(
+                ps = task,
+                snapshot_step = r.step,
+                checkpoint_shard_step = ckpt.shard,
+                checkpoint_step = ckpt.global,
+                "Snapshot not restored: the newest checkpoint holds this shard as new; waiting for the chief to seed the shard."
+            );
+            return Restore::Passed;
+        }
+        Some(None) => {
+            warn!(ps = task, snapshot = %path.display(), checkpoint_dir = %config.checkpoint.dir.display(), "Snapshot not restored: checkpoint.dir holds no checkpoint, so this is a new run; waiting for the chief.");
+            return Restore::Passed;
+        }
+        _ => {}
+    }
+    let age = fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok());
+    let (step, run) = (r.step, r.run);
+    *snap.pending() = Some(r);
+    let mut stats = snap.stats();
+    stats.restored = Some(step);
+    let at = Instant::now().checked_sub(age.unwrap_or_default());
+    stats.last = Some((step, at.unwrap_or_else(Instant::now)));
+    stats.written = Some(path.clone());
+    info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
+    Restore::Held
+}
+
+/// What [`restore`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::ps) enum Restore {
+    /// A snapshot, held aside for the chief.
+    Held,
+    /// A valid snapshot passed over (the checkpoint is as new, a new run),
+    /// or snapshots off.
+    Passed,
+    /// No valid snapshot of its own: a new or emptied disk.
+    Nothing,
+}

@@ -1,0 +1,122 @@
+//! The snapshot files' unit tests: round trips, refusals, what is kept.
+
+use super::restore::choose;
+use super::*;
+use crate::ps::shard::Rule;
+
+fn shard(task: usize) -> Shard {
+    shard_at(task, 41)
+}
+
+fn shard_at(task: usize, step: u64) -> Shard {
+    let optimizer = crate::optimizer::Optimizer::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+    };
+    let specs = vec![
+        VarSpec {
+            name: "a/weights".into(),
+            shape: vec![3, 2],
+        },
+        VarSpec {
+            name: "a/biases".into(),
+            shape: vec![2],
+        },
+    ];
+    let mut s = Shard::new(task, specs, Rule::Async, 0.99, optimizer);
+    let values = vec![
+        ArrayD::from_shape_vec(vec![3, 2], vec![1., 2., 3., 4., 5., 6.]).unwrap(),
+        ArrayD::from_shape_vec(vec![2], vec![7., 8.]).unwrap(),
+    ];
+    s.initialize(values, None, None, step, false);
+    s
+}
+
+fn encoded(s: &Shard, identity: &str) -> Vec<u8> {
+    let mut image = Image::default();
+    assert!(image.copy_from(s));
+    let slot_specs = s.optimizer().slot_specs(s.specs());
+    image.encode(s.specs(), &slot_specs, identity).unwrap()
+}
+
+#[test]
+fn round_trip_restores_values_shadows_slots_and_step() {
+    let s = shard(0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), s.step(), &encoded(&s, "me"), None).unwrap();
+    let r = load(&path, &shard(0), "me").unwrap();
+    assert_eq!(r.step, 41);
+    assert_eq!(r.values, s.values().unwrap());
+    assert_eq!(r.shadows, s.shadows().unwrap());
+    assert_eq!(&r.slots, s.slots().unwrap());
+}
+
+#[test]
+fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
+    let s = shard(0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), 41, &encoded(&s, "me"), None).unwrap();
+    let e = load(&path, &s, "other").err().unwrap().to_string();
+    assert!(e.contains("another run or shard"), "{e}");
+    let mut bytes = fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x55;
+    fs::write(&path, &bytes).unwrap();
+    let e = load(&path, &s, "me").err().unwrap().to_string();
+    assert!(e.contains("checksum"), "{e}");
+    fs::write(&path, b"not a snapshot").unwrap();
+    assert!(load(&path, &s, "me").is_err());
+}
+
+#[test]
+fn write_keeps_the_new_file_and_the_one_before_it_only() {
+    let s = shard(0);
+    let bytes = encoded(&s, "me");
+    let dir = tempfile::tempdir().unwrap();
+    // Another timeline's files, at higher steps: not kept.
+    write(dir.path(), 900, &bytes, None).unwrap();
+    write(dir.path(), 901, &bytes, None).unwrap();
+    let first = write(dir.path(), 5, &bytes, None).unwrap();
+    let second = write(dir.path(), 6, &bytes, Some(&first)).unwrap();
+    let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![6, 5]);
+    write(dir.path(), 7, &bytes, Some(&second)).unwrap();
+    let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![7, 6]);
+    // No temp file left behind.
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+}
+
+#[test]
+fn a_file_named_for_another_step_is_refused_and_the_highest_held_step_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let older = write_beside(dir.path(), 41, &encoded(&shard_at(0, 41), "me")).unwrap();
+    write_beside(dir.path(), 50, &encoded(&shard_at(0, 50), "me")).unwrap();
+    // The older one put back under a newer name: first by name.
+    let renamed = path(dir.path(), 51);
+    fs::rename(&older, &renamed).unwrap();
+    let files = list(dir.path());
+    assert_eq!(files[0].1, renamed);
+    let e = load(&renamed, &shard(0), "me").err().unwrap().to_string();
+    assert!(e.contains("holds step 41 but is named for step 51"), "{e}");
+    let (chosen, r) = choose(&files, &shard(0), "me", None, 0).unwrap();
+    assert_eq!((chosen, r.step), (path(dir.path(), 50), 50));
+    // Whatever the listing's order, the highest held step wins.
+    write_beside(dir.path(), 7, &encoded(&shard_at(0, 7), "me")).unwrap();
+    let mut files = list(dir.path());
+    files.reverse();
+    assert_eq!(choose(&files, &shard(0), "me", None, 0).unwrap().1.step, 50);
+}
+
+#[test]
+fn names_parse_only_as_written() {
+    assert_eq!(parse_name(&file_name(12)), Some(12));
+    for bad in [
+        "shard-.safetensors",
+        "shard-1x.safetensors",
+        ".shard-1.safetensors.tmp-3",
+    ] {
+        assert_eq!(parse_name(bad), None, "{bad}");
+    }
+}
