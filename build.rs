@@ -10,8 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".dtf.v1.ReplicateRequest.snapshot")
         .bytes(".dtf.v1.FetchReplicaResponse.snapshot")
         // prost's codec, but a request that does not parse is
-        // INVALID_ARGUMENT rather than INTERNAL (see `rpc::Codec`).
-        .codec_path("crate::rpc::Codec")
+        // INVALID_ARGUMENT rather than INTERNAL (see `transport::proto::Codec`).
+        .codec_path("crate::transport::proto::Codec")
         .compile_fds(fds)?;
     let events = ["proto/tensorboard/event.proto"];
     let fds = protox::compile(events, ["proto"])?;

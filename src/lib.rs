@@ -74,10 +74,6 @@ pub mod summary;
 pub mod transport;
 pub mod worker;
 
-/// The proto conversion's old path, kept while branches written against it merge.
-#[doc(hidden)]
-pub use transport::proto as rpc;
-
 /// Generated from `proto/dtf/v1/ps.proto`; only [`transport`] should need it.
 pub mod pb {
     tonic::include_proto!("dtf.v1");

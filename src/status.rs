@@ -141,11 +141,11 @@ async fn explain(addr: &str, credentials: &Credentials, status: tonic::Status) -
     if broken && !credentials.tls() && crate::auth::answers_with_tls(addr).await {
         return format!(
             "{} (the ps answers with TLS, which is not set here; {})",
-            crate::rpc::explain(&status),
+            crate::transport::proto::explain(&status),
             crate::auth::TLS_ADVICE
         );
     }
-    crate::rpc::explain(&status)
+    crate::transport::proto::explain(&status)
 }
 
 /// Every ps's `State` (or why not) and the transport it was asked over.

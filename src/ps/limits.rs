@@ -584,7 +584,7 @@ impl Budget {
             Ok(p) => Ok(Reserved {
                 _permit: Arc::new(p),
             }),
-            Err(_) => Err(crate::rpc::status(
+            Err(_) => Err(crate::transport::proto::status(
                 tonic::Code::ResourceExhausted,
                 format!(
                     "ps busy: {RESPONSE_BUDGET} snapshots of the shard already in flight; retry later"
@@ -641,7 +641,7 @@ where
         let Ok(place) = self.requests.clone().try_acquire_owned() else {
             let reason = format!("{MAX_REQUESTS} calls already in progress");
             self.log.refused(peer(req.extensions()), &reason);
-            let status = crate::rpc::status(
+            let status = crate::transport::proto::status(
                 tonic::Code::ResourceExhausted,
                 format!("ps busy: {reason}; retry later"),
             );

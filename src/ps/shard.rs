@@ -7,7 +7,7 @@
 
 use crate::model::VarSpec;
 use crate::optimizer::{self, Optimizer};
-use crate::rpc::{Dims, Short};
+use crate::transport::proto::{Dims, Short};
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;
 
@@ -85,7 +85,7 @@ impl From<ShardError> for tonic::Status {
             | UnknownWorker { .. }
             | NonSlot(_) => Code::InvalidArgument,
         };
-        crate::rpc::status(code, e)
+        crate::transport::proto::status(code, e)
     }
 }
 

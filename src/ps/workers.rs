@@ -127,7 +127,7 @@ pub enum Refusal {
 
 impl From<Refusal> for tonic::Status {
     fn from(r: Refusal) -> Self {
-        crate::rpc::status(tonic::Code::FailedPrecondition, r)
+        crate::transport::proto::status(tonic::Code::FailedPrecondition, r)
     }
 }
 

@@ -5,8 +5,9 @@
 use crate::util::*;
 use dtf::config::Mode;
 use dtf::model::Mlp;
+use dtf::pb;
 use dtf::ps::limits;
-use dtf::{pb, rpc};
+use dtf::transport::proto as rpc;
 use ndarray::ArrayD;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,7 +3,8 @@
 use crate::util::*;
 use dtf::config::Mode;
 use dtf::model::Mlp;
-use dtf::{pb, rpc};
+use dtf::pb;
+use dtf::transport::proto as rpc;
 use ndarray::ArrayD;
 use tonic::Code;
 

@@ -235,7 +235,7 @@ async fn a_worker_that_read_the_shards_a_step_apart_does_not_end_the_run_early(t
         .iter()
         .map(|name| {
             let spec = specs.iter().find(|s| &s.name == name).unwrap();
-            dtf::rpc::encode(name, &ndarray::ArrayD::<f32>::zeros(spec.shape.clone()))
+            dtf::transport::proto::encode(name, &ndarray::ArrayD::<f32>::zeros(spec.shape.clone()))
         })
         .collect();
     let pushed = ps0
