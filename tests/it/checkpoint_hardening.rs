@@ -10,18 +10,6 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn mkfifo(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-}
-
-/// `dtf ARGS` to completion, failing the test past [`DEADLINE`].
-fn dtf(args: &[&OsStr]) -> Ran {
-    run("dtf", args, &[], DEADLINE)
-}
-
 #[test]
 fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
     let mut c = Cluster::new(1, 1, 100, Mode::Async);
@@ -38,7 +26,7 @@ fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
     let status = c.wait("ps:0", DEADLINE);
     assert!(status.success(), "ps:0 {status}; log:\n{}", c.log("ps:0"));
 
-    let ran = dtf(&[OsStr::new("inspect"), fifo.as_os_str()]);
+    let ran = dtf_quick(&[OsStr::new("inspect"), fifo.as_os_str()]);
     assert!(!ran.status.success());
     assert!(
         ran.stderr.contains("model.ckpt-100.safetensors")
@@ -46,7 +34,7 @@ fn a_fifo_checkpoint_does_not_block_the_daemons_or_the_tools() {
         "{}",
         ran.stderr
     );
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("eval"),
         fifo.as_os_str(),
         OsStr::new("--data"),
@@ -72,7 +60,7 @@ fn a_huge_safetensors_header_is_refused_by_inspect_at_once() {
     drop(bytes);
 
     let started = std::time::Instant::now();
-    let ran = dtf(&[OsStr::new("inspect"), file.as_os_str()]);
+    let ran = dtf_quick(&[OsStr::new("inspect"), file.as_os_str()]);
     let took = started.elapsed();
     assert!(!ran.status.success());
     assert!(
@@ -102,7 +90,7 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
         format!("model_checkpoint_path: \"{}\"\n", outside.display()),
     )
     .unwrap();
-    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    let ran = dtf_quick(&[OsStr::new("inspect"), dir.as_os_str()]);
     assert!(ran.status.success(), "{}", ran.stderr);
     assert!(
         ran.stdout.contains("model.ckpt-100.safetensors") && !ran.stdout.contains("500"),
@@ -113,7 +101,7 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
 
 /// `dtf eval DIR --json` succeeds on the checkpoint at `step`.
 fn assert_eval_step(c: &Cluster, dir: &Path, step: u64) {
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("eval"),
         dir.as_os_str(),
         OsStr::new("--data"),
@@ -138,7 +126,7 @@ fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
 
     assert_eval_step(&c, &dir, 200);
 
-    let ran = dtf(&[OsStr::new("inspect"), dir.as_os_str()]);
+    let ran = dtf_quick(&[OsStr::new("inspect"), dir.as_os_str()]);
     assert!(ran.status.success(), "{}", ran.stderr);
     assert!(
         ran.stdout.contains("model.ckpt-200.safetensors") && ran.stdout.contains("global_step=200"),

@@ -38,15 +38,6 @@ pub fn worker_check(config: &Path, task: Option<usize>, env: &[(&str, &str)]) ->
     run("dtf-worker", &args, env, QUICK)
 }
 
-fn dtf_check(config: &Path) -> Ran {
-    run(
-        "dtf",
-        &[os("check-config"), os("-c"), config.as_os_str()],
-        &[],
-        QUICK,
-    )
-}
-
 /// Exit 78 and a message naming every one of `names`.
 pub fn assert_config_error(what: &str, ran: &Ran, names: &[&str]) {
     assert_eq!(

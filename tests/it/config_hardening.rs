@@ -6,23 +6,8 @@
 use crate::config_errors::{assert_config_error, ps, worker_check};
 use crate::util::*;
 use dtf::config::{Config, Mode};
-use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::Duration;
-
-/// A refused file must be refused at once; a hang is what is tested against.
-const QUICK: Duration = Duration::from_secs(10);
-
-/// `dtf check-config -c F`.
-fn dtf_check(config: &Path) -> Ran {
-    let args = [
-        OsStr::new("check-config"),
-        OsStr::new("-c"),
-        config.as_os_str(),
-    ];
-    run("dtf", &args, &[], QUICK)
-}
 
 /// Writes `edit(cfg)` as the cluster's file, then asserts that `dtf-ps`,
 /// `dtf-worker check-config` and `dtf check-config` all exit 78 naming
@@ -105,13 +90,6 @@ fn localhost_and_127_0_0_1_on_one_port_exit_78() {
         },
         &["cluster.worker[0]", "duplicate address", "cluster.ps[0]"],
     );
-}
-
-/// Makes a FIFO at `path`.
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
 #[test]

@@ -9,15 +9,10 @@
 //! `.It Cm <key>` per key, whose text has a line `Default: <TOML value>.` and
 //! a line `Reloads live.` or `Needs a restart.`.
 
-use crate::util::output_within;
+use crate::util::{output_within, repo_file};
 use clap::CommandFactory;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::process::Command;
-
-fn repo_file(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 fn man(name: &str) -> String {
     let path = repo_file(&format!("man/{name}"));

@@ -15,14 +15,6 @@ const FASHION: &str = "/usr/share/datasets/fashion-mnist";
 const TRAIN: usize = 6000;
 const TEST: usize = 1000;
 
-/// `dtf ARGS` to completion (a test failure past 300 s).
-fn dtf(args: &[&str]) -> std::process::Output {
-    output_within(
-        Command::new(bin("dtf")).args(args),
-        Duration::from_secs(300),
-    )
-}
-
 fn ok(out: &std::process::Output, what: &str) -> String {
     assert!(
         out.status.success(),
@@ -150,7 +142,7 @@ fn train(dir: &Path, name: &str, config: &Path, data: &[&str]) -> (f64, f64, Pat
         "--json",
     ];
     args.extend_from_slice(data);
-    let out = dtf(&args);
+    let out = dtf_output(&args);
     let stdout = ok(&out, &format!("dtf local on {name}"));
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     (
@@ -187,7 +179,7 @@ fn npz_and_csv_train_like_idx_and_the_model_leaves_as_predict_and_onnx() {
 
     // dtf eval needs only the checkpoint and the test data, in any format.
     let eval = |data: &Path| -> serde_json::Value {
-        let out = dtf(&[
+        let out = dtf_output(&[
             "eval",
             ckpt.to_str().unwrap(),
             "--data",
@@ -211,7 +203,7 @@ fn npz_and_csv_train_like_idx_and_the_model_leaves_as_predict_and_onnx() {
         .map(|l| l.split(',').next().unwrap().parse().unwrap())
         .collect();
     let predict_csv = dir.join("predict.csv");
-    let out = dtf(&[
+    let out = dtf_output(&[
         "predict",
         ckpt.to_str().unwrap(),
         "--input",
@@ -240,7 +232,7 @@ fn npz_and_csv_train_like_idx_and_the_model_leaves_as_predict_and_onnx() {
         assert!((sum - 1.0).abs() < 1e-4, "probabilities sum to {sum}");
     }
     // The same rows from the .npz (x_test), as JSON, with the raw weights.
-    let out = dtf(&[
+    let out = dtf_output(&[
         "predict",
         ckpt.to_str().unwrap(),
         "--input",
@@ -267,7 +259,7 @@ fn npz_and_csv_train_like_idx_and_the_model_leaves_as_predict_and_onnx() {
     // The ONNX export, checked and run by ONNX's own tools.
     let onnx = dir.join("model.onnx");
     ok(
-        &dtf(&[
+        &dtf_output(&[
             "export",
             ckpt.to_str().unwrap(),
             "--onnx",
@@ -358,7 +350,7 @@ fn standardized_float_data_exports_its_preprocessing() {
     let (acc, _, ckpt) = train(dir, "floats", &config, &[]);
     assert!(acc > 0.9, "standardized floats should learn: {acc}");
 
-    let out = dtf(&["inspect", ckpt.to_str().unwrap(), "--json"]);
+    let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
     let inspected: serde_json::Value = serde_json::from_str(&ok(&out, "dtf inspect")).unwrap();
     let meta = &inspected["model"]["metadata"];
     assert_eq!(meta["layers"], "[64,64,4]", "{meta}");
@@ -379,7 +371,7 @@ fn standardized_float_data_exports_its_preprocessing() {
     );
 
     let predict_csv = dir.join("predict.csv");
-    let out = dtf(&[
+    let out = dtf_output(&[
         "predict",
         ckpt.to_str().unwrap(),
         "--input",
@@ -388,7 +380,7 @@ fn standardized_float_data_exports_its_preprocessing() {
     std::fs::write(&predict_csv, ok(&out, "dtf predict")).unwrap();
     let onnx = dir.join("floats.onnx");
     ok(
-        &dtf(&[
+        &dtf_output(&[
             "export",
             ckpt.to_str().unwrap(),
             "--onnx",
@@ -438,7 +430,7 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
         if !text.is_empty() {
             std::fs::write(path, text).unwrap();
         }
-        let out = dtf(&[
+        let out = dtf_output(&[
             "local",
             "--config",
             config.to_str().unwrap(),
@@ -459,7 +451,7 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
     let images = data.join("t10k-images-idx3-ubyte");
     let bytes = std::fs::read(&images).unwrap();
     std::fs::write(&images, &bytes[..bytes.len() - 7]).unwrap();
-    let out = dtf(&[
+    let out = dtf_output(&[
         "local",
         "--config",
         config.to_str().unwrap(),
@@ -494,7 +486,7 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
         ),
     )
     .unwrap();
-    let out = dtf(&["check-config", "-c", cfg.to_str().unwrap()]);
+    let out = dtf_output(&["check-config", "-c", cfg.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(
@@ -510,7 +502,7 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
         ),
     )
     .unwrap();
-    let out = dtf(&["check-config", "-c", cfg.to_str().unwrap()]);
+    let out = dtf_output(&["check-config", "-c", cfg.to_str().unwrap()]);
     ok(&out, "dtf check-config with model.hidden");
 }
 
@@ -521,7 +513,7 @@ fn a_missing_data_path_is_named_with_its_reason_once() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("missing.npz");
     let config = base_config(tmp.path(), "");
-    let out = dtf(&[
+    let out = dtf_output(&[
         "local",
         "--config",
         config.to_str().unwrap(),

@@ -14,17 +14,6 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn dtf(args: &[&OsStr]) -> Ran {
-    run("dtf", args, &[], DEADLINE)
-}
-
-fn mkfifo(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-}
-
 /// `--onnx` naming the checkpoint being exported overwrote it with ONNX
 /// bytes and exited 0.
 #[test]
@@ -34,7 +23,7 @@ fn export_onto_its_own_checkpoint_is_refused_and_the_checkpoint_kept() {
     let ema = model.with_file_name("model.ckpt-5.ema.safetensors");
     let before = (std::fs::read(&model).unwrap(), std::fs::read(&ema).unwrap());
     for out in [&model, &ema] {
-        let ran = dtf(&[
+        let ran = dtf_quick(&[
             OsStr::new("export"),
             model.as_os_str(),
             OsStr::new("--onnx"),
@@ -58,7 +47,7 @@ fn export_that_cannot_write_leaves_the_previous_model_whole() {
     let c = Cluster::new(1, 1, 100, Mode::Async);
     let model = write_checkpoint(&c.cfg, 5);
     let onnx = c.dir.path().join("model.onnx");
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("export"),
         model.as_os_str(),
         OsStr::new("--onnx"),
@@ -101,7 +90,7 @@ fn a_fifo_as_a_data_file_is_refused_at_once() {
     c.cfg.data.test = Some(dir.path().join("test.csv"));
     c.write_config();
     let config = c.config_path.clone();
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("check-config"),
         OsStr::new("--config"),
         config.as_os_str(),
@@ -110,7 +99,7 @@ fn a_fifo_as_a_data_file_is_refused_at_once() {
     assert!(ran.stderr.contains("a FIFO"), "{}", ran.stderr);
     let c = Cluster::new(1, 1, 100, Mode::Async);
     let model = write_checkpoint(&c.cfg, 5);
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("predict"),
         model.as_os_str(),
         OsStr::new("--input"),
@@ -257,7 +246,7 @@ fn csv_columns_are_matched_by_name_not_position() {
     // predict: by the names the checkpoint recorded.
     let model = named_checkpoint(&dir.path().join("ckpt"));
     let predict = |input: &Path| {
-        let ran = dtf(&[
+        let ran = dtf_quick(&[
             OsStr::new("predict"),
             model.as_os_str(),
             OsStr::new("--input"),
@@ -270,7 +259,7 @@ fn csv_columns_are_matched_by_name_not_position() {
     assert_eq!(predict(&in_order), predict(&shuffled));
     // And eval.
     let eval = |data: &Path| {
-        let ran = dtf(&[
+        let ran = dtf_quick(&[
             OsStr::new("eval"),
             model.as_os_str(),
             OsStr::new("--data"),
@@ -285,7 +274,7 @@ fn csv_columns_are_matched_by_name_not_position() {
     // A column the model was not trained on, or one it lacks, is named.
     let other = dir.path().join("other.csv");
     std::fs::write(&other, "a,label,b,d\n1,0,2,3\n").unwrap();
-    let ran = dtf(&[
+    let ran = dtf_quick(&[
         OsStr::new("predict"),
         model.as_os_str(),
         OsStr::new("--input"),

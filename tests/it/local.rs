@@ -5,17 +5,6 @@ use dtf::config::Mode;
 use std::process::Command;
 use std::time::Duration;
 
-/// `dtf ARGS` to completion (a test failure past 180 s), as [`run`] runs it.
-fn dtf(args: &[&str]) -> std::process::Output {
-    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
-    let ran = run("dtf", &args, &[], std::time::Duration::from_secs(180));
-    std::process::Output {
-        status: ran.status,
-        stdout: ran.stdout.into_bytes(),
-        stderr: ran.stderr.into_bytes(),
-    }
-}
-
 /// The whole of stdout as one JSON value: with `--json`, dtf prints nothing else there.
 fn sole_json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -45,7 +34,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     let ckpt = c.dir.path().join("kept");
     let (config, ckpt_s) = (c.config_path.to_str().unwrap(), ckpt.to_str().unwrap());
     let run = |steps: &str| {
-        dtf(&[
+        dtf_output(&[
             "local",
             "--config",
             config,
@@ -101,7 +90,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
 
     // dtf eval agrees with an independent safetensors + numpy implementation.
     let data = c.cfg.data.dir.to_str().unwrap();
-    let out = dtf(&["eval", ckpt_s, "--data", data, "--json"]);
+    let out = dtf_output(&["eval", ckpt_s, "--data", data, "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -128,7 +117,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     }
 
     // dtf inspect shows what is inside.
-    let out = dtf(&["inspect", ckpt_s]);
+    let out = dtf_output(&["inspect", ckpt_s]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
@@ -143,7 +132,7 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
             "inspect output lacks {needle}:\n{text}"
         );
     }
-    let out = dtf(&["inspect", ckpt_s, "--json"]);
+    let out = dtf_output(&["inspect", ckpt_s, "--json"]);
     assert!(out.status.success());
     let json = sole_json(&out);
     assert_eq!(json["verified"], true, "{json}");
@@ -196,7 +185,7 @@ fn local_steps_end_exactly_at_last_step_in_both_modes() {
     let config = c.config_path.to_str().unwrap();
     for mode in ["async", "sync"] {
         let ckpt = c.dir.path().join(mode);
-        let out = dtf(&[
+        let out = dtf_output(&[
             "local",
             "--config",
             config,
@@ -230,7 +219,7 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
     c.cfg.metrics.listen = format!("127.0.0.1:{base}");
     c.write_config();
     let config = c.config_path.to_str().unwrap();
-    let out = dtf(&["local", "--config", config, "--steps", "100", "--json"]);
+    let out = dtf_output(&["local", "--config", config, "--steps", "100", "--json"]);
     assert!(
         out.status.success(),
         "dtf local failed: {}",

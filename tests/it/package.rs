@@ -4,13 +4,10 @@
 //! page and unit. The .deb itself, lintian and systemd-analyze are checked by
 //! `scripts/check-package.sh`.
 
+use crate::util::repo_file;
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-fn repo_file(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 fn read(rel: &str) -> String {
     let path = repo_file(rel);

@@ -10,13 +10,6 @@ use std::time::Duration;
 
 pub(crate) const RUN: Duration = Duration::from_secs(120);
 
-async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
-    ps.state(pb::StateRequest {})
-        .await
-        .ok()
-        .map(|r| r.into_inner())
-}
-
 /// Waits until ps `i` answers a state that `want` accepts.
 pub(crate) async fn wait_state(
     c: &Cluster,
@@ -28,7 +21,7 @@ pub(crate) async fn wait_state(
     eventually(RUN, what, || {
         let mut ps = ps.clone();
         let want = &want;
-        async move { state(&mut ps).await.filter(|s| want(s)) }
+        async move { ps_state(&mut ps).await.filter(|s| want(s)) }
     })
     .await
 }

@@ -7,20 +7,13 @@ use std::time::{Duration, Instant};
 
 const RUN: Duration = Duration::from_secs(180);
 
-async fn state(ps: &mut PsClient) -> Option<pb::StateResponse> {
-    ps.state(pb::StateRequest {})
-        .await
-        .ok()
-        .map(|r| r.into_inner())
-}
-
 /// Waits until ps `i` reports an initialized step of at least `step`.
 async fn reach(c: &Cluster, i: usize, step: u64) -> pb::StateResponse {
     let ps = c.client(i, Some(TOKEN)).await;
     eventually(RUN, &format!("ps:{i} to reach step {step}"), || {
         let mut ps = ps.clone();
         async move {
-            state(&mut ps)
+            ps_state(&mut ps)
                 .await
                 .filter(|s| s.initialized && s.global_step >= step)
         }
@@ -42,7 +35,7 @@ async fn finish(c: &mut Cluster) -> Vec<pb::StateResponse> {
     loop {
         for (slot, ps) in seen.iter_mut().zip(&mut clients) {
             if slot.is_none() {
-                *slot = state(ps).await.filter(|s| s.complete);
+                *slot = ps_state(ps).await.filter(|s| s.complete);
             }
         }
         if seen.iter().all(Option::is_some) {
@@ -100,7 +93,7 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
     // update: dropped as stale, never applied.
     eventually(RUN, "a late third gradient dropped as stale", || {
         let mut ps = ps.clone();
-        async move { state(&mut ps).await.filter(|s| s.stale_gradients > 0) }
+        async move { ps_state(&mut ps).await.filter(|s| s.stale_gradients > 0) }
     })
     .await;
     c.kill("worker:2");
@@ -220,14 +213,14 @@ async fn a_worker_that_read_the_shards_a_step_apart_does_not_end_the_run_early(t
         eventually(RUN, "the chief's first gradient on each shard", || {
             let mut ps = ps.clone();
             async move {
-                state(&mut ps)
+                ps_state(&mut ps)
                     .await
                     .filter(|s| s.initialized && s.workers.iter().any(|w| w.task == 0))
             }
         })
         .await;
     }
-    let shard = state(&mut ps0).await.unwrap();
+    let shard = ps_state(&mut ps0).await.unwrap();
     assert_eq!(shard.global_step, 0, "{shard:?}");
     let specs = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap().variables();
     let gradients = shard

@@ -1,8 +1,6 @@
 //! Shared helpers: a temp dir per test, a tiny learnable data set, configs,
 //! running the real binaries, and a gRPC client for a ps.
 
-#![allow(dead_code)]
-
 use dtf::auth::AddToken;
 use dtf::config::{Config, Mode};
 use dtf::pb::parameter_server_client::ParameterServerClient;
@@ -390,12 +388,6 @@ impl Cluster {
         self.start_wrapped(role, index, env, &[])
     }
 
-    /// As [`Cluster::start`], inside network namespace `netns`
-    /// (`ip netns exec`, which execs the daemon: the child is the daemon).
-    pub fn start_in_netns(&mut self, role: &str, index: usize, netns: &str) -> &mut Child {
-        self.start_wrapped(role, index, &[], &["ip", "netns", "exec", netns])
-    }
-
     /// Starts a daemon as `wrapper… dtf-<role> --config … --task index`.
     pub fn start_wrapped(
         &mut self,
@@ -555,11 +547,6 @@ impl NotifySocket {
         self.sock.set_nonblocking(false).unwrap();
         out
     }
-}
-
-/// The lines of a notification, as `KEY=value` strings.
-pub fn lines(msg: &str) -> Vec<&str> {
-    msg.lines().collect()
 }
 
 /// What a finished command printed, and how it exited.
@@ -777,4 +764,52 @@ macro_rules! on_each_transport {
             }
         }
     };
+}
+
+/// Makes a FIFO at `path`.
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// A file of this repository, by its path from the root.
+pub fn repo_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// `dtf ARGS` to completion, failing the test past 30 s: the tools that
+/// read one file (inspect, eval, export, check-config).
+pub fn dtf_quick(args: &[&std::ffi::OsStr]) -> Ran {
+    run("dtf", args, &[], Duration::from_secs(30))
+}
+
+/// `dtf ARGS` to completion as [`run`] runs it, failing the test past
+/// 300 s (`dtf local` trains), its output as bytes.
+pub fn dtf_output(args: &[&str]) -> std::process::Output {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let ran = run("dtf", &args, &[], Duration::from_secs(300));
+    std::process::Output {
+        status: ran.status,
+        stdout: ran.stdout.into_bytes(),
+        stderr: ran.stderr.into_bytes(),
+    }
+}
+
+/// `dtf check-config -c CONFIG`.
+pub fn dtf_check(config: &Path) -> Ran {
+    let args = [
+        std::ffi::OsStr::new("check-config"),
+        std::ffi::OsStr::new("-c"),
+        config.as_os_str(),
+    ];
+    run("dtf", &args, &[], Duration::from_secs(10))
+}
+
+/// ps `State`, or `None` when the call fails (the ps is down or starting).
+pub async fn ps_state(ps: &mut PsClient) -> Option<dtf::pb::StateResponse> {
+    ps.state(dtf::pb::StateRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
 }
