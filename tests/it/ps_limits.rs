@@ -4,7 +4,6 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::model::Mlp;
 use dtf::pb;
 use dtf::ps::limits;
 use dtf::transport::proto as rpc;
@@ -12,31 +11,6 @@ use ndarray::ArrayD;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
-
-/// Starts ps 0 of a one-ps cluster, initialized at step 7; returns the
-/// cluster, a client and the model's variables.
-async fn live_ps() -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) {
-    let mut c = Cluster::new(1, 2, 100, Mode::Async);
-    c.start("ps", 0);
-    let mut ps = c.client(0, Some(TOKEN)).await;
-    let mlp = Mlp::new(&c.cfg.model.layers).unwrap();
-    let values: Vec<(String, ArrayD<f32>)> = mlp
-        .variables()
-        .into_iter()
-        .map(|v| v.name)
-        .zip(mlp.init(1))
-        .collect();
-    let init = pb::InitializeRequest {
-        variables: values.iter().map(|(n, a)| rpc::encode(n, a)).collect(),
-        shadows: vec![],
-        global_step: 7,
-        force: false,
-        slots: vec![],
-        ..Default::default()
-    };
-    assert!(ps.initialize(init).await.unwrap().into_inner().applied);
-    (c, ps, values)
-}
 
 fn push(values: &[(String, ArrayD<f32>)], g: f32, learning_rate: f32) -> pb::PushRequest {
     pb::PushRequest {
@@ -71,7 +45,7 @@ async fn idle_connections_cannot_starve_authenticated_calls_and_are_closed() {
     // The ps inherits this process's limit (raised to the hard one), as
     // under `dtf local`; a fresh shell's 1024 must do.
     let nofile = dtf::files::raise_nofile_limit();
-    let (c, _, _) = live_ps().await;
+    let (c, _, _) = live_ps(Mode::Async).await;
     let addr = c.cfg.cluster.ps[0].clone();
     // More than the cap: before the limits, the ps ran out of descriptors.
     // As many as this process's own descriptors allow, beside its others.
@@ -113,7 +87,7 @@ async fn idle_connections_cannot_starve_authenticated_calls_and_are_closed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_pulls_beyond_the_limits_get_resource_exhausted() {
-    let (mut c, mut ps, _) = live_ps().await;
+    let (mut c, mut ps, _) = live_ps(Mode::Async).await;
     // Pulls that wait (a second) for a step that never comes hold their
     // response bytes all that time: far more than the budget at once.
     let n = 4 * limits::RESPONSE_BUDGET;
@@ -181,7 +155,7 @@ async fn a_refused_token_is_logged_with_the_peer_once_per_interval() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_overflowing_learning_rate_is_refused_and_changes_nothing() {
-    let (_c, mut ps, values) = live_ps().await;
+    let (_c, mut ps, values) = live_ps(Mode::Async).await;
     let before = snapshot(&mut ps).await;
     // Finite, but 3e38 × 4 overflows every weight to -inf.
     let err = ps.push(push(&values, 4.0, 3e38)).await.unwrap_err();
@@ -209,7 +183,7 @@ async fn an_overflowing_learning_rate_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_step_a_checkpoint_cannot_hold_is_refused() {
-    let (_c, mut ps, values) = live_ps().await;
+    let (_c, mut ps, values) = live_ps(Mode::Async).await;
     let err = ps
         .initialize(pb::InitializeRequest {
             variables: values.iter().map(|(n, a)| rpc::encode(n, a)).collect(),
@@ -228,7 +202,7 @@ async fn a_step_a_checkpoint_cannot_hold_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_error_about_a_huge_shape_stays_readable() {
-    let (_c, mut ps, values) = live_ps().await;
+    let (_c, mut ps, values) = live_ps(Mode::Async).await;
     let mut req = push(&values, 0.5, 0.1);
     // One element, 100,000 dimensions: echoed whole, the message would
     // not fit in a header.
@@ -283,7 +257,7 @@ impl tonic::codec::Decoder for RawDecoder {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_that_does_not_parse_is_invalid_argument() {
-    let (c, _, _) = live_ps().await;
+    let (c, _, _) = live_ps(Mode::Async).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", c.cfg.cluster.ps[0]))
         .unwrap()
         .connect()

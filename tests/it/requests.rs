@@ -2,39 +2,10 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::model::Mlp;
 use dtf::pb;
 use dtf::transport::proto as rpc;
 use ndarray::ArrayD;
 use tonic::Code;
-
-/// Starts ps 0 of a one-ps cluster and initializes it; returns the cluster,
-/// a client and the model's initial values.
-async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ArrayD<f32>)>) {
-    let mut c = Cluster::new(1, 2, 100, mode);
-    c.start("ps", 0);
-    let mut ps = c.client(0, Some(TOKEN)).await;
-    let mlp = Mlp::new(&c.cfg.model.layers).unwrap();
-    let values: Vec<(String, ArrayD<f32>)> = mlp
-        .variables()
-        .into_iter()
-        .map(|v| v.name)
-        .zip(mlp.init(1))
-        .collect();
-    // Before initialization, reads are refused.
-    let err = ps.pull(pb::PullRequest::default()).await.unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    let init = pb::InitializeRequest {
-        variables: values.iter().map(|(n, a)| rpc::encode(n, a)).collect(),
-        shadows: vec![],
-        global_step: 7,
-        force: false,
-        slots: vec![],
-        ..Default::default()
-    };
-    assert!(ps.initialize(init).await.unwrap().into_inner().applied);
-    (c, ps, values)
-}
 
 fn grads(values: &[(String, ArrayD<f32>)]) -> Vec<pb::Tensor> {
     values

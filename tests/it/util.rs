@@ -813,3 +813,31 @@ pub async fn ps_state(ps: &mut PsClient) -> Option<dtf::pb::StateResponse> {
         .ok()
         .map(|r| r.into_inner())
 }
+
+/// Starts ps 0 of a one-ps cluster in `mode` and initializes it at step 7
+/// (a pull before that is refused `FAILED_PRECONDITION`, checked); returns
+/// the cluster, a client and the model's initial values.
+pub async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ndarray::ArrayD<f32>)>) {
+    let mut c = Cluster::new(1, 2, 100, mode);
+    c.start("ps", 0);
+    let mut ps = c.client(0, Some(TOKEN)).await;
+    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+    let values: Vec<(String, ndarray::ArrayD<f32>)> = mlp
+        .variables()
+        .into_iter()
+        .map(|v| v.name)
+        .zip(mlp.init(1))
+        .collect();
+    let err = ps.pull(dtf::pb::PullRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let init = dtf::pb::InitializeRequest {
+        variables: values
+            .iter()
+            .map(|(n, a)| dtf::transport::proto::encode(n, a))
+            .collect(),
+        global_step: 7,
+        ..Default::default()
+    };
+    assert!(ps.initialize(init).await.unwrap().into_inner().applied);
+    (c, ps, values)
+}
