@@ -12,6 +12,7 @@
 //!   name the key, its origin and what was expected.
 //! - `reload` — [`LIVE_KEYS`]: what may change while running, and what applies it.
 //! - `secret` — the token and TLS files.
+//! - `watcher` — the file's watcher: a reload when what `dtf.toml` resolves to changes.
 
 mod error;
 mod load;
@@ -20,6 +21,7 @@ mod schema;
 mod secret;
 mod size;
 mod validate;
+pub mod watcher;
 
 pub use error::ConfigError;
 pub use load::{
