@@ -550,6 +550,46 @@ mod tests {
         assert_eq!(flagged(h), ["step-monotonic"]);
     }
 
+    /// A fault on a ps's state is recorded at its kill, after its
+    /// preparation: `drift` made the ps's writes fail from 3.0 s for 1 s
+    /// (a `prepare` entry), killed it at 4.0 s, and may lose
+    /// `snapshot_secs` (1) + 1 + the window (1) counted from the kill: back
+    /// to no lower than the step seen at 1.0 s, the last snapshot being
+    /// from before the window.
+    #[test]
+    fn a_fault_on_a_ps_state_is_bounded_from_its_kill() {
+        let drift = |back_to| {
+            vec![
+                status(1.0, 100, 0),
+                status(2.0, 200, 0),
+                status(3.0, 300, 0),
+                ev(
+                    3.0,
+                    What::Prepare {
+                        text: "ps:0's writes fail".into(),
+                    },
+                ),
+                status(3.5, 400, 0),
+                status(4.0, 500, 0),
+                fault(4.0, "drift", Bound::Seconds(3.0)),
+                status(4.5, back_to, 0),
+            ]
+        };
+        let steps = |h: Vec<Event>| {
+            let v = check(&h, &Expect::default());
+            v.into_iter()
+                .filter(|v| v.invariant == "step-monotonic")
+                .count()
+        };
+        assert_eq!(steps(drift(300)), 0, "the snapshot before the window");
+        assert_eq!(steps(drift(100)), 0, "the step seen 3 s before the kill");
+        assert_eq!(steps(drift(90)), 1, "below it");
+        // The preparation alone explains nothing.
+        let mut h = drift(300);
+        h.retain(|e| !matches!(e.what, What::Fault { .. }));
+        assert_eq!(steps(h), 1);
+    }
+
     #[test]
     fn a_restore_below_the_checkpoint_or_a_shard_going_back_alone_is_checked() {
         // The chief's restore is an observation: from a checkpoint older than the newest.

@@ -57,6 +57,13 @@ pub enum What {
         /// docs/design.md's promise for it.
         bound: Bound,
     },
+    /// A fault's first part, before it strikes (and before its `Fault`
+    /// entry): a ps's state directory copied aside, its snapshot writes
+    /// made to fail.
+    Prepare {
+        /// What was done.
+        text: String,
+    },
     /// A fault's end (a task started again, resumed, the disk freed...).
     Heal {
         /// What was undone.
@@ -134,6 +141,7 @@ impl fmt::Display for Event {
             ),
             What::Fault { text, bound, .. } => write!(f, "FAULT {text} (may lose: {bound:?})"),
             What::Restored { ps, step } => write!(f, "chief restored ps {ps:?} from step {step}"),
+            What::Prepare { text } => write!(f, "prepare: {text}"),
             What::Heal { text } => write!(f, "heal: {text}"),
             What::Start { task } => write!(f, "start {task}"),
             What::Exit {

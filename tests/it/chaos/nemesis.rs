@@ -109,6 +109,43 @@ pub enum Nemesis {
         /// How long.
         duration: Duration,
     },
+    /// A ps's state directory (`<ps.snapshot_dir>/ps-N`, its ring copies
+    /// of its neighbour's snapshots in `replica-ps-*` included) copied
+    /// aside; `after` later the ps SIGKILLed, the directory replaced by that
+    /// older copy, and the ps started again `down` later: a disk put back
+    /// from an old image, a volume snapshot restored by mistake.
+    StaleState {
+        /// The ps.
+        ps: usize,
+        /// How long after the copy the ps is killed.
+        after: Duration,
+        /// How long it stays down.
+        down: Duration,
+    },
+    /// A ps SIGKILLed; while it is down the older of its two snapshot files
+    /// is renamed `shard-<newest step + 1>.safetensors`, in its own
+    /// directory and in each `replica-ps-*` it keeps; started again `down`
+    /// later. A file's name is no proof of its contents.
+    RenamedSnapshot {
+        /// The ps.
+        ps: usize,
+        /// How long it stays down.
+        down: Duration,
+    },
+    /// A ps's snapshot writes fail for `window` (its directory made
+    /// immutable, `chattr +i`: no file may be created or renamed there,
+    /// even by root), then the ps is SIGKILLed and started again `down`
+    /// later: it comes back from the snapshot before the window, its own
+    /// step counter behind the others' (in async mode each shard counts its
+    /// own updates).
+    Drift {
+        /// The ps.
+        ps: usize,
+        /// How long its writes fail before the kill.
+        window: Duration,
+        /// How long it stays down.
+        down: Duration,
+    },
 }
 
 /// The kinds [`super::schedule::Plan::draw`] draws (`Nemesis::kind`), for
@@ -122,6 +159,9 @@ pub const KINDS: &[&str] = &[
     "edit-save",
     "edit-last-step",
     "edit-invalid",
+    "stale-state",
+    "renamed-snapshot",
+    "drift",
 ];
 
 /// How far the global step may go back after a fault.
@@ -153,6 +193,20 @@ impl Nemesis {
             Nemesis::Edit(Edit::Invalid { .. }) => "edit-invalid",
             Nemesis::Partition { .. } => "partition",
             Nemesis::SlowLink { .. } => "slow-link",
+            Nemesis::StaleState { .. } => "stale-state",
+            Nemesis::RenamedSnapshot { .. } => "renamed-snapshot",
+            Nemesis::Drift { .. } => "drift",
+        }
+    }
+
+    /// The task the fault kills (and the harness starts again), if any.
+    pub fn kills(&self) -> Option<Task> {
+        match *self {
+            Nemesis::Kill { task, .. } | Nemesis::Restart { task } => Some(task),
+            Nemesis::StaleState { ps, .. }
+            | Nemesis::RenamedSnapshot { ps, .. }
+            | Nemesis::Drift { ps, .. } => Some(Task::Ps(ps)),
+            _ => None,
         }
     }
 
@@ -163,17 +217,31 @@ impl Nemesis {
     /// is late on a loaded machine; in sync mode with several ps it resumes
     /// at the other shards' step); with snapshots off, the chief re-seeds
     /// it from the newest checkpoint. Nothing else may cost a step.
+    ///
+    /// The faults on a ps's state are measured from their kill (where the
+    /// history records them): a renamed snapshot costs what a kill does (the
+    /// newest state is still on disk, under its own name); a state
+    /// directory put back from an older copy too when a ring keeper holds
+    /// the newer state (two ps or more), else back to the newest checkpoint
+    /// (nothing newer exists); a ps whose writes failed for `window` before
+    /// its kill, a kill's loss plus the window (its last snapshot is from
+    /// before the window).
     pub fn bound(&self, cfg: &dtf::config::Config) -> Bound {
+        let snapshots = cfg.ps.snapshot_secs > 0;
+        let kill = Bound::Seconds(cfg.ps.snapshot_secs as f64 + 1.0);
         match self {
+            _ if !snapshots && self.kills().is_some_and(|t| matches!(t, Task::Ps(_))) => {
+                Bound::Checkpoint
+            }
             Nemesis::Kill {
                 task: Task::Ps(_), ..
             }
-            | Nemesis::Restart { task: Task::Ps(_) } => {
-                if cfg.ps.snapshot_secs == 0 {
-                    Bound::Checkpoint
-                } else {
-                    Bound::Seconds(cfg.ps.snapshot_secs as f64 + 1.0)
-                }
+            | Nemesis::Restart { task: Task::Ps(_) }
+            | Nemesis::RenamedSnapshot { .. } => kill,
+            Nemesis::StaleState { .. } if cfg.cluster.ps.len() >= 2 => kill,
+            Nemesis::StaleState { .. } => Bound::Checkpoint,
+            Nemesis::Drift { window, .. } => {
+                Bound::Seconds(cfg.ps.snapshot_secs as f64 + 1.0 + window.as_secs_f64())
             }
             _ => Bound::Nothing,
         }
@@ -212,6 +280,23 @@ impl fmt::Display for Nemesis {
                 f,
                 "slow link of {task}: {kbit} kbit/s for {:.1}s",
                 s(duration)
+            ),
+            Nemesis::StaleState { ps, after, down } => write!(
+                f,
+                "stale state of ps:{ps}: its directory copied aside, {:.1}s later SIGKILL, the copy put back, down {:.1}s",
+                s(after),
+                s(down)
+            ),
+            Nemesis::RenamedSnapshot { ps, down } => write!(
+                f,
+                "SIGKILL ps:{ps}, its older snapshots renamed past the newest, down {:.1}s",
+                s(down)
+            ),
+            Nemesis::Drift { ps, window, down } => write!(
+                f,
+                "ps:{ps}'s snapshot writes fail for {:.1}s, then SIGKILL, down {:.1}s",
+                s(window),
+                s(down)
             ),
         }
     }

@@ -124,6 +124,25 @@ enum Action {
     Reconnect(usize),
     /// Take a host's link back to full speed.
     Unshape(usize),
+    /// The kill of a fault on a ps's state that was prepared earlier
+    /// ([`Nemesis::StaleState`], [`Nemesis::Drift`]); what it prepared is
+    /// undone or completed (a `Tamper`) once the process is reaped.
+    Strike(Nemesis),
+    /// Something done to a killed ps's state directory once its process
+    /// has been reaped, before it starts again.
+    Tamper(Tamper),
+}
+
+/// What is done to a killed ps's state directory while it is down.
+#[derive(Debug, Clone)]
+enum Tamper {
+    /// The directory replaced by this older copy of it.
+    Replace(usize, PathBuf),
+    /// The older snapshot file renamed past the newest, in the directory
+    /// and in each `replica-ps-*` in it.
+    Rename(usize),
+    /// The directory writable again.
+    Writable(usize),
 }
 
 /// A plan's hosts: each task on its own, and one more the harness observes
@@ -158,10 +177,21 @@ struct Driver {
     ended: bool,
     injected: BTreeMap<&'static str, usize>,
     skipped: usize,
+    /// The ps whose state directory is immutable (a `drift`'s window), and
+    /// since when: their snapshots fail (cleared on drop, or the run's
+    /// directory could not be deleted).
+    writes_fail: BTreeMap<usize, Instant>,
+    /// Counts the state directories copied aside, for their names.
+    copies: usize,
+    /// Each ps's state directory copied aside by a `stale-state` to come.
+    aside: BTreeMap<usize, PathBuf>,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        for ps in std::mem::take(&mut self.writes_fail).into_keys() {
+            let _ = set_immutable(&self.state_dir(ps), false);
+        }
         for (_, child) in &mut self.c.procs {
             // SIGCONT first: a stopped process dies of SIGKILL anyway, but be plain.
             // SAFETY: a pid this harness spawned and has not reaped.
@@ -356,8 +386,183 @@ impl Driver {
                 };
                 self.queue.push((Instant::now() + duration, heal));
             }
+            Nemesis::StaleState { ps, after, .. } => {
+                let task = Task::Ps(ps);
+                if !self.can_kill(task) || self.striking(ps) {
+                    return false;
+                }
+                let dir = self.state_dir(ps);
+                self.copies += 1;
+                let aside = self
+                    .c
+                    .dir
+                    .path()
+                    .join(format!("stale-ps-{ps}-{}", self.copies));
+                if let Err(e) = copy_tree(&dir, &aside) {
+                    eprintln!(
+                        "chaos: {nemesis} skipped: cannot copy {}: {e}",
+                        dir.display()
+                    );
+                    let _ = std::fs::remove_dir_all(&aside);
+                    return false;
+                }
+                self.rec.record(What::Prepare {
+                    text: format!(
+                        "{task}'s state directory copied aside: {}",
+                        describe_state(&aside)
+                    ),
+                });
+                self.aside.insert(ps, aside);
+                self.queue
+                    .push((Instant::now() + after, Action::Strike(nemesis)));
+            }
+            Nemesis::RenamedSnapshot { ps, down } => {
+                let task = Task::Ps(ps);
+                if !self.can_kill(task) || self.striking(ps) {
+                    return false;
+                }
+                self.kill_for(nemesis, Tamper::Rename(ps), down);
+            }
+            Nemesis::Drift { ps, window, .. } => {
+                let task = Task::Ps(ps);
+                if !self.can_kill(task) || self.striking(ps) {
+                    return false;
+                }
+                let dir = self.state_dir(ps);
+                if let Err(e) = set_immutable(&dir, true) {
+                    eprintln!(
+                        "chaos: {nemesis} skipped: cannot make {} immutable: {e}",
+                        dir.display()
+                    );
+                    return false;
+                }
+                self.writes_fail.insert(ps, Instant::now());
+                self.rec.record(What::Prepare {
+                    text: format!(
+                        "{task}'s state directory immutable (chattr +i): its snapshot writes fail for {:.1}s",
+                        window.as_secs_f64()
+                    ),
+                });
+                self.queue
+                    .push((Instant::now() + window, Action::Strike(nemesis)));
+            }
         }
         true
+    }
+
+    /// `task` runs, and no signal of the harness is on its way to it.
+    fn can_kill(&self, task: Task) -> bool {
+        self.tasks
+            .get(&task)
+            .is_some_and(|s| s.running && s.cause.is_none() && !s.start_queued)
+    }
+
+    /// A fault on ps `ps`'s state is prepared or under way.
+    fn striking(&self, ps: usize) -> bool {
+        self.queue.iter().any(|(_, a)| match a {
+            Action::Strike(n) => n.kills() == Some(Task::Ps(ps)),
+            Action::Tamper(Tamper::Replace(p, _) | Tamper::Rename(p) | Tamper::Writable(p)) => {
+                *p == ps
+            }
+            _ => false,
+        })
+    }
+
+    /// `<ps.snapshot_dir>/ps-<ps>`.
+    fn state_dir(&self, ps: usize) -> PathBuf {
+        Path::new(&self.c.cfg.ps.snapshot_dir).join(format!("ps-{ps}"))
+    }
+
+    /// SIGKILLs the task of `nemesis` (recording the fault), `tamper` done
+    /// to its state once it is reaped, and starts it `down` later.
+    fn kill_for(&mut self, nemesis: Nemesis, tamper: Tamper, down: Duration) {
+        let task = nemesis.kills().expect("a fault that kills");
+        self.fault(nemesis);
+        self.tasks.get_mut(&task).unwrap().cause = Some(Cause::Killed);
+        self.signal(task, libc::SIGKILL);
+        self.queue.push((Instant::now(), Action::Tamper(tamper)));
+        self.queue_start(task, down);
+    }
+
+    /// The kill of a fault prepared earlier, and what it prepared put in
+    /// place or undone once the process is reaped (the copy put back, the
+    /// directory writable again). If the ps is not there to kill (it exited
+    /// at the end of the run, or another fault has it down), the fault is
+    /// skipped and its preparation undone at once. (A `drift`'s kill can
+    /// come after its window, late after an invalid config: its bound is
+    /// counted from when its writes began to fail, [`Driver::fault`].)
+    fn strike(&mut self, nemesis: Nemesis) {
+        let (ps, down, tamper) = match nemesis {
+            Nemesis::StaleState { ps, down, .. } => {
+                let aside = self.aside.remove(&ps).expect("the copy set aside");
+                (ps, down, Tamper::Replace(ps, aside))
+            }
+            Nemesis::Drift { ps, down, .. } => (ps, down, Tamper::Writable(ps)),
+            _ => unreachable!("{nemesis} is not struck later"),
+        };
+        let task = Task::Ps(ps);
+        if self.can_kill(task) {
+            self.kill_for(nemesis, tamper, down);
+            return;
+        }
+        self.skipped += 1;
+        match tamper {
+            Tamper::Replace(_, aside) => {
+                let _ = std::fs::remove_dir_all(aside);
+            }
+            Tamper::Writable(ps) => self.writable(ps),
+            Tamper::Rename(_) => {}
+        }
+        self.rec.record(What::Heal {
+            text: format!("{task} not running: \"{nemesis}\" skipped, its preparation undone"),
+        });
+    }
+
+    /// Clears the immutable flag of ps `ps`'s state directory.
+    fn writable(&mut self, ps: usize) {
+        let dir = self.state_dir(ps);
+        set_immutable(&dir, false).unwrap_or_else(|e| panic!("chattr -i {}: {e}", dir.display()));
+        self.writes_fail.remove(&ps);
+    }
+
+    /// Does `tamper` to a killed ps's state directory (its process reaped).
+    fn tamper(&mut self, tamper: Tamper) {
+        let text = match tamper {
+            Tamper::Writable(ps) => {
+                self.writable(ps);
+                format!("ps:{ps}'s state directory writable again")
+            }
+            Tamper::Replace(ps, aside) => {
+                let dir = self.state_dir(ps);
+                let was = describe_state(&dir);
+                std::fs::remove_dir_all(&dir)
+                    .unwrap_or_else(|e| panic!("rm -r {}: {e}", dir.display()));
+                std::fs::rename(&aside, &dir)
+                    .unwrap_or_else(|e| panic!("mv {} {}: {e}", aside.display(), dir.display()));
+                format!(
+                    "ps:{ps}'s state directory ({was}) replaced by the older copy: {}",
+                    describe_state(&dir)
+                )
+            }
+            Tamper::Rename(ps) => {
+                let dir = self.state_dir(ps);
+                let mut done = Vec::new();
+                let mut dirs = vec![dir.clone()];
+                dirs.extend(replica_dirs(&dir));
+                for d in dirs {
+                    if let Some((from, to)) = rename_older_past_newest(&d) {
+                        let name = d.strip_prefix(dir.parent().unwrap()).unwrap().display();
+                        done.push(format!("{name}/shard-{from} -> shard-{to}"));
+                    }
+                }
+                if done.is_empty() {
+                    format!("ps:{ps}: fewer than two snapshots, nothing renamed")
+                } else {
+                    format!("ps:{ps}'s snapshots renamed: {}", done.join(", "))
+                }
+            }
+        };
+        self.rec.record(What::Heal { text });
     }
 
     /// A cut or a slow link of `host` is still to be healed.
@@ -381,15 +586,22 @@ impl Driver {
                 )
             });
         }
-        // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped:
-        // its promise counts from when it stopped. (Measured now, after the
-        // status above, which may have waited seconds on the stopped ps: the
-        // fault's time in the history is now.)
-        if let (Bound::Seconds(secs), Nemesis::Kill { task, .. } | Nemesis::Restart { task }) =
-            (&mut bound, &nemesis)
-            && let Some(at) = self.tasks.get(task).and_then(|t| t.paused)
-        {
-            *secs += at.elapsed().as_secs_f64();
+        // A ps stopped (SIGSTOP) when it dies took no snapshot while stopped,
+        // nor one whose writes fail (a `drift`'s window, whatever fault
+        // kills it, however late): its promise counts from when it stopped,
+        // or its writes began to fail, whichever came first. (Measured now,
+        // after the status above, which may have waited seconds on the
+        // stopped ps: the fault's time in the history is now.)
+        if let (Bound::Seconds(secs), Some(task)) = (&mut bound, nemesis.kills()) {
+            let paused = self.tasks.get(&task).and_then(|t| t.paused);
+            let failing = match task {
+                Task::Ps(ps) => self.writes_fail.get(&ps).copied(),
+                _ => None,
+            };
+            if let Some(since) = paused.into_iter().chain(failing).min() {
+                let snapshot = self.c.cfg.ps.snapshot_secs as f64 + 1.0;
+                *secs = secs.max(snapshot + since.elapsed().as_secs_f64());
+            }
         }
         *self.injected.entry(nemesis.kind()).or_default() += 1;
         self.rec.record(What::Fault {
@@ -399,19 +611,28 @@ impl Driver {
         });
     }
 
-    /// Runs the queued actions that are due. A start waits while the config
-    /// is invalid, and while the process it replaces has not been reaped: a
+    /// Runs the queued actions that are due. A start (and the kill of a
+    /// fault on a ps's state) waits while the config is invalid, and a start
+    /// (and what is done to a killed ps's state) while the process it
+    /// replaces has not been reaped: a
     /// SIGKILLed process can take longer than its `down` time to exit on a
     /// loaded machine, and a start dropped then was never made (seed 52).
     fn act(&mut self) {
         let now = Instant::now();
+        let unreaped = |task: &Task| {
+            self.tasks
+                .get(task)
+                .is_some_and(|s| s.running && s.cause == Some(Cause::Killed))
+        };
         let waits = |a: &Action| match a {
-            Action::Start(task) => {
-                self.invalid
-                    || self
-                        .tasks
-                        .get(task)
-                        .is_some_and(|s| s.running && s.cause == Some(Cause::Killed))
+            Action::Start(task) => self.invalid || unreaped(task),
+            // Its status sample needs a valid config (`dtf status` refuses
+            // an invalid one): without it the step just before the kill
+            // is not seen.
+            Action::Strike(..) => self.invalid,
+            // Queued before the task's start, so done before it.
+            Action::Tamper(Tamper::Replace(ps, _) | Tamper::Rename(ps) | Tamper::Writable(ps)) => {
+                unreaped(&Task::Ps(*ps))
             }
             _ => false,
         };
@@ -463,6 +684,8 @@ impl Driver {
                         text: format!("host {host}'s link at full speed again"),
                     });
                 }
+                Action::Strike(nemesis) => self.strike(nemesis),
+                Action::Tamper(tamper) => self.tamper(tamper),
             }
         }
     }
@@ -476,6 +699,113 @@ impl Driver {
     fn all_finished(&self) -> bool {
         self.settled() && self.tasks.values().all(|s| s.finished && !s.running)
     }
+}
+
+/// `FS_IMMUTABLE_FL` (linux/fs.h; `chattr +i`).
+const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+
+/// Sets or clears `dir`'s immutable flag (`chattr +i`/`-i`): while it is
+/// set nothing may create, rename or delete an entry in it, root included,
+/// so a ps's `snapshot::write` there fails at its temp file (`create`),
+/// while files in its subdirectories (the ring copies it keeps) are still
+/// written. ext4, xfs, btrfs and (Linux 6.0 on) tmpfs have the flag.
+fn set_immutable(dir: &Path, on: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir)?;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: an open descriptor, and an int for the kernel to fill or read
+    // (the ioctls take an int, whatever their encoding says).
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    flags = if on {
+        flags | FS_IMMUTABLE_FL
+    } else {
+        flags & !FS_IMMUTABLE_FL
+    };
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Copies the directory tree `from` to `to` (a state directory: regular
+/// files and directories). A file that disappears meanwhile (a ps deletes
+/// its older snapshot once it wrote a newer one) is left out, as a copy of
+/// a live disk would; a snapshot's temp file is copied like any other (the
+/// ps deletes those when it starts).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        let copied = match entry.file_type()? {
+            t if t.is_dir() => copy_tree(&entry.path(), &target),
+            _ => std::fs::copy(entry.path(), &target).map(|_| ()),
+        };
+        match copied {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// The `replica-ps-*` directories in a ps's state directory.
+fn replica_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("replica-ps-"))
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The steps of the snapshot files (`shard-<step>.safetensors`) in `dir`, ascending.
+fn snapshot_steps(dir: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("shard-")?
+                .strip_suffix(".safetensors")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    steps.sort();
+    steps
+}
+
+/// A state directory's snapshots, and those of each ring copy in it, for the history.
+fn describe_state(dir: &Path) -> String {
+    let mut parts = vec![format!("snapshots {:?}", snapshot_steps(dir))];
+    for d in replica_dirs(dir) {
+        let name = d.file_name().unwrap().to_string_lossy().into_owned();
+        parts.push(format!("{name} {:?}", snapshot_steps(&d)));
+    }
+    parts.join(", ")
+}
+
+/// Renames the oldest snapshot in `dir` `shard-<newest + 1>.safetensors`,
+/// when there are two or more: its steps, from and to.
+fn rename_older_past_newest(dir: &Path) -> Option<(u64, u64)> {
+    let steps = snapshot_steps(dir);
+    let (&oldest, &newest) = (steps.first()?, steps.last()?);
+    if oldest == newest {
+        return None;
+    }
+    let name = |s: u64| dir.join(format!("shard-{s}.safetensors"));
+    std::fs::rename(name(oldest), name(newest + 1))
+        .unwrap_or_else(|e| panic!("rename in {}: {e}", dir.display()));
+    Some((oldest, newest + 1))
 }
 
 /// `last_step` while the faults run: the harness alone ends the run.
@@ -652,6 +982,9 @@ pub fn run(plan: &Plan, expect: &Expect, reference: bool) -> Outcome {
         ended: false,
         injected: BTreeMap::new(),
         skipped: 0,
+        writes_fail: BTreeMap::new(),
+        copies: 0,
+        aside: BTreeMap::new(),
     };
     for task in plan.tasks() {
         d.start(task);

@@ -127,7 +127,54 @@ impl Plan {
                 nemesis: draw_nemesis(&mut rng, &tasks),
             });
         }
+        plan.draw_state_faults();
         plan
+    }
+
+    /// Faults on a ps's state (`stale-state`, `renamed-snapshot`,
+    /// `drift`): about one in 20 s of faults in three seeds of five, drawn
+    /// from a generator of their own so that the rest of the plan is what
+    /// the seed drew before they existed. Only with the ps snapshots on
+    /// (the harness's clusters keep the default `ps.snapshot_secs`).
+    fn draw_state_faults(&mut self) {
+        if dtf::config::Config::default().ps.snapshot_secs == 0 {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x7374_6174_6500_0000);
+        let span = self.seconds.max(4) as f64;
+        for _ in 0..(self.seconds / 20).max(1) {
+            if !rng.random_bool(0.6) {
+                continue;
+            }
+            let at = Duration::from_secs_f64(rng.random_range(2.0..span));
+            let secs = |rng: &mut StdRng, lo: f64, hi: f64| {
+                Duration::from_secs_f64(rng.random_range(lo..hi))
+            };
+            let ps = rng.random_range(0..self.ps);
+            let down = secs(&mut rng, 0.0, 3.0);
+            let nemesis = match rng.random_range(0..3) {
+                0 => Nemesis::StaleState {
+                    ps,
+                    after: secs(&mut rng, 2.0, 6.0),
+                    down,
+                },
+                1 => Nemesis::RenamedSnapshot { ps, down },
+                // In async mode each shard counts its own updates: a ps
+                // other than 0 that goes back comes to trail ps 0's step.
+                _ => Nemesis::Drift {
+                    ps: match (self.mode, self.ps) {
+                        (Mode::Async, 2) => 1,
+                        _ => ps,
+                    },
+                    window: secs(&mut rng, 1.0, 4.0),
+                    down,
+                },
+            };
+            self.faults.push(Fault {
+                when: When::At(at),
+                nemesis,
+            });
+        }
     }
 }
 
@@ -274,4 +321,44 @@ fn the_same_seed_draws_the_same_plan_and_seeds_cover_every_choice() {
         .map(|f| f.nemesis.kind())
         .collect();
     assert!(net.contains(&"partition") && net.contains(&"slow-link"));
+}
+
+#[test]
+fn faults_on_a_ps_state_come_last_on_a_ps_of_the_plan() {
+    let state = ["stale-state", "renamed-snapshot", "drift"];
+    let mut drawn = 0;
+    for seed in 0..200 {
+        let plan = Plan::draw(seed, 20);
+        assert_eq!(plan.to_string(), Plan::draw(seed, 20).to_string());
+        // Drawn after every other fault, from a generator of their own:
+        // the seed's other faults are those it drew before they existed.
+        let first = plan
+            .faults
+            .iter()
+            .position(|f| state.contains(&f.nemesis.kind()))
+            .unwrap_or(plan.faults.len());
+        assert!(
+            plan.faults[first..]
+                .iter()
+                .all(|f| state.contains(&f.nemesis.kind())),
+            "{plan}"
+        );
+        for f in &plan.faults[first..] {
+            drawn += 1;
+            let Some(Task::Ps(ps)) = f.nemesis.kills() else {
+                panic!("{plan}: {} kills no ps", f.nemesis)
+            };
+            assert!(ps < plan.ps, "{plan}");
+            assert!(matches!(f.when, When::At(_)), "{plan}");
+            // A ps whose counter can trail ps 0's, where there is one.
+            if let Nemesis::Drift { ps, .. } = f.nemesis
+                && plan.mode == Mode::Async
+                && plan.ps == 2
+            {
+                assert_eq!(ps, 1, "{plan}");
+            }
+        }
+    }
+    // Three seeds of five draw one.
+    assert!((90..150).contains(&drawn), "{drawn} faults on a ps's state");
 }
