@@ -922,6 +922,7 @@ fn cluster(plan: &Plan, last_step: u64) -> Cluster {
     let mut c = Cluster::new(plan.ps, plan.workers, last_step, plan.mode);
     c.cfg.cluster.transport = plan.transport;
     c.cfg.train.log_step_count_steps = 1000;
+    c.cfg.checkpoint.save_secs = Some(plan.save_secs());
     c.write_config();
     c
 }
