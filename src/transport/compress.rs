@@ -2,8 +2,11 @@
 //! always exact; nothing outside [`crate::transport`] sees which was used.
 //!
 //! - `none`: f32, exact.
-//! - `bf16`: gradients and values as bfloat16, rounded to nearest even
-//!   ([`bf16_bits`]) both ways; the ps decodes to f32 and its state stays f32.
+//! - `bf16`: gradients and values as bfloat16 both ways, rounded by the
+//!   kernels' one conversion ([`crate::kernel::bf16::to_bf16`]: nearest even,
+//!   a subnormal to a signed zero as the hardware's `vcvtne2ps2bf16` and
+//!   TensorFlow's flush-to-zero threads make it: a value under 2^-126 moves
+//!   no weight a visible amount); the ps decodes to f32 and its state stays f32.
 //! - `onebit`: one bit per value plus two f32 scales per block of
 //!   [`BLOCK`] values (the block's mean of its non-negative values and of its
 //!   negative ones, as 1-bit SGD quantizes): 25.6× fewer bytes than f32.
@@ -21,6 +24,7 @@
 //! restart of every task, like `cluster.transport`.
 
 use crate::config::Compression;
+use crate::kernel::bf16;
 use crate::pb;
 use bytes::Bytes;
 use ndarray::ArrayD;
@@ -44,23 +48,6 @@ pub fn name(c: Compression) -> &'static str {
         Compression::Bf16 => "bf16",
         Compression::Onebit => "onebit",
     }
-}
-
-/// The bfloat16 nearest to `x`, ties to even (NaN stays a quiet NaN,
-/// infinities stay infinite; a finite value past bf16's range rounds to
-/// infinity, as IEEE rounding does).
-pub fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) as u16) | 0x0040;
-    }
-    let round = 0x7fff + ((b >> 16) & 1);
-    (b.wrapping_add(round) >> 16) as u16
-}
-
-/// The f32 a bfloat16 stands for (exact).
-pub fn bf16_value(h: u16) -> f32 {
-    f32::from_bits(u32::from(h) << 16)
 }
 
 /// Bytes of a onebit tensor of `n` values.
@@ -169,7 +156,7 @@ fn tensor(name: &str, shape: &[usize], dtype: pb::DataType, data: Vec<u8>) -> pb
 pub fn encode_bf16(name: &str, shape: &[usize], values: &[f32]) -> pb::Tensor {
     let mut data = Vec::with_capacity(2 * values.len());
     for &v in values {
-        data.extend_from_slice(&bf16_bits(v).to_le_bytes());
+        data.extend_from_slice(&bf16::to_bf16(v).to_le_bytes());
     }
     tensor(name, shape, pb::DataType::Bf16, data)
 }
@@ -428,7 +415,7 @@ fn to_bf16(t: pb::Tensor) -> pb::Tensor {
     let mut data = Vec::with_capacity(t.data.len() / 2);
     for c in t.data.chunks_exact(4) {
         let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        data.extend_from_slice(&bf16_bits(v).to_le_bytes());
+        data.extend_from_slice(&bf16::to_bf16(v).to_le_bytes());
     }
     pb::Tensor {
         dtype: pb::DataType::Bf16 as i32,
@@ -443,7 +430,7 @@ fn decode(t: &pb::Tensor, n: usize, out: &mut [f32], add: bool) {
     match pb::DataType::try_from(t.dtype) {
         Ok(pb::DataType::Bf16) => {
             for (o, c) in out.iter_mut().zip(t.data.chunks_exact(2)) {
-                *o = bf16_value(u16::from_le_bytes([c[0], c[1]]));
+                *o = bf16::to_f32(u16::from_le_bytes([c[0], c[1]]));
             }
         }
         Ok(pb::DataType::Onebit) if add => dequantize(&t.data, &mut out[..n], |o, q| *o += q),
@@ -588,32 +575,35 @@ mod tests {
     fn bf16_rounds_to_nearest_even() {
         // Exact values pass unchanged.
         for v in [0.0f32, -0.0, 1.0, -2.5, 0.15625, f32::INFINITY] {
-            assert_eq!(bf16_value(bf16_bits(v)).to_bits(), v.to_bits(), "{v}");
+            assert_eq!(bf16::to_f32(bf16::to_bf16(v)).to_bits(), v.to_bits(), "{v}");
         }
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even (1).
-        assert_eq!(bf16_value(bf16_bits(1.0 + 2f32.powi(-8))), 1.0);
+        assert_eq!(bf16::to_f32(bf16::to_bf16(1.0 + 2f32.powi(-8))), 1.0);
         // 1 + 3·2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up.
         assert_eq!(
-            bf16_value(bf16_bits(1.0 + 3.0 * 2f32.powi(-8))),
+            bf16::to_f32(bf16::to_bf16(1.0 + 3.0 * 2f32.powi(-8))),
             1.0 + 2f32.powi(-6)
         );
         // Just above halfway rounds up, just below down.
         let half = 1.0 + 2f32.powi(-8);
         assert_eq!(
-            bf16_value(bf16_bits(f32::from_bits(half.to_bits() + 1))),
+            bf16::to_f32(bf16::to_bf16(f32::from_bits(half.to_bits() + 1))),
             1.0 + 2f32.powi(-7)
         );
         assert_eq!(
-            bf16_value(bf16_bits(f32::from_bits(half.to_bits() - 1))),
+            bf16::to_f32(bf16::to_bf16(f32::from_bits(half.to_bits() - 1))),
             1.0
         );
         // Past the largest bf16: infinity; NaN stays NaN.
-        assert_eq!(bf16_value(bf16_bits(f32::MAX)), f32::INFINITY);
-        assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
+        assert_eq!(bf16::to_f32(bf16::to_bf16(f32::MAX)), f32::INFINITY);
+        // A subnormal goes to a signed zero, as the kernels pack it.
+        assert_eq!(bf16::to_bf16(f32::from_bits(1)), 0);
+        assert_eq!(bf16::to_bf16(-f32::from_bits(0x7f_ffff)), 0x8000);
+        assert!(bf16::to_f32(bf16::to_bf16(f32::NAN)).is_nan());
         // Relative error at most half a unit in the last place, 2^-8.
         for i in 1..10_000 {
             let v = (i as f32 * 0.7311).sin() * 10f32.powi(i % 7 - 3);
-            let r = bf16_value(bf16_bits(v));
+            let r = bf16::to_f32(bf16::to_bf16(v));
             assert!((r - v).abs() <= v.abs() * 2f32.powi(-8), "{v} → {r}");
         }
     }
