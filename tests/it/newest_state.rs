@@ -239,3 +239,32 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
     assert!(!chief.contains("Restored the model"), "{chief}");
     finish(&mut c).await;
 }
+
+/// A keeper that cannot write its neighbour's copies (here a file where
+/// their directory should be; a full disk alike) says so at WARN once per
+/// run of failures, not at every hand-over, and says when it can again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keeper_that_cannot_keep_copies_warns_once_per_run_of_failures() {
+    let mut c = long_run(2, 2, Mode::Async, Transport::Tcp);
+    c.start_all();
+    let kept = state(&c, "ps-1/replica-ps-0");
+    until(RUN, "ps:1 keeping ps:0's copies", || {
+        (!shard_files(&kept).is_empty()).then_some(())
+    });
+    std::fs::remove_dir_all(&kept).unwrap();
+    std::fs::write(&kept, b"not a directory").unwrap();
+    // Several hand-overs refused (ps:0 counts each).
+    wait_state(&c, 0, "three hand-overs refused", |s| {
+        s.replica_failures >= 3
+    })
+    .await;
+    std::fs::remove_file(&kept).unwrap();
+    c.wait_log("ps:1", "Keeping the neighbour's snapshots again.", 1, RUN);
+    let log = c.log("ps:1");
+    assert_eq!(
+        log.matches("Cannot keep the neighbour's snapshot").count(),
+        1,
+        "{log}"
+    );
+    finish(&mut c).await;
+}
