@@ -60,18 +60,7 @@ pub(crate) async fn finish(c: &mut Cluster) -> pb::StateResponse {
 /// The snapshot files of ps `i`, newest first.
 fn snapshots(c: &Cluster, i: usize) -> Vec<PathBuf> {
     let dir = Path::new(&c.cfg.ps.snapshot_dir).join(format!("ps-{i}"));
-    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let step = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
-            Some((step.parse().ok()?, e.path()))
-        })
-        .collect();
-    files.sort_by_key(|f| std::cmp::Reverse(f.0));
-    files.into_iter().map(|(_, p)| p).collect()
+    shard_files(&dir).into_iter().map(|(_, p)| p).collect()
 }
 
 /// Kills ps `i` once it has a snapshot past step 100, restarts it, and

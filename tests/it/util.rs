@@ -841,3 +841,20 @@ pub async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ndarray::Ar
     assert!(ps.initialize(init).await.unwrap().into_inner().applied);
     (c, ps, values)
 }
+
+/// The `shard-<step>.safetensors` files in `dir` (a ps's snapshots, or the
+/// copies its ring keeper holds), highest named step first.
+pub fn shard_files(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let step = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+            Some((step.parse().ok()?, e.path()))
+        })
+        .collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
+    files
+}
