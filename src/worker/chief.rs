@@ -521,9 +521,6 @@ fn restored_slots(
     None
 }
 
-/// Writes a checkpoint off the hot path. A failure is logged at ERROR and
-/// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
-/// saves go on training, the final one fails the run.
 /// The steps a shard restored from its own snapshot may have lost without
 /// a fault beyond the one promised: `ps.snapshot_secs` (doubled, for a
 /// snapshot late on a loaded machine) and a second, at the rate the live
@@ -540,6 +537,9 @@ fn lost_bound(cfg: &Config, states: &[pb::StateResponse]) -> Option<u64> {
         .then(|| (steps_per_sec * (2.0 * cfg.ps.snapshot_secs as f64 + 1.0)).ceil() as u64)
 }
 
+/// Writes a checkpoint off the hot path. A failure is logged at ERROR and
+/// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
+/// saves go on training, the final one fails the run.
 async fn save_checkpoint(
     cfg: &Config,
     mlp: &Mlp,
