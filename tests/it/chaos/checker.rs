@@ -152,14 +152,29 @@ fn floor(events: &[Event], t: f64, bound: Bound, before: u64, shard: usize) -> u
             })
             .max()
             .unwrap_or(0),
-        // The step seen `secs` before the fault (or later).
-        Bound::Seconds(secs) => seen_by(t - secs)
-            .filter_map(|e| match &e.what {
+        // The lowest step the shard held from `secs` before the fault to
+        // the fault: the step seen then, or lower where an earlier fault's
+        // recovery took it back inside that span (a snapshot written then
+        // holds no more than the shard had). Seeds 22 and 69: a `drift`
+        // kill, then a plain kill of the same ps 3 s later.
+        Bound::Seconds(secs) => {
+            let held = |e: &Event| match &e.what {
                 What::Status { steps, .. } => steps.get(shard).copied().flatten(),
+                What::Restored { ps, step } if ps.contains(&shard) => Some(*step),
                 _ => None,
-            })
-            .next_back()
-            .unwrap_or(0),
+            };
+            let then = seen_by(t - secs)
+                .filter_map(|e| match &e.what {
+                    What::Status { .. } => held(e),
+                    _ => None,
+                })
+                .next_back()
+                .unwrap_or(0);
+            seen_by(t)
+                .filter(|e| e.t > t - secs)
+                .filter_map(held)
+                .fold(then, u64::min)
+        }
     }
 }
 
@@ -588,6 +603,42 @@ mod tests {
         let mut h = drift(300);
         h.retain(|e| !matches!(e.what, What::Fault { .. }));
         assert_eq!(steps(h), 1);
+    }
+
+    /// Seeds 22 and 69: a `drift` kill at 4.0 s takes the step back from
+    /// 500 to 150 (within its bound); the ps trains on to 200 and a plain
+    /// kill at 5.0 s, which may lose 2 s, takes it to 160. Its floor is the
+    /// lowest step held in the 2 s before it (150, after the drift's
+    /// recovery), not the 300 seen at 3.0 s, before the drift.
+    #[test]
+    fn a_second_fault_inside_the_first_s_bound_counts_from_its_recovery() {
+        let h = |back_to| {
+            vec![
+                status(1.0, 100, 0),
+                status(2.0, 200, 0),
+                status(3.0, 300, 0),
+                status(4.0, 500, 0),
+                fault(4.0, "drift", Bound::Seconds(3.0)),
+                status(4.3, 150, 0),
+                status(4.8, 200, 0),
+                fault(5.0, "kill", Bound::Seconds(2.0)),
+                status(5.5, back_to, 0),
+            ]
+        };
+        let steps = |h: Vec<Event>| {
+            check(&h, &Expect::default())
+                .into_iter()
+                .filter(|v| v.invariant == "step-monotonic")
+                .count()
+        };
+        assert_eq!(steps(h(160)), 0);
+        assert_eq!(steps(h(150)), 0, "the lowest step held in its 2 s");
+        assert_eq!(steps(h(149)), 1, "below it");
+        // Without the first fault and its recovery, the floor is the step
+        // seen 2 s before the kill, as before.
+        let mut plain = h(160);
+        plain.retain(|e| e.t < 4.0 || e.t > 4.9);
+        assert_eq!(steps(plain), 1, "160 < 300 seen at 3.0 s");
     }
 
     #[test]
