@@ -3,6 +3,7 @@
 //! encoded; `Push` and `Pull` answers leave as chunks ([`Direct`]).
 
 use super::{PsService, limits};
+use crate::auth::Credentials;
 use crate::transport::call::{self, Complete, Initialize, Push};
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -20,9 +21,9 @@ impl PsService {
     ) -> Result<(pb::PullResponse, limits::Reserved), Status> {
         let snapshots = {
             let r = req.get_ref();
-            1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * self.inner.slots_per_var
+            1 + u32::from(r.with_shadows) + u32::from(r.with_slots) * self.inner.edge.slots_per_var
         };
-        let wire = &self.inner.wire;
+        let wire = &self.inner.edge.wire;
         wire.agree(req.metadata())?;
         let reserved = self.reserve(&req, snapshots)?;
         let req = req.into_inner();
@@ -44,7 +45,7 @@ impl PsService {
         &self,
         req: Request<pb::PushRequest>,
     ) -> Result<(pb::PushResponse, Option<limits::Reserved>), Status> {
-        let wire = &self.inner.wire;
+        let wire = &self.inner.edge.wire;
         wire.agree(req.metadata())?;
         // Reserved before anything is applied: a refused push changes nothing.
         let reserved = if req.get_ref().pull {
@@ -79,7 +80,7 @@ impl PsService {
                 &Push::from(&req),
                 &grads,
                 |why| {
-                    self.inner.refusals.refused(peer, why);
+                    self.inner.edge.refusals.refused(peer, why);
                 },
                 |s| Ok(self.read(s, &[], false, false)?.0),
             )
@@ -90,6 +91,40 @@ impl PsService {
         };
         Ok((answer.into_pb(variables, replica), reserved))
     }
+}
+
+/// The gRPC server of `service`: health, and the ps's service behind the
+/// token check ([`limits::Guard`]) and the call bounds
+/// ([`limits::Admission`]), with HTTP/2 sized for messages of `limit`
+/// bytes. The caller serves it on its listener.
+pub(super) async fn router(
+    service: &PsService,
+    credentials: &Credentials,
+    limit: usize,
+) -> tonic::transport::server::Router {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<ParameterServerServer<PsService>>()
+        .await;
+    let svc = ParameterServerServer::new(service.clone())
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let refusals = service.inner.edge.refusals.clone();
+    // The token is checked first: a call without it never takes a place.
+    let svc = Direct::new(service.clone(), svc, limit);
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        limits::Admission::new(svc, refusals.clone()),
+        limits::Guard::new(credentials.check_token(), refusals),
+    );
+    credentials
+        .server()
+        .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(tcp::window(limit))
+        .initial_connection_window_size(tcp::window(limit))
+        .max_frame_size(tcp::frame(limit))
+        .add_service(health)
+        .add_service(svc)
 }
 
 /// The gRPC service: each call decoded, handed to the transport-independent

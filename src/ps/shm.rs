@@ -121,7 +121,7 @@ pub async fn serve(
             _ = stop.cancelled() => break,
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            service.inner.refusals.refused(
+            service.inner.edge.refusals.refused(
                 None,
                 &format!("shared memory: too many connections (limit {MAX_CONNECTIONS})"),
             );
@@ -142,7 +142,11 @@ struct Open<'a>(&'a PsService);
 
 impl Drop for Open<'_> {
     fn drop(&mut self) {
-        self.0.inner.shm_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .inner
+            .edge
+            .shm_connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -177,6 +181,7 @@ async fn connection(
     }
     service
         .inner
+        .edge
         .shm_connections
         .fetch_add(1, Ordering::Relaxed);
     let _open = Open(service);
@@ -204,7 +209,7 @@ async fn admit(service: &PsService, stream: &mut UnixStream, check: &CheckToken)
         }
     };
     let refuse = |reason: &str| {
-        service.inner.refusals.refused(
+        service.inner.edge.refusals.refused(
             None,
             &format!("shared memory, pid {pid} uid {uid}: {reason}"),
         );
@@ -385,7 +390,7 @@ async fn call(
                     &views,
                     |why| {
                         let why = format!("shared memory, pid {pid}: {why}");
-                        service.inner.refusals.refused(None, &why);
+                        service.inner.edge.refusals.refused(None, &why);
                     },
                     |s| {
                         write_area(s.values()?, layout, values);
