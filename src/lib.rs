@@ -3,9 +3,10 @@
 //!
 //! Where things live:
 //!
-//! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, loading and `TF_CONFIG` (and which
-//!   task this is), validation per section, the model-size bound, errors, live-reload keys,
-//!   secret files, the file watcher (`config::watcher`).
+//! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, the task (`Role`, `TaskId`), loading
+//!   and `TF_CONFIG` (and which task this is), each value's origin and figment's errors
+//!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
+//!   keys, secret files, the file watcher (`config::watcher`).
 //! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
 //! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
 //!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
