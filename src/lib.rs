@@ -7,10 +7,13 @@
 //!   and `TF_CONFIG` (and which task this is), each value's origin and figment's errors
 //!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
 //!   keys, secret files, the file watcher (`config::watcher`).
-//! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
+//! - [`model`] — the MLP's math, a folder: the model and its init, `gradient` (loss and
+//!   gradients, the training step), `inference` (evaluation, probabilities), `schedule` (LR),
+//!   `ema`.
 //! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
 //!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
-//!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts.
+//!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts; `l2`:
+//!   the L2 penalty's vectorized pass.
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
