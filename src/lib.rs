@@ -36,7 +36,7 @@
 //!   chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step, computed in
 //!   place in the shared regions), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host), `compress`
-//!   (`cluster.compression` on TCP links: bf16, onebit with error feedback).
+//!   (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the error feedback).
 //! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
 //!   (ps, worker, evaluator).
 //! - [`auth`] — the cluster token on every RPC.
