@@ -54,10 +54,13 @@
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
 //! - [`status`] — `dtf status`: every task's state in one table.
 //! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
+//! - [`cli`] — the bodies of `dtf`'s subcommands (`bin/dtf.rs` parses, `cli` runs): `model`
+//!   (eval, predict, export, inspect), `cluster` (status, check-config), `local`.
 //! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; `transport::proto` converts it to domain types.
 pub mod auth;
 pub mod bench;
 pub mod checkpoint;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod data;
