@@ -37,8 +37,8 @@
 //!   place in the shared regions), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host), `compress`
 //!   (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the error feedback).
-//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
-//!   (ps, worker, evaluator).
+//! - [`daemon`] — the daemons' lifecycle (ps, worker, evaluator), a folder: the control loop
+//!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args`.
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
