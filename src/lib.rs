@@ -56,7 +56,6 @@
 //! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
 //! - [`cli`] — the bodies of `dtf`'s subcommands (`bin/dtf.rs` parses, `cli` runs): `model`
 //!   (eval, predict, export, inspect), `cluster` (status, check-config), `local`.
-//! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; `transport::proto` converts it to domain types.
 pub mod auth;
 pub mod bench;
 pub mod checkpoint;
@@ -80,8 +79,3 @@ pub mod status;
 pub mod summary;
 pub mod transport;
 pub mod worker;
-
-/// Generated from `proto/dtf/v1/ps.proto`; only [`transport`] should need it.
-pub mod pb {
-    tonic::include_proto!("dtf.v1");
-}

@@ -4,7 +4,7 @@
 
 use super::tensor;
 use crate::kernel::bf16;
-use crate::pb;
+use crate::transport::pb;
 use bytes::Bytes;
 
 /// `values` as a bf16 tensor.

@@ -30,7 +30,7 @@ pub use bf16::encode_bf16;
 pub use onebit::{BLOCK, encode_onebit, onebit_len};
 
 use crate::config::Compression;
-use crate::pb;
+use crate::transport::pb;
 use bytes::Bytes;
 use ndarray::ArrayD;
 use std::collections::HashMap;

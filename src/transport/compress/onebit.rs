@@ -5,7 +5,7 @@
 //! loops they replaced.
 
 use super::tensor;
-use crate::pb;
+use crate::transport::pb;
 
 /// Values per onebit block (one pair of scales each).
 pub const BLOCK: usize = 256;
