@@ -28,7 +28,8 @@
 //!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
 //!   functions every call runs, the gRPC service (`grpc`), the shared-memory server,
 //!   `snapshot` (each ps's own snapshots of its shard: its recovery after a crash), `limits`
-//!   and `tls` (the bounds on connections and calls, and the handshake).
+//!   (the bounds on connections and calls), `conn` (a connection, shed or authenticated),
+//!   `listen` (the accept loop) and `tls` (the handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`.

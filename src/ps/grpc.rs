@@ -2,7 +2,7 @@
 //! transport-independent functions of [`PsService`], and its answer
 //! encoded; `Push` and `Pull` answers leave as chunks ([`Direct`]).
 
-use super::{PsService, limits};
+use super::{PsService, conn, limits};
 use crate::transport::call::{self, Complete, Initialize, Push};
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -52,7 +52,7 @@ impl PsService {
         } else {
             None
         };
-        let peer = limits::peer(req.extensions());
+        let peer = conn::peer(req.extensions());
         let req = req.into_inner();
         // Compressed gradients are decoded to f32 here, at the edge; exact
         // ones are applied straight from the request's bytes.

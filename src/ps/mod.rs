@@ -4,8 +4,11 @@
 //! token, so tests bind port 0). [`shard`] holds the update rules,
 //! [`limits`] the bounds on connections and calls, [`tls`] the handshake.
 
+mod admission;
+pub mod conn;
 mod grpc;
 pub mod limits;
+mod listen;
 mod replica;
 pub mod shard;
 mod shm;
@@ -201,7 +204,7 @@ impl PsService {
     /// Errors: `RESOURCE_EXHAUSTED` when [`limits::RESPONSE_BUDGET`] is spent.
     fn reserve<T>(&self, req: &Request<T>, snapshots: u32) -> Result<limits::Reserved, Status> {
         self.inner.budget.reserve(snapshots).inspect_err(|e| {
-            let peer = limits::peer(req.extensions());
+            let peer = conn::peer(req.extensions());
             self.inner.refusals.refused(peer, e.message());
         })
     }
@@ -807,8 +810,8 @@ pub async fn serve(
     // The token is checked first: a call without it never takes a place.
     let svc = grpc::Direct::new(service.clone(), svc, limit);
     let svc = tonic::service::interceptor::InterceptedService::new(
-        limits::Admission::new(svc, refusals.clone()),
-        limits::Guard::new(credentials.check_token(), refusals.clone()),
+        admission::Admission::new(svc, refusals.clone()),
+        conn::Guard::new(credentials.check_token(), refusals.clone()),
     );
 
     let stop = shutdown.child_token();
@@ -912,7 +915,7 @@ pub async fn serve(
         .local_addr()
         .ok()
         .and_then(|addr| serve_shm(&service, config, addr.port(), credentials, limit, &stop));
-    let incoming = limits::incoming(listener, refusals, credentials.server_tls());
+    let incoming = listen::incoming(listener, refusals, credentials.server_tls());
     let result = credentials
         .server()
         .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
