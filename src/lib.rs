@@ -45,7 +45,7 @@
 //!   (signals, the ordered stop, how to resume).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
-//!   TensorBoard events in `eval/`, the best ones kept in `best/`.
+//!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside (non-blocking, type
