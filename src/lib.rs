@@ -52,7 +52,8 @@
 //!   checked), each bounded; every file written goes temp, fsync, rename;
 //!   nothing is deleted through a symbolic link dtf did not make.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
-//! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
+//! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint; `registry`: what
+//!   each role exposes.
 //! - [`status`] — `dtf status`: every task's state in one table.
 //! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
 //! - [`cli`] — the bodies of `dtf`'s subcommands (`bin/dtf.rs` parses, `cli` runs): `model`
