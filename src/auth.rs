@@ -22,7 +22,7 @@ pub struct Credentials {
     token: String,
     /// This host's certificate and key, and the cluster's CA; `None`: plaintext.
     tls: Option<(Identity, Certificate)>,
-    /// The same, as the ps's side of the handshake ([`crate::ps::tls`]).
+    /// The same, as the ps's side of the handshake (the ps's `tls` module).
     server_tls: Option<TlsAcceptor>,
 }
 

@@ -25,6 +25,11 @@
 //! - It exits 0 once it has scored a checkpoint at or past `train.last_step`
 //!   and has nothing left to score: the run is over.
 
+mod ledger;
+
+use ledger::append_ledger;
+pub use ledger::{Record, read_ledger};
+
 use crate::checkpoint::best::{self, BestDir, Entry, Index};
 use crate::checkpoint::{self, CheckpointError};
 use crate::config::{Config, Metric};
@@ -35,7 +40,6 @@ use crate::summary::EventWriter;
 use ndarray::{Array2, ArrayD};
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -49,8 +53,6 @@ pub const EVAL_DIR: &str = "eval";
 pub const LEDGER: &str = "evaluated.jsonl";
 /// How often the directory is rescanned without an inotify event.
 pub const RESCAN: Duration = Duration::from_secs(5);
-/// The largest ledger read: about 90 bytes a line, so some 700,000 checkpoints.
-const MAX_LEDGER_BYTES: u64 = 64 << 20;
 
 /// Why the evaluator cannot work (it exits 1; systemd restarts it).
 #[derive(Debug, thiserror::Error)]
@@ -85,16 +87,6 @@ pub enum EvaluatorError {
     /// A blocking task panicked.
     #[error("the evaluation task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
-}
-
-/// One line of the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Record {
-    /// The checkpoint's step.
-    pub global_step: u64,
-    /// Its scores.
-    #[serde(flatten)]
-    pub scores: Scores,
 }
 
 /// What the files of a checkpoint looked like when it failed to verify:
@@ -523,121 +515,6 @@ fn score_of(e: &Entry, metric: Metric) -> f32 {
         loss: e.loss,
     }
     .get(metric)
-}
-
-/// The longest ledger line read (a record is some 90 bytes).
-const MAX_LEDGER_LINE: usize = 4096;
-
-/// Opens the ledger at `path` without blocking and only if it is a regular
-/// file (a FIFO would make the evaluator deaf to SIGTERM); `append` opens it
-/// for appending, creating it.
-fn open_ledger(path: &Path, append: bool) -> std::io::Result<fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .append(append)
-        .create(append)
-        .mode(0o640)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
-    match crate::files::special_kind(file.metadata()?.file_type()) {
-        Some(kind) => Err(std::io::Error::other(format!(
-            "is {kind}, not a regular file: remove it and the evaluator starts a new ledger"
-        ))),
-        None => Ok(file),
-    }
-}
-
-/// The ledger's records by step; a missing ledger is empty. A line that
-/// does not parse (the torn last line of a crash, bytes that are not
-/// UTF-8, a line longer than a record can be) is skipped with a warning.
-/// At most [`MAX_LEDGER_BYTES`] are read, a line at a time.
-///
-/// Errors: [`EvaluatorError::Ledger`] when it cannot be read.
-pub fn read_ledger(path: &Path) -> Result<BTreeMap<u64, Scores>, EvaluatorError> {
-    use std::io::BufRead;
-    let err = |source| EvaluatorError::Ledger {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = match open_ledger(path, false) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(err(e)),
-    };
-    let mut reader = std::io::BufReader::new(file.take(MAX_LEDGER_BYTES));
-    let mut out = BTreeMap::new();
-    let mut line = Vec::new();
-    for number in 1.. {
-        line.clear();
-        let n = (&mut reader)
-            .take(MAX_LEDGER_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(err)?;
-        if n == 0 {
-            break;
-        }
-        if line.len() > MAX_LEDGER_LINE {
-            warn!(path = %path.display(), line = number, "Skipping a ledger line longer than a record can be.");
-            // The rest of the long line.
-            let mut rest = Vec::new();
-            loop {
-                rest.clear();
-                let n = (&mut reader)
-                    .take(1 << 16)
-                    .read_until(b'\n', &mut rest)
-                    .map_err(err)?;
-                if n == 0 || rest.last() == Some(&b'\n') {
-                    break;
-                }
-            }
-            continue;
-        }
-        let text = match std::str::from_utf8(&line) {
-            Ok(t) => t.trim(),
-            Err(e) => {
-                warn!(path = %path.display(), line = number, error = %e, "Skipping a ledger line that is not UTF-8.");
-                continue;
-            }
-        };
-        if text.is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Record>(text) {
-            Ok(r) => {
-                out.insert(r.global_step, r.scores);
-            }
-            Err(e) => {
-                warn!(path = %path.display(), line = number, error = %e, "Skipping a ledger line that does not parse.")
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Appends `record` as one line, after a newline if a crash left the last
-/// line torn (so the torn line does not swallow this one): only the last
-/// byte is read, whatever the ledger's size.
-fn append_ledger(path: &Path, record: &Record) -> Result<(), EvaluatorError> {
-    use std::os::unix::fs::FileExt;
-    let err = |source| EvaluatorError::Ledger {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = open_ledger(path, true).map_err(err)?;
-    let len = file.metadata().map_err(err)?.len();
-    let mut last = [b'\n'];
-    if len > 0 {
-        file.read_exact_at(&mut last, len - 1).map_err(err)?;
-    }
-    let mut line = if last[0] != b'\n' {
-        "\n".to_string()
-    } else {
-        String::new()
-    };
-    line.push_str(&serde_json::to_string(record).map_err(|e| err(std::io::Error::other(e)))?);
-    line.push('\n');
-    file.write_all(line.as_bytes()).map_err(err)
 }
 
 /// Watches `dir` and sends `()` when something in it is created, renamed

@@ -3,13 +3,17 @@
 //!
 //! Where things live:
 //!
-//! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, loading and `TF_CONFIG` (and which
-//!   task this is), validation per section, the model-size bound, errors, live-reload keys,
-//!   secret files, the file watcher (`config::watcher`).
-//! - [`model`] — the MLP's math: init, loss and gradients, LR schedule, EMA.
+//! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, the task (`Role`, `TaskId`), loading
+//!   and `TF_CONFIG` (and which task this is), each value's origin and figment's errors
+//!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
+//!   keys, secret files, the file watcher (`config::watcher`).
+//! - [`model`] — the MLP's math, a folder: the model and its init, `gradient` (loss and
+//!   gradients, the training step), `inference` (evaluation, probabilities), `schedule` (LR),
+//!   `ema`.
 //! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
 //!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
-//!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts.
+//!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts; `l2`:
+//!   the L2 penalty's vectorized pass.
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
@@ -24,7 +28,8 @@
 //!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
 //!   functions every call runs, the gRPC service (`grpc`), the shared-memory server,
 //!   `snapshot` (each ps's own snapshots of its shard: its recovery after a crash), `limits`
-//!   and `tls` (the bounds on connections and calls, and the handshake).
+//!   (the bounds on connections and calls), `conn` (a connection, shed or authenticated),
+//!   `listen` (the accept loop) and `tls` (the handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
 //!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
 //!   `backoff`.
@@ -32,27 +37,31 @@
 //!   chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step, computed in
 //!   place in the shared regions), `proto` (conversion to domain types),
 //!   `tcp` (gRPC between hosts), `shm` (shared memory on one host), `compress`
-//!   (`cluster.compression` on TCP links: bf16, onebit with error feedback).
-//! - [`daemon`] — systemd readiness, watchdog, signals, reload: the daemons' lifecycle
-//!   (ps, worker, evaluator).
+//!   (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the error feedback).
+//! - [`daemon`] — the daemons' lifecycle (ps, worker, evaluator), a folder: the control loop
+//!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args`.
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
-//!   TensorBoard events in `eval/`, the best ones kept in `best/`.
+//!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside (non-blocking, type
 //!   checked), each bounded; every file written goes temp, fsync, rename;
 //!   nothing is deleted through a symbolic link dtf did not make.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
-//! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
+//! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint; `registry`: what
+//!   each role exposes.
 //! - [`status`] — `dtf status`: every task's state in one table.
 //! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
+//! - [`cli`] — the bodies of `dtf`'s subcommands (`bin/dtf.rs` parses, `cli` runs): `model`
+//!   (eval, predict, export, inspect), `cluster` (status, check-config), `local`.
 pub mod auth;
 pub mod bench;
 pub mod checkpoint;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod data;

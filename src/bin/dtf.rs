@@ -1,10 +1,10 @@
 //! `dtf`: the operator's tool — run a local cluster, evaluate and inspect
-//! checkpoints, ask a running cluster, check a config.
+//! checkpoints, ask a running cluster, check a config. The command line is
+//! parsed here; each subcommand's body is a function of [`dtf::cli`].
 
-use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use dtf::config::{self, Config};
-use std::io::IsTerminal;
+use dtf::cli::Result;
+use dtf::config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -95,27 +95,12 @@ enum ModeArg {
     Sync,
 }
 
-/// The error and its causes, as `{:#}` prints them, but without a cause
-/// whose text the message already ends with: a library error that keeps its
-/// cause as `source` often names it in its own message too.
-fn chain(e: &anyhow::Error) -> String {
-    let mut out = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !out.ends_with(&cause) {
-            out.push_str(": ");
-            out.push_str(&cause);
-        }
-    }
-    out
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", chain(&e));
+            eprintln!("error: {}", dtf::cli::chain(&*e));
             ExitCode::FAILURE
         }
     }
@@ -124,71 +109,28 @@ fn main() -> ExitCode {
 /// One small function per subcommand (ripgrep's `main → try_main → mode`).
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Local(args) => local(args),
+        Command::Local(args) => match args.overrides() {
+            Ok(overrides) => dtf::cli::local(args.into_local(overrides)),
+            Err(e) => Ok(dtf::cli::usage(&e)),
+        },
         Command::Eval {
             path,
             data,
             label,
             json,
-        } => eval(&path, data, label, json),
-        Command::Predict(args) => predict(args),
-        Command::Export(args) => export(args),
+        } => dtf::cli::eval(&path, data, label, json),
+        Command::Predict(a) => dtf::cli::predict(&a.checkpoint, &a.input, a.label, a.raw, a.json),
+        Command::Export(a) => dtf::cli::export(&a.checkpoint, &a.onnx, a.raw),
         Command::Bench {
             data,
             widths,
             rounds,
             json,
-        } => bench(data, widths, rounds, json),
-        Command::Inspect { path, json } => inspect(&path, json),
-        Command::Status { config, json } => status(&config, json),
-        Command::CheckConfig { config } => check_config(&config),
+        } => dtf::cli::bench(data, widths, rounds, json),
+        Command::Inspect { path, json } => dtf::cli::inspect(&path, json),
+        Command::Status { config, json } => dtf::cli::status(&config, json),
+        Command::CheckConfig { config } => dtf::cli::check_config(&config),
     }
-}
-
-/// `dtf eval`: the accuracy of a checkpoint, raw and EMA.
-fn eval(
-    path: &std::path::Path,
-    data: Option<PathBuf>,
-    label: Option<String>,
-    json: bool,
-) -> Result<ExitCode> {
-    let meta = dtf::predict::Trained::load(path)?.meta;
-    // The checkpoint's own data by default: a model trained on a CSV is
-    // scored on that CSV's test file, not on Fashion-MNIST.
-    let (mut cfg, recorded) = match (&data, meta.training_data) {
-        (Some(d), _) => (dtf::data::test_config_for_path(d)?, false),
-        (None, Some(trained_on)) => (trained_on, true),
-        (None, None) => (
-            dtf::data::test_config_for_path(std::path::Path::new(config::DEFAULT_DATA_DIR))?,
-            false,
-        ),
-    };
-    if let Some(l) = label {
-        cfg.label = l;
-    } else if !recorded && let Some(l) = meta.label {
-        cfg.label = l;
-    }
-    let ev = match dtf::eval::evaluate_on(path, &cfg) {
-        Ok(ev) => ev,
-        Err(e) if recorded => {
-            return Err(anyhow::Error::new(e).context(format!(
-                "the test data the checkpoint was trained with ({}; give other test data with --data)",
-                dtf::data::describe(&cfg)
-            )));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if json {
-        println!("{}", serde_json::to_string(&ev)?);
-    } else {
-        println!("checkpoint    {}", ev.checkpoint.display());
-        println!("global_step   {}", ev.global_step);
-        println!("accuracy      {:.4}", ev.accuracy);
-        println!("ema_accuracy  {:.4}", ev.ema_accuracy);
-        println!("loss          {:.4}", ev.loss);
-        println!("examples      {}", ev.examples);
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `dtf predict`'s options.
@@ -210,31 +152,6 @@ struct PredictArgs {
     json: bool,
 }
 
-/// `dtf predict`: class and probabilities per row, on stdout.
-fn predict(args: PredictArgs) -> Result<ExitCode> {
-    use std::io::Write;
-    let model = dtf::predict::Trained::load(&args.checkpoint)?;
-    let label = args
-        .label
-        .or_else(|| model.meta.label.clone())
-        .unwrap_or_else(|| "label".into());
-    let x = dtf::predict::read_input(&args.input, &label, model.meta.features.as_deref())?;
-    let probabilities = model.probabilities(x, !args.raw, &args.input)?;
-    let predictions = dtf::predict::predictions(&probabilities);
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    if args.json {
-        for p in &predictions {
-            serde_json::to_writer(&mut out, p)?;
-            writeln!(out)?;
-        }
-        out.flush()?;
-    } else {
-        dtf::predict::write_csv(&mut out, &predictions)?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// `dtf export`'s options.
 #[derive(clap::Args)]
 struct ExportArgs {
@@ -246,99 +163,6 @@ struct ExportArgs {
     /// The trained weights instead of their moving averages (EMA).
     #[arg(long)]
     raw: bool,
-}
-
-/// `dtf export --onnx`: the checkpoint as an ONNX model.
-fn export(args: ExportArgs) -> Result<ExitCode> {
-    let model = dtf::predict::Trained::load(&args.checkpoint)?;
-    dtf::export::write_onnx(&model, !args.raw, &args.onnx)?;
-    eprintln!(
-        "{}: ONNX model {:?} ({} weights) of {} (global step {})",
-        args.onnx.display(),
-        model.meta.layers,
-        if args.raw { "raw" } else { "EMA" },
-        model.file.display(),
-        model.global_step
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `dtf bench`: the compute limit and width scaling on this machine.
-fn bench(data: PathBuf, widths: Vec<usize>, rounds: usize, json: bool) -> Result<ExitCode> {
-    let opts = dtf::bench::Options {
-        data,
-        widths,
-        batch: 100,
-        rounds,
-        round_secs: 0.5,
-    };
-    let report = dtf::bench::run(&opts)?;
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", dtf::bench::table(&report));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `dtf inspect`: what a checkpoint holds.
-fn inspect(path: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let file = dtf::checkpoint::resolve(path)?;
-    let inspection = dtf::checkpoint::inspect(&file)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string(&InspectJson::from(&inspection))?
-        );
-    } else {
-        print!("{inspection}");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `dtf status`: every task's state; exit 1 if a ps does not answer and
-/// the run is not complete.
-fn status(config: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let cfg = Config::load(config).map_err(|e| match e {
-        dtf::config::ConfigError::Read { .. } => anyhow::anyhow!(
-            "{e}; give the cluster's file with --config (dtf local prints the command for its run)"
-        ),
-        e => e.into(),
-    })?;
-    let credentials = dtf::auth::Credentials::load(&cfg)?;
-    let status = tokio::runtime::Runtime::new()?.block_on(dtf::status::query(&cfg, &credentials));
-    if json {
-        println!("{}", serde_json::to_string(&status)?);
-    } else {
-        print!("{}", status.table());
-    }
-    Ok(if status.ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-/// `dtf check-config`: exit 78 naming what is wrong.
-fn check_config(config: &std::path::Path) -> Result<ExitCode> {
-    // The daemons' own checks (a worker's, the most a task checks), so
-    // `valid` here means they start.
-    let checked = Config::load(config)
-        .map_err(anyhow::Error::from)
-        .and_then(|mut cfg| {
-            dtf::daemon::preflight(&mut cfg, dtf::config::Role::Worker)?;
-            Ok(cfg)
-        });
-    match checked {
-        Ok(_) => {
-            println!("{}: valid", config.display());
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            eprintln!("error: {}", chain(&e));
-            Ok(ExitCode::from(dtf::daemon::EX_CONFIG))
-        }
-    }
 }
 
 /// `dtf local`'s options, as given on the command line. Each key flag
@@ -438,6 +262,21 @@ enum CompressionArg {
 }
 
 impl LocalArgs {
+    /// The run this command line asks for, with its keys `overrides`.
+    fn into_local(self, overrides: Vec<config::Override>) -> dtf::cli::Local {
+        dtf::cli::Local {
+            ps: self.ps,
+            workers: self.workers,
+            data: self.data,
+            test: self.test,
+            checkpoint_dir: self.checkpoint_dir,
+            config: self.config,
+            overrides,
+            evaluator: self.evaluator,
+            json: self.json,
+        }
+    }
+
     /// The keys this command line sets: every `--set`, then each key flag
     /// given, so that a flag wins over a `--set` of its key.
     fn overrides(&self) -> Result<Vec<config::Override>, String> {
@@ -513,236 +352,6 @@ fn value_name<T: clap::ValueEnum>(v: Option<&T>) -> Option<String> {
 enum TransportArg {
     Auto,
     Tcp,
-}
-
-/// How a bad command line exits (dtf(1)), as clap's own errors do.
-const EX_USAGE: u8 = 2;
-
-/// `dtf local`: exit 0 when trained, 2 for a command line that cannot run
-/// (nothing is created), 130/143 when stopped by SIGINT/SIGTERM.
-fn local(args: LocalArgs) -> Result<ExitCode> {
-    let json = args.json;
-    let _log = dtf::daemon::init_logging("warn");
-    let usage = |e: &dyn std::fmt::Display| {
-        eprintln!("error: {e}");
-        Ok(ExitCode::from(EX_USAGE))
-    };
-    let overrides = match args.overrides() {
-        Ok(o) => o,
-        Err(e) => return usage(&e),
-    };
-    let exe = std::env::current_exe().context("locating the dtf binary")?;
-    let bin_dir = exe
-        .parent()
-        .context("the dtf binary has no directory")?
-        .to_path_buf();
-    // The hints name the dtf that was run: `dtf` from $PATH as typed, any
-    // other as its absolute path (a relative one breaks after a `cd`).
-    let typed = std::env::args().next().unwrap_or_else(|| "dtf".into());
-    let program = if typed.contains('/') {
-        exe.display().to_string()
-    } else {
-        typed
-    };
-    let opts = dtf::local::Options {
-        ps: args.ps,
-        workers: args.workers,
-        data: args.data.as_deref().map(dtf::local::absolute),
-        test: args.test.as_deref().map(dtf::local::absolute),
-        checkpoint_dir: args.checkpoint_dir.as_deref().map(dtf::local::absolute),
-        config: args.config.as_deref().map(dtf::local::absolute),
-        overrides,
-        evaluator: args.evaluator,
-        bin_dir,
-        program,
-        progress: if std::io::stderr().is_terminal() {
-            dtf::local::Progress::Bar
-        } else {
-            dtf::local::Progress::Lines(std::time::Duration::from_secs(10))
-        },
-    };
-    let mut notes = Vec::new();
-    let planned = match dtf::local::plan(&opts, &mut notes) {
-        Ok(cfg) => cfg,
-        Err(e) => return usage(&chain(&e.into())),
-    };
-    let run_dir = tempfile::Builder::new()
-        .prefix("dtf-local-")
-        .tempdir()
-        .context("creating a run directory")?
-        .keep();
-    let t = &planned.train;
-    eprintln!(
-        "dtf local: {} ps + {} workers, {}, {} (learning rate {}), model {:?}, batch {}, to step {}; run directory {}",
-        opts.ps,
-        opts.workers,
-        t.mode,
-        t.optimizer().describe(),
-        t.learning_rate,
-        planned.model.layers,
-        t.batch_size,
-        t.last_step,
-        run_dir.display()
-    );
-    for note in &notes {
-        eprintln!("dtf local: {note}");
-    }
-    eprintln!(
-        "watch it from another shell: {} status --config {}",
-        opts.program,
-        run_dir.join("dtf.toml").display()
-    );
-    let rt = tokio::runtime::Runtime::new()?;
-    let outcome = rt.block_on(dtf::local::run(&opts, &planned, &run_dir))?;
-    let code = summary(&outcome, json);
-    if json {
-        println!("{}", serde_json::to_string(&outcome)?);
-    }
-    Ok(code)
-}
-
-/// Prints how a local run ended and returns its exit code: 0 when trained,
-/// 130/143 when stopped by SIGINT/SIGTERM. With --json, stdout holds the
-/// JSON alone; the lines for people go to stderr.
-fn summary(outcome: &dtf::local::Outcome, json: bool) -> ExitCode {
-    let say = |line: String| {
-        if json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
-    match outcome {
-        dtf::local::Outcome::Trained(report) => {
-            if report.already_complete {
-                say(format!(
-                    "already complete: the newest checkpoint is at global step {}; nothing to \
-                     train (raise --steps to train on)",
-                    report.global_step
-                ));
-            }
-            let rate = report
-                .steps_per_sec
-                .map_or_else(String::new, |r| format!("  {r:.1} steps/s"));
-            say(format!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
-                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
-            ));
-            say(format!("precision {}", report.precision.name()));
-            say(format!(
-                "model {:?} trained with {}",
-                report.layers,
-                serde_json::to_value(report.optimizer)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            ));
-            say(format!("checkpoints: {}", report.checkpoint_dir.display()));
-            if let Some(b) = &report.best {
-                say(format!(
-                    "best checkpoint: {} (global_step {}, {} {:.4}; {} checkpoints scored)",
-                    b.checkpoint.display(),
-                    b.global_step,
-                    b.metric,
-                    b.score,
-                    b.scored
-                ));
-            }
-            ExitCode::SUCCESS
-        }
-        dtf::local::Outcome::Stopped(s) => {
-            for p in &s.problems {
-                eprintln!("warning: {p}");
-            }
-            let how = if s.forced { "killed" } else { "stopped" };
-            match (&s.global_step, &s.checkpoint) {
-                (Some(step), Some(path)) => say(format!(
-                    "{how} by {} at global step {step} of {}; newest checkpoint {}",
-                    s.signal.name(),
-                    s.last_step,
-                    path.display()
-                )),
-                _ => say(format!(
-                    "{how} by {} with no usable checkpoint yet (last step {}); a new run starts afresh",
-                    s.signal.name(),
-                    s.last_step
-                )),
-            }
-            say(format!("logs: {}", s.run_dir.join("logs").display()));
-            say(format!("resume: {}", s.resume));
-            ExitCode::from(s.signal.exit_code())
-        }
-    }
-}
-
-/// `dtf inspect --json`: what [`dtf::checkpoint::Inspection`] holds, as one object.
-#[derive(serde::Serialize)]
-struct InspectJson<'a> {
-    /// The model file.
-    model: FileJson<'a>,
-    /// The EMA file, when it could be read.
-    ema: Option<FileJson<'a>>,
-    /// Why the EMA file could not be read.
-    ema_error: Option<&'a str>,
-    /// The pair verifies (checksums, shapes, names).
-    verified: bool,
-    /// What is wrong, when it does not.
-    problem: Option<&'a str>,
-}
-
-/// One safetensors file in `dtf inspect --json`.
-#[derive(serde::Serialize)]
-struct FileJson<'a> {
-    /// Its path.
-    path: &'a std::path::Path,
-    /// Its size in bytes.
-    bytes: u64,
-    /// Its metadata (strings, as the file has them: `global_step` included).
-    metadata: &'a std::collections::BTreeMap<String, String>,
-    /// Its tensors, sorted by name.
-    tensors: Vec<TensorJson<'a>>,
-}
-
-/// One tensor in `dtf inspect --json`.
-#[derive(serde::Serialize)]
-struct TensorJson<'a> {
-    /// Its name.
-    name: &'a str,
-    /// Its safetensors dtype (`F32`, `I64`).
-    dtype: &'a str,
-    /// Its dimensions; `[]` for a scalar.
-    shape: &'a [usize],
-}
-
-impl<'a> From<&'a dtf::checkpoint::InspectedFile> for FileJson<'a> {
-    fn from(f: &'a dtf::checkpoint::InspectedFile) -> Self {
-        FileJson {
-            path: &f.path,
-            bytes: f.bytes,
-            metadata: &f.metadata,
-            tensors: f
-                .tensors
-                .iter()
-                .map(|t| TensorJson {
-                    name: &t.name,
-                    dtype: &t.dtype,
-                    shape: &t.shape,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl<'a> From<&'a dtf::checkpoint::Inspection> for InspectJson<'a> {
-    fn from(i: &'a dtf::checkpoint::Inspection) -> Self {
-        InspectJson {
-            model: FileJson::from(&i.model),
-            ema: i.ema.as_ref().ok().map(FileJson::from),
-            ema_error: i.ema.as_ref().err().map(String::as_str),
-            verified: i.problem.is_none(),
-            problem: i.problem.as_deref(),
-        }
-    }
 }
 
 #[cfg(test)]

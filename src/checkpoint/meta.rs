@@ -174,16 +174,6 @@ impl ModelMeta {
     }
 }
 
-/// `value` as a JSON value whose numbers print as they were written: an
-/// `f32` as the shortest decimal that reads back to it (`0.01`, `0.9`), not
-/// as the f64 it widens to (`0.009999999776482582`), which is what
-/// `serde_json::to_value` would keep.
-///
-/// Errors: as `serde_json::to_string` (never for plain data).
-pub fn json_value<T: Serialize>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
-    serde_json::from_str(&serde_json::to_string(value)?)
-}
-
 /// A metadata value as JSON. Plain data (numbers, strings, lists):
 /// serializing cannot fail.
 fn json<T: Serialize>(value: &T) -> String {
@@ -262,7 +252,7 @@ mod tests {
     #[test]
     fn hyperparameters_read_as_they_were_written() {
         let train = crate::config::TrainConfig::default();
-        let text = json_value(&train).unwrap().to_string();
+        let text = crate::config::json_value(&train).unwrap().to_string();
         assert!(
             text.contains(r#""learning_rate":0.01"#) && text.contains(r#""beta1":0.9"#),
             "{text}"

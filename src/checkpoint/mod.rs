@@ -47,7 +47,7 @@ use safetensors::SafeTensorError;
 pub(crate) use format::crc32;
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
-pub use meta::{ACTIVATION, ModelMeta, json_value, read_metadata, widths};
+pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
 pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
 

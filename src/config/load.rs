@@ -2,22 +2,16 @@
 //! file → `DTF_…` environment → `TF_CONFIG`'s cluster), and which task this
 //! process is (`--task N`, or `TF_CONFIG`'s task).
 
-use super::error::{ConfigError, describe_origin, figment_error};
-use super::schema::{Config, Role, Sources, TaskId, leaves};
-use super::secret::{FileProblem, MAX_CONFIG_FILE_BYTES, read_regular};
+use super::error::{ConfigError, FileProblem};
+use super::origin::{ENV_PREFIX, Sources, TF_CONFIG, describe_origin, figment_error};
+use super::schema::{Config, leaves};
+use super::secret::{MAX_CONFIG_FILE_BYTES, read_regular};
+use super::task::{Role, TaskId};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
 use std::path::Path;
-
-/// The environment variable holding the Kubeflow/TensorFlow cluster and task.
-/// The environment variable holding the Kubeflow/TensorFlow cluster and task.
-pub const TF_CONFIG: &str = "TF_CONFIG";
-
-/// Prefix of the environment variables that override the file:
-/// `DTF_<SECTION>__<KEY>`, e.g. `DTF_TRAIN__LAST_STEP=100`.
-pub const ENV_PREFIX: &str = "DTF_";
 
 impl Config {
     /// Defaults → `path` → `DTF_<SECTION>__<KEY>` environment → `TF_CONFIG`'s

@@ -5,37 +5,42 @@
 //! Its rooms, along the seams a change usually follows:
 //!
 //! - `schema` — the sections and keys, with their defaults.
+//! - `task` — [`Role`] and [`TaskId`]: which task a process is.
 //! - `load` — figment layering, `TF_CONFIG`, and which task this process is.
+//! - `origin` — where each value came from ([`Sources`], the `DTF_…` and
+//!   `TF_CONFIG` names), and figment's errors turned into ones that name the
+//!   key, its origin and what was expected.
 //! - `validate` — one check per section; the first bad key is the error.
 //! - `size` — the model-size bound: what a model and a batch need against `MemTotal`.
-//! - `error` — [`ConfigError`], and figment's errors turned into ones that
-//!   name the key, its origin and what was expected.
+//! - `error` — [`ConfigError`] and [`FileProblem`]: types only, a leaf.
 //! - `reload` — [`LIVE_KEYS`]: what may change while running, and what applies it.
-//! - `secret` — the token and TLS files.
+//! - `secret` — the configuration, token and TLS files, read with a bound.
 //! - `watcher` — the file's watcher: a reload when what `dtf.toml` resolves to changes.
 
 mod error;
 mod load;
+mod origin;
 mod reload;
 mod schema;
 mod secret;
 mod size;
+mod task;
 mod validate;
 pub mod watcher;
 
-pub use error::ConfigError;
-pub use load::{
-    ENV_PREFIX, Override, TF_CONFIG, set_command_line, task_from_env, task_from_tf_config,
-};
+pub use error::{ConfigError, FileProblem};
+pub use load::{Override, set_command_line, task_from_env, task_from_tf_config};
+pub use origin::{ENV_PREFIX, Sources, TF_CONFIG};
 pub use reload::{Applier, LIVE_KEYS, LiveKey, is_live};
 pub use schema::{
     CheckpointConfig, ClusterConfig, Compression, Config, DEFAULT_DATA_DIR, DEFAULT_PATH,
     DEFAULT_SAVE_SECS, DataConfig, DataFormat, EvalConfig, LogConfig, Metric, MetricsConfig, Mode,
-    ModelConfig, OptimizerKind, Placement, PsConfig, Role, SecurityConfig, Sources, TaskId,
-    TrainConfig, Transport,
+    ModelConfig, OptimizerKind, Placement, PsConfig, SecurityConfig, TrainConfig, Transport,
+    json_value,
 };
-pub use secret::{FileProblem, MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
+pub use secret::{MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
 pub use size::{FALLBACK_MEMORY_BYTES, memory_bytes};
+pub use task::{Role, TaskId};
 pub use validate::{MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_REGULARIZATION_RATE};
 
 /// What the unit tests of every room share: the environment lock, temp

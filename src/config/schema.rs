@@ -4,6 +4,8 @@
 //! the effective sync replica counts). Loading is in `load`, checking in
 //! `validate`.
 
+use super::origin::Sources;
+use super::task::{Role, TaskId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,28 +16,6 @@ pub const DEFAULT_PATH: &str = "/etc/dtf/dtf.toml";
 
 /// The default `data.dir`: where Debian's `dataset-fashion-mnist` installs.
 pub const DEFAULT_DATA_DIR: &str = "/usr/share/datasets/fashion-mnist";
-
-/// A task's role in the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Parameter server: holds a shard of the variables.
-    Ps,
-    /// Worker: computes gradients; worker 0 is the chief.
-    Worker,
-    /// Evaluator (`dtf-evaluator`): scores each new checkpoint; talks to no
-    /// ps, so it has no address in `[cluster]`. One per cluster, index 0.
-    Evaluator,
-}
-
-/// One task of the cluster, e.g. `worker:1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TaskId {
-    /// ps or worker.
-    pub role: Role,
-    /// Index into the role's address list.
-    pub index: usize,
-}
 
 /// Training mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -411,43 +391,6 @@ pub struct LogConfig {
     /// A tracing filter: `info`, `debug`, `dtf=debug,info` (reloadable).
     pub level: String,
 }
-/// Where each value of a [`Config`] came from, so that errors found after
-/// loading (validation, [`Config::check_task`]) can name the file or the
-/// environment variable.
-///
-/// Provenance is not part of a configuration's value: two `Sources` always
-/// compare equal, so `Config`'s `==` compares settings only.
-#[derive(Debug, Clone, Default)]
-pub struct Sources {
-    /// Origin of keys not in `keys` (the file; empty: `configuration`).
-    pub(super) fallback: String,
-    /// Dotted key (`train.batch_size`) → origin (`/etc/dtf/dtf.toml`, …).
-    pub(super) keys: BTreeMap<String, String>,
-}
-
-impl PartialEq for Sources {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Sources {
-    /// Whether `key` was set by a file, the environment or a flag rather
-    /// than left at its built-in default.
-    pub fn is_set(&self, key: &str) -> bool {
-        !self.origin(key).starts_with(super::error::DEFAULT_ORIGIN)
-    }
-
-    /// Where `key` (dotted, e.g. `cluster.worker` or `cluster.worker[1]`) came from.
-    pub fn origin(&self, key: &str) -> &str {
-        let key = key.split('[').next().unwrap_or(key);
-        match self.keys.get(key) {
-            Some(origin) => origin,
-            None if self.fallback.is_empty() => "configuration",
-            None => &self.fallback,
-        }
-    }
-}
 /// As the config spells it: `async`, `sync`.
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -455,23 +398,6 @@ impl fmt::Display for Mode {
             Mode::Async => "async",
             Mode::Sync => "sync",
         })
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Role::Ps => "ps",
-            Role::Worker => "worker",
-            Role::Evaluator => "evaluator",
-        })
-    }
-}
-
-impl fmt::Display for TaskId {
-    /// `ps:0`, `worker:1`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.role, self.index)
     }
 }
 
@@ -629,7 +555,7 @@ pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
     // A Config is plain data: serializing it to JSON cannot fail, and an
     // error would only leave the map empty. Through text, not `to_value`:
     // that widens an f32 to f64 (`0.01` would read `0.009999999776482582`).
-    if let Ok(serde_json::Value::Object(sections)) = crate::checkpoint::json_value(config) {
+    if let Ok(serde_json::Value::Object(sections)) = json_value(config) {
         for (section, table) in sections {
             match table {
                 serde_json::Value::Object(fields) => out.extend(
@@ -644,6 +570,16 @@ pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
         }
     }
     out
+}
+
+/// `value` as a JSON value whose numbers print as they were written: an
+/// `f32` as the shortest decimal that reads back to it (`0.01`, `0.9`), not
+/// as the f64 it widens to (`0.009999999776482582`), which is what
+/// `serde_json::to_value` would keep.
+///
+/// Errors: as `serde_json::to_string` (never for plain data).
+pub fn json_value<T: Serialize>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_str(&serde_json::to_string(value)?)
 }
 
 #[cfg(test)]
@@ -698,26 +634,6 @@ mod tests {
         assert_eq!(
             Config::from_toml_str(&config.to_toml(), "f").unwrap(),
             config
-        );
-    }
-
-    #[test]
-    fn task_display() {
-        assert_eq!(
-            TaskId {
-                role: Role::Ps,
-                index: 0
-            }
-            .to_string(),
-            "ps:0"
-        );
-        assert_eq!(
-            TaskId {
-                role: Role::Worker,
-                index: 1
-            }
-            .to_string(),
-            "worker:1"
         );
     }
 }

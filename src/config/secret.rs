@@ -5,8 +5,9 @@
 //! `open()` (and `check-config`, and a daemon's start) until a writer came,
 //! and `/dev/zero` would be read until memory ran out.
 
-use super::error::ConfigError;
+use super::error::{ConfigError, FileProblem};
 use super::schema::Config;
+use crate::files::{self, OpenError};
 use std::io::Read;
 use std::path::Path;
 
@@ -16,43 +17,6 @@ pub const MAX_SECRET_FILE_BYTES: u64 = 1 << 20;
 
 /// The largest configuration file read; the shipped one is about 4 KiB.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
-
-/// Why a file could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum FileProblem {
-    /// Opening, inspecting or reading it failed. (`error`, not `source`:
-    /// the message already holds it; see [`super::ConfigError::Read`].)
-    #[error("cannot {action}: {error}")]
-    Io {
-        /// `open`, `stat` or `read`.
-        action: &'static str,
-        /// The system's reason.
-        error: std::io::Error,
-    },
-    /// A FIFO, socket, device or directory.
-    #[error("it is {kind}, not a regular file: expected a file with the content")]
-    NotRegular {
-        /// What it is instead, e.g. `a FIFO`.
-        kind: &'static str,
-    },
-    /// Over the size bound.
-    #[error("it is larger than {limit} bytes: expected a small text file")]
-    TooLarge {
-        /// The bound, in bytes.
-        limit: u64,
-    },
-    /// A secret that other users may read.
-    #[error(
-        "the file has mode {mode:04o}, which lets other users read a secret: \
-         run `chmod 640 {path}` (readable by its owner and group only)"
-    )]
-    OthersMayRead {
-        /// The permission bits.
-        mode: u32,
-        /// The file, for the command to run.
-        path: String,
-    },
-}
 
 impl Config {
     /// Reads the bearer token, refusing a file others may read.
@@ -102,24 +66,20 @@ pub fn read_file(key: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>
 
 /// Reads `path` if it is a regular file (symlinks followed) of at most
 /// `limit` bytes; if `secret`, only if others have no permission on it.
+/// Opened with [`files::open_regular`]: never blocks on a FIFO, and the
+/// checks are on what was opened, so a rename cannot slip past them.
 ///
 /// Errors: [`FileProblem`].
 pub(super) fn read_regular(path: &Path, limit: u64, secret: bool) -> Result<Vec<u8>, FileProblem> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let io = |action| move |error| FileProblem::Io { action, error };
-    // Refuse special files before opening: opening a FIFO for reading
-    // blocks until a writer appears.
-    regular(&std::fs::metadata(path).map_err(io("stat"))?)?;
-    // O_NONBLOCK as well, for a path swapped for a FIFO after the check;
-    // on a regular file it changes nothing.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io("open"))?;
-    // Check what was opened, not the path: no race with a rename.
-    let meta = file.metadata().map_err(io("stat"))?;
-    regular(&meta)?;
+    let (file, meta) = files::open_regular(path).map_err(|e| match e {
+        OpenError::Io(error) => FileProblem::Io {
+            action: "open",
+            error,
+        },
+        OpenError::Special(kind) => FileProblem::NotRegular { kind },
+    })?;
     let mode = meta.permissions().mode();
     if secret && mode & 0o007 != 0 {
         return Err(FileProblem::OthersMayRead {
@@ -136,14 +96,6 @@ pub(super) fn read_regular(path: &Path, limit: u64, secret: bool) -> Result<Vec<
         return Err(FileProblem::TooLarge { limit });
     }
     Ok(content)
-}
-
-/// Errors unless `meta` is a regular file's.
-fn regular(meta: &std::fs::Metadata) -> Result<(), FileProblem> {
-    match crate::files::special_kind(meta.file_type()) {
-        None => Ok(()),
-        Some(kind) => Err(FileProblem::NotRegular { kind }),
-    }
 }
 
 #[cfg(test)]

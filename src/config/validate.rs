@@ -3,8 +3,9 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, DataFormat, Mode, ModelConfig, Role, TaskId};
+use super::schema::{Config, DataFormat, Mode, ModelConfig};
 use super::size::memory_bytes;
+use super::task::{Role, TaskId};
 use std::collections::BTreeMap;
 use std::fmt;
 

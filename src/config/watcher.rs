@@ -1,7 +1,7 @@
 //! The config file's watcher: a reload when what `dtf.toml` resolves to
 //! changes — an editor's save (a new file renamed over the old), an edit of
-//! a link's target, a Kubernetes ConfigMap's `..data` swap. The daemon's
-//! control loop (`crate::daemon`) turns each into a `Control::Reload`.
+//! a link's target, a Kubernetes ConfigMap's `..data` swap. The daemons'
+//! control loop turns each into a reload (the watcher only calls back).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The evaluator's unit tests: the ledger, the best set, scores.
 
+use super::ledger::MAX_LEDGER_LINE;
 use super::*;
+use std::io::Write;
 
 fn scores(ema_accuracy: f32, loss: f32) -> Scores {
     Scores {

@@ -12,7 +12,8 @@
 //! The tier is chosen once per process ([`tier`]), logged once, and shown
 //! by `/metrics` and `dtf bench`; `DTF_KERNEL=amx|avx512bf16|portable|f32`
 //! forces a lower one (tests and benchmarks). The math above (`Mlp`) calls
-//! [`gemm`] and never tests CPU features itself.
+//! [`gemm`] and never tests CPU features itself; the L2 penalty's pass
+//! ([`scale_and_sum_squares`]) is here too, hand-shaped for vectorizing.
 //!
 //! Operands are packed per call ([`bf16`]): each weight matrix is converted
 //! once per GEMM that reads it, which in a step is once per pull (layer 1's
@@ -24,8 +25,11 @@ mod amx;
 mod avx512;
 pub mod bf16;
 mod detect;
+mod l2;
 pub mod peak;
 mod portable;
+
+pub use l2::scale_and_sum_squares;
 
 use bf16::{NR, Strided};
 use ndarray::linalg::general_mat_mul;

@@ -4,7 +4,7 @@
 //! their wire. Tensors are copied out of the shard under its lock; whatever
 //! the wire needs beyond that copy is done after the lock is released.
 
-use super::{PsService, limits, shard};
+use super::{PsService, conn, limits, shard};
 use crate::transport::call::{
     Complete, Initialize, Initialized, Pulled, Pulls, Push, Pushed, Tensor,
 };
@@ -67,7 +67,7 @@ impl PsService {
         snapshots: u32,
     ) -> Result<limits::Reserved, Status> {
         self.inner.edge.budget.reserve(snapshots).inspect_err(|e| {
-            let peer = limits::peer(req.extensions());
+            let peer = conn::peer(req.extensions());
             self.inner.edge.refusals.refused(peer, e.message());
         })
     }

@@ -2,7 +2,7 @@
 //! transport-independent functions of [`PsService`], and its answer
 //! encoded; `Push` and `Pull` answers leave as chunks ([`Direct`]).
 
-use super::{PsService, limits};
+use super::{PsService, admission, conn, limits};
 use crate::auth::Credentials;
 use crate::transport::call::{self, Complete, Initialize, Push};
 use crate::transport::pb;
@@ -53,7 +53,7 @@ impl PsService {
         } else {
             None
         };
-        let peer = limits::peer(req.extensions());
+        let peer = conn::peer(req.extensions());
         let req = req.into_inner();
         // Compressed gradients are decoded to f32 here, at the edge; exact
         // ones are applied straight from the request's bytes.
@@ -113,8 +113,8 @@ pub(super) async fn router(
     // The token is checked first: a call without it never takes a place.
     let svc = Direct::new(service.clone(), svc, limit);
     let svc = tonic::service::interceptor::InterceptedService::new(
-        limits::Admission::new(svc, refusals.clone()),
-        limits::Guard::new(credentials.check_token(), refusals),
+        admission::Admission::new(svc, refusals.clone()),
+        conn::Guard::new(credentials.check_token(), refusals),
     );
     credentials
         .server()

@@ -9,10 +9,13 @@
 //! are the only files here that see the wire's types. [`limits`] bounds
 //! connections and calls, [`tls`] is the handshake.
 
+mod admission;
 mod calls;
+pub mod conn;
 mod follow;
 mod grpc;
 pub mod limits;
+mod listen;
 mod replica;
 mod serve;
 pub mod shard;

@@ -5,7 +5,7 @@
 //! server stops; the tasks that finish their work on `stop` (the shared-
 //! memory server, the last snapshot) by another, waited for.
 
-use super::{Ended, PsError, PsService, grpc, limits, replica, shm, snapshot};
+use super::{Ended, PsError, PsService, grpc, listen, replica, shm, snapshot};
 use crate::auth::Credentials;
 use crate::config::{Config, Role, TaskId, Transport};
 use crate::transport::ring::RingClient;
@@ -151,7 +151,7 @@ pub async fn serve(
     {
         draining.spawn(shm);
     }
-    let incoming = limits::incoming(
+    let incoming = listen::incoming(
         listener,
         service.inner.edge.refusals.clone(),
         credentials.server_tls(),

@@ -1,5 +1,5 @@
 //! The ps's side of mutual TLS, done in its own accept loop
-//! ([`super::limits::incoming`]) rather than by tonic (`Server::tls_config`),
+//! (`listen::incoming`) rather than by tonic (`Server::tls_config`),
 //! which drops the reason a handshake failed: here every failure is logged
 //! with the peer's address and why, through the same rate-limited
 //! [`RefusalLog`] as a wrong token, as an operator auditing access needs.
@@ -9,7 +9,8 @@
 //! connection not yet authenticated ([`super::limits::UNAUTHENTICATED_IDLE`],
 //! and shed first when the ps is at its connection limit).
 
-use super::limits::{Conn, ConnInfo, RefusalLog, UNAUTHENTICATED_IDLE};
+use super::conn::{Conn, ConnInfo};
+use super::limits::{RefusalLog, UNAUTHENTICATED_IDLE};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -556,7 +556,7 @@ async fn save_checkpoint(
         classes: mlp.classes(),
         preprocessing: preprocessing.clone(),
         label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
-        hyperparameters: checkpoint::json_value(&cfg.train).ok(),
+        hyperparameters: crate::config::json_value(&cfg.train).ok(),
         training_data: Some(cfg.data.clone()),
         // The header alone, read again at each save: cheap, and it spares
         // every caller of this function the plumbing.

@@ -23,8 +23,13 @@
 //! reloadable: both ends of every link must change together, so it takes a
 //! restart of every task, like `cluster.transport`.
 
+mod bf16;
+mod onebit;
+
+pub use bf16::encode_bf16;
+pub use onebit::{BLOCK, encode_onebit, onebit_len};
+
 use crate::config::Compression;
-use crate::kernel::bf16;
 use crate::transport::pb;
 use bytes::Bytes;
 use ndarray::ArrayD;
@@ -33,9 +38,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-
-/// Values per onebit block (one pair of scales each).
-pub const BLOCK: usize = 256;
 
 /// The request header that carries the caller's `cluster.compression`
 /// (absent: `none`, as every client before it).
@@ -50,98 +52,6 @@ pub fn name(c: Compression) -> &'static str {
     }
 }
 
-/// Bytes of a onebit tensor of `n` values.
-pub fn onebit_len(n: usize) -> usize {
-    8 * n.div_ceil(BLOCK) + n.div_ceil(8)
-}
-
-/// Quantizes `x` to onebit bytes.
-fn quantize(x: &[f32]) -> Vec<u8> {
-    let mut out = vec![0u8; onebit_len(x.len())];
-    crate::kernel::simd(|| quantize_into(x, &mut out));
-    out
-}
-
-/// [`quantize`]'s loop, written for the compiler to vectorize: lanes of
-/// sums, one per bit of the bytes in hand, reduced once per block in a
-/// fixed order, and no branch per value.
-#[inline(always)]
-fn quantize_into(x: &[f32], out: &mut [u8]) {
-    const LANES: usize = 16;
-    let blocks = x.len().div_ceil(BLOCK);
-    let (scales, bits) = out.split_at_mut(8 * blocks);
-    for ((chunk, scale), bytes) in x
-        .chunks(BLOCK)
-        .zip(scales.chunks_exact_mut(8))
-        .zip(bits.chunks_mut(BLOCK / 8))
-    {
-        let (mut pos, mut npos, mut neg) = ([0f32; LANES], [0u32; LANES], [0f32; LANES]);
-        let whole = chunk.chunks_exact(LANES);
-        let tail = whole.remainder();
-        for (values, two) in whole.zip(bytes.chunks_exact_mut(LANES / 8)) {
-            let mut b = 0u16;
-            for k in 0..LANES {
-                let v = values[k];
-                let set = v >= 0.0;
-                b |= u16::from(set) << k;
-                npos[k] += u32::from(set);
-                pos[k] += if set { v } else { 0.0 };
-                neg[k] += if set { 0.0 } else { v };
-            }
-            two.copy_from_slice(&b.to_le_bytes());
-        }
-        // The last block's last values (fewer than a lane's worth).
-        let start = chunk.len() - tail.len();
-        for (j, &v) in tail.iter().enumerate() {
-            let set = v >= 0.0;
-            let i = start + j;
-            bytes[i / 8] |= u8::from(set) << (i % 8);
-            npos[j] += u32::from(set);
-            pos[j] += if set { v } else { 0.0 };
-            neg[j] += if set { 0.0 } else { v };
-        }
-        let npos: u32 = npos.iter().sum();
-        let (pos, neg): (f32, f32) = (pos.iter().sum(), neg.iter().sum());
-        let nneg = chunk.len() as u32 - npos;
-        let p = if npos > 0 { pos / npos as f32 } else { 0.0 };
-        let m = if nneg > 0 { neg / nneg as f32 } else { 0.0 };
-        scale[..4].copy_from_slice(&p.to_le_bytes());
-        scale[4..].copy_from_slice(&m.to_le_bytes());
-    }
-}
-
-/// Applies `op(out[i], value)` for every value of onebit bytes `data` of
-/// `out.len()` values (length checked by the caller): a select per value,
-/// no branch, vectorized.
-#[inline(always)]
-fn dequantize(data: &[u8], out: &mut [f32], op: impl Fn(&mut f32, f32) + Copy) {
-    crate::kernel::simd(|| {
-        let blocks = out.len().div_ceil(BLOCK);
-        let (scales, bits) = data.split_at(8 * blocks);
-        for ((block, s), bytes) in out
-            .chunks_mut(BLOCK)
-            .zip(scales.chunks_exact(8))
-            .zip(bits.chunks(BLOCK / 8))
-        {
-            let p = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let m = f32::from_le_bytes([s[4], s[5], s[6], s[7]]);
-            let group = |values: &mut [f32], byte: u8| {
-                for (k, o) in values.iter_mut().enumerate() {
-                    op(o, if (byte >> k) & 1 != 0 { p } else { m });
-                }
-            };
-            let mut whole = block.chunks_exact_mut(8);
-            for (values, &byte) in whole.by_ref().zip(bytes) {
-                group(values, byte);
-            }
-            let tail = whole.into_remainder();
-            if !tail.is_empty() {
-                group(tail, bytes[bytes.len() - 1]);
-            }
-        }
-    })
-}
-
 /// A wire tensor of dtype `dtype` holding `data`.
 fn tensor(name: &str, shape: &[usize], dtype: pb::DataType, data: Vec<u8>) -> pb::Tensor {
     pb::Tensor {
@@ -150,23 +60,6 @@ fn tensor(name: &str, shape: &[usize], dtype: pb::DataType, data: Vec<u8>) -> pb
         dtype: dtype as i32,
         data: Bytes::from(data),
     }
-}
-
-/// `values` as a bf16 tensor.
-pub fn encode_bf16(name: &str, shape: &[usize], values: &[f32]) -> pb::Tensor {
-    let mut data = Vec::with_capacity(2 * values.len());
-    for &v in values {
-        data.extend_from_slice(&bf16::to_bf16(v).to_le_bytes());
-    }
-    tensor(name, shape, pb::DataType::Bf16, data)
-}
-
-/// `x` as a onebit tensor; `x` is left holding what quantization lost
-/// (`x − decoded`): the error fed back into the next one.
-pub fn encode_onebit(name: &str, shape: &[usize], x: &mut [f32]) -> pb::Tensor {
-    let data = quantize(x);
-    dequantize(&data, x, |o, q| *o -= q);
-    tensor(name, shape, pb::DataType::Onebit, data)
 }
 
 /// A tensor's dtype and length, checked against its shape: the number of values.
@@ -317,7 +210,7 @@ impl PsWire {
         if exact || self.compression != Compression::Bf16 {
             return values;
         }
-        values.into_iter().map(to_bf16).collect()
+        values.into_iter().map(bf16::to_bf16).collect()
     }
 
     /// A push's answer to `worker`, who holds the values of answer
@@ -333,7 +226,7 @@ impl PsWire {
     ) -> (Vec<pb::Tensor>, u64) {
         match self.compression {
             Compression::None => (values, 0),
-            Compression::Bf16 => (values.into_iter().map(to_bf16).collect(), 0),
+            Compression::Bf16 => (values.into_iter().map(bf16::to_bf16).collect(), 0),
             Compression::Onebit => self.onebit_answer(worker, replica, values),
         }
     }
@@ -364,8 +257,8 @@ impl PsWire {
                         .map(|(c, b)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) - b)
                         .collect();
                     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-                    let q = tensor(&t.name, &shape, pb::DataType::Onebit, quantize(&d));
-                    dequantize(&q.data, base, |o, v| *o += v);
+                    let q = tensor(&t.name, &shape, pb::DataType::Onebit, onebit::quantize(&d));
+                    onebit::dequantize(&q.data, base, |o, v| *o += v);
                     out.push(q);
                 }
                 (out, r.values)
@@ -407,34 +300,15 @@ impl PsWire {
     }
 }
 
-/// An f32 tensor as bf16 (any other left as it is).
-fn to_bf16(t: pb::Tensor) -> pb::Tensor {
-    if t.dtype != pb::DataType::F32 as i32 || !t.data.len().is_multiple_of(4) {
-        return t;
-    }
-    let mut data = Vec::with_capacity(t.data.len() / 2);
-    for c in t.data.chunks_exact(4) {
-        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        data.extend_from_slice(&bf16::to_bf16(v).to_le_bytes());
-    }
-    pb::Tensor {
-        dtype: pb::DataType::Bf16 as i32,
-        data: Bytes::from(data),
-        ..t
-    }
-}
-
 /// Decodes `n` values of a checked tensor into `out`: set, or (onebit with
 /// `add`) added.
 fn decode(t: &pb::Tensor, n: usize, out: &mut [f32], add: bool) {
     match pb::DataType::try_from(t.dtype) {
-        Ok(pb::DataType::Bf16) => {
-            for (o, c) in out.iter_mut().zip(t.data.chunks_exact(2)) {
-                *o = bf16::to_f32(u16::from_le_bytes([c[0], c[1]]));
-            }
+        Ok(pb::DataType::Bf16) => bf16::decode(&t.data, out),
+        Ok(pb::DataType::Onebit) if add => {
+            onebit::dequantize(&t.data, &mut out[..n], |o, q| *o += q)
         }
-        Ok(pb::DataType::Onebit) if add => dequantize(&t.data, &mut out[..n], |o, q| *o += q),
-        Ok(pb::DataType::Onebit) => dequantize(&t.data, &mut out[..n], |o, q| *o = q),
+        Ok(pb::DataType::Onebit) => onebit::dequantize(&t.data, &mut out[..n], |o, q| *o = q),
         _ => bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(&t.data),
     }
 }
@@ -572,43 +446,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bf16_rounds_to_nearest_even() {
-        // Exact values pass unchanged.
-        for v in [0.0f32, -0.0, 1.0, -2.5, 0.15625, f32::INFINITY] {
-            assert_eq!(bf16::to_f32(bf16::to_bf16(v)).to_bits(), v.to_bits(), "{v}");
-        }
-        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even (1).
-        assert_eq!(bf16::to_f32(bf16::to_bf16(1.0 + 2f32.powi(-8))), 1.0);
-        // 1 + 3·2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up.
-        assert_eq!(
-            bf16::to_f32(bf16::to_bf16(1.0 + 3.0 * 2f32.powi(-8))),
-            1.0 + 2f32.powi(-6)
-        );
-        // Just above halfway rounds up, just below down.
-        let half = 1.0 + 2f32.powi(-8);
-        assert_eq!(
-            bf16::to_f32(bf16::to_bf16(f32::from_bits(half.to_bits() + 1))),
-            1.0 + 2f32.powi(-7)
-        );
-        assert_eq!(
-            bf16::to_f32(bf16::to_bf16(f32::from_bits(half.to_bits() - 1))),
-            1.0
-        );
-        // Past the largest bf16: infinity; NaN stays NaN.
-        assert_eq!(bf16::to_f32(bf16::to_bf16(f32::MAX)), f32::INFINITY);
-        // A subnormal goes to a signed zero, as the kernels pack it.
-        assert_eq!(bf16::to_bf16(f32::from_bits(1)), 0);
-        assert_eq!(bf16::to_bf16(-f32::from_bits(0x7f_ffff)), 0x8000);
-        assert!(bf16::to_f32(bf16::to_bf16(f32::NAN)).is_nan());
-        // Relative error at most half a unit in the last place, 2^-8.
-        for i in 1..10_000 {
-            let v = (i as f32 * 0.7311).sin() * 10f32.powi(i % 7 - 3);
-            let r = bf16::to_f32(bf16::to_bf16(v));
-            assert!((r - v).abs() <= v.abs() * 2f32.powi(-8), "{v} → {r}");
-        }
-    }
-
-    #[test]
     fn onebit_is_at_least_16_times_smaller_and_keeps_block_means() {
         let n = 784 * 500;
         assert!(4 * n / onebit_len(n) >= 16, "{}", 4 * n / onebit_len(n));
@@ -733,72 +570,5 @@ mod tests {
         let mut out = ArrayD::zeros(ndarray::IxDyn(&[3]));
         assert!(wire.store(&t, &mut out, false).is_err());
         assert!(wire.store(&t, &mut out, true).is_ok());
-    }
-
-    /// The plain loops the vectorized ones replaced.
-    fn reference_quantize(x: &[f32]) -> Vec<u8> {
-        let blocks = x.len().div_ceil(BLOCK);
-        let mut out = vec![0u8; onebit_len(x.len())];
-        let (scales, bits) = out.split_at_mut(8 * blocks);
-        for (b, chunk) in x.chunks(BLOCK).enumerate() {
-            let (mut pos, mut npos, mut neg) = (0f32, 0u32, 0f32);
-            for (j, &v) in chunk.iter().enumerate() {
-                if v >= 0.0 {
-                    pos += v;
-                    npos += 1;
-                    let i = b * BLOCK + j;
-                    bits[i / 8] |= 1 << (i % 8);
-                } else {
-                    neg += v;
-                }
-            }
-            let nneg = chunk.len() as u32 - npos;
-            let p = if npos > 0 { pos / npos as f32 } else { 0.0 };
-            let m = if nneg > 0 { neg / nneg as f32 } else { 0.0 };
-            scales[8 * b..8 * b + 4].copy_from_slice(&p.to_le_bytes());
-            scales[8 * b + 4..8 * b + 8].copy_from_slice(&m.to_le_bytes());
-        }
-        out
-    }
-    fn reference_dequantize(data: &[u8], n: usize, mut each: impl FnMut(usize, f32)) {
-        let blocks = n.div_ceil(BLOCK);
-        let (scales, bits) = data.split_at(8 * blocks);
-        for b in 0..blocks {
-            let s = &scales[8 * b..8 * b + 8];
-            let p = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let m = f32::from_le_bytes([s[4], s[5], s[6], s[7]]);
-            for i in b * BLOCK..n.min((b + 1) * BLOCK) {
-                let set = bits[i / 8] & (1 << (i % 8)) != 0;
-                each(i, if set { p } else { m });
-            }
-        }
-    }
-
-    /// The vectorized loops give what the plain ones give: the same bits,
-    /// the same scales up to the order of summation, and the same decoded
-    /// values, for lengths with and without a partial block and byte.
-    #[test]
-    fn onebit_loops_match_the_plain_ones() {
-        let x: Vec<f32> = (0..5000)
-            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
-            .collect();
-        for n in [5000, 4096, 1000, 264, 256, 17, 16, 13, 8, 1] {
-            let x = &x[..n];
-            let (o, q) = (reference_quantize(x), quantize(x));
-            let sb = 8 * n.div_ceil(BLOCK);
-            assert_eq!(o[sb..], q[sb..], "the bits of {n} values");
-            for (a, b) in o[..sb].chunks(4).zip(q[..sb].chunks(4)) {
-                let a = f32::from_le_bytes(a.try_into().unwrap());
-                let b = f32::from_le_bytes(b.try_into().unwrap());
-                assert!(
-                    (a - b).abs() <= 1e-5 * a.abs(),
-                    "scale {a} vs {b} ({n} values)"
-                );
-            }
-            let (mut a, mut b) = (x.to_vec(), x.to_vec());
-            reference_dequantize(&q, n, |i, v| a[i] += v);
-            dequantize(&q, &mut b, |o, v| *o += v);
-            assert_eq!(a, b, "{n} values decoded");
-        }
     }
 }

@@ -2,20 +2,35 @@
 //! logging, readiness and status (sd_notify), the watchdog, signals, and
 //! config reload on SIGHUP or file change — one [`Control`] enum fed by
 //! signals and the file watcher, one loop that acts on it.
+//!
+//! - here — the control loop ([`run`]), the start checks ([`preflight`])
+//!   and [`main`], re-exec for a re-shard;
+//! - `systemd` — sd_notify ([`Notifier`]) and the watchdog;
+//! - `logging` — [`init_logging`] and the reloadable level;
+//! - `args` — the command line ([`Args`]) and the `--job_name` check;
+//! - the config file's watcher is `config::watcher`, fed back as
+//!   [`Control::Reload`].
+
+mod args;
+mod logging;
+mod systemd;
+
+pub use args::{Args, DaemonCommand, check_job_name};
+pub use logging::{LogHandle, init_logging};
+pub use systemd::{Notifier, notify};
 
 use crate::auth::Credentials;
 use crate::config::{self, Config, ConfigError, DataFormat, Role, TaskId};
 use crate::data::{self, ResolveError};
-use crate::worker::{self, Outcome, Reporter};
+use crate::worker::{self, Outcome};
 use sd_notify::NotifyState;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
-use tracing_subscriber::{EnvFilter, reload};
+use tracing_subscriber::EnvFilter;
 
 /// Exit code for a configuration error (sysexits' EX_CONFIG): the units set
 /// `RestartPreventExitStatus=78` so a typo does not restart in a loop.
@@ -74,72 +89,6 @@ impl DaemonError {
     }
 }
 
-/// Sends states to systemd; a no-op without `NOTIFY_SOCKET`.
-pub fn notify(states: &[NotifyState]) {
-    if let Err(e) = sd_notify::notify(states) {
-        warn!(error = %e, "sd_notify failed.");
-    }
-}
-
-/// A task's conversation with systemd: remembers whether `READY=1` and
-/// `STOPPING=1` were sent, so that a reload before readiness does not claim
-/// readiness, `STOPPING=1` goes once, and a stop before readiness knows
-/// there is nothing to drain.
-#[derive(Debug, Default)]
-pub struct Notifier {
-    /// `READY=1` was sent: the task is doing its job.
-    ready: AtomicBool,
-    /// `STOPPING=1` was sent.
-    stopping: AtomicBool,
-}
-
-impl Notifier {
-    /// `READY=1`, with a `STATUS=` line in the same datagram.
-    pub fn ready(&self, status: &str) {
-        self.ready.store(true, Ordering::SeqCst);
-        notify(&[NotifyState::Ready, NotifyState::Status(status)]);
-    }
-
-    /// Whether `READY=1` was sent.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
-    }
-
-    /// `STOPPING=1`, once.
-    pub fn stopping(&self) {
-        if !self.stopping.swap(true, Ordering::SeqCst) {
-            notify(&[NotifyState::Stopping]);
-        }
-    }
-}
-
-/// The handle that changes the log level on reload.
-pub type LogHandle = reload::Handle<EnvFilter, tracing_subscriber::Registry>;
-
-/// Installs the global subscriber: one event per line, fields included, no
-/// colour unless stderr is a terminal (journald gets plain text).
-pub fn init_logging(level: &str) -> LogHandle {
-    use std::io::IsTerminal;
-    use tracing_subscriber::prelude::*;
-    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let (filter, handle) = reload::Layer::new(filter);
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
-    // Under systemd the journal stamps each line itself.
-    let fmt = if std::env::var_os("JOURNAL_STREAM").is_some() {
-        fmt.without_time().boxed()
-    } else {
-        fmt.boxed()
-    };
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .try_init();
-    handle
-}
-
 /// The sources of [`Control`]: signal handlers and the config file watcher.
 struct Controls {
     /// What the signals and the watcher ask for.
@@ -179,20 +128,6 @@ fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
         rx,
         _watcher: config::watcher::watch(path, move || tx.send(Control::Reload).is_ok()),
     })
-}
-
-/// Sends `WATCHDOG=1` at half the interval systemd asked for, while the runtime lives.
-fn start_watchdog() {
-    // WATCHDOG_USEC=0 would make a zero-period interval, which panics.
-    if let Some(period) = sd_notify::watchdog_enabled().filter(|p| !p.is_zero()) {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period / 2);
-            loop {
-                tick.tick().await;
-                notify(&[NotifyState::Watchdog]);
-            }
-        });
-    }
 }
 
 /// Re-reads the file, validates it as a reload of the running config, and
@@ -256,7 +191,7 @@ async fn supervise<T>(
         rx: mut control,
         _watcher,
     } = controls;
-    start_watchdog();
+    systemd::start_watchdog();
     tokio::pin!(work);
     let mut stopping = false;
     let mut open = true;
@@ -451,157 +386,6 @@ async fn serve_ps(
     }
     info!(task = %task, %addr, now = ?now, "No longer in cluster.ps at this address: exiting.");
     Ok(Next::Exit)
-}
-
-/// The evaluator's progress, reported to systemd.
-impl crate::evaluator::Reporter for Notifier {
-    fn ready(&self, status: &str) {
-        Notifier::ready(self, status);
-    }
-    fn status(&self, status: &str) {
-        notify(&[NotifyState::Status(status)]);
-    }
-}
-
-/// A worker's progress, reported to systemd.
-impl Reporter for Notifier {
-    fn ready(&self) {
-        Notifier::ready(self, "connected; training");
-    }
-    fn status(&self, line: &str) {
-        notify(&[NotifyState::Status(line)]);
-    }
-}
-
-/// The command line both daemons share; [`Args::parse_for`] fits its help
-/// to one of them. `--task_index` and `--job_name` are TensorFlow's spelling
-/// (`tf.app.flags` in the reference program), so its launch scripts work.
-#[derive(Debug, clap::Parser)]
-#[command(version, about)]
-pub struct Args {
-    /// The cluster configuration file.
-    #[arg(long, short = 'c', default_value = config::DEFAULT_PATH, env = "DTF_CONFIG")]
-    pub config: PathBuf,
-    /// This task's index in its role's address list (the N of the unit instance).
-    /// Default: TF_CONFIG's task.
-    #[arg(long, short = 't', visible_alias = "task_index")]
-    pub task: Option<usize>,
-    /// TensorFlow's job name: accepted when it is this daemon's role.
-    #[arg(long = "job_name", value_name = "ROLE")]
-    pub job_name: Option<String>,
-    /// TensorFlow's --ps_hosts: the ps tasks' host:port, comma-separated
-    /// (cluster.ps, over the file and the environment).
-    #[arg(long = "ps_hosts", value_name = "HOST:PORT,…")]
-    pub ps_hosts: Option<String>,
-    /// TensorFlow's --worker_hosts: the workers' host:port, comma-separated,
-    /// the chief first (cluster.worker, over the file and the environment).
-    #[arg(long = "worker_hosts", value_name = "HOST:PORT,…")]
-    pub worker_hosts: Option<String>,
-    /// What to do instead of serving.
-    #[command(subcommand)]
-    pub command: Option<DaemonCommand>,
-}
-
-impl Args {
-    /// The keys this command line sets: `--ps_hosts` and `--worker_hosts`
-    /// as `cluster.ps` and `cluster.worker`.
-    pub fn overrides(&self) -> Vec<config::Override> {
-        let list = |hosts: &str| {
-            let quoted: Vec<String> = hosts
-                .split(',')
-                .map(str::trim)
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("{h:?}"))
-                .collect();
-            format!("[{}]", quoted.join(", "))
-        };
-        [
-            ("--ps_hosts", "cluster.ps", &self.ps_hosts),
-            ("--worker_hosts", "cluster.worker", &self.worker_hosts),
-        ]
-        .into_iter()
-        .filter_map(|(flag, key, hosts)| {
-            let hosts = hosts.as_deref()?;
-            Some(config::Override {
-                key: key.into(),
-                value: list(hosts),
-                flag: format!("{flag}={hosts}"),
-            })
-        })
-        .collect()
-    }
-
-    /// Parses the command line of the daemon for `role`, exiting with usage
-    /// (2) on a bad one; the help names that daemon and its unit.
-    pub fn parse_for(role: Role) -> Self {
-        use clap::{CommandFactory, FromArgMatches};
-        let (name, about) = match role {
-            Role::Ps => (
-                "dtf-ps",
-                "A parameter-server task of a dtf cluster (dtf-ps@N.service)",
-            ),
-            Role::Worker => (
-                "dtf-worker",
-                "A worker task of a dtf cluster (dtf-worker@N.service); worker 0 is the chief",
-            ),
-            Role::Evaluator => (
-                "dtf-evaluator",
-                "The evaluator of a dtf cluster (dtf-evaluator.service): scores each new checkpoint, keeps the best",
-            ),
-        };
-        let command = Args::command()
-            .name(name)
-            .about(about)
-            .mut_arg("task", |a| {
-                a.help(if role == Role::Evaluator {
-                    "This task's index: 0, the one evaluator of the cluster. Default: TF_CONFIG's task, else 0".to_string()
-                } else {
-                    format!(
-                        "This task's index in cluster.{role}: N of the unit {name}@N. Default: TF_CONFIG's task"
-                    )
-                })
-            })
-            .mut_arg("job_name", |a| {
-                a.help(format!(
-                    "TensorFlow's --job_name; must be \"{role}\" for {name} (exit 78 otherwise)"
-                ))
-            });
-        Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
-    }
-}
-
-/// TensorFlow starts every task from one program with `--job_name`; here
-/// each role has its own daemon, so a job name that is not this daemon's role
-/// is a mistake in the unit or script, caught before it serves as the wrong
-/// kind of task.
-///
-/// Errors: [`ConfigError::Key`] naming the daemon to use instead.
-pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigError> {
-    let Some(job) = job_name else {
-        return Ok(());
-    };
-    if job == role.to_string() {
-        return Ok(());
-    }
-    let instead = match job {
-        "ps" => "use dtf-ps for ps tasks".to_string(),
-        "worker" => "use dtf-worker for worker tasks".to_string(),
-        "evaluator" => "use dtf-evaluator for the evaluator".to_string(),
-        "chief" => "the chief is worker 0: dtf-worker --task 0".to_string(),
-        _ => "dtf's job names are ps, worker and evaluator".to_string(),
-    };
-    Err(ConfigError::Key {
-        origin: "command line".into(),
-        key: format!("--job_name {job}"),
-        problem: format!("this is dtf-{role}, which runs {role} tasks only ({instead})"),
-    })
-}
-
-/// Subcommands of the daemons.
-#[derive(Debug, clap::Subcommand)]
-pub enum DaemonCommand {
-    /// Validate the configuration, the task and (ps, worker) the token and TLS files, without starting; exit 78 if invalid.
-    CheckConfig,
 }
 
 /// The checks every start of `dtf-ps` and `dtf-worker` and every

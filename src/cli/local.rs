@@ -1,0 +1,181 @@
+//! `dtf local`: a whole cluster of local processes, trained, then its
+//! summary.
+
+use super::{Context, Result, chain, usage};
+use crate::config::Override;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `dtf local`'s command line, parsed: what [`local`] runs.
+#[derive(Debug)]
+pub struct Local {
+    /// Number of ps tasks.
+    pub ps: usize,
+    /// Number of worker tasks (worker 0 is the chief).
+    pub workers: usize,
+    /// The data set (`--data`), as given.
+    pub data: Option<PathBuf>,
+    /// The test .csv for a training .csv (`--test`), as given.
+    pub test: Option<PathBuf>,
+    /// Where to keep checkpoints (`--checkpoint-dir`), as given.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The config file hyperparameters come from (`--config`), as given.
+    pub config: Option<PathBuf>,
+    /// The keys the command line sets, in order: every `--set`, then each
+    /// key flag given.
+    pub overrides: Vec<Override>,
+    /// Also run dtf-evaluator (`--evaluator`).
+    pub evaluator: bool,
+    /// One JSON object on stdout, the summary on stderr (`--json`).
+    pub json: bool,
+}
+
+/// `dtf local`: exit 0 when trained, 2 for a command line that cannot run
+/// (nothing is created), 130/143 when stopped by SIGINT/SIGTERM.
+pub fn local(args: Local) -> Result<ExitCode> {
+    let json = args.json;
+    let _log = crate::daemon::init_logging("warn");
+    let exe = std::env::current_exe().map_err(|e| Context::wrap("locating the dtf binary", e))?;
+    let bin_dir = exe
+        .parent()
+        .ok_or("the dtf binary has no directory")?
+        .to_path_buf();
+    // The hints name the dtf that was run: `dtf` from $PATH as typed, any
+    // other as its absolute path (a relative one breaks after a `cd`).
+    let typed = std::env::args().next().unwrap_or_else(|| "dtf".into());
+    let program = if typed.contains('/') {
+        exe.display().to_string()
+    } else {
+        typed
+    };
+    let opts = crate::local::Options {
+        ps: args.ps,
+        workers: args.workers,
+        data: args.data.as_deref().map(crate::local::absolute),
+        test: args.test.as_deref().map(crate::local::absolute),
+        checkpoint_dir: args.checkpoint_dir.as_deref().map(crate::local::absolute),
+        config: args.config.as_deref().map(crate::local::absolute),
+        overrides: args.overrides,
+        evaluator: args.evaluator,
+        bin_dir,
+        program,
+        progress: if std::io::stderr().is_terminal() {
+            crate::local::Progress::Bar
+        } else {
+            crate::local::Progress::Lines(std::time::Duration::from_secs(10))
+        },
+    };
+    let mut notes = Vec::new();
+    let planned = match crate::local::plan(&opts, &mut notes) {
+        Ok(cfg) => cfg,
+        Err(e) => return Ok(usage(&chain(&e))),
+    };
+    let run_dir = tempfile::Builder::new()
+        .prefix("dtf-local-")
+        .tempdir()
+        .map_err(|e| Context::wrap("creating a run directory", e))?
+        .keep();
+    let t = &planned.train;
+    eprintln!(
+        "dtf local: {} ps + {} workers, {}, {} (learning rate {}), model {:?}, batch {}, to step {}; run directory {}",
+        opts.ps,
+        opts.workers,
+        t.mode,
+        t.optimizer().describe(),
+        t.learning_rate,
+        planned.model.layers,
+        t.batch_size,
+        t.last_step,
+        run_dir.display()
+    );
+    for note in &notes {
+        eprintln!("dtf local: {note}");
+    }
+    eprintln!(
+        "watch it from another shell: {} status --config {}",
+        opts.program,
+        run_dir.join("dtf.toml").display()
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
+    let code = summary(&outcome, json);
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    }
+    Ok(code)
+}
+
+/// Prints how a local run ended and returns its exit code: 0 when trained,
+/// 130/143 when stopped by SIGINT/SIGTERM. With --json, stdout holds the
+/// JSON alone; the lines for people go to stderr.
+fn summary(outcome: &crate::local::Outcome, json: bool) -> ExitCode {
+    let say = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    match outcome {
+        crate::local::Outcome::Trained(report) => {
+            if report.already_complete {
+                say(format!(
+                    "already complete: the newest checkpoint is at global step {}; nothing to \
+                     train (raise --steps to train on)",
+                    report.global_step
+                ));
+            }
+            let rate = report
+                .steps_per_sec
+                .map_or_else(String::new, |r| format!("  {r:.1} steps/s"));
+            say(format!(
+                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
+                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
+            ));
+            say(format!("precision {}", report.precision.name()));
+            say(format!(
+                "model {:?} trained with {}",
+                report.layers,
+                serde_json::to_value(report.optimizer)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ));
+            say(format!("checkpoints: {}", report.checkpoint_dir.display()));
+            if let Some(b) = &report.best {
+                say(format!(
+                    "best checkpoint: {} (global_step {}, {} {:.4}; {} checkpoints scored)",
+                    b.checkpoint.display(),
+                    b.global_step,
+                    b.metric,
+                    b.score,
+                    b.scored
+                ));
+            }
+            ExitCode::SUCCESS
+        }
+        crate::local::Outcome::Stopped(s) => {
+            for p in &s.problems {
+                eprintln!("warning: {p}");
+            }
+            let how = if s.forced { "killed" } else { "stopped" };
+            match (&s.global_step, &s.checkpoint) {
+                (Some(step), Some(path)) => say(format!(
+                    "{how} by {} at global step {step} of {}; newest checkpoint {}",
+                    s.signal.name(),
+                    s.last_step,
+                    path.display()
+                )),
+                _ => say(format!(
+                    "{how} by {} with no usable checkpoint yet (last step {}); a new run starts afresh",
+                    s.signal.name(),
+                    s.last_step
+                )),
+            }
+            say(format!("logs: {}", s.run_dir.join("logs").display()));
+            say(format!("resume: {}", s.resume));
+            ExitCode::from(s.signal.exit_code())
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The subcommands that read a checkpoint: `dtf eval`, `predict`, `export`
+//! and `inspect`.
+
+use super::{Context, Result};
+use crate::config;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `dtf eval`: the accuracy of a checkpoint, raw and EMA.
+pub fn eval(
+    path: &Path,
+    data: Option<PathBuf>,
+    label: Option<String>,
+    json: bool,
+) -> Result<ExitCode> {
+    let meta = crate::predict::Trained::load(path)?.meta;
+    // The checkpoint's own data by default: a model trained on a CSV is
+    // scored on that CSV's test file, not on Fashion-MNIST.
+    let (mut cfg, recorded) = match (&data, meta.training_data) {
+        (Some(d), _) => (crate::data::test_config_for_path(d)?, false),
+        (None, Some(trained_on)) => (trained_on, true),
+        (None, None) => (
+            crate::data::test_config_for_path(Path::new(config::DEFAULT_DATA_DIR))?,
+            false,
+        ),
+    };
+    if let Some(l) = label {
+        cfg.label = l;
+    } else if !recorded && let Some(l) = meta.label {
+        cfg.label = l;
+    }
+    let ev = match crate::eval::evaluate_on(path, &cfg) {
+        Ok(ev) => ev,
+        Err(e) if recorded => {
+            return Err(Context::wrap(
+                format!(
+                    "the test data the checkpoint was trained with ({}; give other test data with --data)",
+                    crate::data::describe(&cfg)
+                ),
+                e,
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&ev)?);
+    } else {
+        println!("checkpoint    {}", ev.checkpoint.display());
+        println!("global_step   {}", ev.global_step);
+        println!("accuracy      {:.4}", ev.accuracy);
+        println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        println!("loss          {:.4}", ev.loss);
+        println!("examples      {}", ev.examples);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf predict`: class and probabilities per row, on stdout.
+pub fn predict(
+    checkpoint: &Path,
+    input: &Path,
+    label: Option<String>,
+    raw: bool,
+    json: bool,
+) -> Result<ExitCode> {
+    use std::io::Write;
+    let model = crate::predict::Trained::load(checkpoint)?;
+    let label = label
+        .or_else(|| model.meta.label.clone())
+        .unwrap_or_else(|| "label".into());
+    let x = crate::predict::read_input(input, &label, model.meta.features.as_deref())?;
+    let probabilities = model.probabilities(x, !raw, input)?;
+    let predictions = crate::predict::predictions(&probabilities);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if json {
+        for p in &predictions {
+            serde_json::to_writer(&mut out, p)?;
+            writeln!(out)?;
+        }
+        out.flush()?;
+    } else {
+        crate::predict::write_csv(&mut out, &predictions)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf export --onnx`: the checkpoint as an ONNX model.
+pub fn export(checkpoint: &Path, onnx: &Path, raw: bool) -> Result<ExitCode> {
+    let model = crate::predict::Trained::load(checkpoint)?;
+    crate::export::write_onnx(&model, !raw, onnx)?;
+    eprintln!(
+        "{}: ONNX model {:?} ({} weights) of {} (global step {})",
+        onnx.display(),
+        model.meta.layers,
+        if raw { "raw" } else { "EMA" },
+        model.file.display(),
+        model.global_step
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf inspect`: what a checkpoint holds.
+pub fn inspect(path: &Path, json: bool) -> Result<ExitCode> {
+    let file = crate::checkpoint::resolve(path)?;
+    let inspection = crate::checkpoint::inspect(&file)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&InspectJson::from(&inspection))?
+        );
+    } else {
+        print!("{inspection}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dtf inspect --json`: what [`crate::checkpoint::Inspection`] holds, as one object.
+#[derive(serde::Serialize)]
+struct InspectJson<'a> {
+    /// The model file.
+    model: FileJson<'a>,
+    /// The EMA file, when it could be read.
+    ema: Option<FileJson<'a>>,
+    /// Why the EMA file could not be read.
+    ema_error: Option<&'a str>,
+    /// The pair verifies (checksums, shapes, names).
+    verified: bool,
+    /// What is wrong, when it does not.
+    problem: Option<&'a str>,
+}
+
+/// One safetensors file in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct FileJson<'a> {
+    /// Its path.
+    path: &'a std::path::Path,
+    /// Its size in bytes.
+    bytes: u64,
+    /// Its metadata (strings, as the file has them: `global_step` included).
+    metadata: &'a std::collections::BTreeMap<String, String>,
+    /// Its tensors, sorted by name.
+    tensors: Vec<TensorJson<'a>>,
+}
+
+/// One tensor in `dtf inspect --json`.
+#[derive(serde::Serialize)]
+struct TensorJson<'a> {
+    /// Its name.
+    name: &'a str,
+    /// Its safetensors dtype (`F32`, `I64`).
+    dtype: &'a str,
+    /// Its dimensions; `[]` for a scalar.
+    shape: &'a [usize],
+}
+
+impl<'a> From<&'a crate::checkpoint::InspectedFile> for FileJson<'a> {
+    fn from(f: &'a crate::checkpoint::InspectedFile) -> Self {
+        FileJson {
+            path: &f.path,
+            bytes: f.bytes,
+            metadata: &f.metadata,
+            tensors: f
+                .tensors
+                .iter()
+                .map(|t| TensorJson {
+                    name: &t.name,
+                    dtype: &t.dtype,
+                    shape: &t.shape,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a crate::checkpoint::Inspection> for InspectJson<'a> {
+    fn from(i: &'a crate::checkpoint::Inspection) -> Self {
+        InspectJson {
+            model: FileJson::from(&i.model),
+            ema: i.ema.as_ref().ok().map(FileJson::from),
+            ema_error: i.ema.as_ref().err().map(String::as_str),
+            verified: i.problem.is_none(),
+            problem: i.problem.as_deref(),
+        }
+    }
+}

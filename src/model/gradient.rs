@@ -1,0 +1,222 @@
+//! The training step: the batch's loss and its gradient with respect to
+//! every variable, written into buffers kept across steps ([`Workspace`]).
+
+use super::{Mlp, relu};
+use crate::kernel;
+use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, Ix2, IxDyn};
+
+/// Reusable buffers for [`Mlp::loss_and_grads_into`]: one training step's
+/// activations and backpropagated deltas, kept across steps so the hot path
+/// allocates nothing. Starts empty; sized by the first step.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    /// `outs[l]`: layer l's output, `n × width[l+1]` (post-ReLU; the last
+    /// holds the logits, then the output delta).
+    outs: Vec<Array2<f32>>,
+    /// `deltas[l]`: ∂loss/∂z of hidden layer l, `n × width[l+1]`.
+    deltas: Vec<Array2<f32>>,
+}
+
+impl Workspace {
+    /// Makes the buffers fit a batch of `n` rows of a model with `layers`.
+    fn fit(&mut self, n: usize, layers: &[usize]) {
+        let fits = self.outs.len() == layers.len() - 1
+            && self
+                .outs
+                .iter()
+                .zip(&layers[1..])
+                .all(|(a, &w)| a.dim() == (n, w));
+        if !fits {
+            self.outs = layers[1..].iter().map(|&w| Array2::zeros((n, w))).collect();
+            self.deltas = layers[1..layers.len() - 1]
+                .iter()
+                .map(|&w| Array2::zeros((n, w)))
+                .collect();
+        }
+    }
+}
+
+impl Mlp {
+    /// Mean sparse softmax cross-entropy of the batch plus
+    /// `regularization_rate · Σ‖W‖²/2` over weight matrices, and its gradient
+    /// with respect to every variable (same order and shapes as `params`).
+    ///
+    /// Allocates its buffers on every call; a training loop should keep a
+    /// [`Workspace`] and gradient arrays and call [`Mlp::loss_and_grads_into`].
+    ///
+    /// `labels` must hold one class index `< classes` per row of `x`; the data
+    /// set is validated when it is loaded ([`crate::data::Dataset::check_labels`]).
+    ///
+    /// # Panics
+    ///
+    /// When `params` do not match [`Mlp::variables`], `x` is not `n × inputs`,
+    /// `labels.len() != n`, `n == 0`, or a label is out of range: all are
+    /// programming errors once inputs are validated at their boundary.
+    pub fn loss_and_grads(
+        &self,
+        params: &[ArrayD<f32>],
+        x: ArrayView2<f32>,
+        labels: &[u8],
+        regularization_rate: f32,
+    ) -> (f32, Vec<ArrayD<f32>>) {
+        let mut grads: Vec<ArrayD<f32>> = params.iter().map(|p| ArrayD::zeros(p.shape())).collect();
+        let loss = self.loss_and_grads_into(
+            params,
+            x,
+            labels,
+            regularization_rate,
+            &mut Workspace::default(),
+            &mut grads,
+        );
+        (loss, grads)
+    }
+
+    /// [`Mlp::loss_and_grads`] without allocating: activations live in `ws`
+    /// (sized on first use, and again only when the batch size changes) and
+    /// the gradients are written into `grads`, which must have the shapes of
+    /// `params`. Returns the loss.
+    ///
+    /// Generic over the arrays' storage: the worker passes views over a
+    /// ps's shared-memory region (values read, gradients written in place,
+    /// `transport::Cluster::step`), tests and the evaluator owned arrays.
+    ///
+    /// The matrix products write straight into these buffers
+    /// ([`kernel::gemm`]), with the bias add and the L2 term folded into the
+    /// product's initial value (β = 1), so each big array is touched once
+    /// per step besides the GEMM itself.
+    ///
+    /// # Panics
+    ///
+    /// As [`Mlp::loss_and_grads`], and when `grads` do not match `params`.
+    pub fn loss_and_grads_into<S: Data<Elem = f32>, G: DataMut<Elem = f32>>(
+        &self,
+        params: &[ArrayBase<S, IxDyn>],
+        x: ArrayView2<f32>,
+        labels: &[u8],
+        regularization_rate: f32,
+        ws: &mut Workspace,
+        grads: &mut [ArrayBase<G, IxDyn>],
+    ) -> f32 {
+        let layers = self.layer_views(params);
+        let n = x.nrows();
+        let classes = self.classes();
+        assert!(n > 0, "loss_and_grads: empty batch");
+        assert_eq!(x.ncols(), self.inputs(), "input width");
+        assert_eq!(labels.len(), n, "one label per row of x");
+        assert_eq!(grads.len(), params.len(), "one gradient per parameter");
+        for (g, p) in grads.iter().zip(params) {
+            assert_eq!(g.shape(), p.shape(), "gradient shape");
+        }
+        ws.fit(n, &self.layers);
+        let last = layers.len() - 1;
+
+        // Forward. outs[l] is layer l's output (post-ReLU for hidden layers;
+        // the logits for the last). Each row starts as the bias, then the
+        // product is accumulated onto it: z = b + a·W in one GEMM.
+        for (l, (w, b)) in layers.iter().enumerate() {
+            let (done, rest) = ws.outs.split_at_mut(l);
+            let z = &mut rest[0];
+            for mut row in z.rows_mut() {
+                row.assign(b);
+            }
+            let input = if l == 0 { x } else { done[l - 1].view() };
+            kernel::gemm(self.precision, &input, w, 1.0, &mut z.view_mut());
+            if l != last {
+                z.mapv_inplace(relu);
+            }
+        }
+
+        // Softmax cross-entropy, in place: the logits become
+        // dz = (softmax − onehot) / n. log-sum-exp with the row max
+        // subtracted, so no exp overflows.
+        let inv_n = 1.0 / n as f32;
+        let mut ce_sum = 0.0f64;
+        for (mut row, &label) in ws.outs[last].rows_mut().into_iter().zip(labels) {
+            let label = usize::from(label);
+            assert!(
+                label < classes,
+                "label {label} out of range for {classes} classes"
+            );
+            let max = row.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            // Read before exponentiating: exp(z_label − max) may underflow to
+            // 0 for a confidently wrong row, and its log would be −inf.
+            let label_shifted = row[label] - max;
+            let mut sum = 0.0f32;
+            row.mapv_inplace(|v| {
+                let e = (v - max).exp();
+                sum += e;
+                e
+            });
+            // −log softmax[label] = log Σ exp(z − max) − (z_label − max)
+            ce_sum += f64::from(sum.ln() - label_shifted);
+            let scale = inv_n / sum;
+            row.mapv_inplace(|e| e * scale);
+            row[label] -= inv_n;
+        }
+        let mut loss = ce_sum / n as f64;
+
+        // Backward, from the last layer to the first. The delta of layer l
+        // (∂loss/∂z_l) is outs[l] for the last layer (overwritten in place
+        // above) and deltas[l] for hidden ones.
+        for l in (0..layers.len()).rev() {
+            let (w, _) = layers[l];
+            let (gw, gb) = {
+                let (a, b) = grads[2 * l..2 * l + 2].split_at_mut(1);
+                (&mut a[0], &mut b[0])
+            };
+            let mut dw = gw
+                .view_mut()
+                .into_dimensionality::<Ix2>()
+                .expect("checked shape");
+            let dz = if l == last {
+                &ws.outs[l]
+            } else {
+                &ws.deltas[l]
+            };
+            // dW starts as the L2 term's gradient (reg · W), and the penalty
+            // is summed in the same pass; then dW += inputᵀ·dz.
+            let beta = if regularization_rate != 0.0 {
+                let g = dw
+                    .as_slice_mut()
+                    .expect("arrays built by dtf are contiguous");
+                let w = w.as_slice().expect("arrays built by dtf are contiguous");
+                loss += f64::from(regularization_rate)
+                    * kernel::scale_and_sum_squares(g, w, regularization_rate)
+                    / 2.0;
+                1.0
+            } else {
+                0.0
+            };
+            let input = if l == 0 { x } else { ws.outs[l - 1].view() };
+            kernel::gemm(self.precision, &input.t(), &dz.view(), beta, &mut dw);
+            // db = Σ_rows dz, accumulated row by row (contiguous, vectorizes).
+            let db = gb
+                .as_slice_mut()
+                .expect("arrays built by dtf are contiguous");
+            db.fill(0.0);
+            for row in dz.rows() {
+                let row = row.to_slice().expect("workspace rows are contiguous");
+                for (s, &v) in db.iter_mut().zip(row) {
+                    *s += v;
+                }
+            }
+            if l > 0 {
+                // Gradient through the previous layer's ReLU: zero where it
+                // was inactive (TF's ReluGrad uses the output > 0 as the mask).
+                let (lower, upper) = ws.deltas.split_at_mut(l);
+                let dz = if l == last { &ws.outs[l] } else { &upper[0] };
+                let da = &mut lower[l - 1];
+                kernel::gemm(self.precision, &dz.view(), &w.t(), 0.0, &mut da.view_mut());
+                let da = da.as_slice_mut().expect("workspace arrays are contiguous");
+                let a = ws.outs[l - 1]
+                    .as_slice()
+                    .expect("workspace arrays are contiguous");
+                for (g, &a) in da.iter_mut().zip(a) {
+                    // A select, not a branch: the loop vectorizes.
+                    *g = if a > 0.0 { *g } else { 0.0 };
+                }
+            }
+        }
+        loss as f32
+    }
+}

@@ -1,0 +1,234 @@
+//! The MLP and its math: forward, loss, backprop, init, learning-rate
+//! schedule and EMA decay — the reference program's semantics exactly
+//! (see docs/design.md "The model and its math").
+//!
+//! Its rooms:
+//!
+//! - `mod.rs` — [`Mlp`]: its shape, its variables ([`VarSpec`]) and their
+//!   initial values.
+//! - `gradient` — the training step: loss and gradients
+//!   ([`Mlp::loss_and_grads_into`]) in a reusable [`Workspace`].
+//! - `inference` — evaluation and prediction: logits, probabilities,
+//!   accuracy and test loss, in bounded chunks.
+//! - `schedule` — the learning-rate schedule ([`learning_rate`]).
+//! - `ema` — the moving average's decay and update rule ([`ema_decay`],
+//!   [`ema_step`]).
+//!
+//! Parameters are passed around as `ArrayD<f32>` because that is how they
+//! travel (wire, checkpoints); the math views them as 2-D/1-D arrays without
+//! copying. The training step's matrix products, where nearly all of its
+//! time is spent, go through [`crate::kernel::gemm`] in the model's
+//! [`Precision`] (f32: matrixmultiply; `mixed_bfloat16`: bf16 inputs, f32
+//! sums); evaluation's go through ndarray's `.dot()` in f32.
+
+mod ema;
+mod gradient;
+mod inference;
+mod schedule;
+#[cfg(test)]
+mod tests;
+
+pub use ema::{ema_decay, ema_step};
+pub use gradient::Workspace;
+pub use schedule::learning_rate;
+
+use crate::kernel::Precision;
+use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// Standard deviation of the truncated-normal weight initializer.
+pub const INIT_STDDEV: f32 = 0.1;
+
+/// A model variable as every process derives it from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VarSpec {
+    /// TensorFlow-style name, e.g. `layer1/weights`.
+    pub name: String,
+    /// Dimensions, e.g. `[784, 500]`.
+    pub shape: Vec<usize>,
+}
+
+/// Errors from building a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `model.layers` must have at least an input and an output width, none zero.
+    #[error("model.layers = {0:?}: expected at least two positive widths, e.g. [784, 500, 10]")]
+    BadLayers(Vec<usize>),
+}
+
+/// A multi-layer perceptron: ReLU hidden layers, linear logits.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// Widths, input first, classes last.
+    layers: Vec<usize>,
+    /// The training step's GEMMs' number format ([`Mlp::loss_and_grads_into`]);
+    /// evaluation and prediction always compute in f32.
+    precision: Precision,
+}
+
+impl Mlp {
+    /// A model with the given widths, input first, classes last.
+    ///
+    /// Errors: [`ModelError::BadLayers`] when there are fewer than two widths
+    /// or any width is zero.
+    pub fn new(layers: &[usize]) -> Result<Self, ModelError> {
+        if layers.len() < 2 || layers.contains(&0) {
+            return Err(ModelError::BadLayers(layers.to_vec()));
+        }
+        Ok(Mlp {
+            layers: layers.to_vec(),
+            precision: Precision::Float32,
+        })
+    }
+
+    /// The same model, training with `precision`'s GEMMs.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The training step's precision policy.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Number of inputs per example (the first width).
+    pub fn inputs(&self) -> usize {
+        self.layers[0]
+    }
+
+    /// Number of classes (the last width).
+    pub fn classes(&self) -> usize {
+        self.layers[self.layers.len() - 1]
+    }
+
+    /// The widths, input first, classes last.
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// Variables in creation order: layer1/weights, layer1/biases, layer2/weights, ...
+    pub fn variables(&self) -> Vec<VarSpec> {
+        self.layers
+            .windows(2)
+            .enumerate()
+            .flat_map(|(i, w)| {
+                [
+                    VarSpec {
+                        name: format!("layer{}/weights", i + 1),
+                        shape: vec![w[0], w[1]],
+                    },
+                    VarSpec {
+                        name: format!("layer{}/biases", i + 1),
+                        shape: vec![w[1]],
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// Fresh values in `variables()` order: weights truncated normal (stddev 0.1,
+    /// redrawn beyond 2σ), biases zero; deterministic in `seed`.
+    ///
+    /// One generator is drawn from in creation order, row-major within each
+    /// matrix, so the same seed and layers always give the same values.
+    pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        self.variables()
+            .into_iter()
+            .map(|spec| {
+                if spec.shape.len() == 2 {
+                    ArrayD::from_shape_simple_fn(spec.shape, || {
+                        truncated_normal(&mut rng) * INIT_STDDEV
+                    })
+                } else {
+                    ArrayD::zeros(spec.shape)
+                }
+            })
+            .collect()
+    }
+
+    /// Views `params` as (weights, biases) per layer.
+    ///
+    /// Panics (with the variable's name) when the count or a shape is not what
+    /// [`Mlp::variables`] says: callers receive parameters that the ps or the
+    /// checkpoint reader has already validated against the same specs, so a
+    /// mismatch here is a bug, not bad input.
+    fn layer_views<'a, S: Data<Elem = f32>>(
+        &self,
+        params: &'a [ArrayBase<S, IxDyn>],
+    ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
+        // Checked without building `variables()`: this runs every step.
+        assert_eq!(
+            params.len(),
+            2 * (self.layers.len() - 1),
+            "expected {} parameter arrays for layers {:?}, got {}",
+            2 * (self.layers.len() - 1),
+            self.layers,
+            params.len()
+        );
+        for (l, (pair, w)) in params
+            .chunks_exact(2)
+            .zip(self.layers.windows(2))
+            .enumerate()
+        {
+            assert_eq!(
+                pair[0].shape(),
+                w,
+                "layer{}/weights: expected shape {w:?}",
+                l + 1
+            );
+            assert_eq!(
+                pair[1].shape(),
+                &w[1..],
+                "layer{}/biases: expected shape {:?}",
+                l + 1,
+                &w[1..]
+            );
+        }
+        params
+            .chunks_exact(2)
+            .map(|pair| {
+                // Shapes were checked above, so the conversions cannot fail.
+                let w = pair[0]
+                    .view()
+                    .into_dimensionality::<Ix2>()
+                    .expect("checked rank 2");
+                let b = pair[1]
+                    .view()
+                    .into_dimensionality::<Ix1>()
+                    .expect("checked rank 1");
+                (w, b)
+            })
+            .collect()
+    }
+}
+
+/// The hidden layers' activation.
+fn relu(v: f32) -> f32 {
+    if v > 0.0 { v } else { 0.0 }
+}
+
+/// Index of the first maximum.
+pub fn argmax(row: ArrayView1<f32>) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// A standard normal sample redrawn until it lies within 2σ, as
+/// `tf.truncated_normal` does.
+fn truncated_normal(rng: &mut StdRng) -> f32 {
+    loop {
+        let z: f32 = StandardNormal.sample(rng);
+        if z.abs() <= 2.0 {
+            return z;
+        }
+    }
+}
