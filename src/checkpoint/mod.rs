@@ -256,6 +256,16 @@ impl CheckpointError {
     }
 }
 
+impl From<crate::files::WriteError> for CheckpointError {
+    fn from(e: crate::files::WriteError) -> Self {
+        CheckpointError::Io {
+            path: e.path,
+            action: e.action,
+            source: e.source,
+        }
+    }
+}
+
 /// The EMA file beside the model file `path` (`<x>.safetensors` →
 /// `<x>.ema.safetensors`); `path` itself if it is not named like a model file.
 pub(crate) fn ema_path(path: &Path) -> PathBuf {

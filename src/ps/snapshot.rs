@@ -303,7 +303,8 @@ pub(super) fn remove_temps(dir: &Path) {
         let name = entry.file_name();
         if name
             .to_str()
-            .is_some_and(|n| n.starts_with(".shard-") && n.contains(".tmp-"))
+            .and_then(crate::files::temp_parts)
+            .is_some_and(|(file, _)| file.starts_with("shard-"))
         {
             let _ = fs::remove_file(entry.path());
         }
