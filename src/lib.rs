@@ -18,7 +18,8 @@
 //!   retention, the index), `format` (encode, decode, verify; `saveable`: what may be
 //!   saved), `restore` (load, the
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
-//!   `best` (the best checkpoints' directory), `container` (the CRC'd safetensors
+//!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
+//!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
 //!   file that checkpoints and ps snapshots both are).
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on

@@ -29,8 +29,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::restore::{Limit, read};
-use super::save::{FILE_MODE, remove_pair};
+use super::layout::{FILE_MODE, Limit, read, remove_pair};
 use super::{CheckpointError, ema_file_name, model_file_name, parse_ema_name, parse_model_name};
 use crate::files;
 

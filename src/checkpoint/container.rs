@@ -2,9 +2,9 @@
 //! string metadata carries a `crc32:<tensor>` for every tensor (so bit rot
 //! inside the data is caught, not only in the header), with a header of at
 //! most [`MAX_HEADER_BYTES`]. What the metadata says besides (format,
-//! step, identity) is each format's own: [`super::format`] for checkpoints,
-//! `ps::snapshot` for snapshots. This module knows neither, so both can
-//! use it.
+//! step, identity) is each format's own: `checkpoint/format.rs` for
+//! checkpoints, `ps/snapshot.rs` for snapshots. This module knows neither,
+//! so both can use it.
 
 use std::collections::HashMap;
 

@@ -34,6 +34,7 @@ pub mod best;
 pub(crate) mod container;
 mod format;
 mod inspect;
+mod layout;
 mod meta;
 mod restore;
 mod save;

@@ -2,17 +2,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
-use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::format::to_bytes;
-use super::restore::{Steps, scan_steps};
+use super::layout::{FILE_MODE, Steps, remove_pair, scan_steps};
 use super::{Checkpoint, CheckpointError, INDEX_FILE, PREFIX, ema_file_name, model_file_name};
 use crate::files::{self, WriteFn, write_all};
-
-/// The mode of every file a checkpoint writes.
-pub(super) const FILE_MODE: u32 = 0o640;
 
 /// Writes checkpoints into one directory and keeps the newest few.
 ///
@@ -160,20 +156,6 @@ impl Saver {
     }
 }
 
-/// Deletes the checkpoint pair of `step` in `dir`; a file already gone is
-/// fine. Returns the files that could not be deleted, with why, for the
-/// caller to log: either way the caller goes on.
-pub(super) fn remove_pair(dir: &Path, step: u64) -> Vec<(PathBuf, io::Error)> {
-    [model_file_name(step), ema_file_name(step)]
-        .into_iter()
-        .map(|name| dir.join(name))
-        .filter_map(|path| match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Some((path, e)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The pid in the name of a temp file [`files::temp_path`] made for a
 /// checkpoint file or the index.
 fn temp_owner(name: &str) -> Option<u32> {
@@ -236,7 +218,7 @@ mod tests {
     use super::*;
     use safetensors::{Dtype, SafeTensors};
     use std::fs::File;
-    use std::io::Write;
+    use std::io::{self, Write};
     use std::time::Instant;
 
     #[test]
