@@ -53,7 +53,6 @@
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint.
 //! - [`status`] — `dtf status`: every task's state in one table.
 //! - [`bench`] — `dtf bench`: compute limit, width scaling, checkpoint timings.
-//! - [`pb`] — generated gRPC code for `proto/dtf/v1/`; `transport::proto` converts it to domain types.
 pub mod auth;
 pub mod bench;
 pub mod checkpoint;
@@ -76,8 +75,3 @@ pub mod status;
 pub mod summary;
 pub mod transport;
 pub mod worker;
-
-/// Generated from `proto/dtf/v1/ps.proto`; only [`transport`] should need it.
-pub mod pb {
-    tonic::include_proto!("dtf.v1");
-}

@@ -18,7 +18,7 @@
 //! so the ps service needs no instrumentation beyond [`observe_ps`].
 
 use crate::config::{Config, Role};
-use crate::pb;
+use crate::transport::PsState;
 use axum::Router;
 use axum::extract::State;
 use axum::http::header;
@@ -595,7 +595,7 @@ impl Metrics {
 }
 
 /// Reads the ps's `State`: what the ps metrics come from.
-type StateFn = Box<dyn Fn() -> pb::StateResponse + Send + Sync>;
+type StateFn = Box<dyn Fn() -> PsState + Send + Sync>;
 
 /// The ps whose `State` the ps metrics are read from.
 static PS: OnceLock<StateFn> = OnceLock::new();
@@ -615,7 +615,7 @@ pub fn observe_links(links: impl Fn() -> Vec<crate::transport::Link> + Send + Sy
 /// Makes `state` (the ps's plain accessor) the source of this process's ps
 /// metrics (the first one wins). A function, so that `metrics` needs nothing
 /// from `ps`.
-pub fn observe_ps(state: impl Fn() -> pb::StateResponse + Send + Sync + 'static) {
+pub fn observe_ps(state: impl Fn() -> PsState + Send + Sync + 'static) {
     let _ = PS.set(Box::new(state));
 }
 

@@ -11,8 +11,7 @@ use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::model::Mlp;
-use crate::pb;
-use crate::transport::{Cluster, Link, Via};
+use crate::transport::{Cluster, Link, PsState, Via, WorkerContact};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -152,7 +151,7 @@ async fn explain(addr: &str, credentials: &Credentials, status: tonic::Status) -
 async fn ask_all(
     config: &Config,
     credentials: &Credentials,
-) -> Vec<(Result<pb::StateResponse, String>, Option<Link>)> {
+) -> Vec<(Result<PsState, String>, Option<Link>)> {
     // The placement names each shard's variables, which a shared-memory
     // connection checks; a model that does not build leaves TCP alone.
     let specs = Mlp::new(&config.model.layers)
@@ -186,7 +185,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
     let answers = ask_all(config, credentials).await;
     let mut tasks = Vec::new();
     // What every ps that answered knows of the workers.
-    let mut heard: Vec<pb::WorkerContact> = Vec::new();
+    let mut heard: Vec<WorkerContact> = Vec::new();
     for (i, (addr, (answer, via))) in config.cluster.ps.iter().zip(answers).enumerate() {
         let s = answer.as_ref().ok();
         heard.extend(s.iter().flat_map(|s| s.workers.iter().cloned()));
@@ -266,14 +265,9 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
 /// Worker `index` at `addr` (`listed` workers in this file), from what the
 /// ps tasks heard: the freshest contact any ps had, and the step and rate
 /// it reported; a member when listed here and by every ps that heard it.
-fn worker_status(
-    index: usize,
-    addr: &str,
-    listed: usize,
-    heard: &[pb::WorkerContact],
-) -> TaskStatus {
+fn worker_status(index: usize, addr: &str, listed: usize, heard: &[WorkerContact]) -> TaskStatus {
     let mine = || heard.iter().filter(|c| c.task as usize == index);
-    let latest = mine().min_by(|a, b| a.seconds_ago.total_cmp(&b.seconds_ago));
+    let latest = mine().min_by_key(|c| c.since);
     TaskStatus {
         task: format!("worker:{index}"),
         role: if index == 0 { "chief" } else { "worker" }.into(),
@@ -281,17 +275,17 @@ fn worker_status(
         contact: Some(
             match latest {
                 None => "never seen",
-                Some(c) if c.seconds_ago > STALE_AFTER.as_secs_f64() => "stale",
+                Some(c) if c.since > STALE_AFTER => "stale",
                 Some(_) => "live",
             }
             .into(),
         ),
-        last_contact_secs: latest.map(|c| c.seconds_ago),
+        last_contact_secs: latest.map(|c| c.since.as_secs_f64()),
         global_step: latest.map(|c| c.step),
         // A worker not heard from lately computes nothing the cluster sees:
         // its last rate would read as if it still trained.
         examples_per_sec: latest.map(|c| {
-            if c.seconds_ago > STALE_AFTER.as_secs_f64() {
+            if c.since > STALE_AFTER {
                 0.0
             } else {
                 c.examples_per_sec
@@ -545,10 +539,10 @@ mod tests {
 
     #[test]
     fn a_worker_is_live_stale_or_never_seen_by_its_freshest_contact() {
-        let contact = |task, step, seconds_ago| pb::WorkerContact {
+        let contact = |task, step, seconds_ago| WorkerContact {
             task,
             step,
-            seconds_ago,
+            since: Duration::from_secs_f64(seconds_ago),
             examples_per_sec: 500.0,
             member: true,
             ..Default::default()
@@ -577,7 +571,7 @@ mod tests {
         );
         assert_eq!(w2.member, Some(true));
         // Heard from, but not in the list: flagged, with its refusals.
-        let stranger = pb::WorkerContact {
+        let stranger = WorkerContact {
             refused: 4,
             member: false,
             ..contact(5, 3, 0.5)

@@ -3,8 +3,9 @@
 //! encoded; `Push` and `Pull` answers leave as chunks ([`Direct`]).
 
 use super::{PsService, limits};
-use crate::pb;
-use crate::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
+use crate::transport::call::{self, Complete, Initialize, Push};
+use crate::transport::pb;
+use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::transport::{proto as rpc, tcp};
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -25,14 +26,15 @@ impl PsService {
         wire.agree(req.metadata())?;
         let reserved = self.reserve(&req, snapshots)?;
         let req = req.into_inner();
-        let ((variables, shadows, slots), mut answer) = self
+        let ((variables, shadows, slots), answer) = self
             .pull_with(req.min_step, |s| {
-                self.snapshot(s, &req.names, req.with_shadows, req.with_slots)
+                self.read(s, &req.names, req.with_shadows, req.with_slots)
             })
             .await?;
-        // A snapshot (a checkpoint's) is always exact.
-        let variables = wire.pulled(variables, req.with_shadows || req.with_slots);
-        (answer.variables, answer.shadows, answer.slots) = (variables, shadows, slots);
+        // Out of the lock: the copies become the wire's tensors (moved, not
+        // copied). A snapshot (a checkpoint's) is always exact.
+        let variables = wire.pulled(call::to_pb(variables), req.with_shadows || req.with_slots);
+        let answer = answer.into_pb((variables, call::to_pb(shadows), call::to_pb(slots)));
         Ok((answer, reserved))
     }
 
@@ -74,24 +76,19 @@ impl PsService {
         };
         let (variables, answer) = self
             .push_with(
-                &req,
+                &Push::from(&req),
                 &grads,
                 |why| {
                     self.inner.refusals.refused(peer, why);
                 },
-                |s| Ok(self.snapshot(s, &[], false, false)?.0),
+                |s| Ok(self.read(s, &[], false, false)?.0),
             )
             .await?;
         let (variables, replica) = match variables {
-            Some(v) => wire.answer(req.worker, req.replica, v),
+            Some(v) => wire.answer(req.worker, req.replica, call::to_pb(v)),
             None => (Vec::new(), 0),
         };
-        let answer = pb::PushResponse {
-            variables,
-            replica,
-            ..answer
-        };
-        Ok((answer, reserved))
+        Ok((answer.into_pb(variables, replica), reserved))
     }
 }
 
@@ -103,14 +100,16 @@ impl ParameterServer for PsService {
         &self,
         _: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, Status> {
-        Ok(Response::new(self.state_now()))
+        Ok(Response::new(self.state_now().into()))
     }
 
     async fn initialize(
         &self,
         req: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::InitializeResponse>, Status> {
-        self.initialize_from(req.into_inner()).map(Response::new)
+        let req = req.into_inner();
+        let answer = self.initialize_from(Initialize::try_from(&req)?)?;
+        Ok(Response::new(answer.into()))
     }
 
     async fn pull(
@@ -139,7 +138,7 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        self.complete_run(&req.into_inner())?;
+        self.complete_run(Complete::from(req.get_ref()))?;
         Ok(Response::new(pb::CompleteResponse {}))
     }
 
@@ -147,7 +146,8 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::ReplicateRequest>,
     ) -> Result<Response<pb::ReplicateResponse>, Status> {
-        let incarnation = self.keep_copy(req.into_inner()).await?;
+        let req = req.into_inner();
+        let incarnation = self.keep_copy(req.task, req.snapshot).await?;
         Ok(Response::new(pb::ReplicateResponse { incarnation }))
     }
 
@@ -155,7 +155,8 @@ impl ParameterServer for PsService {
         &self,
         req: Request<pb::FetchReplicaRequest>,
     ) -> Result<Response<pb::FetchReplicaResponse>, Status> {
-        self.fetch_copy(req.into_inner()).await.map(Response::new)
+        let copy = self.fetch_copy(req.get_ref().task).await?;
+        Ok(Response::new(copy.into()))
     }
 }
 

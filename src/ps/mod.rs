@@ -16,11 +16,14 @@ pub mod workers;
 use crate::auth::Credentials;
 use crate::config::{Config, Mode, Role, TaskId, Transport};
 use crate::model::Mlp;
-use crate::pb;
-use crate::pb::parameter_server_server::ParameterServerServer;
 use crate::placement;
-use crate::transport::{self, proto as rpc, tcp};
-use shard::{Pushed, Rule, Shard};
+use crate::transport::call::{
+    Complete, Initialize, Initialized, Pulled, Pulls, Push, Pushed, Tensor,
+};
+use crate::transport::pb::parameter_server_server::ParameterServerServer;
+use crate::transport::ring::RingClient;
+use crate::transport::{self, PsState, WorkerContact, proto as rpc, tcp};
+use shard::{Pushed as Outcome, Rule, Shard};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -265,15 +268,16 @@ impl PsService {
         self.inner.shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Encodes the current values (and shadows, and slots) under the lock:
-    /// a consistent snapshot.
-    fn snapshot(
+    /// Copies the current values (and shadows, and slots) out under the
+    /// lock: a consistent snapshot, put on the wire after the lock is
+    /// released.
+    fn read(
         &self,
         shard: &Shard,
         names: &[String],
         with_shadows: bool,
         with_slots: bool,
-    ) -> Result<Snapshot, Status> {
+    ) -> Result<Pulls, Status> {
         let values = shard.values()?;
         let pick = |i: usize| names.is_empty() || names.contains(&shard.specs()[i].name);
         for n in names {
@@ -288,13 +292,13 @@ impl PsService {
         }
         let vars = (0..values.len())
             .filter(|&i| pick(i))
-            .map(|i| rpc::encode(&shard.specs()[i].name, &values[i]))
+            .map(|i| Tensor::copy(&shard.specs()[i].name, &values[i]))
             .collect();
         let shadows = if with_shadows {
             let sh = shard.shadows()?;
             (0..sh.len())
                 .filter(|&i| pick(i))
-                .map(|i| rpc::encode(&shard.specs()[i].name, &sh[i]))
+                .map(|i| Tensor::copy(&shard.specs()[i].name, &sh[i]))
                 .collect()
         } else {
             Vec::new()
@@ -306,8 +310,8 @@ impl PsService {
                 .iter()
                 .filter(|spec| spec.var.is_none_or(pick))
                 .map(|spec| match spec.var {
-                    Some(i) => rpc::encode(&spec.name, &slots.per_var[i][spec.index]),
-                    None => rpc::encode(
+                    Some(i) => Tensor::copy(&spec.name, &slots.per_var[i][spec.index]),
+                    None => Tensor::copy(
                         &spec.name,
                         &ndarray::ArrayD::from_elem(
                             ndarray::IxDyn(&[]),
@@ -348,16 +352,12 @@ impl PsService {
     }
 }
 
-/// A snapshot's (variables, shadows, slots) as wire tensors.
-type Snapshot = (Vec<pb::Tensor>, Vec<pb::Tensor>, Vec<pb::Tensor>);
-
-/// `tensors` checked as the shard's variables ([`Shard::arrange_bytes`]),
+/// `views` checked as the shard's variables ([`Shard::arrange_bytes`]),
 /// copied out in model order.
-fn arranged(shard: &Shard, tensors: &[pb::Tensor]) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
-    let views = tensors
-        .iter()
-        .map(rpc::view)
-        .collect::<Result<Vec<_>, _>>()?;
+fn arranged(
+    shard: &Shard,
+    views: &[rpc::TensorView<'_>],
+) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
     let bytes = shard.arrange_bytes(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
     Ok(bytes
         .into_iter()
@@ -372,7 +372,7 @@ fn arranged(shard: &Shard, tensors: &[pb::Tensor]) -> Result<Vec<ndarray::ArrayD
 impl PsService {
     /// This task's state and counters: what `State` answers on either
     /// transport, and the plain accessor the metrics read.
-    pub fn state_now(&self) -> pb::StateResponse {
+    pub fn state_now(&self) -> PsState {
         // First: once it is false, what the fetch restored is in the
         // snapshot fields read next (never "not fetching, nothing held").
         let fetching = self.inner.ring.fetching.load(Ordering::Acquire);
@@ -385,17 +385,17 @@ impl PsService {
         let workers = membership
             .report(Instant::now())
             .into_iter()
-            .map(|w| pb::WorkerContact {
+            .map(|w| WorkerContact {
                 task: w.worker,
                 step: w.step,
-                seconds_ago: w.since.as_secs_f64(),
+                since: w.since,
                 examples_per_sec: w.examples_per_sec,
                 member: w.member,
                 incarnation: w.incarnation,
                 refused: w.refused,
             })
             .collect();
-        pb::StateResponse {
+        PsState {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
             cluster: self.inner.cluster.clone(),
@@ -429,14 +429,14 @@ impl PsService {
     }
 
     /// The snapshot fields of `State` (the rest default).
-    fn snapshot_state(&self) -> pb::StateResponse {
+    fn snapshot_state(&self) -> PsState {
         // One lock at a time: `adopt` and `seeded` take these too.
         let run = self.inner.snapshots.pending().as_ref().map_or(0, |r| r.run);
         let st = self.inner.snapshots.stats();
         let (step, age) = st
             .last
             .map_or((0, -1.0), |(s, at)| (s, at.elapsed().as_secs_f64()));
-        pb::StateResponse {
+        PsState {
             snapshot_step: step,
             snapshot_age_seconds: age,
             snapshot_failures: st.failures,
@@ -455,10 +455,7 @@ impl PsService {
     ///
     /// Errors: `INVALID_ARGUMENT` for a step out of range or tensors that are
     /// not the shard's variables.
-    pub fn initialize_from(
-        &self,
-        req: pb::InitializeRequest,
-    ) -> Result<pb::InitializeResponse, Status> {
+    pub fn initialize_from(&self, req: Initialize<'_>) -> Result<Initialized, Status> {
         self.serving()?;
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());
@@ -468,7 +465,7 @@ impl PsService {
                 0 => req.global_step,
                 s => s,
             };
-            return Ok(pb::InitializeResponse {
+            return Ok(Initialized {
                 applied: self.adopt(req.run, held, req.global_step),
                 incarnation: self.inner.incarnation,
             });
@@ -484,12 +481,13 @@ impl PsService {
         let slots = if req.slots.is_empty() {
             None
         } else {
-            let views = req
-                .slots
-                .iter()
-                .map(rpc::view)
-                .collect::<Result<Vec<_>, _>>()?;
-            Some(s.arrange_slots(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?)
+            Some(
+                s.arrange_slots(
+                    req.slots
+                        .iter()
+                        .map(|v| (v.name, v.shape.as_slice(), v.data)),
+                )?,
+            )
         };
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
@@ -506,7 +504,7 @@ impl PsService {
             );
             self.inner.step_tx.send_replace(req.global_step);
         }
-        Ok(pb::InitializeResponse {
+        Ok(Initialized {
             applied,
             incarnation: self.inner.incarnation,
         })
@@ -553,7 +551,7 @@ impl PsService {
         &self,
         min_step: u64,
         read: impl FnOnce(&Shard) -> Result<T, Status>,
-    ) -> Result<(T, pb::PullResponse), Status> {
+    ) -> Result<(T, Pulled), Status> {
         self.serving()?;
         if min_step > 0 {
             self.wait_for_step(min_step).await;
@@ -567,10 +565,7 @@ impl PsService {
         let values = read(&s)?;
         Ok((
             values,
-            pb::PullResponse {
-                variables: Vec::new(),
-                shadows: Vec::new(),
-                slots: Vec::new(),
+            Pulled {
                 global_step: s.step(),
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
@@ -594,11 +589,11 @@ impl PsService {
     /// nothing changed.
     pub async fn push_with<T>(
         &self,
-        req: &pb::PushRequest,
+        req: &Push,
         grads: &[rpc::TensorView<'_>],
         refused: impl FnOnce(&str),
         read: impl FnOnce(&Shard) -> Result<T, Status>,
-    ) -> Result<(Option<T>, pb::PushResponse), Status> {
+    ) -> Result<(Option<T>, Pushed), Status> {
         self.serving()?;
         // Any authenticated push is contact, let in or not.
         self.admit(req, refused)?;
@@ -631,23 +626,21 @@ impl PsService {
                 Some(outcome)
             }
         };
-        if outcome.is_some_and(|o| o != Pushed::AtLastStep) {
+        if outcome.is_some_and(|o| o != Outcome::AtLastStep) {
             self.count_examples(self.inner.batch_size);
         }
-        if outcome == Some(Pushed::Pending) && req.pull {
+        if outcome == Some(Outcome::Pending) && req.pull {
             self.wait_for_step(req.step + 1).await;
         }
         let s = self.lock();
         let values = if req.pull { Some(read(&s)?) } else { None };
         Ok((
             values,
-            pb::PushResponse {
-                variables: Vec::new(),
+            Pushed {
                 global_step: s.step(),
                 incarnation: self.inner.incarnation,
                 complete: s.is_complete(),
-                stale: outcome == Some(Pushed::Stale),
-                replica: 0,
+                stale: outcome == Some(Outcome::Stale),
                 membership_epoch: self.membership().epoch(),
             },
         ))
@@ -658,7 +651,7 @@ impl PsService {
     /// counting a joined worker in the sync target.
     ///
     /// Errors: `FAILED_PRECONDITION` ([`workers::Refusal`]).
-    fn admit(&self, req: &pb::PushRequest, refused: impl FnOnce(&str)) -> Result<(), Status> {
+    fn admit(&self, req: &Push, refused: impl FnOnce(&str)) -> Result<(), Status> {
         let admitted = self.membership().admit(
             req.worker,
             req.worker_incarnation,
@@ -733,7 +726,7 @@ impl PsService {
     ///
     /// Errors: `FAILED_PRECONDITION` for a re-shard when this task's
     /// `cluster.ps` did not change (its file is not edited yet).
-    pub fn complete_run(&self, req: &pb::CompleteRequest) -> Result<(), Status> {
+    pub fn complete_run(&self, req: Complete) -> Result<(), Status> {
         if req.reshard {
             if !self.inner.resharding.load(Ordering::Relaxed) {
                 return Err(Status::failed_precondition(format!(
@@ -891,6 +884,7 @@ pub async fn serve(
         Some((_, addr)) => {
             match tcp::client(credentials, addr, limit, replica::CLIENT_TIMEOUT, "none") {
                 Ok(client) => {
+                    let client = RingClient::new(client);
                     // Asked at every start, not only on an empty disk: the
                     // neighbour's copy may be newer than what this ps
                     // restored of its own (issue 45).

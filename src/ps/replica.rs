@@ -20,8 +20,7 @@ use super::PsService;
 use super::snapshot::{self, SnapshotError};
 use crate::config::Config;
 use crate::model::Mlp;
-use crate::pb;
-use crate::transport::tcp::Client;
+use crate::transport::ring::{Replica, RingClient};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -209,15 +208,15 @@ impl PsService {
     /// `INVALID_ARGUMENT` for a file too large, damaged or of another
     /// shard, `RESOURCE_EXHAUSTED` while the previous copy is still being
     /// written, `UNAVAILABLE` when it cannot be written (the error is logged).
-    pub(super) async fn keep_copy(&self, req: pb::ReplicateRequest) -> Result<u64, Status> {
+    pub(super) async fn keep_copy(&self, task: u32, bytes: bytes::Bytes) -> Result<u64, Status> {
         let ring = &self.inner.ring;
-        let kept = ring.kept(req.task)?;
-        if req.snapshot.len() as u64 > kept.bound {
+        let kept = ring.kept(task)?;
+        if bytes.len() as u64 > kept.bound {
             return Err(Status::invalid_argument(format!(
                 "a snapshot of ps:{}'s shard is at most {} bytes, not {}",
                 kept.task,
                 kept.bound,
-                req.snapshot.len()
+                bytes.len()
             )));
         }
         let Ok(mut written) = ring.written.clone().try_lock_owned() else {
@@ -227,7 +226,6 @@ impl PsService {
             )));
         };
         let (dir, identity) = (kept.dir.clone(), kept.identity.clone());
-        let bytes = req.snapshot;
         // The write owns the lock: it runs to its end even when the caller
         // has given up, and no other starts beside it. A copy it already
         // holds (an idle shard's, handed over again) is not written twice.
@@ -274,15 +272,12 @@ impl PsService {
     }
 
     /// `FetchReplica`: the newest valid copy this ps keeps of shard
-    /// `req.task`; `held` false when it keeps none.
+    /// `task`; `None` when it keeps none.
     ///
     /// Errors: `FAILED_PRECONDITION` for a shard this ps does not keep.
-    pub(super) async fn fetch_copy(
-        &self,
-        req: pb::FetchReplicaRequest,
-    ) -> Result<pb::FetchReplicaResponse, Status> {
+    pub(super) async fn fetch_copy(&self, task: u32) -> Result<Option<Replica>, Status> {
         let ring = &self.inner.ring;
-        let kept = ring.kept(req.task)?;
+        let kept = ring.kept(task)?;
         let Ok(reading) = ring.reading.clone().try_lock_owned() else {
             return Err(Status::resource_exhausted(format!(
                 "ps:{} is already reading a copy for another call",
@@ -315,14 +310,10 @@ impl PsService {
         })
         .await
         .map_err(|e| Status::internal(format!("the reading task failed: {e}")))?;
-        Ok(match found {
-            Some((step, bytes)) => pb::FetchReplicaResponse {
-                held: true,
-                step,
-                snapshot: bytes.into(),
-            },
-            None => pb::FetchReplicaResponse::default(),
-        })
+        Ok(found.map(|(step, bytes)| Replica {
+            step,
+            snapshot: bytes.into(),
+        }))
     }
 
     /// While this ps fetches its copy at start, the answer to `Initialize`,
@@ -347,7 +338,7 @@ impl PsService {
 /// newest is still the same process, and hands it over again if not. A
 /// failed hand-over is counted, logged at ERROR once until one succeeds;
 /// training goes on.
-pub(super) async fn send(service: PsService, client: Client, stop: CancellationToken) {
+pub(super) async fn send(service: PsService, client: RingClient, stop: CancellationToken) {
     let ring = &service.inner.ring;
     let mut rx = ring.outbox.subscribe();
     loop {
@@ -364,10 +355,9 @@ pub(super) async fn send(service: PsService, client: Client, stop: CancellationT
             (s.sent == step).then_some(s.taken_by).flatten()
         };
         if let Some(holder) = taken_by {
-            let mut client = client.clone();
-            let state = client.state(pb::StateRequest {});
-            if let Ok(Ok(s)) = tokio::time::timeout(CALL_TIMEOUT, state).await
-                && s.into_inner().incarnation == holder
+            let incarnation = client.incarnation();
+            if let Ok(Ok(now)) = tokio::time::timeout(CALL_TIMEOUT, incarnation).await
+                && now == holder
             {
                 continue;
             }
@@ -383,7 +373,7 @@ pub(super) async fn send(service: PsService, client: Client, stop: CancellationT
 /// over within [`FINAL_HAND_OVER`] when the neighbour does not have it. Not
 /// counted as a failure when it cannot be (the neighbour may be stopping
 /// too).
-pub(super) async fn send_last(service: &PsService, client: &Client) {
+pub(super) async fn send_last(service: &PsService, client: &RingClient) {
     let ring = &service.inner.ring;
     let Some((step, bytes)) = ring.outbox.borrow().clone() else {
         return;
@@ -402,7 +392,7 @@ pub(super) async fn send_last(service: &PsService, client: &Client) {
 /// Errors: why it failed.
 async fn hand_over(
     ring: &Ring,
-    client: &Client,
+    client: &RingClient,
     step: u64,
     bytes: bytes::Bytes,
     bound: impl Fn(u64) -> Duration,
@@ -411,15 +401,10 @@ async fn hand_over(
         return Ok(());
     };
     let limit = bound(bytes.len() as u64);
-    let req = pb::ReplicateRequest {
-        task: ring.task as u32,
-        step,
-        snapshot: bytes,
-    };
-    let result = tokio::time::timeout(limit, client.clone().replicate(req)).await;
+    let result = tokio::time::timeout(limit, client.replicate(ring.task, step, bytes)).await;
     let mut stats = ring.stats();
     match result {
-        Ok(Ok(answer)) => {
+        Ok(Ok(incarnation)) => {
             if stats.failing {
                 info!(
                     ps = ring.task,
@@ -430,7 +415,7 @@ async fn hand_over(
             }
             stats.failing = false;
             stats.sent = step;
-            stats.taken_by = Some(answer.into_inner().incarnation);
+            stats.taken_by = Some(incarnation);
             Ok(())
         }
         // Still writing the one before: this one is skipped, the next goes.
@@ -465,7 +450,7 @@ fn fail(stats: &mut Stats, task: usize, next: usize, addr: &str, why: &str) {
 pub(super) async fn fetch_own(
     service: PsService,
     config: std::sync::Arc<Config>,
-    client: Client,
+    client: RingClient,
     stop: CancellationToken,
     own: snapshot::Restore,
 ) {
@@ -492,11 +477,10 @@ pub(super) async fn fetch_own(
     let started = Instant::now();
     let mut logged: Option<Instant> = None;
     loop {
-        let req = pb::FetchReplicaRequest { task: task as u32 };
         let limit = transfer_timeout(ring.own_bound);
-        let why = match tokio::time::timeout(limit, client.clone().fetch_replica(req)).await {
+        let why = match tokio::time::timeout(limit, client.fetch(task)).await {
             Ok(Ok(answer)) => {
-                take(&service, &config, answer.into_inner(), next).await;
+                take(&service, &config, answer, next).await;
                 break;
             }
             Ok(Err(status)) if refusal(status.code()) => {
@@ -543,18 +527,18 @@ fn refusal(code: tonic::Code) -> bool {
 async fn take(
     service: &PsService,
     config: &std::sync::Arc<Config>,
-    answer: pb::FetchReplicaResponse,
+    answer: Option<Replica>,
     next: usize,
 ) {
     let task = service.inner.task;
-    if !answer.held {
+    let Some(answer) = answer else {
         info!(
             ps = task,
             neighbour = next,
             "The neighbour keeps no copy of this shard (a new cluster, or its disk is new too)."
         );
         return;
-    }
+    };
     let Some(dir) = service.inner.snapshots.dir.clone() else {
         return;
     };

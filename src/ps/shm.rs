@@ -5,7 +5,8 @@
 use super::PsService;
 use crate::auth::CheckToken;
 use crate::config::Config;
-use crate::pb;
+use crate::transport::call::{self, Complete, Initialize, Push};
+use crate::transport::pb;
 use crate::transport::proto::{self as rpc, TensorView};
 use crate::transport::shm::{self, FrameError, Region, kind};
 use prost::Message;
@@ -166,7 +167,7 @@ async fn connection(
             return;
         }
     };
-    let hello = shm::hello_body(area, &service.state_now());
+    let hello = shm::hello_body(area, &service.state_now().into());
     if shm::write_frame(&mut stream, kind::OK, &hello)
         .await
         .is_err()
@@ -329,8 +330,12 @@ async fn call(
     body: &[u8],
 ) -> Result<Vec<u8>, Status> {
     match k {
-        kind::STATE => Ok(service.state_now().encode_to_vec()),
-        kind::INITIALIZE => Ok(service.initialize_from(decode(body)?)?.encode_to_vec()),
+        kind::STATE => Ok(pb::StateResponse::from(service.state_now()).encode_to_vec()),
+        kind::INITIALIZE => {
+            let req: pb::InitializeRequest = decode(body)?;
+            let answer = service.initialize_from(Initialize::try_from(&req)?)?;
+            Ok(pb::InitializeResponse::from(answer).encode_to_vec())
+        }
         kind::PULL => {
             let req: pb::PullRequest = decode(body)?;
             if !req.names.is_empty() {
@@ -339,7 +344,7 @@ async fn call(
                 ));
             }
             let (_, values, shadows) = region.split();
-            let (slots, mut answer) = service
+            let (slots, answer) = service
                 .pull_with(req.min_step, |s| {
                     write_area(s.values()?, layout, values);
                     if req.with_shadows {
@@ -348,13 +353,13 @@ async fn call(
                     // The optimizer's slots (the chief's snapshot, once per
                     // checkpoint) have no area: they travel in the message.
                     if req.with_slots {
-                        Ok(service.snapshot(s, &[], false, true)?.2)
+                        Ok(service.read(s, &[], false, true)?.2)
                     } else {
                         Ok(Vec::new())
                     }
                 })
                 .await?;
-            answer.slots = slots;
+            let answer = answer.into_pb((Vec::new(), Vec::new(), call::to_pb(slots)));
             Ok(answer.encode_to_vec())
         }
         kind::PUSH => {
@@ -376,7 +381,7 @@ async fn call(
                 .collect();
             let (_, answer) = service
                 .push_with(
-                    &req,
+                    &Push::from(&req),
                     &views,
                     |why| {
                         let why = format!("shared memory, pid {pid}: {why}");
@@ -388,11 +393,11 @@ async fn call(
                     },
                 )
                 .await?;
-            Ok(answer.encode_to_vec())
+            Ok(answer.into_pb(Vec::new(), 0).encode_to_vec())
         }
         kind::COMPLETE => {
             let req: pb::CompleteRequest = decode(body)?;
-            service.complete_run(&req)?;
+            service.complete_run(Complete::from(&req))?;
             Ok(pb::CompleteResponse {}.encode_to_vec())
         }
         k => Err(Status::invalid_argument(format!(

@@ -8,14 +8,15 @@ use super::compress::ClientWire;
 use super::proto as rpc;
 use super::shm::{Area, kind};
 use super::{
-    CALL_TIMEOUT, ClusterError, Progress, PsCallError, ShmConn, ShmLink, Via, cluster_id, compress,
-    local_port, lost, message_limit, runtime_dir, socket_path, tcp,
+    CALL_TIMEOUT, ClusterError, Progress, PsCallError, PsState, ShmConn, ShmLink, Via, cluster_id,
+    compress, local_port, lost, message_limit, runtime_dir, socket_path, tcp,
 };
 use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
 use crate::model::VarSpec;
 use crate::optimizer::{self, SlotSpec};
-use crate::{pb, placement};
+use crate::placement;
+use crate::transport::pb;
 use futures::future::try_join_all;
 use ndarray::ArrayD;
 use prost::Message;
@@ -355,19 +356,20 @@ impl Cluster {
     }
 
     /// One ps's `State`.
-    async fn state_of(&self, ps: usize) -> Result<pb::StateResponse, Status> {
+    async fn state_of(&self, ps: usize) -> Result<PsState, Status> {
         if let Some((link, mut conn)) = self.shm(ps).await {
             return link
-                .call(&mut conn, kind::STATE, &pb::StateRequest {})
-                .await;
+                .call::<pb::StateResponse>(&mut conn, kind::STATE, &pb::StateRequest {})
+                .await
+                .map(PsState::from);
         }
         self.took(ps, Via::Tcp);
         let mut c = self.clients[ps].clone();
-        Ok(c.state(pb::StateRequest {}).await?.into_inner())
+        Ok(c.state(pb::StateRequest {}).await?.into_inner().into())
     }
 
     /// Every ps task's state, or the error of the first that did not answer.
-    pub async fn states(&self) -> Result<Vec<pb::StateResponse>, PsCallError> {
+    pub async fn states(&self) -> Result<Vec<PsState>, PsCallError> {
         try_join_all(
             (0..self.num_ps()).map(|ps| async move { self.state_of(ps).await.map_err(call(ps)) }),
         )
@@ -375,7 +377,7 @@ impl Cluster {
     }
 
     /// Each ps's state or why it did not answer (`dtf status`).
-    pub async fn each_state(&self) -> Vec<Result<pb::StateResponse, Status>> {
+    pub async fn each_state(&self) -> Vec<Result<PsState, Status>> {
         futures::future::join_all((0..self.num_ps()).map(|ps| self.state_of(ps))).await
     }
 

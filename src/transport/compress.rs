@@ -25,7 +25,7 @@
 
 use crate::config::Compression;
 use crate::kernel::bf16;
-use crate::pb;
+use crate::transport::pb;
 use bytes::Bytes;
 use ndarray::ArrayD;
 use std::collections::HashMap;

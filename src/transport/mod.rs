@@ -1,7 +1,8 @@
-//! The wire between tasks, in one place: proto conversion ([`proto`]), the
-//! message limit, the two transports ([`tcp`]: gRPC between hosts; [`shm`]:
-//! shared memory on one host) and [`Cluster`], the client of every ps task
-//! that the worker, the chief, `dtf local` and `dtf status` share.
+//! The wire between tasks, in one place: the generated types ([`pb`]), their
+//! conversion to domain types ([`proto`]), the message limit, the two
+//! transports ([`tcp`]: gRPC between hosts; [`shm`]: shared memory on one
+//! host) and [`Cluster`], the client of every ps task that the worker, the
+//! chief, `dtf local` and `dtf status` share.
 //!
 //! A [`Cluster`] picks the transport per ps (`cluster.transport = "auto"`):
 //! shared memory when the ps's address is on this host and its socket
@@ -10,17 +11,27 @@
 //! semantics are the same on both: the ps serves both with the same
 //! functions (`PsService::push_with` and its siblings).
 
+pub mod call;
 mod cluster;
 pub mod compress;
 pub mod proto;
+pub mod ring;
 pub mod shm;
+mod state;
 pub mod tcp;
 
+/// Generated from `proto/dtf/v1/ps.proto`: the wire's own types. Outside
+/// `transport/` only the ps's two adapters (`ps/grpc.rs`, `ps/shm.rs`) and
+/// the tests' hostile clients use them; [`proto`] converts them.
+pub mod pb {
+    tonic::include_proto!("dtf.v1");
+}
+
 pub use cluster::{Cluster, Link, Snapshot};
+pub use state::{PsState, WorkerContact};
 
 use crate::auth;
 use crate::config::Config;
-use crate::pb;
 use ndarray::ArrayD;
 use prost::Message;
 use proto as rpc;

@@ -1,7 +1,7 @@
 //! The edge between generated proto types and domain types: tensors travel as
 //! raw little-endian bytes; shape, dtype and length are validated here, once.
 
-use crate::pb;
+use crate::transport::pb;
 use bytes::{BufMut, Bytes};
 use ndarray::ArrayD;
 use std::fmt;
@@ -292,19 +292,7 @@ pub fn chunked<M: WithTensors>(mut msg: M) -> (Vec<Bytes>, usize) {
 
 /// Encodes an f32 array (one copy into the message's bytes).
 pub fn encode(name: &str, array: &ArrayD<f32>) -> pb::Tensor {
-    let data = match array.as_slice() {
-        Some(s) => Bytes::copy_from_slice(bytemuck::cast_slice(s)),
-        None => {
-            let v: Vec<f32> = array.iter().copied().collect();
-            Bytes::copy_from_slice(bytemuck::cast_slice(&v))
-        }
-    };
-    pb::Tensor {
-        name: name.to_owned(),
-        shape: array.shape().iter().map(|&d| d as u64).collect(),
-        dtype: pb::DataType::F32 as i32,
-        data,
-    }
+    super::call::Tensor::copy(name, array).into()
 }
 
 /// The shape of a proto tensor, checked against its byte length and dtype.

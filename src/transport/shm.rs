@@ -21,7 +21,7 @@
 //! only. Nobody outside the ps and its authenticated client holds the
 //! region's descriptor: the memfd has no name in any file system.
 
-use crate::pb;
+use crate::transport::pb;
 use prost::Message;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};

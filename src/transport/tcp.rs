@@ -3,8 +3,8 @@
 
 use super::proto::{WithTensors, chunked};
 use crate::auth::{AddToken, ClientError, Credentials};
-use crate::pb;
-use crate::pb::parameter_server_client::ParameterServerClient;
+use crate::transport::pb;
+use crate::transport::pb::parameter_server_client::ParameterServerClient;
 use bytes::{Buf, Bytes};
 use std::time::Duration;
 use tonic::Status;

@@ -11,9 +11,8 @@ use crate::config::{Config, DataFormat, Mode};
 use crate::data::{self, Preprocessing, Split};
 use crate::model::Mlp;
 use crate::optimizer::Optimizer;
-use crate::pb;
 use crate::summary::Summaries;
-use crate::transport::{Cluster, Snapshot};
+use crate::transport::{Cluster, PsState, Snapshot};
 use ndarray::ArrayD;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,7 +114,7 @@ impl Worker {
     /// Errors: a ps that fails the call, or an unreadable checkpoint.
     pub(super) async fn fill(
         &mut self,
-        states: &[pb::StateResponse],
+        states: &[PsState],
         missing: &[usize],
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
@@ -241,7 +240,7 @@ impl Worker {
     /// The run this chief trains: the one it learned or started, else the
     /// newest checkpoint's, else that of the shards already initialized,
     /// else a new one (a fresh run).
-    fn run_id(&mut self, checkpoint: Option<u64>, states: &[pb::StateResponse]) -> u64 {
+    fn run_id(&mut self, checkpoint: Option<u64>, states: &[PsState]) -> u64 {
         *self.run.get_or_insert_with(|| {
             checkpoint
                 .filter(|&r| r != 0)
@@ -526,7 +525,7 @@ fn restored_slots(
 /// snapshot late on a loaded machine) and a second, at the rate the live
 /// shards report. `None` when no live shard reports a rate (one ps task, or
 /// all restarted): the bound cannot be told.
-fn lost_bound(cfg: &Config, states: &[pb::StateResponse]) -> Option<u64> {
+fn lost_bound(cfg: &Config, states: &[PsState]) -> Option<u64> {
     let examples = states
         .iter()
         .filter(|s| s.initialized)

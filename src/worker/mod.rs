@@ -15,9 +15,8 @@ use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::data::{self, Batches, Dataset, Preprocessing, Split};
 use crate::model::{self, Mlp};
-use crate::pb;
 use crate::ps::workers::Refused;
-use crate::transport::{Cluster, Progress, PsCallError};
+use crate::transport::{Cluster, Progress, PsCallError, PsState, WorkerContact};
 use backoff::{Backoff, WAIT_LOG_EVERY};
 use chief::Chief;
 use ndarray::{Array2, ArrayD};
@@ -362,7 +361,7 @@ impl Worker {
     /// gives them, or that are re-sharding: a re-shard is under way (or
     /// the hosts' files disagree on `cluster.ps`), and they are not to be
     /// trained against or seeded.
-    fn placed_otherwise(&self, states: &[pb::StateResponse]) -> Vec<usize> {
+    fn placed_otherwise(&self, states: &[PsState]) -> Vec<usize> {
         let specs = self.cluster.specs();
         states
             .iter()
@@ -913,7 +912,7 @@ impl Rate {
 /// worker table is `heard`: `worker:1 (last push for step 40, 14 s ago),
 /// worker:2 (never seen)`; `none` when every worker pushed for it (the ps
 /// is applying it).
-fn missing_workers(heard: &[crate::pb::WorkerContact], step: u64, workers: usize) -> String {
+fn missing_workers(heard: &[WorkerContact], step: u64, workers: usize) -> String {
     let missing: Vec<String> = (0..workers)
         .filter_map(|w| {
             let latest = heard.iter().find(|c| c.task as usize == w);
@@ -921,7 +920,8 @@ fn missing_workers(heard: &[crate::pb::WorkerContact], step: u64, workers: usize
                 Some(c) if c.step >= step => None,
                 Some(c) => Some(format!(
                     "worker:{w} (last push for step {}, {:.0} s ago)",
-                    c.step, c.seconds_ago
+                    c.step,
+                    c.since.as_secs_f64()
                 )),
                 None => Some(format!("worker:{w} (never seen)")),
             }
@@ -940,10 +940,10 @@ mod tests {
 
     #[test]
     fn a_sync_stall_names_the_workers_whose_gradient_is_missing() {
-        let contact = |task, step, seconds_ago| crate::pb::WorkerContact {
+        let contact = |task, step, seconds_ago| WorkerContact {
             task,
             step,
-            seconds_ago,
+            since: std::time::Duration::from_secs_f64(seconds_ago),
             examples_per_sec: 0.0,
             ..Default::default()
         };

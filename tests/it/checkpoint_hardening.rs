@@ -183,7 +183,7 @@ fn a_chief_whose_checkpoints_all_fail_to_verify_exits_1_and_keeps_them() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let state = rt.block_on(async {
         let mut ps = c.client(0, Some(TOKEN)).await;
-        ps.state(dtf::pb::StateRequest {})
+        ps.state(dtf::transport::pb::StateRequest {})
             .await
             .unwrap()
             .into_inner()

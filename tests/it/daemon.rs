@@ -3,7 +3,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
+use dtf::transport::pb;
 use std::ffi::OsStr;
 use std::time::Duration;
 

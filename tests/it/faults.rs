@@ -2,7 +2,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
+use dtf::transport::pb;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::time::Duration;

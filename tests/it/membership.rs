@@ -6,7 +6,7 @@
 
 use crate::util::*;
 use dtf::config::{Mode, Transport};
-use dtf::pb;
+use dtf::transport::pb;
 use std::time::Duration;
 
 const RUN: Duration = Duration::from_secs(120);

@@ -8,7 +8,7 @@
 use crate::snapshot::{RUN, finish, long_run, wait_state};
 use crate::util::*;
 use dtf::config::{Mode, Transport};
-use dtf::pb;
+use dtf::transport::pb;
 use std::path::{Path, PathBuf};
 
 /// `<ps.snapshot_dir>/<rel>`.

@@ -4,7 +4,7 @@
 
 use crate::util::*;
 use dtf::config::{Mode, OptimizerKind};
-use dtf::pb;
+use dtf::transport::pb;
 use std::process::Command;
 use std::time::Duration;
 

@@ -4,8 +4,8 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
 use dtf::ps::limits;
+use dtf::transport::pb;
 use dtf::transport::proto as rpc;
 use ndarray::ArrayD;
 use std::time::{Duration, Instant};

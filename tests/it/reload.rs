@@ -5,7 +5,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
+use dtf::transport::pb;
 use std::time::Duration;
 
 /// Long enough for a loaded 2-core machine to start a cluster and train a while.

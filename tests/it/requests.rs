@@ -2,7 +2,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
+use dtf::transport::pb;
 use dtf::transport::proto as rpc;
 use ndarray::ArrayD;
 use tonic::Code;

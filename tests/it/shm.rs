@@ -36,7 +36,7 @@ fn live_ps() -> (Cluster, PathBuf) {
 /// The ps's `shm_connections`, asked over TCP.
 async fn shm_connections(c: &Cluster) -> u32 {
     let mut ps = c.client(0, Some(TOKEN)).await;
-    ps.state(dtf::pb::StateRequest {})
+    ps.state(dtf::transport::pb::StateRequest {})
         .await
         .unwrap()
         .into_inner()

@@ -2,7 +2,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::pb;
+use dtf::transport::pb;
 use std::time::{Duration, Instant};
 
 const RUN: Duration = Duration::from_secs(180);

@@ -3,7 +3,7 @@
 
 use dtf::auth::AddToken;
 use dtf::config::{Config, Mode};
-use dtf::pb::parameter_server_client::ParameterServerClient;
+use dtf::transport::pb::parameter_server_client::ParameterServerClient;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -731,9 +731,9 @@ pub fn output_within(cmd: &mut Command, deadline: Duration) -> std::process::Out
 
 /// A ps's step and its values and shadows, as the bytes on the wire: equal
 /// snapshots mean nothing changed, bit for bit.
-pub async fn snapshot(ps: &mut PsClient) -> (u64, Vec<dtf::pb::Tensor>) {
+pub async fn snapshot(ps: &mut PsClient) -> (u64, Vec<dtf::transport::pb::Tensor>) {
     let r = ps
-        .pull(dtf::pb::PullRequest {
+        .pull(dtf::transport::pb::PullRequest {
             with_shadows: true,
             ..Default::default()
         })
@@ -807,8 +807,8 @@ pub fn dtf_check(config: &Path) -> Ran {
 }
 
 /// ps `State`, or `None` when the call fails (the ps is down or starting).
-pub async fn ps_state(ps: &mut PsClient) -> Option<dtf::pb::StateResponse> {
-    ps.state(dtf::pb::StateRequest {})
+pub async fn ps_state(ps: &mut PsClient) -> Option<dtf::transport::pb::StateResponse> {
+    ps.state(dtf::transport::pb::StateRequest {})
         .await
         .ok()
         .map(|r| r.into_inner())
@@ -828,9 +828,12 @@ pub async fn live_ps(mode: Mode) -> (Cluster, PsClient, Vec<(String, ndarray::Ar
         .map(|v| v.name)
         .zip(mlp.init(1))
         .collect();
-    let err = ps.pull(dtf::pb::PullRequest::default()).await.unwrap_err();
+    let err = ps
+        .pull(dtf::transport::pb::PullRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    let init = dtf::pb::InitializeRequest {
+    let init = dtf::transport::pb::InitializeRequest {
         variables: values
             .iter()
             .map(|(n, a)| dtf::transport::proto::encode(n, a))

@@ -2,7 +2,7 @@
 //! the shared regions of the ps tasks it reaches through shared memory.
 
 use super::{Cluster, call};
-use crate::pb;
+use crate::transport::pb;
 use crate::transport::shm::kind;
 use crate::transport::{Progress, PsCallError, ShmConn, ShmLink, Via};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD};
