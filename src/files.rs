@@ -8,7 +8,9 @@
 //!
 //! Writing: every file dtf writes goes to a temporary file beside it, is
 //! fsynced and renamed over the old one ([`write_atomic`]), so a full disk
-//! or a crash leaves the old file whole; a directory dtf deletes or
+//! or a crash leaves the old file whole. A writer that puts several files in
+//! place together (a checkpoint's pair) uses the steps themselves:
+//! [`write_temp`], [`rename_into_place`], [`sync_dir`]. A directory dtf deletes or
 //! overwrites in is never reached through a symbolic link it did not make
 //! ([`refuse_symlink`]).
 
@@ -156,6 +158,117 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
+/// The parts of a name [`temp_path`] made, `.<name>.tmp-<pid>`: the name of
+/// the file it stands for and the writer's pid as written (not checked to
+/// be a number). `None` for any other name.
+pub fn temp_parts(name: &str) -> Option<(&str, &str)> {
+    name.strip_prefix('.')?.rsplit_once(".tmp-")
+}
+
+/// Writes one byte buffer to an open file: a seam, so that a test can
+/// inject ENOSPC half-way through a file ([`write_all`] everywhere else).
+pub type WriteFn = fn(&Path, &mut File, &[u8]) -> io::Result<()>;
+
+/// Writes all of `bytes`: how every write but a fault-injection test's goes.
+pub fn write_all(_path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    file.write_all(bytes)
+}
+
+/// Why [`write_temp`], [`rename_into_place`] or [`write_atomic_with`]
+/// failed: the step and the file it acted on, for the caller's message.
+#[derive(Debug)]
+pub struct WriteError {
+    /// The file acted on: the temp file, the file renamed over, or the
+    /// directory synced.
+    pub path: PathBuf,
+    /// The step: `create`, `write`, `fsync`, `rename into place`, `fsync
+    /// directory`.
+    pub action: &'static str,
+    /// The operating system's error.
+    pub source: io::Error,
+}
+
+/// Writes `bytes` with `write` to a new temp file beside `path` ([`temp_path`],
+/// mode `mode`), fsynced; returns its path. A temp file of the same name left
+/// by an earlier writer is removed first and the new one created exclusively,
+/// so a planted link is not followed. On any error the temp file is removed.
+///
+/// Errors: [`WriteError`] naming the temp file.
+pub fn write_temp(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    write: WriteFn,
+) -> Result<PathBuf, WriteError> {
+    let tmp = temp_path(path);
+    let at = |action: &'static str| {
+        let path = tmp.clone();
+        move |source| WriteError {
+            path,
+            action,
+            source,
+        }
+    };
+    let result = (|| {
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(at("create")(e)),
+            _ => {}
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(at("create"))?;
+        write(&tmp, &mut file, bytes).map_err(at("write"))?;
+        file.sync_all().map_err(at("fsync"))
+    })();
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Renames the temp file `tmp` over `path`; on failure removes `tmp`. The
+/// rename is durable only once the directory is synced ([`sync_dir`]): a
+/// caller renaming several files syncs once after the last.
+///
+/// Errors: [`WriteError`] naming `path`.
+pub fn rename_into_place(tmp: &Path, path: &Path) -> Result<(), WriteError> {
+    fs::rename(tmp, path).map_err(|source| {
+        let _ = fs::remove_file(tmp);
+        WriteError {
+            path: path.to_path_buf(),
+            action: "rename into place",
+            source,
+        }
+    })
+}
+
+/// Writes `bytes` to `path` atomically: [`write_temp`] (with `write`),
+/// [`rename_into_place`], fsync the directory. On any error the temp file is
+/// removed and `path` is as it was.
+///
+/// Errors: [`WriteError`] of the step that failed.
+pub fn write_atomic_with(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    write: WriteFn,
+) -> Result<(), WriteError> {
+    let tmp = write_temp(path, bytes, mode, write)?;
+    rename_into_place(&tmp, path)?;
+    let dir = parent_dir(path);
+    sync_dir(dir).map_err(|source| WriteError {
+        path: dir.to_path_buf(),
+        action: "fsync directory",
+        source,
+    })
+}
+
 /// Writes `bytes` to `path` atomically: a new temp file beside it (mode
 /// `mode`, created exclusively so a planted link is not followed), fsync,
 /// rename over `path`, fsync the directory. On any error the temp file is
@@ -163,30 +276,14 @@ pub fn temp_path(path: &Path) -> PathBuf {
 ///
 /// Errors: the [`io::Error`] of the step that failed.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        match fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    sync_dir(
-        path.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new(".")),
-    )
+    write_atomic_with(path, bytes, mode, write_all).map_err(|e| e.source)
+}
+
+/// The directory `path` is in (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// fsyncs the directory `dir`, so a rename in it is durable.

@@ -22,7 +22,9 @@
 //!   retention, the index), `format` (encode, decode, verify; `saveable`: what may be
 //!   saved), `restore` (load, the
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
-//!   `best` (the best checkpoints' directory).
+//!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
+//!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
+//!   file that checkpoints and ps snapshots both are).
 //! - [`placement`] — which ps task holds which variable.
 //! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on
 //!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
@@ -49,7 +51,8 @@
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside (non-blocking, type
-//!   checked), each bounded; every file written goes temp, fsync, rename;
+//!   checked), each bounded; every file written goes temp, fsync, rename (`write_atomic`,
+//!   or its steps `write_temp`, `rename_into_place`, `sync_dir`), temp names made once;
 //!   nothing is deleted through a symbolic link dtf did not make.
 //! - [`summary`] — the chief's TensorBoard events file (loss, learning rate, accuracy).
 //! - [`metrics`] — Prometheus metrics and the daemons' `/metrics` endpoint; `registry`: what

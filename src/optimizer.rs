@@ -5,7 +5,8 @@
 //! The ps owns the slots (docs/design.md, "Optimizers and their slots"): each
 //! shard keeps the slots of its variables beside them and updates both under
 //! one lock, so no slot crosses the wire on a training step. This module is
-//! the math and the naming; [`crate::ps::shard`] holds the state.
+//! the math and the naming; the ps's shard (`ps/shard.rs`) holds the state,
+//! and imports this module, never the other way.
 //!
 //! The per-element rules are TensorFlow's kernels (`training_ops.cc`:
 //! `ApplyMomentum`, `ApplyAdam`, `ApplyAdagrad`) written out in the same

@@ -29,9 +29,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::restore::{Limit, read};
-use super::save::{remove_pair, sync_dir, write_all, write_temp};
+use super::layout::{FILE_MODE, Limit, read, remove_pair};
 use super::{CheckpointError, ema_file_name, model_file_name, parse_ema_name, parse_model_name};
+use crate::files;
 
 /// The directory's name under `checkpoint.dir`.
 pub const DIR: &str = "best";
@@ -179,7 +179,7 @@ impl BestDir {
             let step = parse_model_name(name).or_else(|| parse_ema_name(name));
             let stale = match step {
                 Some(step) => pending.contains(&step),
-                None => name.starts_with('.') && name.contains(".tmp-"),
+                None => files::temp_parts(name).is_some(),
             };
             if stale {
                 let path = entry.path();
@@ -276,8 +276,12 @@ impl BestDir {
         let path = self.dir.join(INDEX);
         let text = serde_json::to_vec_pretty(index)
             .map_err(|e| CheckpointError::io(&path, "encode", io::Error::other(e)))?;
-        write_atomically(&path, &text)?;
-        sync_dir(&self.dir)
+        Ok(files::write_atomic_with(
+            &path,
+            &text,
+            FILE_MODE,
+            files::write_all,
+        )?)
     }
 }
 
@@ -291,13 +295,12 @@ fn create_dir(dir: &Path) -> Result<(), CheckpointError> {
         .map_err(|e| CheckpointError::io(dir, "create directory", e))
 }
 
-/// Temp file (mode 0640), fsync, rename over `path`.
+/// Temp file (mode 0640), fsync, rename over `path`; the directory is not
+/// synced here: the index written next ([`BestDir::write_index`]) syncs it,
+/// and the pair is pending until then anyway.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = write_temp(path, bytes, write_all)?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        CheckpointError::io(path, "rename into place", e)
-    })
+    let tmp = files::write_temp(path, bytes, FILE_MODE, files::write_all)?;
+    Ok(files::rename_into_place(&tmp, path)?)
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
+use super::container::{self, CrcError, EncodeError, ParseError};
 use super::{
     CRC_PREFIX, Checkpoint, CheckpointError, EMA_BYTES, EMA_SUFFIX, FORMAT, GLOBAL_STEP,
     MAX_HEADER_BYTES, MODEL_BYTES, Slots, parse_step,
@@ -30,14 +30,6 @@ use saveable::check_saveable;
 
 // ---------------------------------------------------------------------------
 // Encoding
-
-/// A tensor's CRC-32 as its `crc32:<name>` metadata holds it (8 hex
-/// digits): checkpoints and ps snapshots alike.
-pub(crate) fn crc32(bytes: &[u8]) -> String {
-    let mut crc = flate2::Crc::new();
-    crc.update(bytes);
-    format!("{:08x}", crc.sum())
-}
 
 fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
     let mut out = Vec::with_capacity(a.len() * 4);
@@ -69,7 +61,7 @@ pub(super) fn to_bytes(
     // What would not load back must not be written: readers refuse headers
     // beyond the bound (thousands of tensors fit in it).
     for bytes in [&model, &ema] {
-        if let Some(n) = header_len(bytes).filter(|&n| n > MAX_HEADER_BYTES) {
+        if let Some(n) = container::header_len(bytes).filter(|&n| n > MAX_HEADER_BYTES) {
             return Err(format!(
                 "refusing to save: the header would be {n} bytes, more than the \
                  {MAX_HEADER_BYTES} readers accept (too many variables)"
@@ -112,7 +104,7 @@ fn encode_with(
             .iter()
             .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a))),
     );
-    let mut model_meta = model_metadata(ckpt, &step, extra)?;
+    let model_meta = model_metadata(ckpt, &step, extra)?;
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
         ckpt.shadows.iter().map(|(n, a)| (n.as_str(), a)).collect();
@@ -129,14 +121,14 @@ fn encode_with(
             )
         })
         .collect();
-    let mut ema_meta = HashMap::from([
+    let ema_meta = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("global_step".to_string(), step),
         ("kind".to_string(), "ema".to_string()),
     ]);
     Ok((
-        encode_file(&model, &mut model_meta)?,
-        encode_file(&ema, &mut ema_meta)?,
+        encode_file(&model, model_meta)?,
+        encode_file(&ema, ema_meta)?,
     ))
 }
 
@@ -184,17 +176,21 @@ fn model_metadata(
     Ok(meta)
 }
 
-/// One safetensors file of `tensors`, with a `crc32:<name>` per tensor added
-/// to `meta`.
-fn encode_file(tensors: &[Tensor], meta: &mut HashMap<String, String>) -> Result<Vec<u8>, String> {
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, dtype, shape, bytes) in tensors {
-        meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
-        let view = TensorView::new(*dtype, shape.clone(), bytes)
-            .map_err(|e| format!("cannot encode tensor {name:?}: {e}"))?;
-        views.push((name.as_str(), view));
-    }
-    safetensors::serialize(views, Some(meta.clone())).map_err(|e| e.to_string())
+/// One safetensors file of `tensors` with `meta` ([`container::encode`]: a
+/// `crc32:<name>` per tensor added).
+fn encode_file(tensors: &[Tensor], meta: HashMap<String, String>) -> Result<Vec<u8>, String> {
+    let entries = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| container::Entry {
+            name,
+            dtype: *dtype,
+            shape,
+            bytes,
+        });
+    container::encode(entries, meta).map_err(|e| match e {
+        EncodeError::Tensor { name, source } => format!("cannot encode tensor {name:?}: {source}"),
+        EncodeError::File(e) => e.to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -228,32 +224,27 @@ fn parse_safetensors<'a>(
     bytes: &'a [u8],
     path: &Path,
 ) -> Result<(SafeTensors<'a>, HashMap<String, String>), CheckpointError> {
-    let safetensors_error = |source| CheckpointError::Safetensors {
-        path: path.to_path_buf(),
-        source,
-    };
-    check_header_len(bytes, path)?;
-    let tensors = SafeTensors::deserialize(bytes).map_err(safetensors_error)?;
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(safetensors_error)?;
-    Ok((tensors, header.metadata().clone().unwrap_or_default()))
+    container::parse(bytes).map_err(|e| parse_error(e, path))
 }
 
-/// The header length a safetensors file declares (its first 8 bytes, little
-/// endian), if it has 8 bytes.
-pub(super) fn header_len(bytes: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+/// A [`container`] parse error as the checkpoint error naming `path`.
+fn parse_error(e: ParseError, path: &Path) -> CheckpointError {
+    match e {
+        ParseError::HeaderTooLarge(bytes) => CheckpointError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            bytes,
+        },
+        ParseError::Safetensors(source) => CheckpointError::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        },
+    }
 }
 
 /// Refuses a header longer than [`MAX_HEADER_BYTES`] before anything parses
 /// it. (A file too short to have a length is left to the parser's error.)
 pub(super) fn check_header_len(bytes: &[u8], path: &Path) -> Result<(), CheckpointError> {
-    match header_len(bytes) {
-        Some(n) if n > MAX_HEADER_BYTES => Err(CheckpointError::HeaderTooLarge {
-            path: path.to_path_buf(),
-            bytes: n,
-        }),
-        _ => Ok(()),
-    }
+    container::check_header_len(bytes).map_err(|e| parse_error(e, path))
 }
 
 /// Checks the metadata's `format` and `kind`; returns its `global_step`.
@@ -298,20 +289,24 @@ fn check_crcs(
     path: &Path,
 ) -> Result<(), CheckpointError> {
     for (name, view) in tensors.iter() {
-        let Some(want) = meta.get(&format!("{CRC_PREFIX}{name}")) else {
-            return Err(CheckpointError::invalid(
-                path,
-                format!("tensor {name:?} has no \"{CRC_PREFIX}{name}\" checksum in the metadata"),
-            ));
-        };
-        let got = crc32(view.data());
-        if *want != got {
-            return Err(CheckpointError::invalid(
-                path,
-                format!(
-                    "tensor {name:?} fails its checksum (crc32 {got}, metadata says {want}): the data is corrupted"
-                ),
-            ));
+        match container::check_crc(meta, name, view.data()) {
+            Ok(()) => {}
+            Err(CrcError::Missing) => {
+                return Err(CheckpointError::invalid(
+                    path,
+                    format!(
+                        "tensor {name:?} has no \"{CRC_PREFIX}{name}\" checksum in the metadata"
+                    ),
+                ));
+            }
+            Err(CrcError::Mismatch { got, want }) => {
+                return Err(CheckpointError::invalid(
+                    path,
+                    format!(
+                        "tensor {name:?} fails its checksum (crc32 {got}, metadata says {want}): the data is corrupted"
+                    ),
+                ));
+            }
         }
     }
     Ok(())

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use safetensors::SafeTensors;
 
 use super::format::check_header_len;
-use super::restore::{Limit, ema_sibling, load, read, resolve};
+use super::layout::{Limit, read};
+use super::restore::{ema_sibling, load, resolve};
 use super::{CRC_PREFIX, CheckpointError};
 
 // ---------------------------------------------------------------------------

@@ -31,8 +31,10 @@
 //! crash can leave the index stale (and anyone can edit it).
 
 pub mod best;
+pub(crate) mod container;
 mod format;
 mod inspect;
+mod layout;
 mod meta;
 mod restore;
 mod save;
@@ -44,7 +46,8 @@ use crate::optimizer::Optimizer;
 use ndarray::ArrayD;
 use safetensors::SafeTensorError;
 
-pub(crate) use format::crc32;
+use container::CRC_PREFIX;
+pub use container::MAX_HEADER_BYTES;
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
 pub use meta::{ACTIVATION, ModelMeta, read_metadata, widths};
@@ -63,13 +66,6 @@ pub const EMA_SUFFIX: &str = "/ExponentialMovingAverage";
 const PREFIX: &str = "model.ckpt-";
 const MODEL_EXT: &str = ".safetensors";
 const EMA_EXT: &str = ".ema.safetensors";
-const CRC_PREFIX: &str = "crc32:";
-/// The most bytes a checkpoint file's safetensors header may declare. dtf's
-/// own headers are small (per tensor: its entry and its CRC, plus the variable
-/// list: about 150 bytes each, so this allows thousands of tensors); the
-/// safetensors crate alone allows 100 MB, which costs seconds and gigabytes to
-/// parse, so the bound is checked before parsing (and at save time).
-pub const MAX_HEADER_BYTES: u64 = 1 << 20;
 /// The largest checkpoint file read when the model is not known (`dtf eval`,
 /// `dtf inspect`): a bound on memory, far above any model dtf trains on one
 /// machine. With the model known, the bound is its exact size (see
@@ -252,6 +248,16 @@ impl CheckpointError {
         CheckpointError::Invalid {
             path: path.to_path_buf(),
             problem: problem.into(),
+        }
+    }
+}
+
+impl From<crate::files::WriteError> for CheckpointError {
+    fn from(e: crate::files::WriteError) -> Self {
+        CheckpointError::Io {
+            path: e.path,
+            action: e.action,
+            source: e.source,
         }
     }
 }

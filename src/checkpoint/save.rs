@@ -1,22 +1,14 @@
 //! Writing checkpoints: [`Saver`], atomic writes, retention, the index.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::format::to_bytes;
-use super::restore::{Steps, scan_steps};
+use super::layout::{FILE_MODE, Steps, remove_pair, scan_steps};
 use super::{Checkpoint, CheckpointError, INDEX_FILE, PREFIX, ema_file_name, model_file_name};
-
-/// Writes one byte buffer to an open file; a seam so tests can inject ENOSPC.
-type WriteFn = fn(&Path, &mut File, &[u8]) -> io::Result<()>;
-
-/// Writes all of `bytes`: how every write but a fault-injection test's goes.
-pub(super) fn write_all(_path: &Path, file: &mut File, bytes: &[u8]) -> io::Result<()> {
-    file.write_all(bytes)
-}
+use crate::files::{self, WriteFn, write_all};
 
 /// Writes checkpoints into one directory and keeps the newest few.
 ///
@@ -93,19 +85,17 @@ impl Saver {
                 return Err(e);
             }
         };
-        if let Err(e) = fs::rename(&ema_tmp, &ema_path) {
-            let _ = fs::remove_file(&ema_tmp);
+        if let Err(e) = files::rename_into_place(&ema_tmp, &ema_path) {
             let _ = fs::remove_file(&model_tmp);
-            return Err(CheckpointError::io(&ema_path, "rename into place", e));
+            return Err(e.into());
         }
-        if let Err(e) = fs::rename(&model_tmp, &model_path) {
-            let _ = fs::remove_file(&model_tmp);
+        if let Err(e) = files::rename_into_place(&model_tmp, &model_path) {
             if !model_existed {
                 // An EMA file without its model file is never a candidate, but
                 // would confuse an operator; it is ours to remove.
                 let _ = fs::remove_file(&ema_path);
             }
-            return Err(CheckpointError::io(&model_path, "rename into place", e));
+            return Err(e.into());
         }
         sync_dir(&self.dir)?;
 
@@ -128,17 +118,14 @@ impl Saver {
     /// Writes `bytes` to a temp file beside `path`, synced; returns the temp path.
     /// On failure the temp file is removed.
     fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, CheckpointError> {
-        write_temp(path, bytes, self.write)
+        Ok(files::write_temp(path, bytes, FILE_MODE, self.write)?)
     }
 
     /// Temp file, fsync, rename over `path`, fsync the directory.
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-        let tmp = self.write_temp(path, bytes)?;
-        if let Err(e) = fs::rename(&tmp, path) {
-            let _ = fs::remove_file(&tmp);
-            return Err(CheckpointError::io(path, "rename into place", e));
-        }
-        sync_dir(&self.dir)
+        Ok(files::write_atomic_with(
+            path, bytes, FILE_MODE, self.write,
+        )?)
     }
 
     /// Removes temp files left by a crashed writer: those of a process that no
@@ -169,72 +156,19 @@ impl Saver {
     }
 }
 
-/// Writes `bytes` with `write` to a temp file (mode 0640) beside `path`,
-/// synced; returns the temp path. On failure the temp file is removed.
-pub(super) fn write_temp(
-    path: &Path,
-    bytes: &[u8],
-    write: WriteFn,
-) -> Result<PathBuf, CheckpointError> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o640)
-            .open(&tmp)
-            .map_err(|e| CheckpointError::io(&tmp, "create", e))?;
-        write(&tmp, &mut file, bytes).map_err(|e| CheckpointError::io(&tmp, "write", e))?;
-        file.sync_all()
-            .map_err(|e| CheckpointError::io(&tmp, "fsync", e))
-    })();
-    match result {
-        Ok(()) => Ok(tmp),
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Deletes the checkpoint pair of `step` in `dir`; a file already gone is
-/// fine. Returns the files that could not be deleted, with why, for the
-/// caller to log: either way the caller goes on.
-pub(super) fn remove_pair(dir: &Path, step: u64) -> Vec<(PathBuf, io::Error)> {
-    [model_file_name(step), ema_file_name(step)]
-        .into_iter()
-        .map(|name| dir.join(name))
-        .filter_map(|path| match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Some((path, e)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// `.<name>.tmp-<pid>` beside `path`: hidden, and never matching a checkpoint name.
-pub(super) fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("checkpoint");
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-}
-
-/// The pid in a temp file name written by [`temp_path`] for a checkpoint file.
+/// The pid in the name of a temp file [`files::temp_path`] made for a
+/// checkpoint file or the index.
 fn temp_owner(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?;
-    if !(rest.starts_with(PREFIX) || rest.starts_with(INDEX_FILE)) {
+    let (file, pid) = files::temp_parts(name)?;
+    if !(file.starts_with(PREFIX) || file.starts_with(INDEX_FILE)) {
         return None;
     }
-    let (_, pid) = rest.rsplit_once(".tmp-")?;
     pid.parse().ok()
 }
 
+/// fsyncs `dir`, so the renames in it are durable.
 pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| CheckpointError::io(dir, "fsync directory", e))
+    files::sync_dir(dir).map_err(|e| CheckpointError::io(dir, "fsync directory", e))
 }
 
 /// (kept model steps ascending, steps whose files to delete). `current` is
@@ -283,6 +217,8 @@ mod tests {
     use super::super::{GLOBAL_STEP, load, resolve, restore_latest};
     use super::*;
     use safetensors::{Dtype, SafeTensors};
+    use std::fs::File;
+    use std::io::{self, Write};
     use std::time::Instant;
 
     #[test]

@@ -25,7 +25,8 @@
 
 use super::PsService;
 use super::shard::{Shard, Slots};
-use crate::checkpoint::{EMA_SUFFIX, MAX_HEADER_BYTES, crc32};
+use crate::checkpoint::EMA_SUFFIX;
+use crate::checkpoint::container::{self, EncodeError, MAX_HEADER_BYTES, ParseError};
 use crate::config::Config;
 use crate::model::VarSpec;
 use crate::optimizer::SlotSpec;
@@ -52,8 +53,6 @@ const IDENTITY: &str = "identity";
 const STEP: &str = "step";
 /// Metadata key of the run the state belongs to (a decimal u64; absent: 0).
 const RUN: &str = "run";
-/// Metadata key prefix of each tensor's CRC-32.
-const CRC_PREFIX: &str = "crc32:";
 /// How long a stopping ps gives its last snapshot.
 const FINAL_WRITE: Duration = Duration::from_secs(10);
 
@@ -190,20 +189,22 @@ impl Image {
             };
             tensors.push((spec.name.clone(), spec.shape.clone(), bytes));
         }
-        let mut meta = HashMap::from([
+        let meta = HashMap::from([
             ("format".to_owned(), FORMAT.to_owned()),
             (IDENTITY.to_owned(), identity.to_owned()),
             (STEP.to_owned(), self.step.to_string()),
             (RUN.to_owned(), self.run.to_string()),
         ]);
-        let mut views = Vec::with_capacity(tensors.len());
-        for (name, shape, bytes) in &tensors {
-            meta.insert(format!("{CRC_PREFIX}{name}"), crc32(bytes));
-            let view = TensorView::new(Dtype::F32, shape.clone(), bytes)
-                .map_err(|e| format!("tensor {name:?}: {e}"))?;
-            views.push((name.as_str(), view));
-        }
-        safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
+        let entries = tensors.iter().map(|(name, shape, bytes)| container::Entry {
+            name,
+            dtype: Dtype::F32,
+            shape,
+            bytes,
+        });
+        container::encode(entries, meta).map_err(|e| match e {
+            EncodeError::Tensor { name, source } => format!("tensor {name:?}: {source}"),
+            EncodeError::File(e) => e.to_string(),
+        })
     }
 }
 
@@ -303,7 +304,8 @@ pub(super) fn remove_temps(dir: &Path) {
         let name = entry.file_name();
         if name
             .to_str()
-            .is_some_and(|n| n.starts_with(".shard-") && n.contains(".tmp-"))
+            .and_then(crate::files::temp_parts)
+            .is_some_and(|(file, _)| file.starts_with("shard-"))
         {
             let _ = fs::remove_file(entry.path());
         }
@@ -349,19 +351,13 @@ pub(super) fn verify<'a>(
     bytes: &'a [u8],
     identity: &str,
 ) -> Result<Checked<'a>, SnapshotError> {
-    let header = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-    if header.is_some_and(|n| n > MAX_HEADER_BYTES) {
-        return Err(SnapshotError::invalid(
+    let (tensors, meta) = container::parse(bytes).map_err(|e| match e {
+        ParseError::HeaderTooLarge(_) => SnapshotError::invalid(
             path,
             format!("its header claims more than {MAX_HEADER_BYTES} bytes"),
-        ));
-    }
-    let bad = |e: safetensors::SafeTensorError| SnapshotError::invalid(path, e.to_string());
-    let tensors = SafeTensors::deserialize(bytes).map_err(bad)?;
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(bad)?;
-    let meta = header.metadata().clone().unwrap_or_default();
+        ),
+        ParseError::Safetensors(e) => SnapshotError::invalid(path, e.to_string()),
+    })?;
     let get = |k: &str| meta.get(k).map(String::as_str);
     if get("format") != Some(FORMAT) {
         return Err(SnapshotError::invalid(
@@ -414,7 +410,8 @@ pub(super) fn verify<'a>(
                 format!("tensor {name:?} is {:?}, expected F32", view.dtype()),
             ));
         }
-        if get(&format!("{CRC_PREFIX}{name}")) != Some(crc32(view.data()).as_str()) {
+        // A missing CRC and a wrong one are alike here: the file is damaged.
+        if container::check_crc(&meta, name, view.data()).is_err() {
             return Err(SnapshotError::invalid(
                 path,
                 format!("tensor {name:?} fails its checksum: the file is damaged"),
