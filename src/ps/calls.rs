@@ -6,7 +6,7 @@
 
 use super::{PsService, conn, limits, shard};
 use crate::transport::call::{
-    Complete, Initialize, Initialized, Pulled, Pulls, Push, Pushed, Tensor,
+    Complete, Initialize, Initialized, Pulled, Pulls, Push, Pushed, Tensor, TensorView,
 };
 use crate::transport::{self, PsState, WorkerContact, proto as rpc};
 use shard::{Pushed as Outcome, Shard};
@@ -365,7 +365,7 @@ impl PsService {
     pub async fn push_with<T>(
         &self,
         req: &Push,
-        grads: &[rpc::TensorView<'_>],
+        grads: &[TensorView<'_>],
         refused: impl FnOnce(&str),
         read: impl FnOnce(&Shard) -> Result<T, Status>,
     ) -> Result<(Option<T>, Pushed), Status> {
@@ -500,10 +500,7 @@ impl PsService {
 
 /// `views` checked as the shard's variables ([`Shard::arrange_bytes`]),
 /// copied out in model order.
-fn arranged(
-    shard: &Shard,
-    views: &[rpc::TensorView<'_>],
-) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
+fn arranged(shard: &Shard, views: &[TensorView<'_>]) -> Result<Vec<ndarray::ArrayD<f32>>, Status> {
     let bytes = shard.arrange_bytes(views.iter().map(|v| (v.name, v.shape.as_slice(), v.data)))?;
     Ok(bytes
         .into_iter()

@@ -4,7 +4,7 @@
 
 use super::{PsService, admission, conn, limits};
 use crate::auth::Credentials;
-use crate::transport::call::{self, Complete, Initialize, Push};
+use crate::transport::call::{Complete, Initialize, Push, TensorView};
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::transport::{proto as rpc, tcp};
@@ -34,8 +34,8 @@ impl PsService {
             .await?;
         // Out of the lock: the copies become the wire's tensors (moved, not
         // copied). A snapshot (a checkpoint's) is always exact.
-        let variables = wire.pulled(call::to_pb(variables), req.with_shadows || req.with_slots);
-        let answer = answer.into_pb((variables, call::to_pb(shadows), call::to_pb(slots)));
+        let variables = wire.pulled(rpc::to_pb(variables), req.with_shadows || req.with_slots);
+        let answer = answer.into_pb((variables, rpc::to_pb(shadows), rpc::to_pb(slots)));
         Ok((answer, reserved))
     }
 
@@ -68,7 +68,7 @@ impl PsService {
                 .gradients
                 .iter()
                 .zip(values)
-                .map(|(t, v)| rpc::TensorView {
+                .map(|(t, v)| TensorView {
                     name: &t.name,
                     shape: t.shape.iter().map(|&d| d as usize).collect(),
                     data: bytemuck::cast_slice(v),
@@ -86,7 +86,7 @@ impl PsService {
             )
             .await?;
         let (variables, replica) = match variables {
-            Some(v) => wire.answer(req.worker, req.replica, call::to_pb(v)),
+            Some(v) => wire.answer(req.worker, req.replica, rpc::to_pb(v)),
             None => (Vec::new(), 0),
         };
         Ok((answer.into_pb(variables, replica), reserved))

@@ -5,9 +5,9 @@
 use super::PsService;
 use crate::auth::CheckToken;
 use crate::config::Config;
-use crate::transport::call::{self, Complete, Initialize, Push};
+use crate::transport::call::{Complete, Initialize, Push, TensorView};
 use crate::transport::pb;
-use crate::transport::proto::{self as rpc, TensorView};
+use crate::transport::proto as rpc;
 use crate::transport::shm::{self, FrameError, Region, kind};
 use prost::Message;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -364,7 +364,7 @@ async fn call(
                     }
                 })
                 .await?;
-            let answer = answer.into_pb((Vec::new(), Vec::new(), call::to_pb(slots)));
+            let answer = answer.into_pb((Vec::new(), Vec::new(), rpc::to_pb(slots)));
             Ok(answer.encode_to_vec())
         }
         kind::PUSH => {

@@ -560,7 +560,7 @@ async fn take(
     match result {
         Ok((path, bytes)) => {
             let len = bytes.len();
-            // Its ring neighbour keeps a copy ([`super::replica`]).
+            // Its ring neighbour keeps a copy (the ring: `ps/replica.rs`).
             service.inner.ring.offer(step, bytes);
             if stats.failing {
                 info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");

@@ -1,12 +1,11 @@
 //! What the ps's calls carry, in dtf's own types. The ps's two adapters
-//! (`ps/grpc.rs`, `ps/shm.rs`) turn each request into these once, hand them
-//! to `PsService`, and turn its answer back; the service never sees the
-//! wire's types. Tensors travel beside these as [`TensorView`]s (borrowed
-//! from the request or the shared region) or [`Tensor`]s (copied out of
-//! the shard under its lock, put on the wire after it is released).
+//! (`ps/grpc.rs`, `ps/shm.rs`) turn each request into these once (the
+//! conversions live with the wire's, in `transport/proto.rs`), hand them to
+//! `PsService`, and turn its answer back; the service never sees the wire's
+//! types. Tensors travel beside these as [`TensorView`]s (borrowed from the
+//! request or the shared region) or [`Tensor`]s (copied out of the shard
+//! under its lock, put on the wire after it is released).
 
-use super::pb;
-use super::proto::{TensorError, TensorView, view};
 use bytes::Bytes;
 use ndarray::ArrayD;
 
@@ -30,20 +29,6 @@ pub struct Push {
     pub pull: bool,
 }
 
-impl From<&pb::PushRequest> for Push {
-    fn from(r: &pb::PushRequest) -> Self {
-        Self {
-            worker: r.worker,
-            worker_incarnation: r.worker_incarnation,
-            incarnation: r.incarnation,
-            step: r.step,
-            learning_rate: r.learning_rate,
-            loss: r.loss,
-            pull: r.pull,
-        }
-    }
-}
-
 /// What a push answers, apart from the values it may carry.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Pushed {
@@ -57,22 +42,6 @@ pub struct Pushed {
     pub stale: bool,
     /// The membership's epoch.
     pub membership_epoch: u64,
-}
-
-impl Pushed {
-    /// The wire's answer, with `variables` and (onebit) the `replica`
-    /// version they update.
-    pub fn into_pb(self, variables: Vec<pb::Tensor>, replica: u64) -> pb::PushResponse {
-        pb::PushResponse {
-            variables,
-            global_step: self.global_step,
-            incarnation: self.incarnation,
-            complete: self.complete,
-            stale: self.stale,
-            replica,
-            membership_epoch: self.membership_epoch,
-        }
-    }
 }
 
 /// What a pull answers, apart from its tensors.
@@ -92,25 +61,6 @@ pub struct Pulled {
 
 /// A pull's tensors as the shard held them at one moment.
 pub type Pulls = (Vec<Tensor>, Vec<Tensor>, Vec<Tensor>);
-
-impl Pulled {
-    /// The wire's answer with its (variables, shadows, slots).
-    pub fn into_pb(
-        self,
-        (variables, shadows, slots): (Vec<pb::Tensor>, Vec<pb::Tensor>, Vec<pb::Tensor>),
-    ) -> pb::PullResponse {
-        pb::PullResponse {
-            variables,
-            shadows,
-            slots,
-            global_step: self.global_step,
-            incarnation: self.incarnation,
-            complete: self.complete,
-            membership_epoch: self.membership_epoch,
-            run: self.run,
-        }
-    }
-}
 
 /// The chief's `Initialize`: values for the shard, or (`adopt`) its word
 /// that the snapshot the ps holds aside is of its run.
@@ -134,24 +84,6 @@ pub struct Initialize<'a> {
     pub snapshot_step: u64,
 }
 
-impl<'a> TryFrom<&'a pb::InitializeRequest> for Initialize<'a> {
-    type Error = TensorError;
-
-    fn try_from(r: &'a pb::InitializeRequest) -> Result<Self, TensorError> {
-        let views = |ts: &'a [pb::Tensor]| ts.iter().map(view).collect::<Result<Vec<_>, _>>();
-        Ok(Self {
-            variables: views(&r.variables)?,
-            shadows: views(&r.shadows)?,
-            slots: views(&r.slots)?,
-            global_step: r.global_step,
-            force: r.force,
-            run: r.run,
-            adopt: r.adopt,
-            snapshot_step: r.snapshot_step,
-        })
-    }
-}
-
 /// What `Initialize` answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Initialized {
@@ -159,15 +91,6 @@ pub struct Initialized {
     pub applied: bool,
     /// This ps process.
     pub incarnation: u64,
-}
-
-impl From<Initialized> for pb::InitializeResponse {
-    fn from(i: Initialized) -> Self {
-        Self {
-            applied: i.applied,
-            incarnation: i.incarnation,
-        }
-    }
 }
 
 /// The chief's `Complete`: the run is complete, or (`reshard`) its
@@ -178,15 +101,6 @@ pub struct Complete {
     pub global_step: u64,
     /// The re-shard checkpoint is written (not the end of the run).
     pub reshard: bool,
-}
-
-impl From<&pb::CompleteRequest> for Complete {
-    fn from(r: &pb::CompleteRequest) -> Self {
-        Self {
-            global_step: r.global_step,
-            reshard: r.reshard,
-        }
-    }
 }
 
 /// A named f32 tensor copied out of the shard: little-endian bytes, so
@@ -219,50 +133,15 @@ impl Tensor {
     }
 }
 
-impl From<Tensor> for pb::Tensor {
-    fn from(t: Tensor) -> Self {
-        pb::Tensor {
-            name: t.name,
-            shape: t.shape.iter().map(|&d| d as u64).collect(),
-            dtype: pb::DataType::F32 as i32,
-            data: t.data,
-        }
-    }
-}
-
-/// Each of `tensors` for the wire (moves; no copy of the values).
-pub fn to_pb(tensors: Vec<Tensor>) -> Vec<pb::Tensor> {
-    tensors.into_iter().map(pb::Tensor::from).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_copied_tensor_is_its_array_in_logical_order_as_the_wire_has_it() {
-        let a =
-            ArrayD::from_shape_vec(vec![2, 3], (0..6).map(|x| x as f32 * 0.5).collect()).unwrap();
-        let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let t = pb::Tensor::from(Tensor::copy("w", &a));
-        assert_eq!((t.name.as_str(), t.shape.as_slice()), ("w", &[2u64, 3][..]));
-        assert_eq!(t.dtype, pb::DataType::F32 as i32);
-        assert_eq!(t.data.as_ref(), le(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]));
-        // Not in standard layout (transposed): copied in logical order.
-        let t = Tensor::copy("t", &a.reversed_axes());
-        assert_eq!(t.shape, [3, 2]);
-        assert_eq!(t.data.as_ref(), le(&[0.0, 1.5, 0.5, 2.0, 1.0, 2.5]));
-    }
-
-    #[test]
-    fn an_initialize_with_a_bad_tensor_is_refused_whole() {
-        let mut r = pb::InitializeRequest {
-            variables: vec![Tensor::copy("w", &ArrayD::zeros(vec![2])).into()],
-            global_step: 5,
-            ..Default::default()
-        };
-        assert_eq!(Initialize::try_from(&r).unwrap().variables.len(), 1);
-        r.variables[0].data.truncate(3);
-        assert!(Initialize::try_from(&r).is_err());
-    }
+/// A wire tensor checked but not copied: its values stay in the message's
+/// bytes (little-endian f32, possibly unaligned). The ps applies gradients
+/// straight from these, so a push materializes no array.
+#[derive(Debug, Clone)]
+pub struct TensorView<'a> {
+    /// The variable's name.
+    pub name: &'a str,
+    /// Dimensions, checked against the byte length.
+    pub shape: Vec<usize>,
+    /// `4 · Π shape` bytes of little-endian f32.
+    pub data: &'a [u8],
 }

@@ -1,6 +1,7 @@
 //! The edge between generated proto types and domain types: tensors travel as
 //! raw little-endian bytes; shape, dtype and length are validated here, once.
 
+use super::call::{Complete, Initialize, Initialized, Pulled, Push, Pushed, Tensor, TensorView};
 use crate::transport::pb;
 use bytes::{BufMut, Bytes};
 use ndarray::ArrayD;
@@ -187,7 +188,7 @@ impl<T: prost::Message> Encoder for ExactEncoder<T> {
 /// buffer that starts empty: tonic then takes the first HTTP/2 DATA frame's
 /// bytes as its buffer instead of copying them into one (`BytesMut::put`
 /// into an empty buffer reuses the source's allocation when nothing else
-/// holds it). With frames as large as a message ([`super::tcp::frame`]) a
+/// holds it). With frames as large as a message (`tcp::frame`) a
 /// push or pull arrives in one frame, and prost's `bytes` fields are slices
 /// of the buffer (`copy_to_bytes` on a `BytesMut` does not copy). One copy
 /// is left: tonic reserves a second message's room once the first is in the
@@ -292,7 +293,7 @@ pub fn chunked<M: WithTensors>(mut msg: M) -> (Vec<Bytes>, usize) {
 
 /// Encodes an f32 array (one copy into the message's bytes).
 pub fn encode(name: &str, array: &ArrayD<f32>) -> pb::Tensor {
-    super::call::Tensor::copy(name, array).into()
+    Tensor::copy(name, array).into()
 }
 
 /// The shape of a proto tensor, checked against its byte length and dtype.
@@ -327,19 +328,6 @@ pub fn checked_shape(t: &pb::Tensor) -> Result<Vec<usize>, TensorError> {
         });
     }
     Ok(shape)
-}
-
-/// A wire tensor checked but not copied: its values stay in the message's
-/// bytes (little-endian f32, possibly unaligned). The ps applies gradients
-/// straight from these, so a push materializes no array.
-#[derive(Debug, Clone)]
-pub struct TensorView<'a> {
-    /// The variable's name.
-    pub name: &'a str,
-    /// Dimensions, checked against the byte length.
-    pub shape: Vec<usize>,
-    /// `4 · Π shape` bytes of little-endian f32.
-    pub data: &'a [u8],
 }
 
 /// Checks a proto tensor's dtype and length and views its bytes.
@@ -404,6 +392,109 @@ pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorEr
         .expect("arrays built by dtf are contiguous");
     bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&t.data);
     Ok(())
+}
+
+// What the ps's calls carry (`super::call`), to and from the wire.
+
+impl From<&pb::PushRequest> for Push {
+    fn from(r: &pb::PushRequest) -> Self {
+        Self {
+            worker: r.worker,
+            worker_incarnation: r.worker_incarnation,
+            incarnation: r.incarnation,
+            step: r.step,
+            learning_rate: r.learning_rate,
+            loss: r.loss,
+            pull: r.pull,
+        }
+    }
+}
+
+impl Pushed {
+    /// The wire's answer, with `variables` and (onebit) the `replica`
+    /// version they update.
+    pub fn into_pb(self, variables: Vec<pb::Tensor>, replica: u64) -> pb::PushResponse {
+        pb::PushResponse {
+            variables,
+            global_step: self.global_step,
+            incarnation: self.incarnation,
+            complete: self.complete,
+            stale: self.stale,
+            replica,
+            membership_epoch: self.membership_epoch,
+        }
+    }
+}
+
+impl Pulled {
+    /// The wire's answer with its (variables, shadows, slots).
+    pub fn into_pb(
+        self,
+        (variables, shadows, slots): (Vec<pb::Tensor>, Vec<pb::Tensor>, Vec<pb::Tensor>),
+    ) -> pb::PullResponse {
+        pb::PullResponse {
+            variables,
+            shadows,
+            slots,
+            global_step: self.global_step,
+            incarnation: self.incarnation,
+            complete: self.complete,
+            membership_epoch: self.membership_epoch,
+            run: self.run,
+        }
+    }
+}
+
+impl<'a> TryFrom<&'a pb::InitializeRequest> for Initialize<'a> {
+    type Error = TensorError;
+
+    fn try_from(r: &'a pb::InitializeRequest) -> Result<Self, TensorError> {
+        let views = |ts: &'a [pb::Tensor]| ts.iter().map(view).collect::<Result<Vec<_>, _>>();
+        Ok(Self {
+            variables: views(&r.variables)?,
+            shadows: views(&r.shadows)?,
+            slots: views(&r.slots)?,
+            global_step: r.global_step,
+            force: r.force,
+            run: r.run,
+            adopt: r.adopt,
+            snapshot_step: r.snapshot_step,
+        })
+    }
+}
+
+impl From<Initialized> for pb::InitializeResponse {
+    fn from(i: Initialized) -> Self {
+        Self {
+            applied: i.applied,
+            incarnation: i.incarnation,
+        }
+    }
+}
+
+impl From<&pb::CompleteRequest> for Complete {
+    fn from(r: &pb::CompleteRequest) -> Self {
+        Self {
+            global_step: r.global_step,
+            reshard: r.reshard,
+        }
+    }
+}
+
+impl From<Tensor> for pb::Tensor {
+    fn from(t: Tensor) -> Self {
+        pb::Tensor {
+            name: t.name,
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            dtype: pb::DataType::F32 as i32,
+            data: t.data,
+        }
+    }
+}
+
+/// Each of `tensors` for the wire (moves; no copy of the values).
+pub fn to_pb(tensors: Vec<Tensor>) -> Vec<pb::Tensor> {
+    tensors.into_iter().map(pb::Tensor::from).collect()
 }
 
 #[cfg(test)]
@@ -529,5 +620,37 @@ mod tests {
         let v = view(&t).unwrap();
         assert_eq!((v.name, v.shape.as_slice()), ("w", &[2usize][..]));
         assert_eq!(v.data, bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0]));
+    }
+}
+
+#[cfg(test)]
+mod call_tests {
+    use super::*;
+
+    #[test]
+    fn a_copied_tensor_is_its_array_in_logical_order_as_the_wire_has_it() {
+        let a =
+            ArrayD::from_shape_vec(vec![2, 3], (0..6).map(|x| x as f32 * 0.5).collect()).unwrap();
+        let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let t = pb::Tensor::from(Tensor::copy("w", &a));
+        assert_eq!((t.name.as_str(), t.shape.as_slice()), ("w", &[2u64, 3][..]));
+        assert_eq!(t.dtype, pb::DataType::F32 as i32);
+        assert_eq!(t.data.as_ref(), le(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]));
+        // Not in standard layout (transposed): copied in logical order.
+        let t = Tensor::copy("t", &a.reversed_axes());
+        assert_eq!(t.shape, [3, 2]);
+        assert_eq!(t.data.as_ref(), le(&[0.0, 1.5, 0.5, 2.0, 1.0, 2.5]));
+    }
+
+    #[test]
+    fn an_initialize_with_a_bad_tensor_is_refused_whole() {
+        let mut r = pb::InitializeRequest {
+            variables: vec![Tensor::copy("w", &ArrayD::zeros(vec![2])).into()],
+            global_step: 5,
+            ..Default::default()
+        };
+        assert_eq!(Initialize::try_from(&r).unwrap().variables.len(), 1);
+        r.variables[0].data.truncate(3);
+        assert!(Initialize::try_from(&r).is_err());
     }
 }
