@@ -99,6 +99,9 @@ pub struct Report {
     pub cpu: String,
     /// The kernel tier `mixed_bfloat16` runs on in this process (`DTF_KERNEL` applied).
     pub kernel: String,
+    /// Whether the measuring thread flushed denormals (FTZ and DAZ), as
+    /// every computing thread of a cluster does by default.
+    pub denormals_flushed: bool,
     /// One core's arithmetic peaks.
     pub peaks: Peaks,
     /// The reference model's compute limit, `float32`.
@@ -385,6 +388,9 @@ pub fn cpu_model() -> String {
 ///
 /// Errors: [`BenchError`] when the data cannot be read or a checkpoint fails.
 pub fn run(opts: &Options) -> Result<Report, BenchError> {
+    // This thread computes everything below, as a worker's and a ps's do:
+    // under their default `train.flush_denormals`.
+    kernel::flush_denormals(true);
     let train = Dataset::load(&opts.data, Split::Train)?;
     let reference = [train.features(), 500, 10];
     let both = [Precision::Float32, Precision::MixedBfloat16];
@@ -416,6 +422,7 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
     Ok(Report {
         cpu: cpu_model(),
         kernel: kernel::tier().name().into(),
+        denormals_flushed: kernel::denormals_flushed(),
         peaks,
         compute: compute_ref,
         compute_bf16,
@@ -428,7 +435,10 @@ pub fn run(opts: &Options) -> Result<Report, BenchError> {
 /// The report as a human-readable table.
 pub fn table(r: &Report) -> String {
     use std::fmt::Write;
-    let mut out = format!("cpu: {}\nkernel (mixed_bfloat16): {}\n", r.cpu, r.kernel);
+    let mut out = format!(
+        "cpu: {}\nkernel (mixed_bfloat16): {}\ndenormals flushed: {}\n",
+        r.cpu, r.kernel, r.denormals_flushed
+    );
     let peak = |p: Option<f64>| p.map_or("n/a".to_owned(), |p| format!("{p:.1} GFLOP/s"));
     let _ = writeln!(
         out,

@@ -599,6 +599,7 @@ pub async fn run(
         if let Some(step) = next {
             let (back, result) = tokio::task::spawn_blocking(move || {
                 let r = ev.evaluate(step);
+                crate::metrics::global().computed_here();
                 (ev, r)
             })
             .await?;

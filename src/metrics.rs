@@ -101,6 +101,11 @@ pub struct Metrics {
     /// `dtf_kernel{precision,tier}`: worker: 1 for the precision policy and
     /// the kernel tier its GEMMs run on (`kernel::tier`).
     kernel: Family<Labels, Gauge>,
+    /// `dtf_denormals_flushed`: 1 when the thread that ran the latest step
+    /// (worker), update (ps) or evaluation had FTZ and DAZ set, 0 when not,
+    /// read from the thread itself (`kernel::denormals_flushed`); -1 until
+    /// the first.
+    denormals_flushed: Gauge,
     /// `dtf_membership_epoch`: ps: its membership epoch; worker: ps 0's, as last heard.
     membership_epoch: Gauge,
     /// `dtf_members`: ps: the workers in its `cluster.worker`.
@@ -173,6 +178,11 @@ impl Metrics {
             link_received: Family::default(),
             compression: Family::default(),
             kernel: Family::default(),
+            denormals_flushed: {
+                let g = Gauge::default();
+                g.set(-1);
+                g
+            },
             membership_epoch: Gauge::default(),
             members: Gauge::default(),
             membership_refusals: Counter::default(),
@@ -257,6 +267,14 @@ impl Metrics {
                 ("tier".into(), tier.name().into()),
             ])
             .set(1);
+    }
+
+    /// The calling thread just computed (a step, an update, an
+    /// evaluation): records whether it flushes denormals. One read of
+    /// MXCSR and one store.
+    pub fn computed_here(&self) {
+        self.denormals_flushed
+            .set(i64::from(crate::kernel::denormals_flushed()));
     }
 
     /// A worker heard membership epoch `epoch` from ps 0.

@@ -97,7 +97,13 @@ pub fn local(args: Local) -> Result<ExitCode> {
         opts.program,
         run_dir.join("dtf.toml").display()
     );
-    let rt = tokio::runtime::Runtime::new()?;
+    // The run's in-process work (the final evaluation) flushes denormals
+    // as its tasks do.
+    let rt = crate::kernel::compute_threads(
+        tokio::runtime::Builder::new_multi_thread().enable_all(),
+        planned.train.flush_denormals,
+    )
+    .build()?;
     let outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
     let code = summary(&outcome, json);
     if json {

@@ -29,6 +29,8 @@ pub fn eval(
     } else if !recorded && let Some(l) = meta.label {
         cfg.label = l;
     }
+    // Scored as the evaluator scores it: denormals flushed.
+    crate::kernel::flush_denormals(true);
     let ev = match crate::eval::evaluate_on(path, &cfg) {
         Ok(ev) => ev,
         Err(e) if recorded => {

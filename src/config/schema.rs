@@ -173,6 +173,12 @@ pub struct TrainConfig {
     /// sums; everything else, the ps and checkpoints stay f32). Keras's
     /// policy names. Not reloadable.
     pub precision: crate::kernel::Precision,
+    /// Flush denormals to zero (MXCSR's FTZ and DAZ) in every thread that
+    /// computes — worker steps, ps updates, the evaluator — as TensorFlow
+    /// does (`kernel::flush_denormals`). Off: IEEE subnormals, at the
+    /// cost of microcode assists on Intel cores. Not reloadable: set once
+    /// per thread as it starts.
+    pub flush_denormals: bool,
 }
 
 impl TrainConfig {
@@ -440,6 +446,7 @@ impl Default for TrainConfig {
             epsilon: 1e-8,
             initial_accumulator_value: 0.1,
             precision: crate::kernel::Precision::Float32,
+            flush_denormals: true,
         }
     }
 }

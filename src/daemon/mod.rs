@@ -492,10 +492,15 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     let log = init_logging(&cfg.log.level);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    // Every thread of the runtime computes (the worker's steps, the ps's
+    // updates, the evaluator's scoring), so each flushes denormals.
+    let rt = match crate::kernel::compute_threads(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all(),
+        cfg.train.flush_denormals,
+    )
+    .build()
     {
         Ok(rt) => rt,
         Err(e) => {

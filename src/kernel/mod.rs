@@ -15,6 +15,10 @@
 //! [`gemm`] and never tests CPU features itself; the L2 penalty's pass
 //! ([`scale_and_sum_squares`]) is here too, hand-shaped for vectorizing.
 //!
+//! Every computing thread flushes denormals to zero, as TensorFlow's do
+//! ([`denormals`]: MXCSR's FTZ and DAZ, set where each thread starts;
+//! `[train] flush_denormals = false` turns it off).
+//!
 //! Operands are packed per call ([`bf16`]): each weight matrix is converted
 //! once per GEMM that reads it, which in a step is once per pull (layer 1's
 //! weights feed one GEMM; the output layer's feed two, in two orientations).
@@ -24,11 +28,13 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod bf16;
+mod denormals;
 mod detect;
 mod l2;
 pub mod peak;
 mod portable;
 
+pub use denormals::{compute_threads, denormals_flushed, flush_denormals};
 pub use l2::scale_and_sum_squares;
 
 use bf16::{NR, Strided};

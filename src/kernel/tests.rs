@@ -181,3 +181,49 @@ fn dtf_kernel_forces_a_lower_tier() {
     assert!(err.contains("avx512bf16, portable, f32"), "{err}");
     assert!(Tier::Portable.available() && Tier::F32.available());
 }
+
+/// A GEMM on a flushing thread: subnormal inputs read as 0 (DAZ) and
+/// subnormal products are written as 0 (FTZ), on every tier — TensorFlow's
+/// result; without flushing, f32 keeps both.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_gemm_over_denormals_gives_the_flushed_result() {
+    let tiny = f32::MIN_POSITIVE / 8.0; // subnormal
+    // Row 0 reads a subnormal (× 1); row 1 multiplies two normals into a
+    // subnormal (1e-20 · 1e-20 = 1e-40); row 2 is normal and must stay.
+    let a = Array2::from_shape_vec((3, 2), vec![tiny, 0.0, 1e-20, 0.0, 2.0, 0.0]).unwrap();
+    let b = Array2::from_shape_vec((2, 2), vec![1.0, 1e-20, 0.0, 0.0]).unwrap();
+    let run = move |tier: Tier| {
+        let mut c = Array2::from_elem((3, 2), f32::NAN);
+        gemm_on(tier, &a.view(), &b.view(), 0.0, &mut c.view_mut());
+        c
+    };
+    let (flushed, ieee) = std::thread::spawn(move || {
+        flush_denormals(true);
+        let flushed: Vec<_> = TIERS
+            .into_iter()
+            .filter(|t| t.available())
+            .map(|t| (t, run(t)))
+            .collect();
+        flush_denormals(false);
+        (flushed, run(Tier::F32))
+    })
+    .join()
+    .unwrap();
+    for (tier, c) in flushed {
+        // The bf16 tiers multiply the inputs rounded to bf16.
+        let r = |x: f32| if tier == Tier::F32 { x } else { bf16::round(x) };
+        assert_eq!(c.row(0).to_vec(), [0.0, 0.0], "{}: DAZ", tier.name());
+        assert_eq!(c.row(1).to_vec(), [r(1e-20), 0.0], "{}: FTZ", tier.name());
+        assert_eq!(c.row(2).to_vec(), [2.0, 2.0 * r(1e-20)], "{}", tier.name());
+    }
+    assert_eq!(
+        ieee[[0, 0]],
+        tiny,
+        "f32 without flushing keeps a subnormal input"
+    );
+    assert!(
+        ieee[[1, 1]] > 0.0 && ieee[[1, 1]] < f32::MIN_POSITIVE,
+        "{ieee}"
+    );
+}

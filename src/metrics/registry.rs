@@ -39,6 +39,11 @@ impl Metrics {
             "Configuration reloads, applied or rejected",
             self.reloads.clone(),
         );
+        r.register(
+            "dtf_denormals_flushed",
+            "1 when the thread of the latest step (worker), update (ps) or evaluation (evaluator) flushed denormals to zero (train.flush_denormals), 0 when not, -1 before the first",
+            self.denormals_flushed.clone(),
+        );
         match role {
             Role::Ps => self.register_ps(&mut r),
             Role::Worker => self.register_worker(&mut r, task == 0),

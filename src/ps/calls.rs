@@ -397,6 +397,7 @@ impl PsService {
                 )?;
                 let outcome =
                     s.push_bytes(&grads, req.learning_rate, req.step, req.worker, req.loss)?;
+                crate::metrics::global().computed_here();
                 self.inner.step_tx.send_replace(s.step());
                 Some(outcome)
             }

@@ -363,7 +363,9 @@ impl Worker {
                 &mut buf.grads,
                 |params, grads| {
                     tokio::task::block_in_place(|| {
-                        mlp.loss_and_grads_into(params, x, y, reg, ws, grads)
+                        let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
+                        crate::metrics::global().computed_here();
+                        loss
                     })
                 },
                 lr,

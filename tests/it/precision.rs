@@ -1,7 +1,8 @@
 //! `train.precision = "mixed_bfloat16"` end to end: real ps and worker
 //! processes train the tiny model with bf16 GEMMs over each transport, the
 //! policy is in the checkpoints and the workers' logs and metrics, and
-//! `DTF_KERNEL` picks the tier a worker runs.
+//! `DTF_KERNEL` picks the tier a worker runs; every computing thread
+//! flushes denormals unless `train.flush_denormals = false`.
 
 use crate::util::*;
 use dtf::config::Mode;
@@ -78,4 +79,55 @@ fn dtf_kernel_forces_the_portable_tier_in_a_worker() {
     let log = c.log("worker:0");
     assert!(log.contains("Kernel tier chosen."), "{log}");
     assert!(log.contains("portable"), "{log}");
+}
+
+/// Starts a ps, a worker and an evaluator with `train.flush_denormals =
+/// flush` and returns what each one's `dtf_denormals_flushed` says once it
+/// has computed (an update, a step, an evaluation): the MXCSR of the very
+/// thread that computed.
+fn denormals_flushed_by_each_task(flush: bool) -> Vec<(&'static str, f64)> {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.cfg.train.flush_denormals = flush;
+    c.write_config();
+    // Something for the evaluator to score at once.
+    write_checkpoint(&c.cfg, 100);
+    let addrs = free_addrs(3);
+    let roles = ["ps", "worker", "evaluator"];
+    for (role, addr) in roles.into_iter().zip(&addrs) {
+        c.start_env(role, 0, &[("DTF_METRICS__LISTEN", addr)]);
+    }
+    let flushed = |addr: &str| {
+        http_get(addr, "/metrics").and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("dtf_denormals_flushed "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+    };
+    roles
+        .into_iter()
+        .zip(&addrs)
+        .map(|(role, addr)| {
+            let what = format!("the {role} to compute and say whether it flushed");
+            (
+                role,
+                until(RUN, &what, || flushed(addr).filter(|&v| v >= 0.0)),
+            )
+        })
+        .collect()
+}
+
+/// TensorFlow's compute threads run under `ScopedFlushDenormal`; dtf's
+/// do too: the ps's update threads, the worker's step and the evaluator's
+/// scoring all have FTZ and DAZ set.
+#[test]
+fn every_computing_thread_flushes_denormals_by_default() {
+    let got = denormals_flushed_by_each_task(true);
+    assert_eq!(got, [("ps", 1.0), ("worker", 1.0), ("evaluator", 1.0)]);
+}
+
+/// `train.flush_denormals = false` keeps IEEE subnormals in every one of them.
+#[test]
+fn flush_denormals_false_keeps_subnormals_everywhere() {
+    let got = denormals_flushed_by_each_task(false);
+    assert_eq!(got, [("ps", 0.0), ("worker", 0.0), ("evaluator", 0.0)]);
 }

@@ -122,6 +122,26 @@ fn optimizers_take_tensorflow_defaults_and_their_keys() {
 }
 
 #[test]
+fn flush_denormals_is_on_by_default_and_a_boolean() {
+    assert!(
+        Config::from_toml_str("", "f")
+            .unwrap()
+            .train
+            .flush_denormals
+    );
+    let off = Config::from_toml_str("[train]\nflush_denormals = false\n", "f").unwrap();
+    assert!(!off.train.flush_denormals);
+    let err = Config::from_toml_str("[train]\nflush_denormals = \"no\"\n", "f")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("flush_denormals"), "{err}");
+    assert!(
+        err.contains("bool"),
+        "the error says what would be right: {err}"
+    );
+}
+
+#[test]
 fn sync_replica_counts_are_checked() {
     let ok = format!(
         "{TWO_WORKERS}[train]\nmode = \"sync\"\nreplicas_to_aggregate = 1\ntotal_num_replicas = 2\n"
