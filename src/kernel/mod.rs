@@ -190,7 +190,11 @@ pub fn simd_available() -> bool {
 /// loops the compiler vectorizes to whatever width the function it is
 /// inlined into allows, and the binary targets baseline x86-64. `f`'s
 /// loops must be `#[inline(always)]` down to the loop for this to reach
-/// them. Element-wise IEEE operations give the same bits at any width.
+/// them, **`f` itself included**: a closure is a function of its own,
+/// and one that is not inlined into the AVX-512 wrapper is compiled for
+/// baseline SSE (the ps's optimizer pass ran 4 lanes wide for that until
+/// issue 41's profile showed it): pass `#[inline(always)] || …`.
+/// Element-wise IEEE operations give the same bits at any width.
 #[inline(always)]
 pub fn simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]

@@ -505,7 +505,10 @@ fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
             let mut next: Vec<ArrayD<f32>> = slots.iter().map(|s| s.clone() * 0.0).collect();
             let (mut nw, mut ns) = (vec![0.0f32; n], vec![0.0f32; n]);
             let bad = if vectorized {
-                crate::kernel::simd(|| pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns))
+                crate::kernel::simd(
+                    #[inline(always)]
+                    || pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns),
+                )
             } else {
                 pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns)
             };

@@ -213,7 +213,10 @@ impl Shard {
             let (slots, next) = (&self.slots.per_var[i], &mut self.scratch_slots[i]);
             // One pass per rule, compiled for AVX-512 where the CPU has it
             // (the same IEEE operations lane by lane: the same bits).
-            let bad = kernel::simd(|| pass(&consts, w, sh, g, slots, next, nw, ns));
+            let bad = kernel::simd(
+                #[inline(always)]
+                || pass(&consts, w, sh, g, slots, next, nw, ns),
+            );
             if bad {
                 return Err(ShardError::Overflow {
                     lr,

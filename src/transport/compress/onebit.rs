@@ -18,7 +18,10 @@ pub fn onebit_len(n: usize) -> usize {
 /// Quantizes `x` to onebit bytes.
 pub(super) fn quantize(x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; onebit_len(x.len())];
-    crate::kernel::simd(|| quantize_into(x, &mut out));
+    crate::kernel::simd(
+        #[inline(always)]
+        || quantize_into(x, &mut out),
+    );
     out
 }
 
@@ -75,31 +78,34 @@ fn quantize_into(x: &[f32], out: &mut [u8]) {
 /// no branch, vectorized.
 #[inline(always)]
 pub(super) fn dequantize(data: &[u8], out: &mut [f32], op: impl Fn(&mut f32, f32) + Copy) {
-    crate::kernel::simd(|| {
-        let blocks = out.len().div_ceil(BLOCK);
-        let (scales, bits) = data.split_at(8 * blocks);
-        for ((block, s), bytes) in out
-            .chunks_mut(BLOCK)
-            .zip(scales.chunks_exact(8))
-            .zip(bits.chunks(BLOCK / 8))
-        {
-            let p = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let m = f32::from_le_bytes([s[4], s[5], s[6], s[7]]);
-            let group = |values: &mut [f32], byte: u8| {
-                for (k, o) in values.iter_mut().enumerate() {
-                    op(o, if (byte >> k) & 1 != 0 { p } else { m });
+    crate::kernel::simd(
+        #[inline(always)]
+        || {
+            let blocks = out.len().div_ceil(BLOCK);
+            let (scales, bits) = data.split_at(8 * blocks);
+            for ((block, s), bytes) in out
+                .chunks_mut(BLOCK)
+                .zip(scales.chunks_exact(8))
+                .zip(bits.chunks(BLOCK / 8))
+            {
+                let p = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                let m = f32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+                let group = |values: &mut [f32], byte: u8| {
+                    for (k, o) in values.iter_mut().enumerate() {
+                        op(o, if (byte >> k) & 1 != 0 { p } else { m });
+                    }
+                };
+                let mut whole = block.chunks_exact_mut(8);
+                for (values, &byte) in whole.by_ref().zip(bytes) {
+                    group(values, byte);
                 }
-            };
-            let mut whole = block.chunks_exact_mut(8);
-            for (values, &byte) in whole.by_ref().zip(bytes) {
-                group(values, byte);
+                let tail = whole.into_remainder();
+                if !tail.is_empty() {
+                    group(tail, bytes[bytes.len() - 1]);
+                }
             }
-            let tail = whole.into_remainder();
-            if !tail.is_empty() {
-                group(tail, bytes[bytes.len() - 1]);
-            }
-        }
-    })
+        },
+    )
 }
 
 /// `x` as a onebit tensor; `x` is left holding what quantization lost
