@@ -300,23 +300,34 @@ pub fn gemm_on(
 
 /// `c[i0.., j0..] = acc + beta·c` for the part of an `rows × NR` block
 /// (row stride `NR`) that lies inside `c`.
+///
+/// A row-major `c` (every GEMM of a training step writes one) is written
+/// through plain slices: slicing an ndarray view per row of every block
+/// cost a third of a bf16 GEMM's time (`perf`, issue 41).
 fn store(acc: &[f32], c: &mut ArrayViewMut2<f32>, i0: usize, j0: usize, beta: f32) {
     let (m, n) = c.dim();
     let cols = NR.min(n - j0);
-    for (i, src) in acc.chunks_exact(NR).enumerate().take(m.saturating_sub(i0)) {
-        let mut row = c.row_mut(i0 + i);
-        let mut dst = row.slice_mut(ndarray::s![j0..j0 + cols]);
-        match dst.as_slice_mut() {
-            Some(dst) if beta == 0.0 => dst.copy_from_slice(&src[..cols]),
-            Some(dst) if beta == 1.0 => {
+    let rows = acc.chunks_exact(NR).take(m.saturating_sub(i0));
+    let put = |d: &mut f32, s: f32| *d = if beta == 0.0 { s } else { s + beta * *d };
+    if let Some(c) = c.as_slice_mut() {
+        for (src, row) in rows.zip(c[i0 * n..].chunks_exact_mut(n)) {
+            let (src, dst) = (&src[..cols], &mut row[j0..j0 + cols]);
+            if beta == 0.0 {
+                dst.copy_from_slice(src);
+            } else if beta == 1.0 {
                 for (d, &s) in dst.iter_mut().zip(src) {
                     *d += s;
                 }
-            }
-            _ => {
+            } else {
                 for (d, &s) in dst.iter_mut().zip(src) {
-                    *d = if beta == 0.0 { s } else { s + beta * *d };
+                    put(d, s);
                 }
+            }
+        }
+    } else {
+        for (i, src) in rows.enumerate() {
+            for (j, &s) in src[..cols].iter().enumerate() {
+                put(&mut c[[i0 + i, j0 + j]], s);
             }
         }
     }

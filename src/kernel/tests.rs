@@ -40,7 +40,8 @@ fn references(a: &Array2<f32>, b: &Array2<f32>) -> (Array2<f64>, Array2<f64>) {
     (abs, exact)
 }
 
-/// Checks `tier` on every shape, both operand layouts and three betas:
+/// Checks `tier` on every shape, both operand layouts, three betas and
+/// both layouts of C:
 ///
 /// - against the exact product of the bf16-rounded inputs, within f32
 ///   accumulation error (`(k + 2)·2⁻²⁴·Σ|a||b|`): any packing or indexing
@@ -58,8 +59,9 @@ fn check_tier(tier: Tier) {
             let a = random(&mut rng, (m, k), ta);
             let b = random(&mut rng, (k, n), tb);
             let (abs, exact) = references(&a, &b);
-            for beta in [0.0f32, 1.0, 0.5] {
-                let c0 = random(&mut rng, (m, n), false);
+            // C column-major too (the store's strided path).
+            for (beta, tc) in [(0.0f32, false), (1.0, false), (0.5, false), (0.5, true)] {
+                let c0 = random(&mut rng, (m, n), tc);
                 let mut c = c0.clone();
                 gemm_on(tier, &a.view(), &b.view(), beta, &mut c.view_mut());
                 let mut want = c0.clone();
@@ -76,7 +78,7 @@ fn check_tier(tier: Tier) {
                     let err = (f64::from(got) - exact).abs();
                     assert!(
                         err <= tol,
-                        "{} {m}×{k}×{n} (transposed {ta}, {tb}) beta {beta} [{i},{j}]: {got} vs exact {exact} (err {err:e} > {tol:e})",
+                        "{} {m}×{k}×{n} (transposed {ta}, {tb}, C {tc}) beta {beta} [{i},{j}]: {got} vs exact {exact} (err {err:e} > {tol:e})",
                         tier.name()
                     );
                     if tier != Tier::F32 {
