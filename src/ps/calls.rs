@@ -347,7 +347,7 @@ impl PsService {
     /// it with the peer, rate-limited).
     ///
     /// Errors: `FAILED_PRECONDITION` for a worker not in `cluster.worker` or a
-    /// process fenced off its index ([`workers::Refusal`]), for a stale
+    /// process fenced off its index ([`super::workers::Refusal`]), for a stale
     /// incarnation, and the shard's refusals ([`shard::ShardError`]);
     /// nothing changed.
     pub async fn push_with<T>(
@@ -413,7 +413,7 @@ impl PsService {
     /// counted), or let in — fencing the index's previous process, or
     /// counting a joined worker in the sync target.
     ///
-    /// Errors: `FAILED_PRECONDITION` ([`workers::Refusal`]).
+    /// Errors: `FAILED_PRECONDITION` ([`super::workers::Refusal`]).
     fn admit(&self, req: &Push, refused: impl FnOnce(&str)) -> Result<(), Status> {
         let admitted = self.membership().admit(
             req.worker,
