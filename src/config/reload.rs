@@ -107,7 +107,11 @@ impl Config {
     fn check_ps_change(&self, new: &Config) -> Result<(), ConfigError> {
         let (old, now) = (&self.cluster.ps, &new.cluster.ps);
         for (i, addr) in old.iter().enumerate() {
-            if let Some(j) = now.iter().position(|a| a == addr)
+            // Respelled counts as the same: `127.0.0.1:A, 127.0.0.1:B` →
+            // `localhost:B, localhost:A` swaps two ps tasks.
+            if let Some(j) = now
+                .iter()
+                .position(|a| super::validate::same_endpoint(a, addr))
                 && j != i
             {
                 return Err(new.bad(
@@ -256,6 +260,17 @@ mod tests {
             err.contains("cluster.ps") && err.contains("moved from entry 1 to entry 0"),
             "{err}"
         );
+        // Respelled, a swap is still a move (issue 44): `localhost:X` is
+        // `127.0.0.1:X`, as the duplicate check has it.
+        let mut local = old.clone();
+        local.cluster.ps = vec!["127.0.0.1:9001".into(), "127.0.0.1:9002".into()];
+        let mut swapped = local.clone();
+        swapped.cluster.ps = vec!["localhost:9002".into(), "LOCALHOST:9001".into()];
+        let err = local.reload(swapped).unwrap_err().to_string();
+        assert!(err.contains("moved from entry 0 to entry 1"), "{err}");
+        let mut respelled = local.clone();
+        respelled.cluster.ps = vec!["localhost:9001".into(), "[::ffff:127.0.0.1]:9002".into()];
+        assert_eq!(local.reload(respelled.clone()).unwrap(), respelled);
         // Workers come and go at the end of the list.
         let mut grown = old.clone();
         grown.cluster.worker.push("h:7".into());

@@ -526,6 +526,13 @@ pub const MAX_REGULARIZATION_RATE: f32 = 1.0;
 /// older than any checkpoint, which the ps then prefers anyway.
 pub const MAX_SNAPSHOT_SECS: u64 = 86_400;
 
+/// Whether two addresses name one endpoint, as the duplicate check sees
+/// it (`localhost:X` is `127.0.0.1:X`).
+pub(super) fn same_endpoint(a: &str, b: &str) -> bool {
+    let theirs = endpoints(b);
+    endpoints(a).iter().any(|e| theirs.contains(e))
+}
+
 /// The endpoints a valid `host:port` names, for the duplicate check: an IP
 /// literal as its socket address (`[::ffff:127.0.0.1]` and `127.0.0.1` are
 /// one), `localhost` as both loopback addresses, any other name as itself,

@@ -50,7 +50,7 @@ pub struct Options {
     pub workers: usize,
     /// The data set: a directory of IDX files, a `.npz` or a training
     /// `.csv` (default: the config's `[data]`). This and the other paths
-    /// are made absolute by [`crate::cli::local`].
+    /// are made absolute by `cli::local`.
     pub data: Option<PathBuf>,
     /// The test `.csv` beside `data` (default: its name with `train` → `test`).
     pub test: Option<PathBuf>,
@@ -65,7 +65,7 @@ pub struct Options {
     /// Run `dtf-evaluator` beside the cluster (`dtf local --evaluator`).
     pub evaluator: bool,
     /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are; this and the
-    /// next two are the process's, filled in by [`crate::cli::local`].
+    /// next two are the process's, filled in by `cli::local`.
     pub bin_dir: PathBuf,
     /// The `dtf` the user ran, as the hints (resume, status) should name it.
     pub program: String,

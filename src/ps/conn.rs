@@ -89,7 +89,7 @@ fn conn_info(ext: &http::Extensions) -> Option<&ConnInfo> {
 }
 
 /// The peer's address of a request that came through
-/// [`super::listen::incoming`].
+/// `listen::incoming`.
 pub fn peer(ext: &http::Extensions) -> Option<SocketAddr> {
     conn_info(ext).and_then(|c| c.remote)
 }

@@ -26,6 +26,10 @@ const RESHARD_ORPHAN: Duration = Duration::from_secs(300);
 /// waiting on it hear so rather than finding it gone.
 const COMPLETE_LINGER: Duration = Duration::from_secs(2);
 
+/// How long the server, once stopped, waits for its connections to close
+/// before it drops them.
+const SERVER_DRAIN: Duration = Duration::from_secs(1);
+
 /// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
 /// `cluster.ps_exit_when_complete`, shortly after the run is complete.
 ///
@@ -156,9 +160,22 @@ pub async fn serve(
         service.inner.edge.refusals.clone(),
         credentials.server_tls(),
     );
-    let result = router
-        .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
-        .await;
+    let server = router.serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
+    // The graceful stop waits for every connection to close: a frozen or
+    // unreachable client's would hold it until HTTP/2 keepalive gives up
+    // (30 s; issue 44's re-shard with a SIGSTOPped worker). What is in
+    // flight ends within the bound; the connections left are then dropped.
+    let drained = async {
+        stop.cancelled().await;
+        tokio::time::sleep(SERVER_DRAIN).await;
+    };
+    let result = tokio::select! {
+        result = server => result,
+        () = drained => {
+            warn!(ps = task, waited_ms = SERVER_DRAIN.as_millis() as u64, "Clients still connected after the stop (frozen or unreachable?): their connections are dropped.");
+            Ok(())
+        }
+    };
     loops.shutdown().await;
     stop.cancel();
     // The shared-memory server's end, and the last snapshot, of the state

@@ -496,3 +496,25 @@ fn each_daemon_help_names_its_own_unit() {
         assert!(ran.stdout.contains("--task_index"), "{}", ran.stdout);
     }
 }
+
+/// Issue 44: a ps stopped with SIGTERM while a worker is frozen (SIGSTOP,
+/// its TCP connection open) exits within about a second of its drain, not
+/// when HTTP/2 keepalive gives the connection up (30 s).
+#[test]
+fn a_sigterm_does_not_wait_for_a_frozen_workers_connection() {
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.use_transport(dtf::config::Transport::Tcp);
+    c.start_all();
+    c.wait_log("worker:0", "Training.", 1, Duration::from_secs(30));
+    c.signal("worker:0", libc::SIGSTOP);
+    c.signal("ps:0", libc::SIGTERM);
+    // Well inside the 30 s the drain took, with room for a loaded machine.
+    let s = c.wait("ps:0", Duration::from_secs(10));
+    c.signal("worker:0", libc::SIGCONT);
+    assert!(s.success(), "{s:?}:\n{}", c.log("ps:0"));
+    assert!(
+        c.log("ps:0").contains("their connections are dropped"),
+        "{}",
+        c.log("ps:0")
+    );
+}

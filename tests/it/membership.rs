@@ -599,3 +599,45 @@ async fn a_ps_whose_file_is_edited_late_still_moves_to_the_new_placement() {
     }
     assert!(checkpoint_steps(&c.cfg.checkpoint.dir).contains(&(now + ROOM)));
 }
+
+/// Issue 44: a re-shard with one worker frozen (SIGSTOP) once paused the
+/// whole cluster 29 s: after the chief's word each ps waited in the
+/// server's graceful stop for the frozen worker's HTTP/2 connection to
+/// close (keepalive). The drain is bounded now: the ps starts again under
+/// the new list within about a second of the re-shard checkpoint, and the
+/// frozen worker, once continued, follows it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reshard_does_not_wait_for_a_frozen_worker() {
+    let mut c = Cluster::new(1, 2, 1_000_000, Mode::Async);
+    c.use_transport(Transport::Tcp);
+    c.start_all();
+    past(&c, 50).await;
+    for n in ["worker:0", "worker:1"] {
+        c.wait_log(n, "Training.", 1, RUN);
+    }
+    c.signal("worker:1", libc::SIGSTOP);
+    c.cfg.cluster.ps.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    c.start("ps", 1);
+    c.wait_log("worker:0", "Re-shard checkpoint done", 1, RUN);
+    // Well inside the 30 s the drain took, with room for a loaded machine
+    // (a failure here leaves worker:1 stopped: the cluster's drop kills it).
+    c.wait_log(
+        "ps:0",
+        "Starting again under the new cluster.ps.",
+        1,
+        Duration::from_secs(10),
+    );
+    c.signal("worker:1", libc::SIGCONT);
+    c.wait_log("ps:0", "their connections are dropped", 1, RUN);
+    let (a, b) = (shard_past(&c, 0, 50).await, shard_past(&c, 1, 50).await);
+    assert_eq!(a.len() + b.len(), 4, "{a:?} {b:?}");
+    c.wait_log(
+        "worker:1",
+        "Starting again under the new cluster.ps.",
+        1,
+        RUN,
+    );
+    let now = past(&c, 0).await.global_step;
+    past(&c, now + 50).await;
+}
