@@ -26,20 +26,28 @@
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
 //!   file that checkpoints and ps snapshots both are).
 //! - [`placement`] — which ps task holds which variable.
-//! - [`ps`] — the parameter-server task: its `shard` (the state and the checks on
-//!   what comes in; `shard::update`: pushes into updates, the optimizer's pass), the
-//!   functions every call runs, the gRPC service (`grpc`), the shared-memory server,
-//!   `snapshot` (each ps's own snapshots of its shard: its recovery after a crash), `limits`
-//!   (the bounds on connections and calls), `conn` (a connection, shed or authenticated),
-//!   `listen` (the accept loop) and `tls` (the handshake).
-//! - [`worker`] — the worker task: the step loop, the same for every worker; `chief`
-//!   (worker 0's duties: init or restore, checkpoints, summaries, the end of the run),
-//!   `backoff`.
-//! - [`transport`] — the wire: `cluster::Cluster` (the client of every ps, shared by worker,
-//!   chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step, computed in
-//!   place in the shared regions), `proto` (conversion to domain types),
-//!   `tcp` (gRPC between hosts), `shm` (shared memory on one host), `compress`
-//!   (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the error feedback).
+//! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
+//!   (the functions every call runs, on domain types), `serve` (its background tasks),
+//!   `follow` (membership and re-shard), its `shard` (the state and the checks on what
+//!   comes in; `shard::update`: pushes into updates, the optimizer's pass), the gRPC
+//!   service (`grpc`) and the shared-memory server (`shm`) — the two adapters that see the
+//!   wire —, `snapshot` (each ps's own snapshots of its shard: its recovery after a crash),
+//!   `replica` (the ring's copies), `limits` (the bounds on connections and calls),
+//!   `admission` (calls in progress), `conn`
+//!   (a connection, shed or authenticated), `listen` (the accept loop) and `tls` (the
+//!   handshake).
+//! - [`worker`] — the worker task: the step loop, the same for every worker; `startup`,
+//!   `sync`, `rate`, `error`; `chief` (worker 0's duties: init or restore, summaries, the end
+//!   of the run, re-shard — `Chief` owns what they need), `checkpoints` (the chief's saver
+//!   and timer), `backoff`.
+//! - [`transport`] — the wire, and the only home of its generated types (`pb`): `call` and
+//!   `state` (the domain types the ps, worker, chief, status and metrics speak), `proto`
+//!   (the conversion between the two), `cluster::Cluster` (the client of every ps, shared by
+//!   worker, chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step,
+//!   computed in place in the shared regions; `cluster/seed`: the chief's calls), `ring`
+//!   (the ring's calls between ps tasks), `tcp` (gRPC between hosts), `shm` (shared memory on one
+//!   host), `compress` (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the
+//!   error feedback).
 //! - [`daemon`] — the daemons' lifecycle (ps, worker, evaluator), a folder: the control loop
 //!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args`.
 //! - [`auth`] — the cluster token on every RPC.

@@ -110,7 +110,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Local(args) => match args.overrides() {
-            Ok(overrides) => dtf::cli::local(args.into_local(overrides)),
+            Ok(overrides) => {
+                let json = args.json;
+                dtf::cli::local(args.into_local(overrides), json)
+            }
             Err(e) => Ok(dtf::cli::usage(&e)),
         },
         Command::Eval {
@@ -263,8 +266,8 @@ enum CompressionArg {
 
 impl LocalArgs {
     /// The run this command line asks for, with its keys `overrides`.
-    fn into_local(self, overrides: Vec<config::Override>) -> dtf::cli::Local {
-        dtf::cli::Local {
+    fn into_local(self, overrides: Vec<config::Override>) -> dtf::local::Options {
+        dtf::local::Options {
             ps: self.ps,
             workers: self.workers,
             data: self.data,
@@ -273,7 +276,7 @@ impl LocalArgs {
             config: self.config,
             overrides,
             evaluator: self.evaluator,
-            json: self.json,
+            ..Default::default()
         }
     }
 

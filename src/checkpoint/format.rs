@@ -632,7 +632,7 @@ fn check_no_stray_shadows(
 }
 
 /// Parses a checkpoint from the bytes of its model file and its EMA file —
-/// what [`load`] uses after reading the two files.
+/// what [`super::restore::load`] uses after reading the two files.
 ///
 /// Verifies: both are safetensors with `format = "dtf-1"` and the right
 /// `kind`; every tensor's CRC-32; both files' `global_step` agree, with the

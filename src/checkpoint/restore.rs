@@ -52,7 +52,7 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
 }
 
 /// Loads `path` (a `model.ckpt-<N>.safetensors` file) and its
-/// `model.ckpt-<N>.ema.safetensors` sibling, verifying as [`from_bytes`] does,
+/// `model.ckpt-<N>.ema.safetensors` sibling, verifying as [`super::format::from_bytes`] does,
 /// and that the step is `N`. (A differently named `<x>.safetensors` loads with
 /// its `<x>.ema.safetensors`, without the name check.)
 ///

@@ -16,7 +16,8 @@ use crate::files::{self, WriteFn, write_all};
 /// `tokio::task::spawn_blocking`, off the training loop.
 #[derive(Debug, Clone)]
 pub struct Saver {
-    /// The checkpoint directory (created by [`Saver::new`]).
+    /// The checkpoint directory (created by [`Saver::new`], and by
+    /// [`Saver::save`] when it is missing).
     dir: PathBuf,
     /// How many checkpoints to keep; 0 keeps all (as TensorFlow's `Saver`).
     max_to_keep: usize,
@@ -34,24 +35,47 @@ impl Saver {
     /// Errors: [`CheckpointError::Io`] if the directory cannot be created or
     /// `dir` exists and is not a directory.
     pub fn new(dir: &Path, max_to_keep: usize) -> Result<Self, CheckpointError> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(dir)
-            .map_err(|e| CheckpointError::io(dir, "create directory", e))?;
-        Ok(Saver {
+        let saver = Saver::at(dir, max_to_keep);
+        saver.create_dir()?;
+        Ok(saver)
+    }
+
+    /// A saver for `dir`, touching nothing until [`Saver::save`] (which
+    /// creates the directory when it is missing).
+    pub fn at(dir: &Path, max_to_keep: usize) -> Self {
+        Saver {
             dir: dir.to_path_buf(),
             max_to_keep,
             write: write_all,
             metadata: BTreeMap::new(),
-        })
+        }
+    }
+
+    /// Keeps the newest `max_to_keep` from the next save on (a reload may
+    /// change `checkpoint.max_to_keep`).
+    pub fn set_max_to_keep(&mut self, max_to_keep: usize) {
+        self.max_to_keep = max_to_keep;
+    }
+
+    /// The checkpoint directory, mode 0750, made if missing.
+    fn create_dir(&self) -> Result<(), CheckpointError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&self.dir)
+            .map_err(|e| CheckpointError::io(&self.dir, "create directory", e))
     }
 
     /// Writes `meta` into every model file's metadata, so the checkpoint
     /// alone says how to use it (`dtf eval`, `predict`, `export`).
     pub fn with_model(mut self, meta: &super::ModelMeta) -> Self {
-        self.metadata = meta.to_metadata();
+        self.set_model(meta);
         self
+    }
+
+    /// [`Saver::with_model`] in place: from the next save on.
+    pub fn set_model(&mut self, meta: &super::ModelMeta) {
+        self.metadata = meta.to_metadata();
     }
 
     /// Writes `model.ckpt-<step>.ema.safetensors`, then
@@ -75,6 +99,8 @@ impl Saver {
         let (model_bytes, ema_bytes) =
             to_bytes(ckpt, &self.metadata).map_err(|p| CheckpointError::invalid(&model_path, p))?;
 
+        // Removed since the last save (by an operator): made again.
+        self.create_dir()?;
         self.remove_stale_temps();
         let model_existed = model_path.exists();
         let ema_tmp = self.write_temp(&ema_path, &ema_bytes)?;

@@ -2,70 +2,37 @@
 //! summary.
 
 use super::{Context, Result, chain, usage};
-use crate::config::Override;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// `dtf local`'s command line, parsed: what [`local`] runs.
-#[derive(Debug)]
-pub struct Local {
-    /// Number of ps tasks.
-    pub ps: usize,
-    /// Number of worker tasks (worker 0 is the chief).
-    pub workers: usize,
-    /// The data set (`--data`), as given.
-    pub data: Option<PathBuf>,
-    /// The test .csv for a training .csv (`--test`), as given.
-    pub test: Option<PathBuf>,
-    /// Where to keep checkpoints (`--checkpoint-dir`), as given.
-    pub checkpoint_dir: Option<PathBuf>,
-    /// The config file hyperparameters come from (`--config`), as given.
-    pub config: Option<PathBuf>,
-    /// The keys the command line sets, in order: every `--set`, then each
-    /// key flag given.
-    pub overrides: Vec<Override>,
-    /// Also run dtf-evaluator (`--evaluator`).
-    pub evaluator: bool,
-    /// One JSON object on stdout, the summary on stderr (`--json`).
-    pub json: bool,
-}
 
 /// `dtf local`: exit 0 when trained, 2 for a command line that cannot run
 /// (nothing is created), 130/143 when stopped by SIGINT/SIGTERM.
-pub fn local(args: Local) -> Result<ExitCode> {
-    let json = args.json;
+pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
     let _log = crate::daemon::init_logging("warn");
     let exe = std::env::current_exe().map_err(|e| Context::wrap("locating the dtf binary", e))?;
-    let bin_dir = exe
+    opts.bin_dir = exe
         .parent()
         .ok_or("the dtf binary has no directory")?
         .to_path_buf();
     // The hints name the dtf that was run: `dtf` from $PATH as typed, any
     // other as its absolute path (a relative one breaks after a `cd`).
     let typed = std::env::args().next().unwrap_or_else(|| "dtf".into());
-    let program = if typed.contains('/') {
+    opts.program = if typed.contains('/') {
         exe.display().to_string()
     } else {
         typed
     };
-    let opts = crate::local::Options {
-        ps: args.ps,
-        workers: args.workers,
-        data: args.data.as_deref().map(crate::local::absolute),
-        test: args.test.as_deref().map(crate::local::absolute),
-        checkpoint_dir: args.checkpoint_dir.as_deref().map(crate::local::absolute),
-        config: args.config.as_deref().map(crate::local::absolute),
-        overrides: args.overrides,
-        evaluator: args.evaluator,
-        bin_dir,
-        program,
-        progress: if std::io::stderr().is_terminal() {
-            crate::local::Progress::Bar
-        } else {
-            crate::local::Progress::Lines(std::time::Duration::from_secs(10))
-        },
-    };
+    for path in [
+        &mut opts.data,
+        &mut opts.test,
+        &mut opts.checkpoint_dir,
+        &mut opts.config,
+    ] {
+        *path = path.as_deref().map(crate::local::absolute);
+    }
+    if std::io::stderr().is_terminal() {
+        opts.progress = crate::local::Progress::Bar;
+    }
     let mut notes = Vec::new();
     let planned = match crate::local::plan(&opts, &mut notes) {
         Ok(cfg) => cfg,

@@ -15,7 +15,7 @@ mod local;
 mod model;
 
 pub use cluster::{check_config, status};
-pub use local::{Local, local};
+pub use local::local;
 pub use model::{eval, export, inspect, predict};
 
 use std::path::PathBuf;

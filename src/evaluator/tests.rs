@@ -64,8 +64,9 @@ fn loss_ranks_lower_first_and_nan_last() {
     assert_eq!(steps, [3, 4, 1]);
 }
 
-#[test]
-fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
+/// The steps read back from a ledger that holds step 10, then `junk`
+/// written as is, then step 30 appended.
+fn steps_around(junk: &[u8]) -> Vec<u64> {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join(LEDGER);
     let r = |step| Record {
@@ -74,10 +75,14 @@ fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
     };
     append_ledger(&path, &r(10)).unwrap();
     let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
-    f.write_all(b"{\"global_step\": 2").unwrap();
+    f.write_all(junk).unwrap();
     append_ledger(&path, &r(30)).unwrap();
-    let read = read_ledger(&path).unwrap();
-    assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
+    read_ledger(&path).unwrap().keys().copied().collect()
+}
+
+#[test]
+fn the_ledger_skips_a_torn_line_and_the_next_append_is_whole() {
+    assert_eq!(steps_around(b"{\"global_step\": 2"), [10, 30]);
 }
 
 /// Issue 25: a checkpoint that scores a NaN loss got into `best/`; its
@@ -120,21 +125,10 @@ fn a_nan_score_is_remembered_by_the_ledger() {
 /// start, again and again; a line longer than any record is skipped too.
 #[test]
 fn a_ledger_line_that_is_not_utf8_or_too_long_is_skipped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join(LEDGER);
-    let r = |step| Record {
-        global_step: step,
-        scores: scores(0.5, 1.0),
-    };
-    append_ledger(&path, &r(10)).unwrap();
-    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
-    f.write_all(b"{\"global_step\": 11, \"x\": \"\xff\"}\n")
-        .unwrap();
-    f.write_all(&vec![b'x'; 3 * MAX_LEDGER_LINE]).unwrap();
-    f.write_all(b"\n").unwrap();
-    append_ledger(&path, &r(30)).unwrap();
-    let read = read_ledger(&path).unwrap();
-    assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 30]);
+    let mut junk = b"{\"global_step\": 11, \"x\": \"\xff\"}\n".to_vec();
+    junk.extend(vec![b'x'; 3 * MAX_LEDGER_LINE]);
+    junk.push(b'\n');
+    assert_eq!(steps_around(&junk), [10, 30]);
 }
 
 /// Issue 25: a FIFO as the ledger made the evaluator deaf to SIGTERM: the

@@ -42,14 +42,15 @@ pub const PS_STOP_LIMIT: Duration = Duration::from_secs(5);
 pub const EVALUATOR_NICE: i32 = 10;
 
 /// What to run, as the command line gave it; [`plan`] settles the configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// ps tasks.
     pub ps: usize,
     /// worker tasks.
     pub workers: usize,
     /// The data set: a directory of IDX files, a `.npz` or a training
-    /// `.csv` (default: the config's `[data]`); absolute.
+    /// `.csv` (default: the config's `[data]`). This and the other paths
+    /// are made absolute by [`crate::cli::local`].
     pub data: Option<PathBuf>,
     /// The test `.csv` beside `data` (default: its name with `train` → `test`).
     pub test: Option<PathBuf>,
@@ -63,7 +64,8 @@ pub struct Options {
     pub overrides: Vec<crate::config::Override>,
     /// Run `dtf-evaluator` beside the cluster (`dtf local --evaluator`).
     pub evaluator: bool,
-    /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are.
+    /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are; this and the
+    /// next two are the process's, filled in by [`crate::cli::local`].
     pub bin_dir: PathBuf,
     /// The `dtf` the user ran, as the hints (resume, status) should name it.
     pub program: String,
@@ -79,6 +81,13 @@ pub enum Progress {
     /// A plain line now and then (stderr is a pipe, a file, a journal): at
     /// every tenth of the run and at least this often.
     Lines(Duration),
+}
+
+impl Default for Progress {
+    /// Lines every 10 s: the form that suits a pipe, a file or a journal.
+    fn default() -> Self {
+        Progress::Lines(Duration::from_secs(10))
+    }
 }
 
 /// Errors of a local run.

@@ -8,7 +8,7 @@ use super::{PsService, conn, limits, shard};
 use crate::transport::call::{
     Complete, Initialize, Initialized, Pulled, Pulls, Push, Pushed, Tensor, TensorView,
 };
-use crate::transport::{self, PsState, WorkerContact, proto as rpc};
+use crate::transport::{self, PsState, proto as rpc};
 use shard::{Pushed as Outcome, Shard};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -157,19 +157,7 @@ impl PsService {
         let c = s.counters();
         let rate = self.inner.rate.now();
         let membership = self.membership();
-        let workers = membership
-            .report(Instant::now())
-            .into_iter()
-            .map(|w| WorkerContact {
-                task: w.worker,
-                step: w.step,
-                since: w.since,
-                examples_per_sec: w.examples_per_sec,
-                member: w.member,
-                incarnation: w.incarnation,
-                refused: w.refused,
-            })
-            .collect();
+        let workers = membership.report(Instant::now());
         PsState {
             task: self.inner.task as u32,
             incarnation: self.inner.incarnation,
@@ -359,7 +347,7 @@ impl PsService {
     /// it with the peer, rate-limited).
     ///
     /// Errors: `FAILED_PRECONDITION` for a worker not in `cluster.worker` or a
-    /// process fenced off its index ([`workers::Refusal`]), for a stale
+    /// process fenced off its index ([`super::workers::Refusal`]), for a stale
     /// incarnation, and the shard's refusals ([`shard::ShardError`]);
     /// nothing changed.
     pub async fn push_with<T>(
@@ -425,7 +413,7 @@ impl PsService {
     /// counted), or let in — fencing the index's previous process, or
     /// counting a joined worker in the sync target.
     ///
-    /// Errors: `FAILED_PRECONDITION` ([`workers::Refusal`]).
+    /// Errors: `FAILED_PRECONDITION` ([`super::workers::Refusal`]).
     fn admit(&self, req: &Push, refused: impl FnOnce(&str)) -> Result<(), Status> {
         let admitted = self.membership().admit(
             req.worker,

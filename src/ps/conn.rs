@@ -88,7 +88,8 @@ fn conn_info(ext: &http::Extensions) -> Option<&ConnInfo> {
     ext.get::<ConnInfo>()
 }
 
-/// The peer's address of a request that came through [`incoming`].
+/// The peer's address of a request that came through
+/// [`super::listen::incoming`].
 pub fn peer(ext: &http::Extensions) -> Option<SocketAddr> {
     conn_info(ext).and_then(|c| c.remote)
 }

@@ -159,7 +159,7 @@ pub fn cap_for(nofile: u64) -> usize {
 }
 
 /// Response bytes a call reserved ([`Budget`]), handed from the handler to
-/// [`Admission`] in the response's extensions, released with the body.
+/// [`super::admission::Admission`] in the response's extensions, released with the body.
 #[derive(Clone)]
 pub struct Reserved {
     /// Returned to the budget when the last clone is dropped.

@@ -20,6 +20,7 @@
 //! Per worker, member or not, the ps keeps the time of its latest push, its
 //! step and the examples per second it pushed.
 
+use crate::transport::WorkerContact;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -42,25 +43,6 @@ const FENCED_KEPT: usize = 8;
 const NOT_MEMBER_MARK: &str = "is not in cluster.worker";
 /// See [`NOT_MEMBER_MARK`].
 const FENCED_MARK: &str = "took over task index";
-
-/// What the ps knows of one worker.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Contact {
-    /// Worker task index.
-    pub worker: u32,
-    /// The step of its latest push.
-    pub step: u64,
-    /// Time since its latest push.
-    pub since: Duration,
-    /// Examples per second it pushed lately (0 before its first window).
-    pub examples_per_sec: f64,
-    /// In the ps's `cluster.worker`.
-    pub member: bool,
-    /// The process holding the index (0: none known).
-    pub incarnation: u64,
-    /// Its pushes refused.
-    pub refused: u64,
-}
 
 /// One worker's record.
 #[derive(Debug)]
@@ -345,7 +327,7 @@ impl Membership {
     }
 
     /// Every worker heard from, in index order, as of `now`.
-    pub fn report(&self, now: Instant) -> Vec<Contact> {
+    pub fn report(&self, now: Instant) -> Vec<WorkerContact> {
         self.seen
             .iter()
             .map(|(&worker, s)| {
@@ -356,8 +338,8 @@ impl Membership {
                 } else {
                     0.0
                 });
-                Contact {
-                    worker,
+                WorkerContact {
+                    task: worker,
                     step: s.step,
                     since: now.saturating_duration_since(s.last),
                     examples_per_sec: rate,
@@ -401,19 +383,19 @@ mod tests {
         );
         let r = w.report(at(2500));
         assert_eq!(r.len(), 2, "{r:?}");
-        assert_eq!((r[0].worker, r[0].step, r[0].member), (1, 30, true));
+        assert_eq!((r[0].task, r[0].step, r[0].member), (1, 30, true));
         assert_eq!(r[0].since, Duration::from_millis(500));
         assert_eq!(r[0].incarnation, 5);
         assert!(
             (r[0].examples_per_sec - 1050.0).abs() < 1.0,
             "2100 examples over 2 s: {r:?}"
         );
-        assert_eq!((r[1].worker, r[1].member, r[1].refused), (7, false, 1));
+        assert_eq!((r[1].task, r[1].member, r[1].refused), (7, false, 1));
         assert_eq!(r[1].examples_per_sec, 0.0, "refused pushes trained nothing");
         assert_eq!(w.refusals(), 1);
         w.admit(0, 4, 3, 100, at(2600)).unwrap();
         let r = w.report(at(2600));
-        assert_eq!(r.iter().map(|c| c.worker).collect::<Vec<_>>(), [0, 1, 7]);
+        assert_eq!(r.iter().map(|c| c.task).collect::<Vec<_>>(), [0, 1, 7]);
         assert_eq!(r[0].since, Duration::ZERO);
     }
 

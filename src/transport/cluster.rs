@@ -509,23 +509,4 @@ impl Cluster {
         self.wire.set_replica(ps, r.replica);
         Ok(r)
     }
-
-    /// Pushes `grads` (model order) to every shard, each tagged with the step
-    /// its parameters were read at, and stores the values each shard returns
-    /// (fused push-and-pull: one round trip per step).
-    pub async fn push_pull(
-        &mut self,
-        grads: &[ArrayD<f32>],
-        params: &mut [ArrayD<f32>],
-        learning_rate: f32,
-        steps: &[u64],
-        worker: u32,
-        loss: f32,
-    ) -> Result<Progress, PsCallError> {
-        // No connection held: every shard copies its gradient out and its
-        // values in (`push_one`), over shared memory or TCP.
-        let none = (0..self.num_ps()).map(|_| None).collect();
-        self.push_leased(none, grads, params, learning_rate, steps, worker, loss)
-            .await
-    }
 }

@@ -33,7 +33,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tonic::{Code, Status};
 
-/// Frame kinds: a request names its call; an answer is [`OK`] or [`ERROR`].
+/// Frame kinds: a request names its call; an answer is [`kind::OK`] or
+/// [`kind::ERROR`].
 pub mod kind {
     /// Client → ps: `Bearer <token>`.
     pub const HELLO: u8 = 1;

@@ -2,12 +2,13 @@
 //! restoring the variables on the ps tasks, the periodic checkpoint, the
 //! summaries, and the end of the run (final checkpoint, evaluation,
 //! completion). The step loop in [`super`] is the same for every worker and
-//! calls in here through [`Chief`].
+//! calls in here through [`Chief`], which owns what these duties need.
 
 use super::backoff::Backoff;
-use super::{Outcome, Worker, WorkerError};
-use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
-use crate::config::{Config, DataFormat, Mode};
+use super::checkpoints::{CheckpointTimer, Checkpoints};
+use super::{Outcome, WorkerError};
+use crate::checkpoint::{self, Checkpoint};
+use crate::config::{Config, Mode};
 use crate::data::{self, Preprocessing, Split};
 use crate::model::Mlp;
 use crate::optimizer::Optimizer;
@@ -17,7 +18,7 @@ use ndarray::ArrayD;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -32,9 +33,30 @@ const RESHARD_FREEZE: Duration = Duration::from_secs(10);
 /// checkpoint before the new placement starts from the newest checkpoint.
 const RESHARD_READ: Duration = Duration::from_secs(30);
 
-/// What the chief runs beside its steps: the checkpoint timer and the
-/// summaries. Built only on worker 0.
+/// Worker 0's duties beside the step loop, and what they need: its own
+/// handle on the cluster, the run id, its checkpoints (one
+/// [`crate::checkpoint::Saver`], one [`crate::checkpoint::ModelMeta`]) and, while training, the checkpoint timer and the
+/// summaries. The worker holds it and calls in; it never calls back.
 pub(super) struct Chief {
+    /// The live configuration (reloads replace it).
+    config: watch::Receiver<Arc<Config>>,
+    cluster: Cluster,
+    mlp: Mlp,
+    /// How the data's rows become inputs (the final evaluation's test split).
+    preprocessing: Preprocessing,
+    checkpoints: Arc<Checkpoints>,
+    /// The run this chief trains, once known ([`Checkpoint::run`]).
+    run: Option<u64>,
+    /// `cluster.ps` as this process started with it (the old list at a
+    /// re-shard).
+    ps: Vec<String>,
+    shutdown: CancellationToken,
+    /// From [`Chief::start`] to [`Chief::finish`].
+    beside: Option<Beside>,
+}
+
+/// What runs beside the step loop.
+struct Beside {
     /// Saves every `checkpoint.save_secs` (and the step loop's snapshots
     /// every `checkpoint.save_steps`), off the step loop.
     timer: CheckpointTimer,
@@ -43,24 +65,51 @@ pub(super) struct Chief {
 }
 
 impl Chief {
-    /// Starts the checkpoint timer and opens the events file.
-    pub(super) fn start(worker: &Worker) -> Self {
-        let cfg = worker.cfg();
+    /// The chief of a worker whose `cluster` is placed for `mlp`'s variables
+    /// and whose data is read through `preprocessing`.
+    pub(super) fn new(
+        config: watch::Receiver<Arc<Config>>,
+        cluster: Cluster,
+        mlp: Mlp,
+        preprocessing: Preprocessing,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let cfg = config.borrow().clone();
         Chief {
-            timer: CheckpointTimer::start(
-                worker.config.clone(),
-                worker.cluster.clone(),
-                worker.mlp.clone(),
-                worker.preprocessing.clone(),
-            ),
-            summaries: Summaries::open(&cfg.checkpoint.dir),
+            checkpoints: Arc::new(Checkpoints::new(&cfg, &mlp, &preprocessing)),
+            config,
+            cluster,
+            mlp,
+            preprocessing,
+            run: None,
+            ps: cfg.cluster.ps.clone(),
+            shutdown,
+            beside: None,
         }
+    }
+
+    fn cfg(&self) -> Arc<Config> {
+        self.config.borrow().clone()
+    }
+
+    /// Training starts: the checkpoint timer, and the events file opened.
+    pub(super) fn start(&mut self) {
+        self.beside = Some(Beside {
+            timer: CheckpointTimer::start(
+                self.config.clone(),
+                self.cluster.clone(),
+                self.checkpoints.clone(),
+            ),
+            summaries: Summaries::open(&self.cfg().checkpoint.dir),
+        });
     }
 
     /// A step was computed at `step` (the step its parameters were read at).
     pub(super) fn on_step(&mut self, cfg: &Config, step: u64, loss: f32, lr: f32) {
-        self.summaries
-            .on_step(step, cfg.train.save_summaries_steps, loss, lr);
+        if let Some(b) = &mut self.beside {
+            b.summaries
+                .on_step(step, cfg.train.save_summaries_steps, loss, lr);
+        }
     }
 
     /// After a step that moved the global step from `before` to `after`:
@@ -72,33 +121,20 @@ impl Chief {
     /// with async workers it is at the first global step the chief sees at or
     /// past it. Writing it goes to the timer's task, off the step loop. The
     /// step at `last_step` is left to the final checkpoint.
-    pub(super) async fn after_step(&self, worker: &Worker, cfg: &Config, before: u64, after: u64) {
+    pub(super) async fn after_step(&self, cfg: &Config, before: u64, after: u64) {
         let every = cfg.checkpoint.save_steps;
         if every == 0 || after / every <= before / every || after >= cfg.train.last_step {
             return;
         }
-        match worker.cluster.snapshot().await {
-            Ok(snapshot) => self.timer.save(snapshot).await,
+        let Some(b) = &self.beside else { return };
+        match self.cluster.snapshot().await {
+            Ok(snapshot) => b.timer.save(snapshot).await,
             Err(e) => {
                 warn!(global_step = after, error = %e, "Checkpoint skipped: could not read the variables.")
             }
         }
     }
 
-    /// The end of the run, however it ended: stops the timer, then the final
-    /// checkpoint, evaluation and (at `last_step`) completion.
-    pub(super) async fn finish(
-        mut self,
-        worker: &mut Worker,
-        outcome: &Outcome,
-        loss: f32,
-    ) -> Result<(), WorkerError> {
-        self.timer.stop().await;
-        worker.finish(outcome, loss, &mut self.summaries).await
-    }
-}
-
-impl Worker {
     /// The chief fills the shards of the `missing` (uninitialized) ps tasks.
     /// One that holds aside a snapshot it restored at start is told to
     /// adopt it when the snapshot is of this run and no older than the
@@ -112,10 +148,14 @@ impl Worker {
     /// the updates its source lacks lost, no step applied twice.
     ///
     /// Errors: a ps that fails the call, or an unreadable checkpoint.
+    ///
+    /// `seen`: each shard's step as the worker last saw it (what a ps that
+    /// restarted had reached, at least).
     pub(super) async fn fill(
         &mut self,
         states: &[PsState],
         missing: &[usize],
+        seen: &[u64],
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let sync = cfg.train.mode == Mode::Sync;
@@ -151,7 +191,7 @@ impl Worker {
                     restored_step = step,
                     checkpoint_shard_step = ckpt,
                     checkpoint_step = newest.unwrap_or(0),
-                    steps_lost = self.seen.get(ps).copied().unwrap_or(0).saturating_sub(ckpt),
+                    steps_lost = seen.get(ps).copied().unwrap_or(0).saturating_sub(ckpt),
                     "The ps's snapshot is older than its shard in the newest checkpoint; seeding the shard from the checkpoint."
                 );
             } else {
@@ -184,7 +224,7 @@ impl Worker {
         };
         let bound = lost_bound(&cfg, states);
         for &(ps, step, resumed_at) in adopt.iter().filter(|(ps, ..)| adopted.contains(ps)) {
-            let before = self.seen.get(ps).copied().unwrap_or(0);
+            let before = seen.get(ps).copied().unwrap_or(0);
             let steps_lost = before.max(resumed_at) - step;
             if bound.is_some_and(|b| steps_lost > b) {
                 // More than a snapshot's interval: the shard came back from
@@ -318,19 +358,20 @@ impl Worker {
                 // Every shard was just initialized at this step.
                 shard_steps: vec![step; cfg.cluster.ps.len()],
             };
-            let _ = save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot).await;
+            let _ = self.checkpoints.save(&cfg, snapshot).await;
         }
         Ok(())
     }
 
-    /// The chief's end of the run: final checkpoint, evaluation, and (at
-    /// `last_step`) telling the ps tasks the run is complete.
-    async fn finish(
-        &mut self,
-        outcome: &Outcome,
-        loss: f32,
-        summaries: &mut Summaries,
-    ) -> Result<(), WorkerError> {
+    /// The end of the run, however it ended: the timer stopped, then the
+    /// final checkpoint, evaluation, and (at `last_step`) telling the ps
+    /// tasks the run is complete.
+    pub(super) async fn finish(&mut self, outcome: &Outcome, loss: f32) -> Result<(), WorkerError> {
+        let mut summaries = None;
+        if let Some(b) = self.beside.take() {
+            b.timer.stop().await;
+            summaries = Some(b.summaries);
+        }
         if let Outcome::Reshard { global_step } = outcome {
             return self.reshard(*global_step).await;
         }
@@ -364,7 +405,9 @@ impl Worker {
                 ema_test_accuracy = %format!("{ema:.4}"),
                 "Final evaluation."
             );
-            summaries.on_eval(step, acc, ema);
+            if let Some(s) = &mut summaries {
+                s.on_eval(step, acc, ema);
+            }
             self.cluster.complete(step).await?;
         }
         Ok(())
@@ -471,7 +514,7 @@ impl Worker {
         let mut backoff = Backoff::new();
         let mut attempt = 1;
         loop {
-            match save_checkpoint(&cfg, &self.mlp, &self.preprocessing, snapshot.clone()).await {
+            match self.checkpoints.save(&cfg, snapshot.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(source) if attempt >= FINAL_SAVE_ATTEMPTS || self.shutdown.is_cancelled() => {
                     return Err(WorkerError::FinalCheckpoint {
@@ -482,7 +525,7 @@ impl Worker {
                 }
                 Err(e) => {
                     attempt += 1;
-                    // The error is already logged by save_checkpoint.
+                    // The error is already logged by Checkpoints::save.
                     let _ = backoff.wait(&e.to_string(), &self.shutdown).await;
                 }
             }
@@ -534,149 +577,4 @@ fn lost_bound(cfg: &Config, states: &[PsState]) -> Option<u64> {
     let steps_per_sec = examples / cfg.train.batch_size.max(1) as f64;
     (steps_per_sec > 0.0)
         .then(|| (steps_per_sec * (2.0 * cfg.ps.snapshot_secs as f64 + 1.0)).ceil() as u64)
-}
-
-/// Writes a checkpoint off the hot path. A failure is logged at ERROR and
-/// counted (`dtf_checkpoint_failures_total`), and returned: the periodic
-/// saves go on training, the final one fails the run.
-async fn save_checkpoint(
-    cfg: &Config,
-    mlp: &Mlp,
-    preprocessing: &Preprocessing,
-    snapshot: Snapshot,
-) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
-    let specs = mlp.variables();
-    let step = snapshot.step;
-    let optimizer = cfg.train.optimizer();
-    let slot_names = optimizer.slot_specs(&specs).into_iter().map(|s| s.name);
-    // Everything needed to use the checkpoint without the config or the data.
-    let meta = ModelMeta {
-        layers: mlp.layers().to_vec(),
-        activation: checkpoint::ACTIVATION.into(),
-        classes: mlp.classes(),
-        preprocessing: preprocessing.clone(),
-        label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
-        hyperparameters: crate::config::json_value(&cfg.train).ok(),
-        training_data: Some(cfg.data.clone()),
-        // The header alone, read again at each save: cheap, and it spares
-        // every caller of this function the plumbing.
-        features: crate::data::feature_names(&cfg.data).filter(|names| names.len() == mlp.inputs()),
-    };
-    let ckpt = Checkpoint {
-        global_step: step,
-        variables: specs
-            .iter()
-            .map(|s| s.name.clone())
-            .zip(snapshot.values)
-            .collect(),
-        shadows: specs
-            .iter()
-            .map(|s| s.name.clone())
-            .zip(snapshot.shadows)
-            .collect(),
-        slots: checkpoint::Slots {
-            optimizer,
-            tensors: slot_names.zip(snapshot.slots).collect(),
-        },
-        run: snapshot.run,
-        shard_steps: snapshot.shard_steps,
-    };
-    let (dir, keep) = (cfg.checkpoint.dir.clone(), cfg.checkpoint.max_to_keep);
-    let started = Instant::now();
-    let at = dir.clone();
-    let result =
-        tokio::task::spawn_blocking(move || Saver::new(&dir, keep)?.with_model(&meta).save(&ckpt))
-            .await
-            .unwrap_or_else(|e| {
-                let e = std::io::Error::other(format!("the saving task failed: {e}"));
-                Err(checkpoint::CheckpointError::io(&at, "save", e))
-            });
-    match &result {
-        Ok(path) => {
-            crate::metrics::global().checkpoint_written(started.elapsed());
-            info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
-        }
-        Err(e) => {
-            crate::metrics::global().checkpoint_failed();
-            tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.")
-        }
-    }
-    result
-}
-
-/// The chief's periodic saver: a task of its own, so saving never stalls steps.
-struct CheckpointTimer {
-    stop: CancellationToken,
-    /// Snapshots the step loop took (`checkpoint.save_steps`), to write.
-    saves: mpsc::Sender<Snapshot>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl CheckpointTimer {
-    fn start(
-        config: watch::Receiver<Arc<Config>>,
-        cluster: Cluster,
-        mlp: Mlp,
-        preprocessing: Preprocessing,
-    ) -> Self {
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        // Two queued: a save slower than N steps then slows the chief down
-        // rather than dropping checkpoints that were asked for by step.
-        let (saves, mut queued) = mpsc::channel::<Snapshot>(2);
-        let task = tokio::spawn(async move {
-            let mut last = Instant::now();
-            loop {
-                let cfg = config.borrow().clone();
-                // None: saving by steps (checkpoint.save_steps), not by time.
-                let due = cfg.checkpoint.save_interval().map(|i| last + i);
-                let recheck = Instant::now() + Duration::from_secs(1);
-                tokio::select! {
-                    // Saves asked for by step first, and all of them before
-                    // stopping: each was promised by `checkpoint.save_steps`.
-                    biased;
-                    Some(snapshot) = queued.recv() => {
-                        // Logged and counted there; training goes on.
-                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
-                        last = Instant::now();
-                        continue;
-                    }
-                    _ = token.cancelled() => {
-                        queued.close();
-                        while let Some(snapshot) = queued.recv().await {
-                            let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
-                        }
-                        return;
-                    }
-                    // Re-read the interval at least every second: a reload may shorten it.
-                    _ = tokio::time::sleep_until(due.map_or(recheck, |d| d.min(recheck)).into()) => {}
-                }
-                let Some(due) = due else { continue };
-                if Instant::now() < due {
-                    continue;
-                }
-                last = Instant::now();
-                match cluster.snapshot().await {
-                    Ok(snapshot) => {
-                        // Logged and counted there; training goes on.
-                        let _ = save_checkpoint(&cfg, &mlp, &preprocessing, snapshot).await;
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "Checkpoint skipped: could not read the variables.")
-                    }
-                }
-            }
-        });
-        Self { stop, saves, task }
-    }
-
-    /// Queues a snapshot for writing; waits while two are queued already.
-    async fn save(&self, snapshot: Snapshot) {
-        let _ = self.saves.send(snapshot).await;
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
 }

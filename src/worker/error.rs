@@ -53,7 +53,7 @@ pub enum WorkerError {
     /// Stopped (SIGTERM) while waiting for the ps tasks.
     #[error("stopped while waiting for the ps tasks")]
     Interrupted,
-    /// `cluster.ps` changed while waiting for the ps tasks: [`run`] ends
+    /// `cluster.ps` changed while waiting for the ps tasks: [`super::run`] ends
     /// with [`Outcome::Reshard`].
     #[error("cluster.ps changed: the cluster re-shards")]
     Reshard,

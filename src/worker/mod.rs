@@ -3,11 +3,14 @@
 //! variables, writes checkpoints, and declares the run complete.
 //!
 //! [`run`] is the entry point; [`crate::transport::Cluster`] talks to the ps
-//! tasks. `error.rs`: how a worker stops; `startup.rs`: waiting for (or, as
-//! the chief, making) the initialized model; `sync.rs`: the waits of a sync
-//! step; `rate.rs`: the step's buffers and the throughput shown to systemd.
+//! tasks. `error.rs`: how a worker stops; `startup.rs`: waiting for the
+//! initialized model; `sync.rs`: the waits of a sync step; `rate.rs`: the
+//! step's buffers and the throughput shown to systemd; `chief.rs`: worker
+//! 0's duties (`Chief`, which owns what they need);
+//! `checkpoints.rs`: how and when the chief writes checkpoints.
 
 mod backoff;
+mod checkpoints;
 mod chief;
 mod error;
 mod rate;
@@ -20,7 +23,7 @@ use rate::{Rate, StepBuffers};
 use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
-use crate::data::{self, Batches, Dataset, Preprocessing, Split};
+use crate::data::{self, Batches, Dataset, Split};
 use crate::model::{self, Mlp};
 use crate::ps::workers::Refused;
 use crate::transport::{Cluster, Progress, PsCallError, PsState, WorkerContact};
@@ -65,15 +68,13 @@ struct Worker {
     cluster: Cluster,
     /// Training data.
     train: Dataset,
-    /// How the training data's rows become inputs; every checkpoint records it.
-    preprocessing: Preprocessing,
     /// `train_examples / batch_size`.
     decay_steps: f64,
     /// Each shard's step as this worker last saw it: what a ps that
     /// restarts had reached, at least (the chief logs the steps lost).
     seen: Vec<u64>,
-    /// The chief's run id, once known ([`crate::checkpoint::Checkpoint::run`]).
-    run: Option<u64>,
+    /// Worker 0's duties ([`Chief`]); `None` on every other worker.
+    chief: Option<Chief>,
     shutdown: CancellationToken,
     /// Since when a ps has said this worker is not in its `cluster.worker`
     /// while this worker's file lists it ([`MEMBERSHIP_GRACE`]).
@@ -136,16 +137,25 @@ pub async fn run(
     let preprocessing = train.fitted_preprocessing(cfg.data.standardize);
     train.set_preprocessing(preprocessing.clone())?;
     let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
+    let chief = (task == 0).then(|| {
+        let (config, cluster) = (config.clone(), cluster.clone());
+        Chief::new(
+            config,
+            cluster,
+            mlp.clone(),
+            preprocessing,
+            shutdown.clone(),
+        )
+    });
     let mut w = Worker {
         task,
         config,
         mlp,
         cluster,
         train,
-        preprocessing,
         decay_steps,
         seen: Vec::new(),
-        run: None,
+        chief,
         shutdown,
         refused_since: None,
         ps: cfg.cluster.ps.clone(),
@@ -159,8 +169,8 @@ pub async fn run(
             // Caught waiting on a ps (one down, say): the chief checkpoints
             // what it can read (bounded), and the old ps tasks hear that
             // they can go.
-            if w.is_chief() {
-                w.reshard(0).await?;
+            if let Some(chief) = &mut w.chief {
+                chief.reshard(0).await?;
             }
             let outcome = Outcome::Reshard { global_step: 0 };
             info!(worker = task, outcome = %outcome, "Worker done.");
@@ -243,7 +253,9 @@ impl Worker {
         let cfg = self.cfg();
         let sync = cfg.train.mode == Mode::Sync;
         let mut buf = StepBuffers::new(self, &cfg);
-        let mut chief = self.is_chief().then(|| Chief::start(self));
+        if let Some(chief) = &mut self.chief {
+            chief.start();
+        }
 
         let mut progress = self.pull(&mut buf.params, None).await?;
         let via = self.cluster.transports();
@@ -312,7 +324,7 @@ impl Worker {
             crate::metrics::global().membership_epoch(buf.epochs[0]);
             self.seen.clone_from(&progress.steps);
             crate::metrics::global().step(progress.global_step(), cfg.train.batch_size, loss, lr);
-            if let Some(c) = &mut chief {
+            if let Some(c) = &mut self.chief {
                 c.on_step(&cfg, step, loss, lr);
             }
             if sync {
@@ -320,16 +332,16 @@ impl Worker {
                     .wait_for_step(progress, &tags, &read_from, last_progress, &mut buf.params)
                     .await?;
             }
-            if let Some(c) = &chief {
-                c.after_step(self, &cfg, step, progress.global_step()).await;
+            if let Some(c) = &self.chief {
+                c.after_step(&cfg, step, progress.global_step()).await;
             }
             if progress.global_step() > step {
                 last_progress = Instant::now();
             }
             rate.step(&cfg, progress.global_step(), loss, reporter);
         };
-        if let Some(c) = chief {
-            c.finish(self, &outcome, loss).await?;
+        if let Some(c) = &mut self.chief {
+            c.finish(&outcome, loss).await?;
         }
         info!(worker = self.task, outcome = %outcome, "Worker done.");
         Ok(outcome)

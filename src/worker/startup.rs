@@ -72,8 +72,8 @@ impl Worker {
                     .copied()
                     .filter(|&ps| states[ps].resharding && states[ps].cluster != ours)
                     .collect();
-                if self.is_chief() && !stopped.is_empty() {
-                    self.tell_reshard(0, &stopped).await;
+                if let Some(chief) = self.chief.as_ref().filter(|_| !stopped.is_empty()) {
+                    chief.tell_reshard(0, &stopped).await;
                 }
                 if placed_wait.should_log() {
                     warn!(ps = ?otherwise, cluster_ps = ?self.ps, "Waiting for ps tasks that hold another placement: a re-shard is under way, or their cluster.ps differs from this task's.");
@@ -107,14 +107,14 @@ impl Worker {
                 self.init_poll().await?;
                 continue;
             }
-            if !self.is_chief() {
+            let Some(chief) = &mut self.chief else {
                 if chief_wait.should_log() {
                     info!(uninitialized_ps = ?missing, "Waiting for the chief to initialize the model.");
                 }
                 self.init_poll().await?;
                 continue;
-            }
-            self.fill(&states, &missing).await?;
+            };
+            chief.fill(&states, &missing, &self.seen).await?;
         }
     }
 }

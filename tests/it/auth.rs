@@ -59,7 +59,7 @@ async fn only_the_cluster_token_is_accepted_and_rejections_change_nothing(transp
     let mut params = values.clone();
     for t in wrong_tokens {
         let mut bad = ps_client(&c, t);
-        let r = bad.push_pull(&grads, &mut params, 0.1, &[7], 0, 1.0).await;
+        let (_, r) = bad.step(&mut params, &mut grads.clone(), |_, _| 1.0, 0.1, &[7], 0).await;
         unauthenticated("Push", t, r.map(|_| ()));
         unauthenticated("Complete", t, bad.complete(7).await);
         unauthenticated("Pull", t, bad.pull(&mut params, None).await.map(|_| ()));
@@ -68,7 +68,8 @@ async fn only_the_cluster_token_is_accepted_and_rejections_change_nothing(transp
 
     // The same Push with the token is applied: the rejections were the token's doing.
     good.pull(&mut params, None).await.unwrap();
-    let p = good.push_pull(&grads, &mut params, 0.1, &[7], 0, 1.0).await.unwrap();
+    let (_, p) = good.step(&mut params, &mut grads.clone(), |_, _| 1.0, 0.1, &[7], 0).await;
+    let p = p.unwrap();
     assert_eq!(p.global_step(), 8);
     assert_ne!(params, values);
     if transport == dtf::config::Transport::Auto {

@@ -3,7 +3,6 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::transport::pb;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -54,15 +53,6 @@ impl Drop for Tmpfs {
     }
 }
 
-async fn state(c: &Cluster) -> pb::StateResponse {
-    let mut ps = c.client(0, Some(TOKEN)).await;
-    tokio::time::timeout(Duration::from_secs(10), ps.state(pb::StateRequest {}))
-        .await
-        .expect("State within 10 s")
-        .expect("State answered")
-        .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn final_checkpoint_on_a_full_disk_fails_the_run_and_a_restart_completes_it() {
     const LAST: u64 = 2000;
@@ -103,7 +93,7 @@ async fn final_checkpoint_on_a_full_disk_fails_the_run_and_a_restart_completes_i
         "the chief says why; log:\n{log}"
     );
     // ...and the ps keeps serving the trained variables, not complete.
-    let s = state(&c).await;
+    let s = c.state(0).await.expect("ps:0 answers State");
     assert!(
         s.initialized && !s.complete,
         "ps state after the failure: {s:?}"

@@ -15,22 +15,13 @@ const RUN: Duration = Duration::from_secs(120);
 /// trains the tiny model at ~14000 steps/s; a reload settles for 200 ms).
 const ROOM: u64 = 20_000;
 
-/// ps `i`'s state, `None` while it does not answer.
-async fn state(c: &Cluster, i: usize) -> Option<pb::StateResponse> {
-    let mut ps = c.client(i, Some(TOKEN)).await;
-    ps.state(pb::StateRequest {})
-        .await
-        .ok()
-        .map(|r| r.into_inner())
-}
-
 /// Waits until ps 0's state satisfies `ok`; returns it.
 async fn ps0(
     c: &Cluster,
     what: &str,
     ok: impl Fn(&pb::StateResponse) -> bool,
 ) -> pb::StateResponse {
-    eventually(RUN, what, || async { state(c, 0).await.filter(|s| ok(s)) }).await
+    eventually(RUN, what, || async { c.state(0).await.filter(|s| ok(s)) }).await
 }
 
 /// Waits until ps 0 is initialized and past `step`.
@@ -445,7 +436,7 @@ async fn shard_past(c: &Cluster, i: usize, step: u64) -> Vec<String> {
         RUN,
         &format!("ps:{i} initialized past step {step}"),
         || async {
-            state(c, i)
+            c.state(i)
                 .await
                 .filter(|s| s.initialized && s.global_step > step)
         },
@@ -470,7 +461,7 @@ async fn reshards(transport: Transport, mode: Mode) {
     for n in ["worker:0", "worker:1"] {
         c.wait_log(n, "Training.", 1, RUN);
     }
-    let all = state(&c, 0).await.unwrap().variables;
+    let all = c.state(0).await.unwrap().variables;
     assert_eq!(all.len(), 4, "{all:?}");
     let pids: Vec<u32> = ["ps:0", "worker:0", "worker:1"]
         .iter()

@@ -12,7 +12,7 @@ use dtf::transport::pb;
 use std::path::{Path, PathBuf};
 
 /// `<ps.snapshot_dir>/<rel>`.
-fn state(c: &Cluster, rel: &str) -> PathBuf {
+fn state_dir(c: &Cluster, rel: &str) -> PathBuf {
     Path::new(&c.cfg.ps.snapshot_dir).join(rel)
 }
 
@@ -78,7 +78,7 @@ async fn an_older_snapshot_renamed_newer_is_refused() {
     let mut c = long_run(1, 2, Mode::Async, Transport::Tcp);
     c.start_all();
     let before = wait_state(&c, 0, "ps:0 training", |s| s.global_step > 0).await;
-    let dir = state(&c, "ps-0");
+    let dir = state_dir(&c, "ps-0");
     let (newest, older) = rename_older_newer(&mut c, &dir, "ps:0");
     let after = restarted(&mut c, 0, before.incarnation).await;
     let log = c.log("ps:0");
@@ -119,9 +119,9 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
 
     // A.
     let before = wait_state(&c, 1, "ps:1", |s| s.initialized).await;
-    let kept = state(&c, "ps-0/replica-ps-1");
+    let kept = state_dir(&c, "ps-0/replica-ps-1");
     let (newest, older) = rename_older_newer(&mut c, &kept, "ps:1");
-    std::fs::remove_dir_all(state(&c, "ps-1")).unwrap();
+    std::fs::remove_dir_all(state_dir(&c, "ps-1")).unwrap();
     let after = restarted(&mut c, 1, before.incarnation).await;
     assert!(
         after.restored && after.restored_step >= newest,
@@ -138,7 +138,7 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
     })
     .await;
     let aside = c.dir.path().join("aside");
-    copy_dir(&state(&c, "ps-1"), &aside.join("ps-1"));
+    copy_dir(&state_dir(&c, "ps-1"), &aside.join("ps-1"));
     copy_dir(&kept, &aside.join("replica-ps-1"));
     // The newest step the copies hold.
     let old = ["ps-1", "replica-ps-1"]
@@ -163,7 +163,7 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
     .await;
     let rate = fastest.into_inner() as f64;
     c.kill("ps:1");
-    put_back(&aside.join("ps-1"), &state(&c, "ps-1"));
+    put_back(&aside.join("ps-1"), &state_dir(&c, "ps-1"));
     let after = restarted(&mut c, 1, s.incarnation).await;
     assert!(
         after.restored && after.restored_step >= s.replica_step,
@@ -181,7 +181,7 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
     })
     .await;
     c.kill("ps:1");
-    put_back(&aside.join("ps-1"), &state(&c, "ps-1"));
+    put_back(&aside.join("ps-1"), &state_dir(&c, "ps-1"));
     put_back(&aside.join("replica-ps-1"), &kept);
     let after = restarted(&mut c, 1, s.incarnation).await;
     if after.restored_step > old {
@@ -248,7 +248,7 @@ async fn a_shard_comes_back_to_the_newest_state_the_cluster_holds() {
 async fn a_keeper_that_cannot_keep_copies_warns_once_per_run_of_failures() {
     let mut c = long_run(2, 2, Mode::Async, Transport::Tcp);
     c.start_all();
-    let kept = state(&c, "ps-1/replica-ps-0");
+    let kept = state_dir(&c, "ps-1/replica-ps-0");
     until(RUN, "ps:1 keeping ps:0's copies", || {
         (!shard_files(&kept).is_empty()).then_some(())
     });

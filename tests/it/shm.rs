@@ -12,7 +12,7 @@ use std::time::Duration;
 use tonic::Code;
 
 /// Starts ps 0 of a one-ps cluster and waits for its socket.
-fn live_ps() -> (Cluster, PathBuf) {
+fn ps_socket() -> (Cluster, PathBuf) {
     let mut c = Cluster::new(1, 1, 100, Mode::Async);
     c.start("ps", 0);
     let port: u16 = c.cfg.cluster.ps[0]
@@ -45,7 +45,7 @@ async fn shm_connections(c: &Cluster) -> u32 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cluster_token_is_required_on_shared_memory_too() {
-    let (c, _) = live_ps();
+    let (c, _) = ps_socket();
     let wrong = ps_client(&c, "not-the-token");
     let err = wrong.states().await.unwrap_err();
     // Refused on the socket, the client tries TCP, which refuses it too.
@@ -71,7 +71,7 @@ async fn the_cluster_token_is_required_on_shared_memory_too() {
 #[tokio::test(flavor = "multi_thread")]
 async fn another_user_is_refused_even_with_the_token() {
     use std::os::unix::fs::PermissionsExt;
-    let (c, path) = live_ps();
+    let (c, path) = ps_socket();
     // Open the door as far as the file system goes, so that only the ps's
     // credential check stands between `nobody` and the shard.
     let open = |p: &std::path::Path, mode| {
@@ -130,7 +130,7 @@ fn authenticated(path: &std::path::Path) -> UnixStream {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_truncated_or_oversized_frame_ends_only_that_connection() {
-    let (c, path) = live_ps();
+    let (c, path) = ps_socket();
     let good = ps_client(&c, TOKEN);
     good.states().await.unwrap();
     assert_eq!(good.transports(), vec![Via::Shm]);
@@ -174,7 +174,7 @@ async fn a_truncated_or_oversized_frame_ends_only_that_connection() {
 async fn a_call_abandoned_halfway_leaves_no_answer_for_the_next() {
     // A step is abandoned when one ps fails: the calls to the others are
     // dropped with their request sent and their answer unread.
-    let (c, _) = live_ps();
+    let (c, _) = ps_socket();
     let mut client = ps_client(&c, TOKEN);
     let values = dtf::model::Mlp::new(&c.cfg.model.layers)
         .unwrap()
@@ -212,7 +212,7 @@ async fn a_call_abandoned_halfway_leaves_no_answer_for_the_next() {
 async fn an_in_place_step_matches_the_copying_path_and_survives_a_new_region() {
     use dtf::model::Mlp;
     use ndarray::{Array2, ArrayD};
-    let (mut c, path) = live_ps();
+    let (mut c, path) = ps_socket();
     let mlp = Mlp::new(&c.cfg.model.layers).unwrap();
     let values = mlp.init(c.cfg.train.seed);
     let x = Array2::from_shape_fn((4, mlp.inputs()), |(i, j)| ((i * 7 + j) % 5) as f32 / 5.0);

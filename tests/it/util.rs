@@ -271,6 +271,11 @@ impl Cluster {
     pub async fn client(&self, i: usize, token: Option<&str>) -> PsClient {
         client(&self.cfg.cluster.ps[i], token).await
     }
+
+    /// ps `i`'s `State`, or `None` while it does not answer.
+    pub async fn state(&self, i: usize) -> Option<dtf::transport::pb::StateResponse> {
+        ps_state(&mut self.client(i, Some(TOKEN)).await).await
+    }
 }
 
 impl Drop for Cluster {

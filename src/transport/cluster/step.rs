@@ -15,14 +15,14 @@ type Lease<'a> = Option<(&'a ShmLink, tokio::sync::MutexGuard<'a, Option<ShmConn
 impl Cluster {
     /// The worker's step: `compute` turns the parameters into gradients
     /// (returning the loss), which go to every shard tagged with `steps`, and
-    /// the new values come back (fused push-and-pull), as
-    /// [`Cluster::push_pull`] does, with no copy for a shard reached through
-    /// shared memory: `compute` reads that shard's values straight from its
+    /// the new values come back (fused push-and-pull: one round trip per
+    /// step), with no copy for a shard reached through shared memory: `compute` reads that shard's values straight from its
     /// region (where the last in-place pull or step left them) and writes
     /// its gradients straight into the region's gradient area, which the ps
     /// applies from and overwrites with the new values. Shards over TCP use
     /// `params` and `grads`; so does every shard without
-    /// [`Cluster::values_in_place`] (then this is `compute` + `push_pull`).
+    /// [`Cluster::values_in_place`] (then every shard copies its gradient
+    /// out of `grads` and its values into `params`).
     ///
     /// Every shared-memory connection stays locked from before `compute`
     /// until its push is answered, so no other call (a checkpoint's
@@ -32,7 +32,7 @@ impl Cluster {
     ///
     /// Returns the loss (`None`: nothing was computed, because a shard's
     /// values are not where the step reads them; the caller pulls again)
-    /// and the push's progress or error, as [`Cluster::push_pull`]'s.
+    /// and the push's progress or error.
     pub async fn step<F>(
         &mut self,
         params: &mut [ArrayD<f32>],
@@ -53,8 +53,11 @@ impl Cluster {
                     grads.iter_mut().map(|g| g.view_mut()).collect();
                 compute(&pv, &mut gv)
             };
+            // No connection held: every shard copies its gradient out and
+            // its values in (`push_one`), over shared memory or TCP.
+            let none = (0..self.num_ps()).map(|_| None).collect();
             let pushed = self
-                .push_pull(grads, params, learning_rate, steps, worker, loss)
+                .push_leased(none, grads, params, learning_rate, steps, worker, loss)
                 .await;
             return (Some(loss), pushed);
         }
