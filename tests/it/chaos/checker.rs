@@ -66,23 +66,21 @@ pub fn check(events: &[Event], expect: &Expect) -> Vec<Violation> {
 /// Each ps's step (ps 0's is the global step) only goes back when a
 /// fault that may cost steps struck at most `recovery_window` before; each
 /// such fault explains one step back per ps, and the step lands no lower
-/// than that fault's bound. The chief's restores count as observations.
+/// than that fault's bound. The chief's restores and adoptions count as
+/// observations.
 fn step_never_goes_back_beyond_its_bound(events: &[Event], e: &Expect, out: &mut Vec<Violation>) {
     let shards = events
         .iter()
         .map(|ev| match &ev.what {
             What::Status { steps, .. } => steps.len(),
             What::Restored { ps, .. } => ps.iter().max().map_or(0, |m| m + 1),
+            What::Adopted { ps, .. } => ps + 1,
             _ => 0,
         })
         .max()
         .unwrap_or(0);
     for shard in 0..shards {
-        let seen = |ev: &Event| match &ev.what {
-            What::Status { steps, .. } => steps.get(shard).copied().flatten(),
-            What::Restored { ps, step } if ps.contains(&shard) => Some(*step),
-            _ => None,
-        };
+        let seen = |ev: &Event| held(ev, shard);
         let mut prev: Option<(f64, u64)> = None;
         let mut used = vec![false; events.len()];
         for ev in events {
@@ -92,12 +90,12 @@ fn step_never_goes_back_beyond_its_bound(events: &[Event], e: &Expect, out: &mut
             if let Some((t1, s1)) = prev
                 && s < s1
             {
-                // The chief's restore is read from its log after the fact:
-                // status samples taken after it may come first in the
-                // history, and their drop already used the fault. It is the
-                // same recovery, so it may share that fault (its bound still
-                // holds).
-                let restore = matches!(ev.what, What::Restored { .. });
+                // The chief's restore (or adoption) is read from its log
+                // after the fact: status samples taken after it may come
+                // first in the history, and their drop already used the
+                // fault. It is the same recovery, so it may share that fault
+                // (its bound still holds).
+                let restore = matches!(ev.what, What::Restored { .. } | What::Adopted { .. });
                 let fault = events.iter().enumerate().find(|(j, f)| {
                     (!used[*j] || restore)
                         && f.t <= ev.t
@@ -137,6 +135,17 @@ fn step_never_goes_back_beyond_its_bound(events: &[Event], e: &Expect, out: &mut
     }
 }
 
+/// The step of ps `shard` that `ev` shows: a status sample's, or the step
+/// the chief restored or adopted its shard at.
+fn held(ev: &Event, shard: usize) -> Option<u64> {
+    match &ev.what {
+        What::Status { steps, .. } => steps.get(shard).copied().flatten(),
+        What::Restored { ps, step } if ps.contains(&shard) => Some(*step),
+        What::Adopted { ps, step } if *ps == shard => Some(*step),
+        _ => None,
+    }
+}
+
 /// The lowest step a fault at `t` with `bound` may take the global step to,
 /// from `before`, the step of ps `shard` last seen.
 fn floor(events: &[Event], t: f64, bound: Bound, before: u64, shard: usize) -> u64 {
@@ -156,23 +165,18 @@ fn floor(events: &[Event], t: f64, bound: Bound, before: u64, shard: usize) -> u
         // the fault: the step seen then, or lower where an earlier fault's
         // recovery took it back inside that span (a snapshot written then
         // holds no more than the shard had). Seeds 22 and 69: a `drift`
-        // kill, then a plain kill of the same ps 3 s later.
+        // kill, then a plain kill of the same ps 3 s later. The snapshot
+        // the chief adopted is such a step even when no status sample saw
+        // it (seed 22: the first one came 90 ms later, 2100 steps on).
         Bound::Seconds(secs) => {
-            let held = |e: &Event| match &e.what {
-                What::Status { steps, .. } => steps.get(shard).copied().flatten(),
-                What::Restored { ps, step } if ps.contains(&shard) => Some(*step),
-                _ => None,
-            };
             let then = seen_by(t - secs)
-                .filter_map(|e| match &e.what {
-                    What::Status { .. } => held(e),
-                    _ => None,
-                })
+                .filter(|e| matches!(e.what, What::Status { .. }))
+                .filter_map(|e| held(e, shard))
                 .next_back()
                 .unwrap_or(0);
             seen_by(t)
                 .filter(|e| e.t > t - secs)
-                .filter_map(held)
+                .filter_map(|e| held(e, shard))
                 .fold(then, u64::min)
         }
     }
@@ -639,6 +643,54 @@ mod tests {
         let mut plain = h(160);
         plain.retain(|e| e.t < 4.0 || e.t > 4.9);
         assert_eq!(steps(plain), 1, "160 < 300 seen at 3.0 s");
+    }
+
+    /// Seed 22 (2026-12-05, one ps, async): a `drift` kill at 18.85 s; the
+    /// ps came back from its snapshot at 254529, which the chief adopted at
+    /// 20.36 s, and the first status sample (20.45 s) already saw 256632.
+    /// Killed again at 21.05 s, before the new process's first snapshot
+    /// (due a second after it started), it came back from the same file,
+    /// 254529: state it held 0.7 s before the kill, within the kill's 2 s.
+    /// Without the adoption in the history, the lowest step seen in those
+    /// 2 s was 256632, and the return to 254529 was flagged as a loss.
+    #[test]
+    fn a_snapshot_the_chief_adopted_is_a_step_the_shard_held() {
+        let adopted = |t, step| ev(t, What::Adopted { ps: 0, step });
+        // The ps comes back at `back_to`, seen first by a status sample
+        // 893 steps on, and the chief's adoption of it is read after that.
+        let h = |adoption: bool, back_to: u64| {
+            let mut h = vec![
+                status(18.82, 310983, 175143),
+                status(18.85, 311448, 175143),
+                fault(18.85, "drift", Bound::Seconds(5.65)),
+                status(20.45, 256632, 175143),
+                status(20.85, 263628, 175143),
+                status(21.05, 265153, 175143),
+                fault(21.05, "kill", Bound::Seconds(2.0)),
+                status(23.70, back_to + 893, 175143),
+                adopted(23.75, back_to),
+                status(24.12, back_to + 6369, 175143),
+            ];
+            if adoption {
+                h.push(adopted(20.36, 254529));
+            }
+            h.sort_by(|a, b| a.t.total_cmp(&b.t));
+            h
+        };
+        let steps = |h: Vec<Event>| {
+            check(&h, &Expect::default())
+                .into_iter()
+                .filter(|v| v.invariant == "step-monotonic")
+                .count()
+        };
+        assert_eq!(steps(h(true, 254529)), 0);
+        assert_eq!(
+            steps(h(false, 254529)),
+            1,
+            "the history as recorded before adoptions were"
+        );
+        // Below the adopted snapshot (an older file chosen) is a loss.
+        assert_eq!(steps(h(true, 254529 - 894)), 1);
     }
 
     #[test]

@@ -48,6 +48,17 @@ pub enum What {
         /// The checkpoint's step.
         step: u64,
     },
+    /// The chief's log: ps `ps` restarted with a snapshot of its own, which
+    /// the chief adopted; the shard resumes at `step`. The shard held that
+    /// step then, though the first status sample may see it only after it
+    /// trained on (seed 22).
+    Adopted {
+        /// The ps task.
+        ps: usize,
+        /// The step it resumes at: its snapshot's (in sync mode with
+        /// several ps, that of the shards that kept running).
+        step: u64,
+    },
     /// A fault injected, with the most it may cost the global step.
     Fault {
         /// `Nemesis::kind`.
@@ -141,6 +152,12 @@ impl fmt::Display for Event {
             ),
             What::Fault { text, bound, .. } => write!(f, "FAULT {text} (may lose: {bound:?})"),
             What::Restored { ps, step } => write!(f, "chief restored ps {ps:?} from step {step}"),
+            What::Adopted { ps, step } => {
+                write!(
+                    f,
+                    "chief adopted ps:{ps}'s own snapshot: resumes at step {step}"
+                )
+            }
             What::Prepare { text } => write!(f, "prepare: {text}"),
             What::Heal { text } => write!(f, "heal: {text}"),
             What::Start { task } => write!(f, "start {task}"),

@@ -886,7 +886,9 @@ fn poll(
     }
 }
 
-/// The chief's restores in the lines of its log after `offset` (moved past them).
+/// The chief's restores in the lines of its log after `offset` (moved past
+/// them): shards seeded from a checkpoint and ps snapshots adopted
+/// ([`restore_in`]).
 fn restores(log: &Path, offset: &mut u64) -> Vec<What> {
     use std::io::{Read, Seek};
     let Ok(mut f) = std::fs::File::open(log) else {
@@ -901,20 +903,37 @@ fn restores(log: &Path, offset: &mut u64) -> Vec<What> {
         return Vec::new();
     };
     *offset += end as u64 + 1;
-    text[..end]
-        .lines()
-        .filter(|l| l.contains("Restored the model"))
-        .filter_map(|l| {
-            let field = |k: &str| l.split_once(&format!(" {k}="))?.1.split(' ').next();
-            let step = field("step")?.parse().ok()?;
-            let ps = field("ps")?
-                .trim_matches(|c| c == '[' || c == ']')
-                .split(',')
-                .filter_map(|n| n.trim().parse().ok())
-                .collect();
-            Some(What::Restored { ps, step })
+    text[..end].lines().filter_map(restore_in).collect()
+}
+
+/// The restore a line of the chief's log tells of: shards seeded from the
+/// checkpoint at `step` (`Restored the model`), or a ps's own snapshot
+/// adopted, its shard resuming at `resumed_at` (`restored its shard from
+/// its own snapshot`, at INFO or WARN). The adoption is a step the shard
+/// held: without it, a ps killed again before its first snapshot after a
+/// restart seemed to go back below anything it held (seed 22).
+fn restore_in(line: &str) -> Option<What> {
+    let field = |k: &str| line.split_once(&format!(" {k}="))?.1.split(' ').next();
+    if line.contains("Restored the model") {
+        let step = field("step")?.parse().ok()?;
+        // `ps=[0, 1]`: a list with spaces in it.
+        let ps = line
+            .split_once(" ps=[")?
+            .1
+            .split_once(']')?
+            .0
+            .split(',')
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+        Some(What::Restored { ps, step })
+    } else if line.contains("restored its shard from its own snapshot") {
+        Some(What::Adopted {
+            ps: field("ps")?.parse().ok()?,
+            step: field("resumed_at")?.parse().ok()?,
         })
-        .collect()
+    } else {
+        None
+    }
 }
 
 /// A new cluster for `plan`, its config written.
@@ -1213,4 +1232,37 @@ fn fault_free(plan: &Plan, last_step: u64) -> f32 {
     dtf::eval::evaluate(&file, &c.cfg.data.dir)
         .unwrap()
         .ema_accuracy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chief's lines of seed 22's failing run (2026-12-05), and one
+    /// of a checkpoint restore: each restore becomes an entry, nothing else
+    /// does.
+    #[test]
+    fn the_chief_s_restores_and_adoptions_are_read_from_its_log() {
+        let lines = [
+            "2026-12-05T12:25:16.325873Z  WARN Checkpoint skipped: could not read the variables. error=ps:0: unavailable",
+            "2026-12-05T12:25:16.657689Z  INFO The ps restarted and restored its shard from its own snapshot. ps=0 restored_step=254529 before=311465 steps_lost=56936 resumed_at=254529",
+            "2026-12-05T12:25:19.855402Z  WARN The ps restarted and restored its shard from its own snapshot, further behind than ps.snapshot_secs allows: neither its state directory nor its ring neighbour held newer state (put back from an older copy, or its snapshot writes failed). ps=1 restored_step=900 before=5000 steps_lost=4100 bound_steps=2000 resumed_at=1200 checkpoint_shard_step=0",
+            "2026-12-05T12:25:20.000000Z  INFO Restored the model from the newest valid checkpoint. ps=[0, 1] step=175143 checkpoint=/tmp/ckpt/model.ckpt-175143.safetensors",
+        ];
+        let found: Vec<What> = lines.into_iter().filter_map(restore_in).collect();
+        assert_eq!(
+            found,
+            [
+                What::Adopted {
+                    ps: 0,
+                    step: 254529
+                },
+                What::Adopted { ps: 1, step: 1200 },
+                What::Restored {
+                    ps: vec![0, 1],
+                    step: 175143
+                },
+            ]
+        );
+    }
 }
