@@ -235,6 +235,13 @@ impl Cluster {
         let pid = self.child(name).id() as i32;
         // SAFETY: a pid this test spawned and has not reaped.
         unsafe { libc::kill(pid, sig) };
+        if sig == libc::SIGSTOP {
+            // kill(2) returns before the stop takes effect: a process may
+            // answer one more call. Wait until every thread is stopped.
+            until(Duration::from_secs(10), &format!("{name} to stop"), || {
+                all_threads_stopped(pid).then_some(())
+            });
+        }
     }
 
     /// Waits for a process to exit, failing the test (with its log) past `deadline`.
@@ -337,6 +344,21 @@ pub fn ps_client(c: &Cluster, token: &str) -> dtf::transport::Cluster {
 
 /// Polls `f` until it returns Some, or panics with `what` after `deadline`
 /// (the blocking twin of [`eventually`]).
+/// Whether every thread of `pid` is in the stopped state (`T` or `t` in
+/// `/proc/PID/task/TID/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    })
+}
+
 pub fn until<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + deadline;
     loop {
