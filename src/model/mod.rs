@@ -13,6 +13,9 @@
 //! - `schedule` — the learning-rate schedule ([`learning_rate`]).
 //! - `ema` — the moving average's decay and update rule ([`ema_decay`],
 //!   [`ema_step`]).
+//! - `wide_deep` — [`WideDeep`]: categorical ids through embedding tables
+//!   (rows pulled per batch, deduplicated) into an MLP with one logit, plus
+//!   a wide part of one weight per id; sigmoid cross-entropy.
 //!
 //! Parameters are passed around as `ArrayD<f32>` because that is how they
 //! travel (wire, checkpoints); the math views them as 2-D/1-D arrays without
@@ -27,10 +30,12 @@ mod inference;
 mod schedule;
 #[cfg(test)]
 mod tests;
+pub mod wide_deep;
 
 pub use ema::{ema_decay, ema_step};
 pub use gradient::Workspace;
 pub use schedule::learning_rate;
+pub use wide_deep::WideDeep;
 
 use crate::kernel::Precision;
 use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};

@@ -1,0 +1,514 @@
+//! Wide & deep (Cheng et al. 2016, TensorFlow's `DNNLinearCombinedClassifier`
+//! as a parameter-server program builds it): every categorical id is looked
+//! up in two tables that live on the ps — `deep/embeddings` (`dim` values per
+//! id) and `wide/weights` (one value per id). The deep part concatenates each
+//! field's embedding (the mean over a multi-valued field's ids, zeros for a
+//! field with none) with the dense features and runs them through ReLU
+//! layers to one logit; the wide part adds each field's weight (the mean
+//! likewise). Loss: mean sigmoid cross-entropy, no L2 term.
+//!
+//! The model sees only the rows a batch touches: the caller deduplicates the
+//! batch's ids ([`Dedup`]), pulls those rows, and gets back one gradient row
+//! per pulled row — what moves on the wire grows with the ids a batch
+//! touches, never with the tables.
+
+use super::{INIT_STDDEV, VarSpec, relu, truncated_normal};
+use crate::kernel::{self, Precision};
+use ndarray::{
+    Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use std::collections::HashMap;
+
+/// The embedding table's name.
+pub const EMBEDDINGS: &str = "deep/embeddings";
+/// The wide part's table: one weight per id.
+pub const WIDE: &str = "wide/weights";
+/// Standard deviation of a new embedding row's truncated normal.
+pub const EMBEDDING_STDDEV: f32 = 0.01;
+
+/// A wide & deep model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WideDeep {
+    /// Categorical fields per example.
+    fields: usize,
+    /// Dense features per example.
+    dense: usize,
+    /// Embedding width.
+    dim: usize,
+    /// The deep part's widths, input (`fields · dim + dense`) first, 1 last.
+    layers: Vec<usize>,
+    /// The training step's GEMMs' number format.
+    precision: Precision,
+}
+
+/// Errors from building a wide & deep model.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum WideDeepError {
+    #[error("wide_deep needs at least one categorical field (the data has none)")]
+    NoFields,
+    #[error("model.embedding_dim = 0: expected a positive width, e.g. 16")]
+    NoDim,
+    #[error("model.hidden = {0:?}: hidden widths must be positive")]
+    ZeroWidth(Vec<usize>),
+}
+
+/// A batch's categorical ids, resolved to rows of the pulled tables.
+///
+/// Example `e`, field `f` uses `rows[offsets[e · fields + f] .. offsets[e · fields + f + 1]]`,
+/// each an index into the rows pulled for the batch ([`Dedup::unique`] order).
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup<'a> {
+    pub offsets: &'a [u32],
+    pub rows: &'a [u32],
+}
+
+/// The tables' rows a batch touches, pulled in [`Dedup::unique`] order.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    /// `unique × dim`.
+    pub embeddings: ArrayView2<'a, f32>,
+    /// One wide weight per row.
+    pub wide: ArrayView1<'a, f32>,
+}
+
+/// The gradient of the loss with respect to the pulled rows, same order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RowGrads {
+    pub embeddings: Array2<f32>,
+    pub wide: Array1<f32>,
+}
+
+/// Deduplicates a batch's ids: each distinct id once, in order of first
+/// appearance, and for every occurrence the index of its id. Buffers are
+/// kept across batches.
+#[derive(Debug, Default)]
+pub struct Dedup {
+    /// Distinct ids, first appearance first.
+    pub unique: Vec<u64>,
+    /// Per occurrence: its id's index in `unique`.
+    pub rows: Vec<u32>,
+    index: HashMap<u64, u32>,
+}
+
+impl Dedup {
+    /// Replaces the contents with `ids`' deduplication.
+    pub fn run(&mut self, ids: &[u64]) {
+        self.unique.clear();
+        self.rows.clear();
+        self.index.clear();
+        for &id in ids {
+            let next = self.unique.len() as u32;
+            let row = *self.index.entry(id).or_insert(next);
+            if row == next {
+                self.unique.push(id);
+            }
+            self.rows.push(row);
+        }
+    }
+}
+
+/// Reusable buffers for one training step.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    /// The deep part's input, `n × (fields · dim + dense)`.
+    input: Array2<f32>,
+    /// `outs[l]`: layer l's output (post-ReLU; the last holds the logits, then dz).
+    outs: Vec<Array2<f32>>,
+    /// `deltas[l]`: ∂loss/∂(layer l's input), `n × width[l]`.
+    deltas: Vec<Array2<f32>>,
+    /// Each example's wide sum.
+    wide: Vec<f32>,
+}
+
+impl WideDeep {
+    /// A model over `fields` categorical fields and `dense` dense features,
+    /// embeddings `dim` wide, deep hidden widths `hidden` (e.g. `[64, 32]`).
+    pub fn new(
+        fields: usize,
+        dense: usize,
+        dim: usize,
+        hidden: &[usize],
+    ) -> Result<Self, WideDeepError> {
+        if fields == 0 {
+            return Err(WideDeepError::NoFields);
+        }
+        if dim == 0 {
+            return Err(WideDeepError::NoDim);
+        }
+        if hidden.contains(&0) {
+            return Err(WideDeepError::ZeroWidth(hidden.to_vec()));
+        }
+        let mut layers = vec![fields * dim + dense];
+        layers.extend_from_slice(hidden);
+        layers.push(1);
+        Ok(WideDeep {
+            fields,
+            dense,
+            dim,
+            layers,
+            precision: Precision::Float32,
+        })
+    }
+
+    /// The same model, training with `precision`'s GEMMs.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// Categorical fields per example.
+    pub fn fields(&self) -> usize {
+        self.fields
+    }
+
+    /// Dense features per example.
+    pub fn dense(&self) -> usize {
+        self.dense
+    }
+
+    /// Embedding width.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The deep part's widths, input first, 1 last.
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// The dense variables, in creation order: the deep part's
+    /// `layerN/weights` and `layerN/biases`.
+    pub fn variables(&self) -> Vec<VarSpec> {
+        self.layers
+            .windows(2)
+            .enumerate()
+            .flat_map(|(i, w)| {
+                [
+                    VarSpec {
+                        name: format!("layer{}/weights", i + 1),
+                        shape: vec![w[0], w[1]],
+                    },
+                    VarSpec {
+                        name: format!("layer{}/biases", i + 1),
+                        shape: vec![w[1]],
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// The tables, as (name, row width).
+    pub fn tables(&self) -> [(&'static str, usize); 2] {
+        [(EMBEDDINGS, self.dim), (WIDE, 1)]
+    }
+
+    /// Fresh dense values in `variables()` order: weights truncated normal
+    /// (stddev 0.1, as the MLP's), biases zero; deterministic in `seed`.
+    pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        self.variables()
+            .into_iter()
+            .map(|spec| {
+                if spec.shape.len() == 2 {
+                    ArrayD::from_shape_simple_fn(spec.shape, || {
+                        truncated_normal(&mut rng) * INIT_STDDEV
+                    })
+                } else {
+                    ArrayD::zeros(spec.shape)
+                }
+            })
+            .collect()
+    }
+
+    /// Views `params` as (weights, biases) per layer; panics on a count or
+    /// shape that is not [`WideDeep::variables`]' (validated upstream).
+    fn layer_views<'a, S: Data<Elem = f32>>(
+        &self,
+        params: &'a [ArrayBase<S, IxDyn>],
+    ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
+        assert_eq!(
+            params.len(),
+            2 * (self.layers.len() - 1),
+            "expected {} parameter arrays for the deep part {:?}",
+            2 * (self.layers.len() - 1),
+            self.layers
+        );
+        params
+            .chunks_exact(2)
+            .zip(self.layers.windows(2))
+            .map(|(pair, w)| {
+                let weights = pair[0]
+                    .view()
+                    .into_dimensionality::<Ix2>()
+                    .expect("weights are rank 2");
+                let biases = pair[1]
+                    .view()
+                    .into_dimensionality::<Ix1>()
+                    .expect("biases are rank 1");
+                assert_eq!(weights.dim(), (w[0], w[1]), "weights shape");
+                assert_eq!(biases.len(), w[1], "biases shape");
+                (weights, biases)
+            })
+            .collect()
+    }
+
+    /// Checks a batch's arrays against the model; panics on a mismatch (the
+    /// readers and the pull validate what comes in).
+    fn check(&self, x: ArrayView2<f32>, lookup: Lookup, rows: Rows) {
+        let n = x.nrows();
+        assert_eq!(x.ncols(), self.dense, "dense features per example");
+        assert_eq!(lookup.offsets.len(), n * self.fields + 1, "offsets");
+        assert_eq!(
+            *lookup.offsets.last().expect("offsets are not empty") as usize,
+            lookup.rows.len(),
+            "the last offset ends the rows"
+        );
+        assert_eq!(rows.embeddings.ncols(), self.dim, "embedding width");
+        assert_eq!(
+            rows.embeddings.nrows(),
+            rows.wide.len(),
+            "one wide weight per row"
+        );
+        let pulled = rows.wide.len();
+        assert!(
+            lookup.rows.iter().all(|&r| (r as usize) < pulled),
+            "a row index past the pulled rows"
+        );
+    }
+
+    /// Fills the deep input (field means, then the dense features) and
+    /// each example's wide sum.
+    fn gather(&self, x: ArrayView2<f32>, lookup: Lookup, rows: Rows, ws: &mut Workspace) {
+        let n = x.nrows();
+        let width = self.layers[0];
+        if ws.input.dim() != (n, width) {
+            ws.input = Array2::zeros((n, width));
+        }
+        ws.wide.clear();
+        ws.wide.resize(n, 0.0);
+        let dim = self.dim;
+        for (e, mut row) in ws.input.rows_mut().into_iter().enumerate() {
+            let row = row.as_slice_mut().expect("workspace rows are contiguous");
+            let mut wide = 0.0f32;
+            for f in 0..self.fields {
+                let seg = segment(lookup, self.fields, e, f);
+                let out = &mut row[f * dim..(f + 1) * dim];
+                out.fill(0.0);
+                if seg.is_empty() {
+                    continue;
+                }
+                let scale = 1.0 / seg.len() as f32;
+                let mut w = 0.0f32;
+                for &r in seg {
+                    let emb = rows.embeddings.row(r as usize);
+                    for (o, &v) in out.iter_mut().zip(emb.iter()) {
+                        *o += v;
+                    }
+                    w += rows.wide[r as usize];
+                }
+                if seg.len() > 1 {
+                    out.iter_mut().for_each(|o| *o *= scale);
+                }
+                wide += w * scale;
+            }
+            for (o, &v) in row[self.fields * dim..].iter_mut().zip(x.row(e).iter()) {
+                *o = v;
+            }
+            ws.wide[e] = wide;
+        }
+    }
+
+    /// Runs the deep part forward from `ws.input`; `ws.outs[last]` ends
+    /// holding each example's full logit (deep + wide).
+    fn forward(&self, layers: &[(ArrayView2<f32>, ArrayView1<f32>)], ws: &mut Workspace) {
+        let n = ws.input.nrows();
+        let fits = ws.outs.len() == self.layers.len() - 1
+            && ws
+                .outs
+                .iter()
+                .zip(&self.layers[1..])
+                .all(|(a, &w)| a.dim() == (n, w));
+        if !fits {
+            ws.outs = self.layers[1..]
+                .iter()
+                .map(|&w| Array2::zeros((n, w)))
+                .collect();
+            ws.deltas = self.layers[..self.layers.len() - 1]
+                .iter()
+                .map(|&w| Array2::zeros((n, w)))
+                .collect();
+        }
+        let last = layers.len() - 1;
+        for (l, (w, b)) in layers.iter().enumerate() {
+            let (done, rest) = ws.outs.split_at_mut(l);
+            let z = &mut rest[0];
+            for mut row in z.rows_mut() {
+                row.assign(b);
+            }
+            let input = if l == 0 {
+                ws.input.view()
+            } else {
+                done[l - 1].view()
+            };
+            kernel::gemm(self.precision, &input, w, 1.0, &mut z.view_mut());
+            if l != last {
+                z.mapv_inplace(relu);
+            }
+        }
+        for (z, &w) in ws.outs[last].iter_mut().zip(&ws.wide) {
+            *z += w;
+        }
+    }
+
+    /// The batch's mean sigmoid cross-entropy, the gradient of every dense
+    /// variable (into `grads`, shaped as `params`) and of every pulled row
+    /// (into `row_grads`, resized to the rows). `labels` are 0 or 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_and_grads_into<S: Data<Elem = f32>, G: DataMut<Elem = f32>>(
+        &self,
+        params: &[ArrayBase<S, IxDyn>],
+        x: ArrayView2<f32>,
+        labels: &[u8],
+        lookup: Lookup,
+        rows: Rows,
+        ws: &mut Workspace,
+        grads: &mut [ArrayBase<G, IxDyn>],
+        row_grads: &mut RowGrads,
+    ) -> f32 {
+        let n = x.nrows();
+        assert!(n > 0, "loss_and_grads: empty batch");
+        assert_eq!(labels.len(), n, "one label per example");
+        assert_eq!(grads.len(), params.len(), "one gradient per parameter");
+        self.check(x, lookup, rows);
+        let layers = self.layer_views(params);
+        self.gather(x, lookup, rows, ws);
+        self.forward(&layers, ws);
+        let last = layers.len() - 1;
+
+        // Sigmoid cross-entropy in the form TensorFlow computes it
+        // (`sigmoid_cross_entropy_with_logits`): max(z, 0) − z·y +
+        // log(1 + e^−|z|), never overflowing; dz = (σ(z) − y) / n in place.
+        let inv_n = 1.0 / n as f32;
+        let mut loss = 0.0f64;
+        for (z, &y) in ws.outs[last].iter_mut().zip(labels) {
+            assert!(y <= 1, "label {y}: a binary model's labels are 0 or 1");
+            let y = f32::from(y);
+            loss += f64::from(z.max(0.0) - *z * y + (-z.abs()).exp().ln_1p());
+            *z = (sigmoid(*z) - y) * inv_n;
+        }
+        let loss = (loss / n as f64) as f32;
+
+        // Backward; deltas[l] receives ∂loss/∂(layer l's input), the last
+        // one (l = 0) being the gradient of the gathered input.
+        for l in (0..layers.len()).rev() {
+            let (w, _) = layers[l];
+            let (gw, gb) = {
+                let (a, b) = grads[2 * l..2 * l + 2].split_at_mut(1);
+                (&mut a[0], &mut b[0])
+            };
+            let mut dw = gw
+                .view_mut()
+                .into_dimensionality::<Ix2>()
+                .expect("weights are rank 2");
+            let (outs, deltas) = (&ws.outs, &mut ws.deltas);
+            let dz = if l == last { &outs[l] } else { &deltas[l + 1] };
+            let input = if l == 0 {
+                ws.input.view()
+            } else {
+                outs[l - 1].view()
+            };
+            kernel::gemm(self.precision, &input.t(), &dz.view(), 0.0, &mut dw);
+            let mut db = gb
+                .view_mut()
+                .into_dimensionality::<Ix1>()
+                .expect("biases are rank 1");
+            db.fill(0.0);
+            for row in dz.rows() {
+                db += &row;
+            }
+            let (lower, upper) = deltas.split_at_mut(l + 1);
+            let dz = if l == last { &outs[l] } else { &upper[0] };
+            let da = &mut lower[l];
+            kernel::gemm(self.precision, &dz.view(), &w.t(), 0.0, &mut da.view_mut());
+            if l > 0 {
+                // Through the previous layer's ReLU (its output > 0 as the mask).
+                for (g, &a) in da.iter_mut().zip(outs[l - 1].iter()) {
+                    *g = if a > 0.0 { *g } else { 0.0 };
+                }
+            }
+        }
+
+        // Scatter into the rows: each occurrence gets its field's share.
+        let pulled = rows.wide.len();
+        if row_grads.embeddings.dim() != (pulled, self.dim) {
+            row_grads.embeddings = Array2::zeros((pulled, self.dim));
+        } else {
+            row_grads.embeddings.fill(0.0);
+        }
+        if row_grads.wide.len() != pulled {
+            row_grads.wide = Array1::zeros(pulled);
+        } else {
+            row_grads.wide.fill(0.0);
+        }
+        let dim = self.dim;
+        let dinput = &ws.deltas[0];
+        let dlogit = &ws.outs[last];
+        for e in 0..n {
+            let drow = dinput.row(e);
+            let drow = drow.as_slice().expect("workspace rows are contiguous");
+            for f in 0..self.fields {
+                let seg = segment(lookup, self.fields, e, f);
+                if seg.is_empty() {
+                    continue;
+                }
+                let scale = 1.0 / seg.len() as f32;
+                let d = &drow[f * dim..(f + 1) * dim];
+                for &r in seg {
+                    let mut g = row_grads.embeddings.row_mut(r as usize);
+                    for (g, &v) in g.iter_mut().zip(d) {
+                        *g += v * scale;
+                    }
+                    row_grads.wide[r as usize] += dlogit[[e, 0]] * scale;
+                }
+            }
+        }
+        loss
+    }
+
+    /// Each example's logit (deep + wide) — the probability is its sigmoid.
+    pub fn logits<S: Data<Elem = f32>>(
+        &self,
+        params: &[ArrayBase<S, IxDyn>],
+        x: ArrayView2<f32>,
+        lookup: Lookup,
+        rows: Rows,
+        ws: &mut Workspace,
+    ) -> Vec<f32> {
+        self.check(x, lookup, rows);
+        let layers = self.layer_views(params);
+        self.gather(x, lookup, rows, ws);
+        self.forward(&layers, ws);
+        ws.outs[layers.len() - 1].iter().copied().collect()
+    }
+}
+
+/// The rows of example `e`'s field `f`.
+fn segment<'a>(lookup: Lookup<'a>, fields: usize, e: usize, f: usize) -> &'a [u32] {
+    let i = e * fields + f;
+    &lookup.rows[lookup.offsets[i] as usize..lookup.offsets[i + 1] as usize]
+}
+
+/// The logistic function, computed without overflow for either sign.
+pub fn sigmoid(z: f32) -> f32 {
+    if z >= 0.0 {
+        1.0 / (1.0 + (-z).exp())
+    } else {
+        let e = z.exp();
+        e / (1.0 + e)
+    }
+}
+
+#[cfg(test)]
+mod tests;
