@@ -13,6 +13,8 @@
 //! - `schedule` — the learning-rate schedule ([`learning_rate`]).
 //! - `ema` — the moving average's decay and update rule ([`ema_decay`],
 //!   [`ema_step`]).
+//! - `table` — embedding tables ([`TableSpec`]): their names, widths and
+//!   how a new row starts.
 //!
 //! Parameters are passed around as `ArrayD<f32>` because that is how they
 //! travel (wire, checkpoints); the math views them as 2-D/1-D arrays without
@@ -25,12 +27,14 @@ mod ema;
 mod gradient;
 mod inference;
 mod schedule;
+pub mod table;
 #[cfg(test)]
 mod tests;
 
 pub use ema::{ema_decay, ema_step};
 pub use gradient::Workspace;
 pub use schedule::learning_rate;
+pub use table::TableSpec;
 
 use crate::kernel::Precision;
 use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};
