@@ -214,6 +214,21 @@ pub struct ModelConfig {
     /// come from the data. Exclusive with an explicit `layers`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden: Option<Vec<usize>>,
+    /// `mlp` (dense data) or `wide_deep` (embedding tables on the ps).
+    pub kind: ModelKind,
+    /// Width of a `wide_deep` embedding row.
+    pub embedding_dim: usize,
+}
+
+/// Which model (`model.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    /// The dense MLP.
+    #[default]
+    Mlp,
+    /// Wide & deep: the tables `deep/embeddings` and `wide/weights` on the ps.
+    WideDeep,
 }
 
 /// The format of a data set (`data.format`).
@@ -456,6 +471,8 @@ impl Default for ModelConfig {
         Self {
             layers: vec![784, 500, 10],
             hidden: None,
+            kind: ModelKind::Mlp,
+            embedding_dim: 16,
         }
     }
 }

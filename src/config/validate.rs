@@ -3,7 +3,7 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, DataFormat, Mode, ModelConfig};
+use super::schema::{Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind};
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
 use std::collections::BTreeMap;
@@ -234,7 +234,32 @@ impl Config {
                 return Err(self.bad(key, invalid(value, "a finite number above 0")));
             }
         }
-        Ok(())
+        self.validate_tables()
+    }
+
+    /// A model with embedding tables: rows at least one wide, and an
+    /// optimizer the ps applies sparsely (`ps::table`: SGD and Adagrad).
+    fn validate_tables(&self) -> Result<(), ConfigError> {
+        if self.model.kind != ModelKind::WideDeep {
+            return Ok(());
+        }
+        if self.model.embedding_dim == 0 {
+            return Err(self.bad(
+                "model.embedding_dim",
+                invalid(0, "a positive width, e.g. 16"),
+            ));
+        }
+        match self.train.optimizer {
+            OptimizerKind::Sgd | OptimizerKind::Adagrad => Ok(()),
+            _ => Err(self.bad(
+                "train.optimizer",
+                format!(
+                    "\"{}\" cannot update embedding tables (model.kind = \"wide_deep\"); \
+                     use \"sgd\" or \"adagrad\"",
+                    self.train.optimizer().name()
+                ),
+            )),
+        }
     }
 
     /// `train.replicas_to_aggregate` and `train.total_num_replicas` against

@@ -16,6 +16,8 @@
 //! - `wide_deep` — [`WideDeep`]: categorical ids through embedding tables
 //!   (rows pulled per batch, deduplicated) into an MLP with one logit, plus
 //!   a wide part of one weight per id; sigmoid cross-entropy.
+//! - `table` — embedding tables ([`TableSpec`]): their names, widths and
+//!   how a new row starts.
 //!
 //! Parameters are passed around as `ArrayD<f32>` because that is how they
 //! travel (wire, checkpoints); the math views them as 2-D/1-D arrays without
@@ -28,6 +30,7 @@ mod ema;
 mod gradient;
 mod inference;
 mod schedule;
+pub mod table;
 #[cfg(test)]
 mod tests;
 pub mod wide_deep;
@@ -36,6 +39,7 @@ pub use ema::{ema_decay, ema_step};
 pub use gradient::Workspace;
 pub use schedule::learning_rate;
 pub use wide_deep::WideDeep;
+pub use table::TableSpec;
 
 use crate::kernel::Precision;
 use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};

@@ -95,6 +95,7 @@ impl PsService {
             (m.sync_target(), m.members())
         };
         s.set_last_step(self.inner.config.borrow().train.last_step);
+        self.set_tables_sync(replicas, total);
         match s.set_sync(replicas, total) {
             Ok(true) => {
                 info!(

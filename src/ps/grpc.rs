@@ -4,7 +4,7 @@
 
 use super::{PsService, admission, conn, limits};
 use crate::auth::Credentials;
-use crate::transport::call::{Complete, Initialize, Push, TensorView};
+use crate::transport::call::{Complete, Initialize, Push, PushRows, TableRows, TensorView};
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::transport::{proto as rpc, tcp};
@@ -192,6 +192,53 @@ impl ParameterServer for PsService {
     ) -> Result<Response<pb::FetchReplicaResponse>, Status> {
         let copy = self.fetch_copy(req.get_ref().task).await?;
         Ok(Response::new(copy.into()))
+    }
+
+    async fn pull_rows(
+        &self,
+        req: Request<pb::PullRowsRequest>,
+    ) -> Result<Response<pb::PullRowsResponse>, Status> {
+        Ok(Response::new(self.pull_rows_pb(req.get_ref())?))
+    }
+
+    async fn push_rows(
+        &self,
+        req: Request<pb::PushRowsRequest>,
+    ) -> Result<Response<pb::PushRowsResponse>, Status> {
+        Ok(Response::new(self.push_rows_pb(req.get_ref())?))
+    }
+}
+
+impl PsService {
+    /// `PullRows` from and to the wire's types (both transports: a batch's
+    /// rows travel in the message on shared memory too).
+    pub(super) fn pull_rows_pb(
+        &self,
+        req: &pb::PullRowsRequest,
+    ) -> Result<pb::PullRowsResponse, Status> {
+        let tables = req
+            .tables
+            .iter()
+            .map(TableRows::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = self.pull_rows(&tables, req.shadows)?;
+        Ok(pb::PullRowsResponse {
+            tables: rows.iter().map(pb::TableRows::from).collect(),
+            incarnation: self.inner.incarnation,
+        })
+    }
+
+    /// `PushRows` from and to the wire's types (both transports).
+    pub(super) fn push_rows_pb(
+        &self,
+        req: &pb::PushRowsRequest,
+    ) -> Result<pb::PushRowsResponse, Status> {
+        let grads = req
+            .gradients
+            .iter()
+            .map(TableRows::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.push_rows(PushRows::from(req), &grads)?.into())
     }
 }
 

@@ -17,10 +17,12 @@ mod grpc;
 pub mod limits;
 mod listen;
 mod replica;
+mod rows;
 mod serve;
 pub mod shard;
 mod shm;
 pub mod snapshot;
+pub mod table;
 pub mod tls;
 pub mod workers;
 
@@ -43,6 +45,8 @@ pub enum PsError {
     Model(#[from] crate::model::ModelError),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Table(#[from] table::TableError),
 }
 
 /// What the service shares between requests, by concern: each part is
@@ -74,6 +78,9 @@ struct Inner {
     snapshots: snapshot::Snapshotting,
     /// Its place on the ring of snapshot copies (`replica.rs`).
     ring: replica::Ring,
+    /// The embedding tables' rows this task owns, each behind its own
+    /// lock (`rows.rs`).
+    tables: rows::Tables,
 }
 
 /// What the two transports' adapters keep between calls.
@@ -137,6 +144,7 @@ impl PsService {
         let optimizer = config.train.optimizer();
         let snapshots = snapshot::Snapshotting::new(&config, task, &specs);
         let ring = replica::Ring::new(&config, task, snapshots.dir.as_deref())?;
+        let tables = rows::Tables::new(&config)?;
         let shard = Shard::new(
             task,
             specs,
@@ -168,6 +176,7 @@ impl PsService {
                 reshard: follow::Reshard::new(&config),
                 snapshots,
                 ring,
+                tables,
             }),
         })
     }

@@ -400,6 +400,8 @@ async fn call(
                 .await?;
             Ok(answer.into_pb(Vec::new(), 0).encode_to_vec())
         }
+        kind::PULL_ROWS => Ok(service.pull_rows_pb(&decode(body)?)?.encode_to_vec()),
+        kind::PUSH_ROWS => Ok(service.push_rows_pb(&decode(body)?)?.encode_to_vec()),
         kind::COMPLETE => {
             let req: pb::CompleteRequest = decode(body)?;
             service.complete_run(Complete::from(&req))?;

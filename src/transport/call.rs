@@ -145,3 +145,48 @@ pub struct TensorView<'a> {
     /// `4 · Π shape` bytes of little-endian f32.
     pub data: &'a [u8],
 }
+
+/// Rows of one embedding table as a pull or push carries them: `ids`, and
+/// per id `dim` values (a pull's answer, a push's gradients) or none (a
+/// pull's request).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableRows {
+    /// The table's name.
+    pub table: String,
+    /// Row ids.
+    pub ids: Vec<u64>,
+    /// `ids.len() × dim` values, row-major.
+    pub values: Vec<f32>,
+}
+
+/// A worker's push of rows, apart from them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PushRows {
+    /// The pushing worker's task index.
+    pub worker: u32,
+    /// The step the gradients were computed at.
+    pub step: u64,
+    /// The learning rate the worker's schedule gives for `step`.
+    pub learning_rate: f32,
+}
+
+/// What a push of rows answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowsPushed {
+    /// Sync: some table had passed the step; its rows were dropped.
+    pub stale: bool,
+    /// This ps process.
+    pub incarnation: u64,
+    /// The run is complete.
+    pub complete: bool,
+}
+
+/// A whole table's rows on one ps, with shadows and slots: what snapshots
+/// and checkpoints carry and `Initialize` restores.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableState {
+    /// The table's name.
+    pub table: String,
+    /// Its rows.
+    pub rows: crate::model::table::Rows,
+}

@@ -2,6 +2,7 @@
 //! `dtf local` and `dtf status` share. Per ps it takes shared memory
 //! ([`super::ShmLink`]) when it can, gRPC over TCP ([`super::tcp`]) otherwise.
 
+mod rows;
 mod seed;
 mod step;
 

@@ -1,6 +1,10 @@
 //! The edge between generated proto types and domain types: tensors travel as
 //! raw little-endian bytes; shape, dtype and length are validated here, once.
 
+mod rows;
+
+pub use rows::RowsError;
+
 use super::call::{Complete, Initialize, Initialized, Pulled, Push, Pushed, Tensor, TensorView};
 use crate::transport::pb;
 use bytes::{BufMut, Bytes};

@@ -48,6 +48,11 @@ pub mod kind {
     pub const PUSH: u8 = 5;
     /// `CompleteRequest`.
     pub const COMPLETE: u8 = 6;
+    /// `PullRowsRequest`; the rows come back in the answer message (a
+    /// batch's rows are few and vary in number: no fixed area fits them).
+    pub const PULL_ROWS: u8 = 7;
+    /// `PushRowsRequest`, its gradient rows in the message.
+    pub const PUSH_ROWS: u8 = 8;
     /// The call's answer message.
     pub const OK: u8 = 0x80;
     /// `i32` status code (little-endian), then a UTF-8 message.

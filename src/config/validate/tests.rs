@@ -345,3 +345,23 @@ fn each_data_format_needs_its_paths() {
     );
     Config::from_toml_str("[data]\nformat = \"npz\"\npath = \"x.npz\"\n", "f").unwrap();
 }
+
+#[test]
+fn embedding_tables_need_a_width_and_a_sparse_optimizer() {
+    let err = error_for(
+        "[model]\nkind = \"wide_deep\"\nembedding_dim = 0",
+        "model.embedding_dim",
+    );
+    assert!(err.contains("expected a positive width"), "{err}");
+    let err = error_for(
+        "[model]\nkind = \"wide_deep\"\n[train]\noptimizer = \"adam\"",
+        "train.optimizer",
+    );
+    assert!(
+        err.contains("\"adam\" cannot update embedding tables") && err.contains("\"adagrad\""),
+        "{err}"
+    );
+    // The MLP has no tables: any optimizer.
+    let (_dir, path) = write_config("[train]\noptimizer = \"adam\"");
+    assert!(Config::load(&path).is_ok());
+}

@@ -1,0 +1,142 @@
+//! Embedding tables as every process derives them from the config: a
+//! [`TableSpec`] is to a sparse variable what [`super::VarSpec`] is to a
+//! dense one. The rows themselves live on the ps (`ps::table`), spread
+//! over the ps tasks by `placement::table_owner`; this file says what a
+//! table is called, how wide its rows are, and what a new row holds.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+/// The wide & deep model's embedding table (`model.embedding_dim` wide).
+pub const EMBEDDINGS: &str = "deep/embeddings";
+/// The wide & deep model's linear part: one weight per id.
+pub const WIDE: &str = "wide/weights";
+/// Standard deviation of a new embedding row's truncated normal.
+pub const EMBEDDING_STDDEV: f32 = 0.01;
+
+/// A sparse variable: rows of `dim` f32 keyed by a 64-bit id, each created
+/// on first touch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSpec {
+    /// TensorFlow-style name, e.g. `deep/embeddings`; its checkpoint
+    /// tensors are `NAME/ids`, `NAME/values` and `NAME/<slot>`.
+    pub name: String,
+    /// Values per row.
+    pub dim: usize,
+    /// What a new row holds.
+    pub init: TableInit,
+}
+
+/// A table's rows as they are saved and restored (snapshots, checkpoints,
+/// the chief's seeding): sorted by id, each array row-major (`ids.len() × dim`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    /// The ids, ascending.
+    pub ids: Vec<u64>,
+    /// Their values.
+    pub values: Vec<f32>,
+    /// Their EMA shadows (empty: the values).
+    pub shadows: Vec<f32>,
+    /// Their optimizer slots, one array per slot name (`Adagrad`); none:
+    /// fresh ones.
+    pub slots: Vec<Vec<f32>>,
+}
+
+/// What a row holds when it is created.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TableInit {
+    /// Zeros (the wide part's weights, as TensorFlow's linear model starts).
+    Zeros,
+    /// A truncated normal (redrawn beyond 2σ) of this standard deviation.
+    TruncatedNormal {
+        /// σ.
+        stddev: f32,
+    },
+}
+
+impl TableSpec {
+    /// Writes the initial value of row `id` into `out` (`dim` values).
+    ///
+    /// Deterministic in (table name, id) alone: every ps, every restart and
+    /// every ps count creates the same row, so where a row lives (and
+    /// whether it was created before a crash) never changes its start.
+    pub fn init_row(&self, id: u64, out: &mut [f32]) {
+        match self.init {
+            TableInit::Zeros => out.fill(0.0),
+            TableInit::TruncatedNormal { stddev } => {
+                let mut rng = StdRng::seed_from_u64(row_seed(&self.name, id));
+                for v in out.iter_mut() {
+                    *v = super::truncated_normal(&mut rng) * stddev;
+                }
+            }
+        }
+    }
+}
+
+/// The seed of row `id` of table `name`: the name's FNV-1a hash mixed with
+/// the id by splitmix64's finalizer (so neighbouring ids get unrelated seeds).
+fn row_seed(name: &str, id: u64) -> u64 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    mix64(h ^ mix64(id))
+}
+
+/// Wide & deep's two tables, `dim` wide embeddings.
+pub fn wide_deep(dim: usize) -> Vec<TableSpec> {
+    vec![
+        TableSpec {
+            name: EMBEDDINGS.to_owned(),
+            dim,
+            init: TableInit::TruncatedNormal {
+                stddev: EMBEDDING_STDDEV,
+            },
+        },
+        TableSpec {
+            name: WIDE.to_owned(),
+            dim: 1,
+            init: TableInit::Zeros,
+        },
+    ]
+}
+
+/// splitmix64's finalizer: every input bit flips each output bit with
+/// probability about ½ (Stafford's variant 13, as in `SplittableRandom`).
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_starts_the_same_wherever_and_whenever_it_is_created() {
+        let t = &wide_deep(16)[0];
+        let (mut a, mut b, mut c) = ([0.0; 16], [0.0; 16], [0.0; 16]);
+        t.init_row(42, &mut a);
+        t.init_row(42, &mut b);
+        t.init_row(43, &mut c);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|v| v.abs() <= 2.0 * EMBEDDING_STDDEV));
+        assert!(a.iter().any(|&v| v != 0.0));
+        // Another table's row 42 is another row.
+        let other = TableSpec {
+            name: "other".into(),
+            ..t.clone()
+        };
+        other.init_row(42, &mut c);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn wide_weights_start_at_zero() {
+        let t = &wide_deep(16)[1];
+        let mut w = [1.0];
+        t.init_row(7, &mut w);
+        assert_eq!((t.dim, w), (1, [0.0]));
+    }
+}

@@ -1,0 +1,348 @@
+//! One embedding table's rows on one ps task: the sparse variable beside the
+//! dense shard (docs/design.md, "Sparse variables"). Pure state, no I/O; the
+//! service keeps each table behind its own mutex, apart from the shard's,
+//! so dense and sparse updates never wait for each other.
+//!
+//! Rows are stored compactly: an id → row index (`HashTable<u32>`: 4 bytes
+//! an entry plus hashbrown's control byte, the id itself read back from
+//! `ids`) and one arena of f32 in which row `r` holds its value, its EMA
+//! shadow and its optimizer slots back to back (`stride` floats). A row is
+//! created on first touch, a pull's or a push's, with the table's
+//! initializer ([`TableSpec::init_row`]: the same on every ps and every
+//! restart), its shadow equal to it and fresh slots. `update` applies
+//! pushes (sparse SGD and Adagrad) and aggregates sync steps.
+
+use crate::model::TableSpec;
+pub use crate::model::table::Rows;
+use crate::model::table::mix64;
+use crate::optimizer::Optimizer;
+use hashbrown::HashTable;
+
+mod update;
+
+pub use update::Outcome;
+
+/// Why a table refused a call. Nothing changed.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TableError {
+    #[error("ps:{ps} holds no table {name:?} (it holds {held:?})")]
+    UnknownTable {
+        ps: usize,
+        name: String,
+        held: Vec<String>,
+    },
+    #[error(
+        "table {table}: train.optimizer = \"{optimizer}\" cannot update embedding rows; use \"sgd\" or \"adagrad\""
+    )]
+    Optimizer {
+        table: String,
+        optimizer: &'static str,
+    },
+    #[error("table {table}: {ids} ids need {} values ({ids} × dim {dim}), got {values}", ids * dim)]
+    Length {
+        table: String,
+        ids: usize,
+        dim: usize,
+        values: usize,
+    },
+    #[error("table {table}: the gradient of row {id} has a non-finite value (NaN or infinity)")]
+    NonFinite { table: String, id: u64 },
+    #[error("table {table}: {ids} ids in one call, above the {max} a call may carry")]
+    TooManyIds {
+        table: String,
+        ids: usize,
+        max: usize,
+    },
+    #[error("learning rate {0} is not a finite positive number; state unchanged")]
+    LearningRate(f32),
+    #[error("learning rate {lr:e} × gradient overflows a row of table {table}; state unchanged")]
+    Overflow { lr: f32, table: String },
+    #[error("worker {worker} is not one of the {total} replicas (train.total_num_replicas)")]
+    UnknownWorker { worker: u32, total: usize },
+    #[error("table {table}: worker {worker} already pushed rows for step {step}")]
+    DuplicatePush {
+        table: String,
+        worker: u32,
+        step: u64,
+    },
+    #[error(
+        "table {table}: row {id} given {got} values in a snapshot or checkpoint, expected {expected}"
+    )]
+    Corrupt {
+        table: String,
+        id: u64,
+        expected: usize,
+        got: usize,
+    },
+}
+
+impl From<TableError> for tonic::Status {
+    fn from(e: TableError) -> Self {
+        let code = match e {
+            TableError::UnknownTable { .. } => tonic::Code::NotFound,
+            TableError::DuplicatePush { .. } => tonic::Code::AlreadyExists,
+            _ => tonic::Code::InvalidArgument,
+        };
+        crate::transport::proto::status(code, e)
+    }
+}
+
+/// The most ids one pull or push may name per table: 4 Mi rows of 16
+/// floats is 256 MiB, far above a batch's and below what a ps can afford
+/// to create at once.
+pub const MAX_IDS_PER_CALL: usize = 1 << 22;
+
+/// Counters for `State` and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableCounters {
+    /// Async pushes applied.
+    pub pushes_applied: u64,
+    /// Sync steps applied.
+    pub updates_applied: u64,
+    /// Sync pushes dropped as stale (an older step than the table's).
+    pub stale: u64,
+}
+
+/// One table's rows on this ps.
+#[derive(Debug)]
+pub struct Table {
+    /// Its name, width and initializer.
+    spec: TableSpec,
+    /// SGD or Adagrad ([`Table::new`] refuses the others).
+    optimizer: Optimizer,
+    /// Slots per row (0 or 1).
+    slots: usize,
+    /// Floats per row in `arena`: value, shadow, slots.
+    stride: usize,
+    /// Row index by id; the hash of an entry is [`mix64`] of `ids[entry]`.
+    index: HashTable<u32>,
+    /// The id of each row, in creation order.
+    ids: Vec<u64>,
+    /// Every row's value, shadow and slots, `stride` floats a row.
+    arena: Vec<f32>,
+    /// `moving_average_decay`.
+    ema: f32,
+    /// Async or sync, and the sync steps in progress (`update`).
+    sync: update::Sync,
+    /// For `State`.
+    counters: TableCounters,
+}
+
+impl Table {
+    /// An empty table of `spec`, updated by `optimizer`.
+    ///
+    /// Errors: [`TableError::Optimizer`] for an optimizer other than SGD or
+    /// Adagrad (the fleet-scale issue adds the others).
+    pub fn new(
+        spec: TableSpec,
+        optimizer: Optimizer,
+        rule: crate::ps::shard::Rule,
+        moving_average_decay: f32,
+    ) -> Result<Self, TableError> {
+        if !matches!(optimizer, Optimizer::Sgd | Optimizer::Adagrad { .. }) {
+            return Err(TableError::Optimizer {
+                table: spec.name,
+                optimizer: optimizer.name(),
+            });
+        }
+        let slots = optimizer.slot_names().len();
+        Ok(Self {
+            stride: (2 + slots) * spec.dim,
+            spec,
+            optimizer,
+            slots,
+            index: HashTable::new(),
+            ids: Vec::new(),
+            arena: Vec::new(),
+            ema: moving_average_decay,
+            sync: update::Sync::new(rule),
+            counters: TableCounters::default(),
+        })
+    }
+
+    pub fn spec(&self) -> &TableSpec {
+        &self.spec
+    }
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+    pub fn dim(&self) -> usize {
+        self.spec.dim
+    }
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn counters(&self) -> TableCounters {
+        self.counters
+    }
+    /// The optimizer whose slots the rows carry.
+    pub fn optimizer(&self) -> Optimizer {
+        self.optimizer
+    }
+
+    /// Bytes of memory the table holds for its rows: the arena, the ids and
+    /// the index (its buckets and control bytes), by capacity.
+    pub fn memory_bytes(&self) -> usize {
+        let buckets = match self.index.capacity() {
+            0 => 0,
+            // hashbrown keeps its tables at most 7/8 full, in powers of two.
+            c => (c * 8 / 7).next_power_of_two(),
+        };
+        4 * self.arena.capacity() + 8 * self.ids.capacity() + buckets * (4 + 1)
+    }
+
+    /// The row index of `id`, if it exists.
+    fn find(&self, id: u64) -> Option<usize> {
+        let ids = &self.ids;
+        self.index
+            .find(mix64(id), |&r| ids[r as usize] == id)
+            .map(|&r| r as usize)
+    }
+
+    /// The row index of `id`, created (initialized, shadow = value, fresh
+    /// slots) when absent.
+    fn row(&mut self, id: u64) -> usize {
+        if let Some(r) = self.find(id) {
+            return r;
+        }
+        let r = self.ids.len();
+        let ids = &self.ids;
+        self.index
+            .insert_unique(mix64(id), r as u32, |&r| mix64(ids[r as usize]));
+        let (dim, start) = (self.spec.dim, self.arena.len());
+        // Grown by an eighth, not doubled: a table is most of a ps's memory,
+        // and doubling would leave up to half of it unused (the target is
+        // at most 2 × (row + slots) bytes per row, docs/design.md). Large
+        // reallocations are mremaps, so the extra growths cost little.
+        if self.arena.capacity() - start < self.stride {
+            self.arena.reserve_exact((start / 8).max(64 * self.stride));
+            self.ids.reserve_exact((self.ids.len() / 8).max(64));
+        }
+        self.ids.push(id);
+        self.arena
+            .resize(start + self.stride, self.optimizer.slot_init());
+        let row = &mut self.arena[start..start + self.stride];
+        self.spec.init_row(id, &mut row[..dim]);
+        let (value, shadow) = row.split_at_mut(dim);
+        shadow[..dim].copy_from_slice(value);
+        r
+    }
+
+    /// Checks a call's id count.
+    fn check_ids(&self, ids: usize) -> Result<(), TableError> {
+        if ids > MAX_IDS_PER_CALL {
+            return Err(TableError::TooManyIds {
+                table: self.spec.name.clone(),
+                ids,
+                max: MAX_IDS_PER_CALL,
+            });
+        }
+        Ok(())
+    }
+
+    /// The values (or, `shadows`, the EMA shadows) of rows `ids`, in their
+    /// order (`ids.len() × dim`), appended to `out`; absent rows are created.
+    ///
+    /// Errors: [`TableError::TooManyIds`].
+    pub fn pull(
+        &mut self,
+        ids: &[u64],
+        shadows: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<(), TableError> {
+        self.check_ids(ids.len())?;
+        let dim = self.spec.dim;
+        out.reserve(ids.len() * dim);
+        let at = if shadows { dim } else { 0 };
+        for &id in ids {
+            let r = self.row(id);
+            let start = r * self.stride + at;
+            out.extend_from_slice(&self.arena[start..start + dim]);
+        }
+        Ok(())
+    }
+
+    /// Every row, sorted by id: what snapshots and checkpoints save.
+    pub fn rows(&self) -> Rows {
+        let dim = self.spec.dim;
+        let mut order: Vec<usize> = (0..self.ids.len()).collect();
+        order.sort_unstable_by_key(|&r| self.ids[r]);
+        let mut out = Rows {
+            ids: order.iter().map(|&r| self.ids[r]).collect(),
+            values: Vec::with_capacity(order.len() * dim),
+            shadows: Vec::with_capacity(order.len() * dim),
+            slots: vec![Vec::with_capacity(order.len() * dim); self.slots],
+        };
+        for &r in &order {
+            let row = &self.arena[r * self.stride..(r + 1) * self.stride];
+            out.values.extend_from_slice(&row[..dim]);
+            out.shadows.extend_from_slice(&row[dim..2 * dim]);
+            for (k, s) in out.slots.iter_mut().enumerate() {
+                s.extend_from_slice(&row[(2 + k) * dim..(3 + k) * dim]);
+            }
+        }
+        out
+    }
+
+    /// Replaces every row with `rows` (a restore; `shadows` empty: the
+    /// values; a slot array missing: fresh slots), and forgets any sync
+    /// step in progress.
+    ///
+    /// Errors: [`TableError::Corrupt`] when an array's length is not
+    /// `ids × dim`, [`TableError::NonFinite`] for a NaN or infinity;
+    /// nothing changed.
+    pub fn load(&mut self, rows: &Rows) -> Result<(), TableError> {
+        let (dim, n) = (self.spec.dim, rows.ids.len());
+        let corrupt = |got: usize| TableError::Corrupt {
+            table: self.spec.name.clone(),
+            id: rows.ids.first().copied().unwrap_or(0),
+            expected: n * dim,
+            got,
+        };
+        for a in std::iter::once(&rows.values)
+            .chain((!rows.shadows.is_empty()).then_some(&rows.shadows))
+            .chain(rows.slots.iter().take(self.slots))
+        {
+            if a.len() != n * dim {
+                return Err(corrupt(a.len()));
+            }
+            if let Some(i) = a.iter().position(|v| !v.is_finite()) {
+                return Err(TableError::NonFinite {
+                    table: self.spec.name.clone(),
+                    id: rows.ids[i / dim.max(1)],
+                });
+            }
+        }
+        self.index.clear();
+        self.ids.clear();
+        self.arena.clear();
+        self.sync.clear();
+        for (i, &id) in rows.ids.iter().enumerate() {
+            let r = self.row(id);
+            let row = &mut self.arena[r * self.stride..(r + 1) * self.stride];
+            let src = i * dim..(i + 1) * dim;
+            row[..dim].copy_from_slice(&rows.values[src.clone()]);
+            let shadow = if rows.shadows.is_empty() {
+                &rows.values
+            } else {
+                &rows.shadows
+            };
+            row[dim..2 * dim].copy_from_slice(&shadow[src.clone()]);
+            for k in 0..self.slots {
+                let dst = &mut row[(2 + k) * dim..(3 + k) * dim];
+                match rows.slots.get(k) {
+                    Some(s) => dst.copy_from_slice(&s[src.clone()]),
+                    None => dst.fill(self.optimizer.slot_init()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+use super::*;
+use crate::model::table::{TableInit, wide_deep};
+use crate::ps::shard::Rule;
+
+const ADAGRAD: Optimizer = Optimizer::Adagrad {
+    initial_accumulator_value: 0.1,
+};
+
+/// A table of zeros, `dim` wide, no EMA warm-up surprises (decay 0.99).
+fn table(dim: usize, optimizer: Optimizer, rule: Rule) -> Table {
+    let spec = TableSpec {
+        name: "t".into(),
+        dim,
+        init: TableInit::Zeros,
+    };
+    Table::new(spec, optimizer, rule, 0.99).unwrap()
+}
+
+fn pulled(t: &mut Table, ids: &[u64]) -> Vec<f32> {
+    let mut out = Vec::new();
+    t.pull(ids, false, &mut out).unwrap();
+    out
+}
+
+fn close(a: f32, b: f64) {
+    assert!((f64::from(a) - b).abs() <= 1e-6, "{a} vs {b}");
+}
+
+#[test]
+fn sparse_sgd_updates_only_the_pushed_rows() {
+    let mut t = table(2, Optimizer::Sgd, Rule::Async);
+    assert_eq!(pulled(&mut t, &[5, 6]), vec![0.0; 4]);
+    let o = t.push(&[5], &[1.0, -2.0], 0.1, 0, 0, false).unwrap();
+    assert_eq!(o, Outcome::Applied);
+    // w = 0 − 0.1·g.
+    assert_eq!(pulled(&mut t, &[5, 6]), vec![-0.1, 0.2, 0.0, 0.0]);
+    // The shadow of the updated row moved by 1 − decay (step 0: decay
+    // min(0.99, 1/10) = 0.1): 0 − 0.9·(0 − w).
+    let mut sh = Vec::new();
+    t.pull(&[5, 6], true, &mut sh).unwrap();
+    close(sh[0], -0.09);
+    close(sh[1], 0.18);
+    assert_eq!(&sh[2..], &[0.0, 0.0]);
+    assert_eq!(t.counters().pushes_applied, 1);
+}
+
+#[test]
+fn sparse_adagrad_matches_tensorflows_sparse_apply() {
+    let mut t = table(1, ADAGRAD, Rule::Async);
+    // accum 0.1 + 0.25 = 0.35; w = −0.1·0.5/√0.35.
+    t.push(&[9], &[0.5], 0.1, 0, 0, false).unwrap();
+    let w1 = -0.05 / 0.35f64.sqrt();
+    close(pulled(&mut t, &[9])[0], w1);
+    // accum 1.35; w −= 0.1·1/√1.35.
+    t.push(&[9], &[1.0], 0.1, 1, 0, false).unwrap();
+    close(pulled(&mut t, &[9])[0], w1 - 0.1 / 1.35f64.sqrt());
+    let rows = t.rows();
+    close(rows.slots[0][0], 1.35);
+    // A row never pushed keeps its initial accumulator.
+    pulled(&mut t, &[10]);
+    assert_eq!(t.rows().slots[0], vec![1.35, 0.1]);
+}
+
+#[test]
+fn repeated_ids_in_one_push_are_summed() {
+    let mut a = table(2, ADAGRAD, Rule::Async);
+    let mut b = table(2, ADAGRAD, Rule::Async);
+    a.push(
+        &[3, 4, 3],
+        &[1.0, 1.0, 5.0, 5.0, 2.0, 2.0],
+        0.1,
+        0,
+        0,
+        false,
+    )
+    .unwrap();
+    b.push(&[3, 4], &[3.0, 3.0, 5.0, 5.0], 0.1, 0, 0, false)
+        .unwrap();
+    assert_eq!(a.rows(), b.rows());
+}
+
+#[test]
+fn a_sync_step_takes_each_rows_mean_over_the_workers_that_pushed_it() {
+    let sync = Rule::Sync {
+        replicas: 2,
+        total: 3,
+    };
+    let mut t = table(1, Optimizer::Sgd, sync);
+    // Worker 0: rows 1 and 2 (row 1 twice: its own duplicates summed, 1 + 1).
+    let o = t
+        .push(&[1, 2, 1], &[1.0, 2.0, 1.0], 1.0, 0, 0, false)
+        .unwrap();
+    assert_eq!(o, Outcome::Pending);
+    assert_eq!(pulled(&mut t, &[1, 2]), vec![0.0, 0.0]);
+    assert!(matches!(
+        t.push(&[1], &[1.0], 1.0, 0, 0, false),
+        Err(TableError::DuplicatePush { worker: 0, .. })
+    ));
+    // Worker 2: row 1 only. Row 1: (2 + 4) / 2 workers; row 2: 2 / 1.
+    let o = t.push(&[1], &[4.0], 1.0, 0, 2, false).unwrap();
+    assert_eq!(o, Outcome::Applied);
+    assert_eq!(pulled(&mut t, &[1, 2]), vec![-3.0, -2.0]);
+    assert_eq!(t.counters().updates_applied, 1);
+    // The step is done: a late push for it is stale and changes nothing.
+    assert_eq!(
+        t.push(&[1], &[100.0], 1.0, 0, 1, false).unwrap(),
+        Outcome::Stale
+    );
+    assert_eq!(pulled(&mut t, &[1]), vec![-3.0]);
+    assert_eq!(t.counters().stale, 1);
+    assert!(matches!(
+        t.push(&[1], &[1.0], 1.0, 1, 3, false),
+        Err(TableError::UnknownWorker {
+            worker: 3,
+            total: 3
+        })
+    ));
+}
+
+#[test]
+fn sync_steps_gather_out_of_order_and_an_older_one_is_dropped_by_a_newer() {
+    let sync = Rule::Sync {
+        replicas: 2,
+        total: 2,
+    };
+    let mut t = table(1, Optimizer::Sgd, sync);
+    // Step 1 arrives before step 0 completes.
+    assert_eq!(t.push(&[1], &[1.0], 1.0, 0, 0, false), Ok(Outcome::Pending));
+    assert_eq!(t.push(&[1], &[1.0], 1.0, 1, 0, false), Ok(Outcome::Pending));
+    assert_eq!(t.push(&[1], &[3.0], 1.0, 1, 1, false), Ok(Outcome::Applied));
+    // Step 1 applied (mean 2); step 0 will never complete: dropped.
+    assert_eq!(pulled(&mut t, &[1]), vec![-2.0]);
+    assert_eq!(t.push(&[1], &[1.0], 1.0, 0, 1, false), Ok(Outcome::Stale));
+    // A worker left: one replica is enough for the step in progress.
+    assert_eq!(t.push(&[1], &[1.0], 1.0, 2, 0, false), Ok(Outcome::Pending));
+    assert_eq!(t.set_sync(1, 1), Ok(true));
+    assert_eq!(pulled(&mut t, &[1]), vec![-3.0]);
+}
+
+#[test]
+fn bad_pushes_are_refused_and_change_nothing() {
+    let mut t = table(2, ADAGRAD, Rule::Async);
+    pulled(&mut t, &[1]);
+    let before = t.rows();
+    assert!(matches!(
+        t.push(&[1], &[1.0], 0.1, 0, 0, false),
+        Err(TableError::Length {
+            ids: 1,
+            dim: 2,
+            values: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        t.push(&[1], &[1.0, f32::NAN], 0.1, 0, 0, false),
+        Err(TableError::NonFinite { id: 1, .. })
+    ));
+    assert_eq!(
+        t.push(&[1], &[1.0, 1.0], 0.0, 0, 0, false),
+        Err(TableError::LearningRate(0.0))
+    );
+    assert_eq!(t.rows(), before);
+    // Finite inputs whose update is not: refused, nothing written.
+    let mut sgd = table(2, Optimizer::Sgd, Rule::Async);
+    pulled(&mut sgd, &[1]);
+    let sgd_before = sgd.rows();
+    assert!(matches!(
+        sgd.push(&[1], &[1.0, 4.0], 3e38, 0, 0, false),
+        Err(TableError::Overflow { .. })
+    ));
+    assert_eq!(sgd.rows(), sgd_before);
+    // At train.last_step nothing is applied.
+    assert_eq!(
+        t.push(&[1], &[1.0, 1.0], 0.1, 0, 0, true),
+        Ok(Outcome::AtLastStep)
+    );
+    assert_eq!(t.rows(), before);
+}
+
+#[test]
+fn optimizers_without_a_sparse_rule_are_refused() {
+    let spec = wide_deep(4).remove(0);
+    let adam = Optimizer::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+    };
+    let err = Table::new(spec, adam, Rule::Async, 0.99).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "table deep/embeddings: train.optimizer = \"adam\" cannot update embedding rows; use \"sgd\" or \"adagrad\""
+    );
+}
+
+#[test]
+fn rows_save_sorted_and_load_back() {
+    let mut t = table(2, ADAGRAD, Rule::Async);
+    t.push(&[30, 10, 20], &[1.0; 6], 0.1, 0, 0, false).unwrap();
+    let rows = t.rows();
+    assert_eq!(rows.ids, vec![10, 20, 30]);
+    let mut u = table(2, ADAGRAD, Rule::Async);
+    pulled(&mut u, &[99]);
+    u.load(&rows).unwrap();
+    assert_eq!(u.rows(), rows);
+    // No shadows, no slots: shadows start at the values, slots fresh.
+    let bare = Rows {
+        ids: vec![1],
+        values: vec![0.5, 0.25],
+        shadows: vec![],
+        slots: vec![],
+    };
+    u.load(&bare).unwrap();
+    let back = u.rows();
+    assert_eq!(back.shadows, bare.values);
+    assert_eq!(back.slots, vec![vec![0.1, 0.1]]);
+    let short = Rows {
+        values: vec![0.5],
+        ..bare
+    };
+    assert!(matches!(
+        u.load(&short),
+        Err(TableError::Corrupt {
+            expected: 2,
+            got: 1,
+            ..
+        })
+    ));
+    assert_eq!(u.rows(), back);
+}
+
+#[test]
+fn a_row_costs_at_most_twice_its_value_and_slots() {
+    // deep/embeddings under Adagrad: 16 values + 16 accumulators = 128
+    // bytes; the shadow, the id, the index and the arena's slack must fit
+    // in as much again.
+    let spec = wide_deep(16).remove(0);
+    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99).unwrap();
+    let ids: Vec<u64> = (0..100_000u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    pulled(&mut t, &ids);
+    assert_eq!(t.len(), 100_000);
+    let per_row = t.memory_bytes() as f64 / t.len() as f64;
+    assert!(per_row <= 2.0 * 128.0, "{per_row} bytes per row");
+}

@@ -1,0 +1,221 @@
+//! [`Cluster::pull_rows`] and [`Cluster::push_rows`]: the embedding tables'
+//! rows, moved by id. Each id goes to the ps that owns it
+//! (`placement::table_owner`), every ps is asked at once, and only the rows
+//! a batch touches cross the wire — whatever the tables' size. On shared
+//! memory the rows travel in the call's message (a batch's rows vary in
+//! number; the region's fixed areas hold the dense shard).
+
+use super::{Cluster, call};
+use crate::placement::table_owner;
+use crate::transport::call::{RowsPushed, TableRows};
+use crate::transport::pb;
+use crate::transport::proto::RowsError;
+use crate::transport::shm::kind;
+use crate::transport::{PsCallError, Via};
+use futures::future::try_join_all;
+use prost::Message;
+use tonic::Status;
+
+/// One table's ids split by owner: for each ps, the ids it owns and where
+/// each sits in the caller's list.
+struct Split {
+    /// `ids[ps]`: the ids ps `ps` owns, in the caller's order.
+    ids: Vec<Vec<u64>>,
+    /// `at[ps][i]`: the caller's index of `ids[ps][i]`.
+    at: Vec<Vec<usize>>,
+}
+
+impl Split {
+    fn of(ids: &[u64], num_ps: usize) -> Self {
+        let mut split = Self {
+            ids: vec![Vec::new(); num_ps],
+            at: vec![Vec::new(); num_ps],
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            let ps = table_owner(id, num_ps);
+            split.ids[ps].push(id);
+            split.at[ps].push(i);
+        }
+        split
+    }
+}
+
+impl Cluster {
+    /// The rows `ids` of each `(table, ids)`, in `ids`' order: `ids.len() ×
+    /// dim` values per table (with `shadows`, the EMA shadows: evaluation).
+    /// A row that does not exist yet is created by its ps with the table's
+    /// initializer. The caller deduplicates `ids` (a repeated id is pulled
+    /// twice). Every ps is asked at once, each for the ids it owns.
+    ///
+    /// Errors: the first ps that failed ([`PsCallError`]: `NOT_FOUND` for
+    /// a table the model does not have, `FAILED_PRECONDITION` before the
+    /// chief initialized the ps), or `INTERNAL` for an answer that does not
+    /// fit the request.
+    pub async fn pull_rows(
+        &self,
+        tables: &[(&str, &[u64])],
+        shadows: bool,
+    ) -> Result<Vec<Vec<f32>>, PsCallError> {
+        let num_ps = self.num_ps();
+        let splits: Vec<Split> = tables
+            .iter()
+            .map(|(_, ids)| Split::of(ids, num_ps))
+            .collect();
+        let answers = try_join_all((0..num_ps).map(|ps| {
+            let req = pb::PullRowsRequest {
+                tables: tables
+                    .iter()
+                    .zip(&splits)
+                    .map(|((name, _), split)| pb::TableRows {
+                        table: (*name).to_owned(),
+                        ids: split.ids[ps].clone(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                shadows,
+            };
+            async move { self.pull_rows_one(ps, req).await.map_err(call(ps)) }
+        }))
+        .await?;
+        let mut out: Vec<Vec<f32>> = Vec::with_capacity(tables.len());
+        for (t, ((name, ids), split)) in tables.iter().zip(&splits).enumerate() {
+            let mut values = Vec::new();
+            for (ps, answer) in answers.iter().enumerate() {
+                let got = answer
+                    .get(t)
+                    .filter(|r| r.table == *name && r.ids == split.ids[ps])
+                    .ok_or_else(|| {
+                        call(ps)(Status::internal(format!(
+                            "ps:{ps} answered a pull of table {name:?} with other rows"
+                        )))
+                    })?;
+                if split.ids[ps].is_empty() {
+                    continue;
+                }
+                let dim = got.values.len() / split.ids[ps].len();
+                if values.is_empty() {
+                    values = vec![0.0; ids.len() * dim];
+                } else if values.len() != ids.len() * dim {
+                    return Err(call(ps)(Status::internal(format!(
+                        "ps:{ps} answered rows of table {name:?} {dim} wide, another ps otherwise"
+                    ))));
+                }
+                for (row, &i) in got.values.chunks_exact(dim.max(1)).zip(&split.at[ps]) {
+                    values[i * dim..(i + 1) * dim].copy_from_slice(row);
+                }
+            }
+            out.push(values);
+        }
+        Ok(out)
+    }
+
+    /// Pushes a step's sparse gradients: for each `(table, ids, grads)`,
+    /// `grads` is `ids.len() × dim` (a repeated id's rows are summed by the
+    /// ps). Every ps gets one push with the rows it owns — an empty one
+    /// when it owns none, so that a sync step counts every worker on every
+    /// ps. `step` is the global step the worker read its parameters at;
+    /// call it before the step's dense push ([`Cluster::step`]), so that a
+    /// sync step's rows are in before its dense update lets the next step
+    /// start.
+    ///
+    /// Returns whether any ps dropped the rows as stale (sync), and whether
+    /// the run is complete.
+    ///
+    /// Errors: as [`Cluster::pull_rows`]; `INVALID_ARGUMENT` for gradients
+    /// whose length is not `ids.len() × dim`, or not finite.
+    pub async fn push_rows(
+        &self,
+        tables: &[(&str, &[u64], &[f32])],
+        learning_rate: f32,
+        step: u64,
+        worker: u32,
+    ) -> Result<RowsPushed, PsCallError> {
+        let num_ps = self.num_ps();
+        let mut per_ps: Vec<Vec<TableRows>> = vec![Vec::with_capacity(tables.len()); num_ps];
+        for (name, ids, grads) in tables {
+            if ids.is_empty() && !grads.is_empty()
+                || !ids.is_empty() && !grads.len().is_multiple_of(ids.len())
+            {
+                return Err(call(0)(Status::from(RowsError::Width {
+                    table: (*name).to_owned(),
+                    what: "the gradient",
+                    values: grads.len(),
+                    ids: ids.len(),
+                })));
+            }
+            let dim = grads.len().checked_div(ids.len()).unwrap_or(0);
+            let split = Split::of(ids, num_ps);
+            for (ps, rows) in per_ps.iter_mut().enumerate() {
+                let mut values = Vec::with_capacity(split.ids[ps].len() * dim);
+                for &i in &split.at[ps] {
+                    values.extend_from_slice(&grads[i * dim..(i + 1) * dim]);
+                }
+                rows.push(TableRows {
+                    table: (*name).to_owned(),
+                    ids: split.ids[ps].clone(),
+                    values,
+                });
+            }
+        }
+        let answers = try_join_all(per_ps.into_iter().enumerate().map(|(ps, rows)| {
+            let req = pb::PushRowsRequest {
+                gradients: rows.iter().map(pb::TableRows::from).collect(),
+                learning_rate,
+                step,
+                worker,
+            };
+            async move { self.push_rows_one(ps, req).await.map_err(call(ps)) }
+        }))
+        .await?;
+        Ok(answers
+            .iter()
+            .fold(RowsPushed::default(), |acc, r| RowsPushed {
+                stale: acc.stale || r.stale,
+                incarnation: 0,
+                complete: acc.complete || r.complete,
+            }))
+    }
+
+    /// One ps's `PullRows`, over shared memory when it can; the answer's
+    /// tables checked.
+    async fn pull_rows_one(
+        &self,
+        ps: usize,
+        req: pb::PullRowsRequest,
+    ) -> Result<Vec<TableRows>, Status> {
+        let answer: pb::PullRowsResponse = match self.shm(ps).await {
+            Some((link, mut conn)) => link.call(&mut conn, kind::PULL_ROWS, &req).await?,
+            None => {
+                self.took(ps, Via::Tcp);
+                let sent = req.encoded_len();
+                let r = self.clients[ps].clone().pull_rows(req).await?.into_inner();
+                self.count(ps, sent, r.encoded_len());
+                r
+            }
+        };
+        answer
+            .tables
+            .iter()
+            .map(|t| TableRows::try_from(t).map_err(|e| Status::internal(format!("ps:{ps}: {e}"))))
+            .collect()
+    }
+
+    /// One ps's `PushRows`, over shared memory when it can.
+    async fn push_rows_one(
+        &self,
+        ps: usize,
+        req: pb::PushRowsRequest,
+    ) -> Result<RowsPushed, Status> {
+        let answer: pb::PushRowsResponse = match self.shm(ps).await {
+            Some((link, mut conn)) => link.call(&mut conn, kind::PUSH_ROWS, &req).await?,
+            None => {
+                self.took(ps, Via::Tcp);
+                let sent = req.encoded_len();
+                let r = self.clients[ps].clone().push_rows(req).await?.into_inner();
+                self.count(ps, sent, r.encoded_len());
+                r
+            }
+        };
+        Ok(RowsPushed::from(&answer))
+    }
+}
