@@ -60,6 +60,11 @@ if ! "$venv/bin/python3" -c 'import numpy, safetensors, tensorboard, onnx, onnxr
         numpy safetensors tensorboard onnx onnxruntime
 fi
 export PATH=$venv/bin:$PATH
+# MovieLens-100k in RecBole's atomic files, from the recbole 1.2.1 wheel on
+# PyPI, cached beside the venv (the data tests read it there; under CI=true
+# they fail without it).
+export DTF_ML100K=$cache/ml-100k
+PYTHON=$venv/bin/python3 scripts/fetch-ml100k.sh "$DTF_ML100K"
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked -q cargo-nextest
 

@@ -16,8 +16,10 @@
 //!   the L2 penalty's vectorized pass.
 //! - [`optimizer`] — SGD, Momentum, Adam, Adagrad as TensorFlow 1.x computes them, and
 //!   their slots' names (the slots themselves live in the ps's shard).
-//! - [`data`] — data sets in three formats (`idx`, `npz`, `csv`), preprocessing,
-//!   mini-batches (`batches`).
+//! - [`data`] — data sets in five formats (`idx`, `npz`, `csv`, `recbole`, `criteo`), the
+//!   synthetic CTR generator (`synthetic`), categorical ids (`ids`: `data::id`, stable
+//!   forever), the batch a model consumes (`Batch`, `Categorical`), preprocessing,
+//!   mini-batches (`batches`), the seeded split.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (encode, decode, verify; `saveable`: what may be
 //!   saved), `restore` (load, the
@@ -53,6 +55,8 @@
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).
+//! - [`binary_metrics`] — AUC and log loss of a binary model, exact (one place for `dtf
+//!   local`, `dtf eval`, the evaluator).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
 //!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored.
@@ -71,6 +75,7 @@
 //!   (eval, predict, export, inspect), `cluster` (status, check-config), `local`.
 pub mod auth;
 pub mod bench;
+pub mod binary_metrics;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

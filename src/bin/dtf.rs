@@ -81,6 +81,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write synthetic click-through data (RecBole atomic files) whose best
+    /// attainable AUC is known: Zipf-distributed ids, labels from a planted
+    /// logistic model.
+    Synth(SynthArgs),
     /// Validate a configuration file; exit 78 if invalid.
     CheckConfig {
         /// The file.
@@ -133,6 +137,53 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Inspect { path, json } => dtf::cli::inspect(&path, json),
         Command::Status { config, json } => dtf::cli::status(&config, json),
         Command::CheckConfig { config } => dtf::cli::check_config(&config),
+        Command::Synth(a) => dtf::cli::synth(&a.out, &a.options(), a.json),
+    }
+}
+
+/// `dtf synth`'s options.
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// The directory to write synthetic.inter and synthetic.json (the summary) into.
+    #[arg(long)]
+    out: PathBuf,
+    /// Rows (interactions) to generate.
+    #[arg(long, default_value_t = 100_000)]
+    rows: usize,
+    /// Categorical fields (f0, f1, …).
+    #[arg(long, default_value_t = 8)]
+    fields: usize,
+    /// Distinct values per field: one number for every field, or one per field.
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    cardinality: Vec<u64>,
+    /// Zipf exponent of each field's value frequencies: one for all, or one per field.
+    #[arg(long, value_delimiter = ',', default_value = "1.1")]
+    exponent: Vec<f64>,
+    /// Standard deviation of the planted model's weights (one per value).
+    #[arg(long, default_value_t = 0.5)]
+    weight_std: f64,
+    /// The planted model's bias (negative: fewer positives).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    bias: f64,
+    /// Seeds the planted weights and the rows.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+impl SynthArgs {
+    fn options(&self) -> dtf::cli::SynthOptions {
+        dtf::cli::SynthOptions {
+            rows: self.rows,
+            fields: self.fields,
+            cardinality: self.cardinality.clone(),
+            exponent: self.exponent.clone(),
+            weight_std: self.weight_std,
+            bias: self.bias,
+            seed: self.seed,
+        }
     }
 }
 

@@ -7,16 +7,19 @@
 //! - `cluster` — what asks a cluster or checks its file: [`status`],
 //!   [`check_config`].
 //! - `local` — [`local`]: a whole cluster of local processes.
+//! - `synth` — [`synth`]: synthetic click-through data with a known best AUC.
 //! - here — [`bench`], and what they share: the error type and how it
 //!   prints ([`chain`]).
 
 mod cluster;
 mod local;
 mod model;
+mod synth;
 
 pub use cluster::{check_config, status};
 pub use local::local;
 pub use model::{eval, export, inspect, predict};
+pub use synth::{SynthOptions, synth};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

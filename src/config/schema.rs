@@ -241,6 +241,11 @@ pub enum DataFormat {
     Npz,
     /// CSV files `data.train` and `data.test` with a header and a label column.
     Csv,
+    /// RecBole atomic files in `data.dir`: `NAME.inter`, joined with
+    /// `NAME.user` and `NAME.item` where present.
+    Recbole,
+    /// Criteo's TSV layout at `data.path`: label, I1–I13, C1–C26.
+    Criteo,
 }
 
 /// `[data]`: where the data set is, in which format, and how it is preprocessed.
@@ -260,10 +265,23 @@ pub struct DataConfig {
     /// The test CSV file (format `csv`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test: Option<PathBuf>,
-    /// The CSV column holding the class index (format `csv`).
+    /// The column holding the label (formats `csv`, `recbole`).
     pub label: String,
-    /// Standardize features with the training split's mean and std.
+    /// Standardize features with the training split's mean and std (data
+    /// with categorical features always is).
     pub standardize: bool,
+    /// A binary label from a numeric column: 1 when the value is at least
+    /// this, else 0 (RecBole's ratings: 4.0). Unset: the column holds class
+    /// indices. DESIGN.md wrote `0.0` as the default; an unset key is kept
+    /// apart from 0.0 so that class labels 0–255 stay class labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    /// CSV columns that are categorical although every value is a number
+    /// (zip codes, numeric ids); a column with any other value always is.
+    pub categorical: Vec<String>,
+    /// The test split's share of a data set that ships no test file
+    /// (RecBole's `NAME.inter`, Criteo's file): a seeded random split.
+    pub test_fraction: f64,
 }
 
 /// `[checkpoint]`: the chief's checkpoints.
@@ -487,6 +505,9 @@ impl Default for DataConfig {
             test: None,
             label: "label".into(),
             standardize: false,
+            threshold: None,
+            categorical: Vec::new(),
+            test_fraction: 0.2,
         }
     }
 }

@@ -341,6 +341,8 @@ impl Config {
             DataFormat::Idx => &[],
             DataFormat::Npz => &[("data.path", &d.path)],
             DataFormat::Csv => &[("data.train", &d.train), ("data.test", &d.test)],
+            DataFormat::Recbole => &[],
+            DataFormat::Criteo => &[("data.path", &d.path)],
         };
         for (key, value) in needed {
             if value.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
@@ -357,6 +359,21 @@ impl Config {
             return Err(self.bad(
                 "data.label",
                 "is empty: expected the name of the CSV column holding the class index".into(),
+            ));
+        }
+        if !(d.test_fraction > 0.0 && d.test_fraction < 1.0) {
+            return Err(self.bad(
+                "data.test_fraction",
+                format!(
+                    "is {}: expected a share of the examples above 0 and below 1 (0.2: 80/20)",
+                    d.test_fraction
+                ),
+            ));
+        }
+        if let Some(t) = d.threshold.filter(|t| !t.is_finite()) {
+            return Err(self.bad(
+                "data.threshold",
+                format!("is {t}: expected a finite number (RecBole's ratings: 4.0)"),
             ));
         }
         Ok(())

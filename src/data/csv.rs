@@ -2,12 +2,23 @@
 //!
 //! Kaggle's layout (`fashion-mnist_train.csv`: `label,pixel1,…,pixel784`): a
 //! header line, then one row per example. The column named `data.label`
-//! holds the class index (an integer 0–255); every other column is a numeric
-//! feature. A file whose every feature cell is an integer 0–255 is byte data,
-//! held as bytes and scaled by 1/255 as IDX pixels are; any other number makes
-//! the whole file float data (f32, used as is or standardized).
+//! holds the class index (an integer 0–255), or with `data.threshold` a
+//! number that becomes a binary label (1 when ≥ the threshold). Every other
+//! column is a feature: numeric, or categorical when one of its values is not
+//! a number (an empty cell included) or `data.categorical` names it (zip
+//! codes, numeric ids). A categorical cell becomes one id, `data::id(column,
+//! cell)`; an empty one is the token "". The numeric features of a file whose
+//! every numeric cell is an integer 0–255 are byte data, held as bytes and
+//! scaled by 1/255 as IDX pixels are; any other number makes them float data
+//! (f32, used as is or standardized; always standardized beside categorical
+//! features).
+//!
+//! Telling the columns apart costs nothing for numeric files: the rows are
+//! read once assuming the named columns are the only categorical ones, and
+//! read again only when a cell that is not a number shows otherwise.
 
-use super::{DataError, Dataset, Features, format_error};
+use super::{Categorical, DataError, Dataset, Features, format_error, id};
+use crate::config::DataConfig;
 use std::path::Path;
 
 /// Rows of features read from a CSV file.
@@ -21,6 +32,72 @@ pub struct Rows {
     pub features: usize,
     /// The features' column names, in the order of `values`.
     pub names: Vec<String>,
+    /// The categorical columns' ids, when the file has such columns.
+    pub categorical: Option<Categorical>,
+}
+
+/// Which columns are categorical.
+#[derive(Debug, Clone, Copy)]
+pub enum CategoricalColumns<'a> {
+    /// None: a cell that is not a number is an error (a model trained on
+    /// numbers alone: `dtf predict`, `dtf eval`).
+    Refused,
+    /// These, and every column with a cell that is not a number (a
+    /// training file).
+    Detect(&'a [String]),
+    /// Exactly these, in this order (a test file read as its training
+    /// file was).
+    Exactly(&'a [String]),
+}
+
+/// How to read a CSV file ([`read_with`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Options<'a> {
+    /// The label column's name.
+    pub label: Option<&'a str>,
+    /// Whether the label column must be there.
+    pub require_label: bool,
+    /// The numeric features by name, in this order (see [`read_named`]).
+    pub names: Option<&'a [String]>,
+    /// Which columns are categorical.
+    pub categorical: CategoricalColumns<'a>,
+    /// A binary label: 1 when the label is at least this (`data.threshold`).
+    pub threshold: Option<f64>,
+}
+
+/// Loads the CSV file at `path` as `cfg` says (`data.label`,
+/// `data.threshold`, `data.categorical`); as a test file when `train` is the
+/// training split: its numeric columns matched to the training file's by
+/// name, and categorical exactly where the training file's are.
+///
+/// Errors: as [`read_with`].
+pub fn load_config(
+    path: &Path,
+    cfg: &DataConfig,
+    train: Option<&Dataset>,
+) -> Result<Dataset, DataError> {
+    let fields = train
+        .and_then(|t| t.categorical())
+        .map(|c| c.fields.as_slice());
+    let opts = Options {
+        label: Some(&cfg.label),
+        require_label: true,
+        names: train.and_then(Dataset::names),
+        categorical: match (train, fields) {
+            (Some(_), Some(f)) => CategoricalColumns::Exactly(f),
+            (Some(_), None) => CategoricalColumns::Exactly(&[]),
+            (None, _) => CategoricalColumns::Detect(&cfg.categorical),
+        },
+        threshold: cfg.threshold,
+    };
+    let rows = read_with(path, &opts)?;
+    let labels = rows.labels.unwrap_or_default();
+    let mut ds = match rows.categorical {
+        Some(c) => Dataset::with_categorical(rows.values, labels, rows.features, c, path)?,
+        None => Dataset::new(rows.values, labels, rows.features, path)?,
+    };
+    ds.set_names(rows.names);
+    Ok(ds)
 }
 
 /// Loads the CSV file at `path` with its labels in the column `label`.
@@ -73,20 +150,75 @@ pub fn read_named(
     require_label: bool,
     names: Option<&[String]>,
 ) -> Result<Rows, DataError> {
+    read_with(
+        path,
+        &Options {
+            label,
+            require_label,
+            names,
+            categorical: CategoricalColumns::Refused,
+            threshold: None,
+        },
+    )
+}
+
+/// Reads the CSV file at `path` as `opts` says.
+///
+/// Errors: as [`read_named`]; [`DataError::Format`] naming a column of
+/// `data.categorical` (or of the training file's categorical ones) that the
+/// header lacks, and a label that is not a number with a threshold.
+pub fn read_with(path: &Path, opts: &Options) -> Result<Rows, DataError> {
+    let named = match opts.categorical {
+        CategoricalColumns::Refused => None,
+        CategoricalColumns::Detect(n) | CategoricalColumns::Exactly(n) => Some(n.to_vec()),
+    };
+    match read_pass(path, opts, named.as_deref())? {
+        Pass::Done(rows) => Ok(rows),
+        // Cells that are not numbers made more columns categorical: read
+        // again with them (at most once: the first pass saw every cell).
+        Pass::Again(more) => match read_pass(path, opts, Some(&more))? {
+            Pass::Done(rows) => Ok(rows),
+            Pass::Again(_) => unreachable!("the second pass knows every categorical column"),
+        },
+    }
+}
+
+/// What one pass over a file found.
+enum Pass {
+    /// The rows.
+    Done(Rows),
+    /// More categorical columns than the pass assumed: these, in header order.
+    Again(Vec<String>),
+}
+
+/// One pass over the file with the categorical columns `cat` (None: none
+/// allowed). In `Detect` mode a cell that is not a number adds its column
+/// and the pass goes on classifying only.
+fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass, DataError> {
     let file = super::open_file(path)?;
     let mut reader = ::csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(std::io::BufReader::new(file));
-    let (headers, label_at) = read_header(&mut reader, path, label, require_label)?;
-    let columns = feature_columns(path, &headers, label_at, names)?;
+    let (headers, label_at) = read_header(&mut reader, path, opts.label, opts.require_label)?;
+    let cat_at = categorical_columns(path, &headers, label_at, cat)?;
+    let detect = matches!(opts.categorical, CategoricalColumns::Detect(_));
+    let columns = feature_columns(path, &headers, label_at, &cat_at, opts.names)?;
     let features = columns.len();
-    if features == 0 {
+    if features == 0 && cat_at.is_empty() {
         return Err(format_error(path, "line 1: no feature columns"));
     }
     let mut cells = Cells {
         bytes: Some(Vec::new()),
         floats: Vec::new(),
     };
+    let fields: Vec<String> = cat_at
+        .iter()
+        .map(|&j| headers[j].trim().to_owned())
+        .collect();
+    let mut categorical = Categorical::new(fields.clone());
+    // Set once a cell shows another categorical column: from then on the
+    // pass only classifies.
+    let mut more: Option<Vec<bool>> = None;
     let mut labels = Vec::new();
     let mut record = ::csv::ByteRecord::new();
     loop {
@@ -101,37 +233,59 @@ pub fn read_named(
                 .unwrap_or("")
                 .trim()
         };
-        for j in label_at.into_iter().chain(columns.iter().copied()) {
-            let cell = at(j);
-            if Some(j) == label_at {
-                labels.push(cell.parse::<u8>().map_err(|_| {
-                    format_error(
-                        path,
-                        format!(
-                            "line {line}, column {}: label {} is not a class index: \
-                             expected an integer 0–255",
-                            quote(&headers[j]),
-                            quote(cell)
-                        ),
-                    )
-                })?);
-            } else if !cells.push(cell) {
-                return Err(format_error(
-                    path,
-                    format!(
-                        "line {line}, column {}: {} is not a finite number",
-                        quote(&headers[j]),
-                        quote(cell)
-                    ),
-                ));
+        if let Some(found) = more.as_mut() {
+            for &j in &columns {
+                if !is_number(at(j)) {
+                    found[j] = true;
+                }
             }
+            continue;
         }
+        if let Some(j) = label_at {
+            labels.push(parse_label(path, line, &headers[j], at(j), opts.threshold)?);
+        }
+        for &j in &columns {
+            let cell = at(j);
+            if cells.push(cell) {
+                continue;
+            }
+            if detect && cell.parse::<f32>().is_err() {
+                let mut found = vec![false; headers.len()];
+                found[j] = true;
+                more = Some(found);
+                break;
+            }
+            return Err(format_error(
+                path,
+                format!(
+                    "line {line}, column {}: {} is not a finite number",
+                    quote(&headers[j]),
+                    quote(cell)
+                ),
+            ));
+        }
+        if more.is_some() {
+            continue;
+        }
+        for (&j, field) in cat_at.iter().zip(&fields) {
+            categorical.push_id(id(field, at(j)));
+            categorical
+                .end_cell()
+                .map_err(|what| format_error(path, what))?;
+        }
+    }
+    if let Some(found) = more {
+        let again = (0..headers.len())
+            .filter(|&j| found[j] || cat_at.contains(&j))
+            .map(|j| headers[j].trim().to_owned())
+            .collect();
+        return Ok(Pass::Again(again));
     }
     let values = match cells.bytes {
         Some(b) => Features::Bytes(b),
         None => Features::Floats(cells.floats),
     };
-    Ok(Rows {
+    Ok(Pass::Done(Rows {
         values,
         labels: label_at.map(|_| labels),
         features,
@@ -139,7 +293,84 @@ pub fn read_named(
             .iter()
             .map(|&j| headers[j].trim().to_owned())
             .collect(),
-    })
+        categorical: (!cat_at.is_empty()).then_some(categorical),
+    }))
+}
+
+/// A numeric cell: a number (non-finite ones are numbers that the reader
+/// refuses, not categories).
+fn is_number(cell: &str) -> bool {
+    cell.parse::<f32>().is_ok()
+}
+
+/// A label cell: 0/1 against `threshold`, else a class index.
+///
+/// Errors: [`DataError::Format`] naming the file, line and column.
+pub(crate) fn parse_label(
+    path: &Path,
+    line: u64,
+    column: &str,
+    text: &str,
+    threshold: Option<f64>,
+) -> Result<u8, DataError> {
+    let text = text.trim();
+    let bad = |expected: &str| {
+        format_error(
+            path,
+            format!(
+                "line {line}, column {}: label {} is not {expected}",
+                quote(column),
+                quote(text)
+            ),
+        )
+    };
+    match threshold {
+        Some(t) => match text.parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(u8::from(v >= t)),
+            _ => Err(bad("a number (data.threshold makes it 0 or 1)")),
+        },
+        None => text.parse::<u8>().map_err(|_| {
+            bad("a class index: expected an integer 0–255, or set data.threshold for a binary label")
+        }),
+    }
+}
+
+/// The header positions of the categorical columns `names` (None: none).
+///
+/// Errors: [`DataError::Format`] naming a column the header lacks, or the
+/// label column.
+fn categorical_columns(
+    path: &Path,
+    headers: &[String],
+    label_at: Option<usize>,
+    names: Option<&[String]>,
+) -> Result<Vec<usize>, DataError> {
+    let mut at = Vec::new();
+    for n in names.unwrap_or_default() {
+        match headers.iter().position(|h| h.trim() == n) {
+            Some(j) if Some(j) == label_at => {
+                return Err(format_error(
+                    path,
+                    format!(
+                        "line 1: {} is the label column, not a categorical feature",
+                        quote(n)
+                    ),
+                ));
+            }
+            Some(j) => at.push(j),
+            None => {
+                return Err(format_error(
+                    path,
+                    format!(
+                        "line 1: no column {} (data.categorical, or a categorical column of \
+                         the training file)",
+                        quote(n)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(at)
 }
 
 /// The feature columns' names of the CSV file at `path` (its header
@@ -152,7 +383,7 @@ pub fn header_names(path: &Path, label: &str) -> Result<Vec<String>, DataError> 
         .has_headers(true)
         .from_reader(std::io::BufReader::new(file));
     let (headers, label_at) = read_header(&mut reader, path, Some(label), false)?;
-    Ok(feature_columns(path, &headers, label_at, None)?
+    Ok(feature_columns(path, &headers, label_at, &[], None)?
         .into_iter()
         .map(|j| headers[j].trim().to_owned())
         .collect())
@@ -166,10 +397,11 @@ fn feature_columns(
     path: &Path,
     headers: &[String],
     label_at: Option<usize>,
+    cat_at: &[usize],
     names: Option<&[String]>,
 ) -> Result<Vec<usize>, DataError> {
     let own: Vec<usize> = (0..headers.len())
-        .filter(|&j| Some(j) != label_at)
+        .filter(|&j| Some(j) != label_at && !cat_at.contains(&j))
         .collect();
     let Some(names) = names else {
         return Ok(own);
@@ -333,68 +565,4 @@ fn csv_error(path: &Path, e: ::csv::Error) -> DataError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("train.csv");
-        std::fs::write(&path, text).unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn byte_columns_stay_bytes_and_floats_make_floats() {
-        let (_d, path) = write("label,p1,p2\n3,0,255\n1,7,8\n");
-        let ds = load(&path, "label").unwrap();
-        assert_eq!(ds.values, Features::Bytes(vec![0, 255, 7, 8]));
-        assert_eq!(ds.labels(), &[3, 1]);
-        assert_eq!(ds.features(), 2);
-        // The label column may be anywhere; a float anywhere makes floats.
-        let (_d, path) = write("a,b,y\n1,2.5,0\n3,-4,1\n");
-        let ds = load(&path, "y").unwrap();
-        assert_eq!(ds.values, Features::Floats(vec![1.0, 2.5, 3.0, -4.0]));
-        assert_eq!(ds.labels(), &[0, 1]);
-    }
-
-    #[test]
-    fn bad_rows_are_refused_with_their_line() {
-        let cases = [
-            (
-                "label,p1\n1,2\n1,2,3\n",
-                "line 3: 3 cells, the header has 2",
-            ),
-            (
-                "label,p1\n1,2\n1,abc\n",
-                "line 3, column \"p1\": \"abc\" is not",
-            ),
-            ("label,p1\n1,nan\n", "line 2, column \"p1\": \"nan\" is not"),
-            (
-                "label,p1\n1,2\n300,2\n",
-                "line 3, column \"label\": label \"300\"",
-            ),
-            ("y,p1\n1,2\n", "no column \"label\""),
-            ("label,p1\n", "holds no examples"),
-            ("", "no header"),
-        ];
-        for (text, want) in cases {
-            let (_d, path) = write(text);
-            let msg = load(&path, "label").unwrap_err().to_string();
-            assert!(msg.contains(want), "{text:?}: {msg}");
-            assert!(msg.contains(&path.display().to_string()), "{msg}");
-        }
-    }
-
-    #[test]
-    fn rows_without_labels_for_predict() {
-        let (_d, path) = write("p1,p2\n1,2\n3,4\n");
-        let rows = read(&path, Some("label"), false).unwrap();
-        assert_eq!(rows.labels, None);
-        assert_eq!(rows.values, Features::Bytes(vec![1, 2, 3, 4]));
-        // With the label column present, it is left out of the features.
-        let (_d, path) = write("label,p1,p2\n1,1,2\n");
-        let rows = read(&path, Some("label"), false).unwrap();
-        assert_eq!(rows.features, 2);
-        assert_eq!(rows.labels, Some(vec![1]));
-    }
-}
+mod tests;

@@ -18,16 +18,25 @@
 //! error naming its line or name before the first step.
 
 mod batches;
+mod categorical;
+pub mod criteo;
 pub mod csv;
+mod detect;
+mod ids;
 pub mod idx;
 pub mod npz;
 mod preprocessing;
+pub mod recbole;
+pub mod synthetic;
 
 use crate::config::{DataConfig, DataFormat};
 use ndarray::Array2;
 use std::path::{Path, PathBuf};
 
 pub use batches::Batches;
+pub use categorical::{Batch, Categorical, SPLIT_SEED, split_rows};
+pub use detect::{config_for_path, test_config_for_path};
+pub use ids::id;
 pub use idx::{images_shape, write_idx_images, write_idx_labels};
 pub use preprocessing::Preprocessing;
 
@@ -108,8 +117,8 @@ pub enum DataError {
     },
     /// A path whose format cannot be told from its name (`dtf local --data`).
     #[error(
-        "{path}: cannot tell the data format: expected a directory of IDX files, \
-         a .npz file, or a .csv file"
+        "{path}: cannot tell the data format: expected a directory of IDX files or of \
+         RecBole atomic files (*.inter), a .npz file, a .csv file, or a Criteo .txt/.tsv file"
     )]
     UnknownFormat {
         /// The path as given.
@@ -169,6 +178,9 @@ pub struct Dataset {
     preprocessing: Preprocessing,
     /// The features' names, where the data has them (a CSV header).
     names: Option<Vec<String>>,
+    /// The categorical features, where the data has them (RecBole, Criteo,
+    /// CSV with non-numeric columns): one cell per example and field.
+    categorical: Option<Categorical>,
 }
 
 /// Width and class count of a data set, read off the data.
@@ -203,8 +215,10 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
                 Split::Test => ("data.test", cfg.test.as_deref()),
             };
             let path = path.ok_or(DataError::Unset { key, format: "csv" })?;
-            csv::load(path, &cfg.label)
+            csv::load_config(path, cfg, None)
         }
+        DataFormat::Recbole => recbole::load(cfg, split),
+        DataFormat::Criteo => criteo::load(cfg, split),
     }
 }
 
@@ -213,13 +227,20 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
 ///
 /// Errors: as [`load`]; [`DataError::SplitWidths`] when the splits' widths differ.
 pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
-    let mut train = load(cfg, Split::Train)?;
-    // A CSV test file's columns are matched to the training file's by name.
-    let mut test = match (&cfg.format, &cfg.test, train.names()) {
-        (DataFormat::Csv, Some(path), Some(names)) => {
-            csv::load_named(path, &cfg.label, Some(names))?
+    let (mut train, mut test) = match cfg.format {
+        // One file holds both splits: read it once.
+        DataFormat::Recbole => recbole::load_both(cfg)?,
+        DataFormat::Criteo => criteo::load_both(cfg)?,
+        _ => {
+            let train = load(cfg, Split::Train)?;
+            // A CSV test file's columns are matched to the training file's by
+            // name, and its categorical columns are the training file's.
+            let test = match (&cfg.format, &cfg.test) {
+                (DataFormat::Csv, Some(path)) => csv::load_config(path, cfg, Some(&train))?,
+                _ => load(cfg, Split::Test)?,
+            };
+            (train, test)
         }
-        _ => load(cfg, Split::Test)?,
     };
     if train.features() != test.features() {
         return Err(DataError::SplitWidths {
@@ -228,7 +249,10 @@ pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
             test: test.features(),
         });
     }
-    let p = train.fitted_preprocessing(cfg.standardize);
+    // Dense features beside categorical ones are standardized always: a raw
+    // timestamp (RecBole) or log count (Criteo) beside embeddings of scale
+    // 0.01 would swamp them.
+    let p = train.fitted_preprocessing(cfg.standardize || train.categorical.is_some());
     train.preprocessing = p.clone();
     test.preprocessing = p;
     Ok((train, test))
@@ -261,6 +285,8 @@ pub fn is_present(cfg: &DataConfig) -> bool {
         DataFormat::Idx => Some(cfg.dir.as_path()),
         DataFormat::Npz => cfg.path.as_deref(),
         DataFormat::Csv => cfg.train.as_deref(),
+        DataFormat::Recbole => Some(cfg.dir.as_path()),
+        DataFormat::Criteo => cfg.path.as_deref(),
     };
     path.is_some_and(Path::exists)
 }
@@ -281,6 +307,8 @@ pub fn describe(cfg: &DataConfig) -> String {
         DataFormat::Idx => cfg.dir.display().to_string(),
         DataFormat::Npz => show(&cfg.path),
         DataFormat::Csv => format!("{} and {}", show(&cfg.train), show(&cfg.test)),
+        DataFormat::Recbole => cfg.dir.display().to_string(),
+        DataFormat::Criteo => show(&cfg.path),
     }
 }
 
@@ -295,81 +323,6 @@ pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveEr
     let s = shape(&train, &test);
     cfg.resolve_layers(s.features, s.classes, &describe(&cfg.data))?;
     Ok(s)
-}
-
-/// A data configuration for a path given on the command line (`dtf local
-/// --data`, `dtf eval --data`): a directory is IDX, `*.npz` is NumPy, `*.csv`
-/// is CSV whose test file is `test` or, when absent, the file beside it with
-/// `train` replaced by `test` in its name (Kaggle's `fashion-mnist_train.csv`
-/// and `fashion-mnist_test.csv`). Other keys are kept from `base`.
-///
-/// Errors: [`DataError::UnknownFormat`] for any other path;
-/// [`DataError::Io`] when it cannot be looked at.
-pub fn config_for_path(
-    base: &DataConfig,
-    path: &Path,
-    test: Option<&Path>,
-) -> Result<DataConfig, DataError> {
-    let mut cfg = base.clone();
-    let meta = std::fs::metadata(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    if meta.is_dir() {
-        cfg.format = DataFormat::Idx;
-        cfg.dir = path.to_path_buf();
-    } else if ext.as_deref() == Some("npz") {
-        cfg.format = DataFormat::Npz;
-        cfg.path = Some(path.to_path_buf());
-    } else if ext.as_deref() == Some("csv") {
-        cfg.format = DataFormat::Csv;
-        cfg.train = Some(path.to_path_buf());
-        cfg.test = Some(match test {
-            Some(t) => t.to_path_buf(),
-            None => beside(path).ok_or_else(|| DataError::Format {
-                path: path.to_path_buf(),
-                what: "the file name has no \"train\" to replace by \"test\": \
-                       give the test file with --test"
-                    .into(),
-            })?,
-        });
-    } else {
-        return Err(DataError::UnknownFormat {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(cfg)
-}
-
-/// A data configuration whose test split is `path` (`dtf eval --data`): a
-/// directory of IDX files, a `.npz` (its `x_test`, `y_test`), or the test
-/// `.csv` itself.
-///
-/// Errors: as [`config_for_path`].
-pub fn test_config_for_path(path: &Path) -> Result<DataConfig, DataError> {
-    let is_csv = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    if is_csv {
-        return Ok(DataConfig {
-            format: DataFormat::Csv,
-            test: Some(path.to_path_buf()),
-            ..DataConfig::default()
-        });
-    }
-    config_for_path(&DataConfig::default(), path, None)
-}
-
-/// `…train….csv` → `…test….csv` in the same directory (the last `train`).
-fn beside(path: &Path) -> Option<PathBuf> {
-    let name = path.file_name()?.to_str()?;
-    let at = name.rfind("train")?;
-    let test = format!("{}test{}", &name[..at], &name[at + "train".len()..]);
-    Some(path.with_file_name(test))
 }
 
 /// The most bytes a data file may hold (or decompress to): this machine's
@@ -458,7 +411,56 @@ impl Dataset {
             labels_path: path.to_path_buf(),
             preprocessing,
             names: None,
+            categorical: None,
         })
+    }
+
+    /// [`Dataset::new`] with categorical features, one example each per
+    /// label; the dense features may then be 0 wide.
+    ///
+    /// Errors: [`DataError::Format`] when the counts disagree, as `new`.
+    pub(crate) fn with_categorical(
+        values: Features,
+        labels: Vec<u8>,
+        features: usize,
+        categorical: Categorical,
+        path: &Path,
+    ) -> Result<Self, DataError> {
+        if categorical.width() == 0 || labels.is_empty() {
+            return Dataset::new(values, labels, features, path);
+        }
+        if categorical.len() != labels.len() {
+            return Err(format_error(
+                path,
+                format!(
+                    "holds categorical features for {} examples and {} labels",
+                    categorical.len(),
+                    labels.len()
+                ),
+            ));
+        }
+        if features == 0 {
+            // Only categorical features: `new` would refuse the empty rows.
+            if !values.is_empty() {
+                return Err(format_error(
+                    path,
+                    "holds dense values for rows of 0 features",
+                ));
+            }
+            let preprocessing = Preprocessing::Scale { divisor: 1.0 };
+            return Ok(Dataset {
+                values: Features::Floats(Vec::new()),
+                labels,
+                features: 0,
+                labels_path: path.to_path_buf(),
+                preprocessing,
+                names: Some(Vec::new()),
+                categorical: Some(categorical),
+            });
+        }
+        let mut ds = Dataset::new(values, labels, features, path)?;
+        ds.categorical = Some(categorical);
+        Ok(ds)
     }
 
     /// The features' names, where the data has them (a CSV header).
@@ -469,6 +471,44 @@ impl Dataset {
     /// Records the features' names.
     pub fn set_names(&mut self, names: Vec<String>) {
         self.names = Some(names);
+    }
+
+    /// The categorical features, where the data has them.
+    pub fn categorical(&self) -> Option<&Categorical> {
+        self.categorical.as_ref()
+    }
+
+    /// The examples `rows`, in that order, as a data set of their own (a
+    /// split of a file that holds both), with this one's preprocessing.
+    ///
+    /// # Panics
+    ///
+    /// When a row is `>= len()`.
+    pub fn select(&self, rows: &[usize]) -> Dataset {
+        let f = self.features;
+        let values = match &self.values {
+            Features::Bytes(v) => Features::Bytes(
+                rows.iter()
+                    .flat_map(|&i| &v[i * f..(i + 1) * f])
+                    .copied()
+                    .collect(),
+            ),
+            Features::Floats(v) => Features::Floats(
+                rows.iter()
+                    .flat_map(|&i| &v[i * f..(i + 1) * f])
+                    .copied()
+                    .collect(),
+            ),
+        };
+        Dataset {
+            values,
+            labels: rows.iter().map(|&i| self.labels[i]).collect(),
+            features: f,
+            labels_path: self.labels_path.clone(),
+            preprocessing: self.preprocessing.clone(),
+            names: self.names.clone(),
+            categorical: self.categorical.as_ref().map(|c| c.select(rows)),
+        }
     }
 
     /// From raw parts, for the tests below. `images.len()` must be

@@ -326,6 +326,7 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
         "data.path",
         "data.train",
         "data.test",
+        "data.threshold",
     ] {
         keys.entry(optional.to_owned()).or_insert(None);
     }
