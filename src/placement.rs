@@ -1,11 +1,113 @@
-//! Which ps task holds which variable. Computed, not negotiated: every process
-//! derives the same answer from the config, as `replica_device_setter` does.
+//! Which ps task holds which part of which variable. Computed, not
+//! negotiated: every process derives the same answer from the config, as
+//! `replica_device_setter` does.
+//!
+//! A variable first splits along its first axis into *parts*
+//! (`model.partitioner`, TensorFlow's partitioners); the parts are then
+//! placed (`cluster.placement`) as variables of their own. The ps tasks hold
+//! parts and know nothing of the variables they come from; the worker's
+//! client of the cluster (`transport::cluster`) splits gradients and
+//! assembles values, and the chief's checkpoints hold whole variables.
 
-use crate::config::{Config, ModelKind, Placement};
+use crate::config::{Config, ModelConfig, ModelKind, Partitioner, Placement};
 use crate::model::VarSpec;
 use crate::model::table::{self, TableSpec, mix64};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Axis};
+use std::ops::Range;
 
-/// The ps task index of each variable, in `vars` order.
+/// One part of a model variable, as a ps task holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The part's name and shape on the ps: `layer1/weights/part_0`, or
+    /// the variable's own name when it is whole.
+    pub spec: VarSpec,
+    /// The variable it is a part of (model order).
+    pub var: usize,
+    /// Its rows: the range of the variable's first axis it holds.
+    pub rows: Range<usize>,
+    /// Its f32 values within the variable's row-major data: a slice along
+    /// the first axis is contiguous, so a part is one range.
+    pub range: Range<usize>,
+}
+
+/// The number of parts a variable of `shape` splits into.
+///
+/// As TensorFlow computes it (tensorflow/python/ops/partitioned_variables.py):
+/// `fixed_size_partitioner(num_shards)` gives `min(num_shards, shape[0])`;
+/// `min_max_variable_partitioner(max_partitions, min_slice_size)`, which
+/// TF2's `MinSizePartitioner(min_shard_bytes, max_shards)` calls, gives
+/// `max(1, min(shape[0], max_partitions, ceil(bytes / min_slice_size)))` —
+/// a ceiling, so a variable just over `min_shard_bytes` makes two parts.
+/// `max_shards = 0` stands for the ps count (TF's Keras examples pass
+/// `max_shards = num_ps`). A scalar is never split.
+pub fn part_count(shape: &[usize], model: &ModelConfig, num_ps: usize) -> usize {
+    let Some(&rows) = shape.first() else {
+        return 1;
+    };
+    let n = match model.partitioner {
+        Partitioner::None => 1,
+        Partitioner::Fixed => model.partitions.min(rows),
+        Partitioner::MinSize => {
+            let bytes = 4 * shape.iter().product::<usize>();
+            let max = if model.max_shards == 0 {
+                num_ps
+            } else {
+                model.max_shards
+            };
+            bytes
+                .div_ceil(model.min_shard_bytes.max(1))
+                .min(max)
+                .min(rows)
+        }
+    };
+    n.max(1)
+}
+
+/// The parts of every variable, variable by variable, in order.
+///
+/// The rows are cut as TensorFlow's `_iter_slices`
+/// (tensorflow/python/ops/variable_scope.py) cuts them: each part gets
+/// `rows / n` rows and the first `rows % n` parts one more; part `i` is
+/// named `<variable>/part_<i>`. A variable in one part keeps its name.
+pub fn partition(vars: &[VarSpec], model: &ModelConfig, num_ps: usize) -> Vec<Part> {
+    let mut parts = Vec::new();
+    for (var, spec) in vars.iter().enumerate() {
+        let n = part_count(&spec.shape, model, num_ps);
+        let len: usize = spec.shape.iter().product();
+        if n == 1 {
+            let rows = spec.shape.first().copied().unwrap_or(1);
+            parts.push(Part {
+                spec: spec.clone(),
+                var,
+                rows: 0..rows,
+                range: 0..len,
+            });
+            continue;
+        }
+        let rows = spec.shape[0];
+        let row_len = len / rows;
+        let (each, excess) = (rows / n, rows % n);
+        let mut start = 0;
+        for i in 0..n {
+            let count = each + usize::from(i < excess);
+            let mut shape = spec.shape.clone();
+            shape[0] = count;
+            parts.push(Part {
+                spec: VarSpec {
+                    name: format!("{}/part_{i}", spec.name),
+                    shape,
+                },
+                var,
+                rows: start..start + count,
+                range: start * row_len..(start + count) * row_len,
+            });
+            start += count;
+        }
+    }
+    parts
+}
+
+/// The ps task index of each variable (or part), in `vars` order.
 pub fn assign(vars: &[VarSpec], num_ps: usize, strategy: Placement) -> Vec<usize> {
     assert!(
         num_ps > 0,
@@ -55,14 +157,132 @@ pub fn tables(config: &Config) -> Vec<TableSpec> {
     }
 }
 
-/// The variables held by ps task `ps`, in model order.
-pub fn shard(vars: &[VarSpec], num_ps: usize, strategy: Placement, ps: usize) -> Vec<VarSpec> {
-    assign(vars, num_ps, strategy)
-        .into_iter()
-        .zip(vars)
-        .filter(|(p, _)| *p == ps)
-        .map(|(_, v)| v.clone())
-        .collect()
+/// The variables (parts) held by ps task `ps` under `config`, in model order.
+pub fn shard(config: &Config, vars: &[VarSpec], ps: usize) -> Vec<VarSpec> {
+    Layout::new(config, vars.to_vec()).shard(ps)
+}
+
+/// The model's variables, their parts and where each part lives.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The model's variables, whole, in model order.
+    vars: Vec<VarSpec>,
+    /// Every part, variable by variable: what the ps tasks hold.
+    parts: Vec<Part>,
+    /// The ps task of each part.
+    owner: Vec<usize>,
+}
+
+impl Layout {
+    /// The layout `config` gives `vars` (partitioner, ps count, placement).
+    pub fn new(config: &Config, vars: Vec<VarSpec>) -> Self {
+        let num_ps = config.cluster.ps.len().max(1);
+        let parts = partition(&vars, &config.model, num_ps);
+        let specs: Vec<VarSpec> = parts.iter().map(|p| p.spec.clone()).collect();
+        let owner = assign(&specs, num_ps, config.cluster.placement);
+        Self { vars, parts, owner }
+    }
+
+    /// The model's variables, whole.
+    pub fn vars(&self) -> &[VarSpec] {
+        &self.vars
+    }
+
+    /// Every part, variable by variable.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// The ps task of each part.
+    pub fn owner(&self) -> &[usize] {
+        &self.owner
+    }
+
+    /// Every part's name and shape, in part order.
+    pub fn part_specs(&self) -> Vec<VarSpec> {
+        self.parts.iter().map(|p| p.spec.clone()).collect()
+    }
+
+    /// Whether every variable is in one part (then parts are variables).
+    pub fn whole(&self) -> bool {
+        self.parts.len() == self.vars.len()
+    }
+
+    /// The parts held by ps task `ps`, in part order.
+    pub fn shard(&self, ps: usize) -> Vec<VarSpec> {
+        self.parts
+            .iter()
+            .zip(&self.owner)
+            .filter(|(_, o)| **o == ps)
+            .map(|(p, _)| p.spec.clone())
+            .collect()
+    }
+
+    /// The f32 values each ps task holds (its parts' sizes; slots excluded).
+    pub fn parameters(&self, num_ps: usize) -> Vec<u64> {
+        let mut out = vec![0u64; num_ps];
+        for (p, &o) in self.parts.iter().zip(&self.owner) {
+            if let Some(n) = out.get_mut(o) {
+                *n += p.range.len() as u64;
+            }
+        }
+        out
+    }
+
+    /// Views of every part of `whole` (model order, the variables' shapes),
+    /// in part order: no copy.
+    ///
+    /// Panics if `whole` is not the model's arrays (a bug: dtf builds them).
+    pub fn views<'a>(&self, whole: &'a [ArrayD<f32>]) -> Vec<ArrayViewD<'a, f32>> {
+        let mut out = Vec::with_capacity(self.parts.len());
+        let mut parts = self.parts.iter().peekable();
+        for (var, array) in whole.iter().enumerate() {
+            if array.ndim() == 0 {
+                if parts.next_if(|p| p.var == var).is_some() {
+                    out.push(array.view());
+                }
+                continue;
+            }
+            let mut rest = array.view();
+            while let Some(p) = parts.next_if(|p| p.var == var) {
+                let (head, tail) = rest.split_at(Axis(0), p.rows.len());
+                out.push(head);
+                rest = tail;
+            }
+        }
+        out
+    }
+
+    /// Mutable views of every part of `whole`, in part order: no copy.
+    ///
+    /// Panics as [`Layout::views`].
+    pub fn views_mut<'a>(&self, whole: &'a mut [ArrayD<f32>]) -> Vec<ArrayViewMutD<'a, f32>> {
+        let mut out = Vec::with_capacity(self.parts.len());
+        let mut parts = self.parts.iter().peekable();
+        for (var, array) in whole.iter_mut().enumerate() {
+            if array.ndim() == 0 {
+                if parts.next_if(|p| p.var == var).is_some() {
+                    out.push(array.view_mut());
+                }
+                continue;
+            }
+            let mut rest = array.view_mut();
+            while let Some(p) = parts.next_if(|p| p.var == var) {
+                let (head, tail) = rest.split_at(Axis(0), p.rows.len());
+                out.push(head);
+                rest = tail;
+            }
+        }
+        out
+    }
+
+    /// Copies of every part of `whole`, in part order (seeding a ps).
+    pub fn split(&self, whole: &[ArrayD<f32>]) -> Vec<ArrayD<f32>> {
+        self.views(whole)
+            .into_iter()
+            .map(|v| v.to_owned())
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -84,14 +304,36 @@ mod tests {
         .collect()
     }
 
+    fn model(partitioner: Partitioner, partitions: usize, max_shards: usize) -> ModelConfig {
+        ModelConfig {
+            partitioner,
+            partitions,
+            max_shards,
+            ..ModelConfig::default()
+        }
+    }
+
+    fn shapes(parts: &[Part], var: usize) -> Vec<(String, Vec<usize>)> {
+        parts
+            .iter()
+            .filter(|p| p.var == var)
+            .map(|p| (p.spec.name.clone(), p.spec.shape.clone()))
+            .collect()
+    }
+
+    fn config(ps: usize, model: ModelConfig) -> Config {
+        let mut c = Config::default();
+        c.cluster.ps = (0..ps).map(|i| format!("127.0.0.1:{}", 2000 + i)).collect();
+        c.model = model;
+        c
+    }
+
     #[test]
     fn round_robin_in_creation_order() {
         assert_eq!(assign(&specs(), 2, Placement::RoundRobin), vec![0, 1, 0, 1]);
         assert_eq!(assign(&specs(), 3, Placement::RoundRobin), vec![0, 1, 2, 0]);
-        assert_eq!(
-            shard(&specs(), 2, Placement::RoundRobin, 1)[0].name,
-            "layer1/biases"
-        );
+        let c = config(2, model(Partitioner::None, 0, 0));
+        assert_eq!(shard(&c, &specs(), 1)[0].name, "layer1/biases");
     }
 
     #[test]
@@ -121,5 +363,132 @@ mod tests {
     #[test]
     fn greedy_balances_bytes() {
         assert_eq!(assign(&specs(), 2, Placement::Greedy), vec![0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn none_keeps_every_variable_whole() {
+        let parts = partition(&specs(), &model(Partitioner::None, 0, 0), 3);
+        assert_eq!(parts.len(), 4);
+        assert!(parts.iter().zip(specs()).all(|(p, s)| p.spec == s));
+    }
+
+    #[test]
+    fn fixed_cuts_uneven_rows_as_tensorflow_does() {
+        // 784 = 3 * 261 + 1: the first part takes the extra row.
+        let parts = partition(&specs(), &model(Partitioner::Fixed, 3, 0), 1);
+        assert_eq!(
+            shapes(&parts, 0),
+            [
+                ("layer1/weights/part_0".to_string(), vec![262, 500]),
+                ("layer1/weights/part_1".to_string(), vec![261, 500]),
+                ("layer1/weights/part_2".to_string(), vec![261, 500]),
+            ]
+        );
+        assert_eq!(parts[0].range, 0..262 * 500);
+        assert_eq!(parts[1].rows, 262..523);
+        assert_eq!(parts[2].range, 523 * 500..784 * 500);
+        // 10 rows in 4: 3, 3, 2, 2; a bias of 500 in 3: 167, 167, 166.
+        let parts = partition(&specs(), &model(Partitioner::Fixed, 4, 0), 1);
+        let rows: Vec<usize> = parts
+            .iter()
+            .filter(|p| p.var == 3)
+            .map(|p| p.spec.shape[0])
+            .collect();
+        assert_eq!(rows, [3, 3, 2, 2]);
+        let parts = partition(&specs(), &model(Partitioner::Fixed, 3, 0), 1);
+        let rows: Vec<usize> = parts
+            .iter()
+            .filter(|p| p.var == 1)
+            .map(|p| p.spec.shape[0])
+            .collect();
+        assert_eq!(rows, [167, 167, 166]);
+    }
+
+    #[test]
+    fn fixed_never_cuts_more_parts_than_rows() {
+        let parts = partition(&specs(), &model(Partitioner::Fixed, 16, 0), 1);
+        assert_eq!(parts.iter().filter(|p| p.var == 3).count(), 10);
+        assert!(parts.iter().all(|p| p.spec.shape[0] >= 1));
+    }
+
+    #[test]
+    fn min_size_splits_big_variables_up_to_the_ps_count() {
+        let m = ModelConfig::default();
+        // One ps: nothing splits (every variable keeps its name).
+        assert_eq!(partition(&specs(), &m, 1).len(), 4);
+        // Two ps: 1,568,000 bytes is over 256 KiB; the rest stay whole.
+        let parts = partition(&specs(), &m, 2);
+        assert_eq!(
+            shapes(&parts, 0),
+            [
+                ("layer1/weights/part_0".to_string(), vec![392, 500]),
+                ("layer1/weights/part_1".to_string(), vec![392, 500]),
+            ]
+        );
+        assert_eq!(parts.len(), 5);
+        assert_eq!(parts[2].spec.name, "layer1/biases");
+        // ceil(1,568,000 / 262,144) = 6 parts at most, whatever the ps count.
+        assert_eq!(part_count(&[784, 500], &m, 16), 6);
+        // An explicit max_shards wins over the ps count.
+        assert_eq!(
+            part_count(&[784, 500], &model(Partitioner::MinSize, 0, 3), 2),
+            3
+        );
+        // Just over the minimum: a ceiling, two parts (as TensorFlow).
+        let m = ModelConfig {
+            min_shard_bytes: 1000,
+            ..model(Partitioner::MinSize, 0, 8)
+        };
+        assert_eq!(part_count(&[251], &m, 1), 2);
+        assert_eq!(part_count(&[250], &m, 1), 1);
+        // Never more parts than rows, never fewer than one.
+        assert_eq!(part_count(&[3, 100_000], &m, 1), 3);
+        assert_eq!(part_count(&[], &m, 1), 1);
+    }
+
+    #[test]
+    fn parts_are_placed_round_robin_as_variables() {
+        let c = config(2, ModelConfig::default());
+        let layout = Layout::new(&c, specs());
+        assert_eq!(layout.owner(), [0, 1, 0, 1, 0]);
+        let names = |ps| -> Vec<String> { layout.shard(ps).into_iter().map(|s| s.name).collect() };
+        assert_eq!(
+            names(0),
+            ["layer1/weights/part_0", "layer1/biases", "layer2/biases"]
+        );
+        assert_eq!(names(1), ["layer1/weights/part_1", "layer2/weights"]);
+        assert_eq!(
+            layout.parameters(2),
+            [392 * 500 + 500 + 10, 392 * 500 + 500 * 10]
+        );
+        assert_eq!(shard(&c, &specs(), 1), layout.shard(1));
+    }
+
+    #[test]
+    fn views_cover_each_variable_in_order() {
+        let c = config(3, model(Partitioner::Fixed, 3, 0));
+        let layout = Layout::new(&c, specs());
+        let mut whole: Vec<ArrayD<f32>> = specs()
+            .iter()
+            .map(|s| {
+                let n: usize = s.shape.iter().product();
+                ArrayD::from_shape_vec(s.shape.as_slice(), (0..n).map(|x| x as f32).collect())
+                    .unwrap()
+            })
+            .collect();
+        let split = layout.split(&whole);
+        for (p, a) in layout.parts().iter().zip(&split) {
+            assert_eq!(a.shape(), p.spec.shape.as_slice());
+            assert_eq!(a.as_slice().unwrap()[0], p.range.start as f32);
+        }
+        let mut views = layout.views_mut(&mut whole);
+        views[1].fill(-1.0);
+        drop(views);
+        assert!(
+            whole[0].as_slice().unwrap()[262 * 500..523 * 500]
+                .iter()
+                .all(|&x| x == -1.0)
+        );
+        assert_eq!(whole[0].as_slice().unwrap()[523 * 500], (523 * 500) as f32);
     }
 }

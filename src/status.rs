@@ -89,6 +89,9 @@ pub struct TaskStatus {
     /// Ps: it started with no snapshot of its own and fetches its shard's
     /// copy from its ring neighbour before it serves.
     pub fetching: Option<bool>,
+    /// Ps: the f32 values of the variables (parts) it holds, slots and
+    /// shadows excluded: how `model.partitioner` spread the model.
+    pub parameters: Option<u64>,
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -218,6 +221,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             snapshot_failures: s.map(|s| s.snapshot_failures),
             resharding: s.map(|s| s.resharding),
             fetching: s.map(|s| s.fetching),
+            parameters: s.map(|s| s.parameters),
             ..Default::default()
         });
     }

@@ -51,6 +51,19 @@ pub enum Placement {
     Greedy,
 }
 
+/// `model.partitioner`: how a variable splits into parts along its first
+/// axis before placement (TensorFlow's partitioners).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// Every variable whole: today's placement.
+    None,
+    /// `fixed_size_partitioner(model.partitions)`.
+    Fixed,
+    /// `MinSizePartitioner(model.min_shard_bytes, model.max_shards)`.
+    MinSize,
+}
+
 /// The whole file. Every section has defaults; unknown keys are errors.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -218,7 +231,16 @@ pub struct ModelConfig {
     pub kind: ModelKind,
     /// Width of a `wide_deep` embedding row.
     pub embedding_dim: usize,
+    /// How each variable splits into parts along its first axis.
+    pub partitioner: Partitioner,
+    /// `fixed`: the number of parts of every variable.
+    pub partitions: usize,
+    /// `min_size`: a variable of B bytes splits into `ceil(B / min_shard_bytes)` parts.
+    pub min_shard_bytes: usize,
+    /// `min_size`: the most parts of one variable; 0: the ps count.
+    pub max_shards: usize,
 }
+
 
 /// Which model (`model.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -491,6 +513,10 @@ impl Default for ModelConfig {
             hidden: None,
             kind: ModelKind::Mlp,
             embedding_dim: 16,
+            partitioner: Partitioner::MinSize,
+            partitions: 0,
+            min_shard_bytes: 256 << 10,
+            max_shards: 0,
         }
     }
 }

@@ -3,7 +3,9 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind};
+use super::schema::{
+    Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner,
+};
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
 use std::collections::BTreeMap;
@@ -327,7 +329,31 @@ impl Config {
                 invalid(0, "a positive width"),
             ));
         }
-        Ok(())
+        self.validate_partitioner()
+    }
+
+    /// `model.partitioner` and the keys each kind reads.
+    fn validate_partitioner(&self) -> Result<(), ConfigError> {
+        let m = &self.model;
+        match m.partitioner {
+            Partitioner::Fixed if m.partitions == 0 => Err(self.bad(
+                "model.partitions",
+                invalid(0, "a positive number of parts for partitioner = \"fixed\""),
+            )),
+            Partitioner::None | Partitioner::MinSize if m.partitions != 0 => Err(self.bad(
+                "model.partitions",
+                format!(
+                    "is {} but only partitioner = \"fixed\" reads it: expected \
+                     model.partitioner = \"fixed\", or no model.partitions",
+                    m.partitions
+                ),
+            )),
+            Partitioner::MinSize if m.min_shard_bytes == 0 => Err(self.bad(
+                "model.min_shard_bytes",
+                invalid(0, "a positive byte count (TensorFlow's default: 262144)"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// `[data]`: an empty `dir` would silently mean the working directory;

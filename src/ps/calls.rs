@@ -166,6 +166,11 @@ impl PsService {
             global_step: s.step(),
             complete: s.is_complete(),
             variables: s.specs().iter().map(|v| v.name.clone()).collect(),
+            parameters: s
+                .specs()
+                .iter()
+                .map(|v| v.shape.iter().product::<usize>() as u64)
+                .sum(),
             updates_applied: c.updates_applied,
             gradients_aggregated: c.gradients_aggregated,
             stale_gradients: c.stale_gradients,

@@ -124,12 +124,7 @@ impl PsService {
         let live = config;
         let config: Arc<Config> = live.borrow().clone();
         let mlp = Mlp::new(&config.model.layers)?;
-        let specs = placement::shard(
-            &mlp.variables(),
-            config.cluster.ps.len(),
-            config.cluster.placement,
-            task,
-        );
+        let specs = placement::shard(&config, &mlp.variables(), task);
         let rule = match config.train.mode {
             Mode::Async => Rule::Async,
             Mode::Sync => Rule::Sync {

@@ -134,7 +134,7 @@ impl Ring {
         let n = config.cluster.ps.len();
         let on = n >= 2 && config.ps.snapshot_secs > 0 && own.is_some();
         let variables = Mlp::new(&config.model.layers)?.variables();
-        let specs = |t: usize| crate::placement::shard(&variables, n, config.cluster.placement, t);
+        let specs = |t: usize| crate::placement::shard(config, &variables, t);
         let optimizer = config.train.optimizer();
         let (next, keeps) = match (on, own) {
             (true, Some(own)) => {

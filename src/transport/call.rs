@@ -7,7 +7,7 @@
 //! under its lock, put on the wire after it is released).
 
 use bytes::Bytes;
-use ndarray::ArrayD;
+use ndarray::{ArrayBase, Data, IxDyn};
 
 /// A worker's push, apart from its gradients.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -117,7 +117,7 @@ pub struct Tensor {
 
 impl Tensor {
     /// Copies `array` (the one copy, made under the shard's lock).
-    pub fn copy(name: &str, array: &ArrayD<f32>) -> Self {
+    pub fn copy<S: Data<Elem = f32>>(name: &str, array: &ArrayBase<S, IxDyn>) -> Self {
         let data = match array.as_slice() {
             Some(s) => Bytes::copy_from_slice(bytemuck::cast_slice(s)),
             None => {

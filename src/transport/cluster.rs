@@ -17,10 +17,10 @@ use crate::auth::{self, Credentials};
 use crate::config::{Config, Transport};
 use crate::model::VarSpec;
 use crate::optimizer::{self, SlotSpec};
-use crate::placement;
+use crate::placement::Layout;
 use crate::transport::pb;
 use futures::future::try_join_all;
-use ndarray::ArrayD;
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD};
 use prost::Message;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -38,11 +38,15 @@ pub struct Cluster {
     shm: Vec<Option<Arc<ShmLink>>>,
     /// The transport each ps's latest call took ([`Via`] as a byte), for reports.
     via: Arc<Vec<AtomicU8>>,
-    /// The model's variables in order.
+    /// The model's variables, their parts (`model.partitioner`) and where
+    /// each part lives: the callers speak whole variables, the ps parts.
+    layout: Arc<Layout>,
+    /// Every part as the ps tasks hold it, in part order (the variables
+    /// themselves when none is split).
     specs: Vec<VarSpec>,
-    /// The ps holding each variable.
+    /// The ps holding each part.
     owner: Vec<usize>,
-    /// Variable indices held by each ps.
+    /// Part indices held by each ps.
     by_ps: Vec<Vec<usize>>,
     /// Incarnation each shard had at the last pull (0: unknown).
     incarnations: Vec<u64>,
@@ -53,9 +57,13 @@ pub struct Cluster {
     /// The membership epoch each ps last answered with (0: none yet): the
     /// step tag's second half.
     epochs: Arc<Vec<AtomicU64>>,
-    /// The optimizer's slots of every variable, in the order snapshots
-    /// return them and [`Cluster::initialize`] takes them.
+    /// The optimizer's slots of every part, as the ps tasks name them.
     slot_specs: Vec<SlotSpec>,
+    /// The optimizer's slots of every whole variable, in the order
+    /// snapshots return them and [`Cluster::initialize`] takes them.
+    model_slot_specs: Vec<SlotSpec>,
+    /// For each part's slot, its whole variable's slot (`model_slot_specs`).
+    slot_of: Vec<usize>,
     /// The ps whose copy of the non-slot scalars a snapshot keeps:
     /// TensorFlow's home for them (see [`optimizer::non_slot_owner`]).
     non_slot_ps: usize,
@@ -150,7 +158,9 @@ impl Cluster {
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
             .unzip();
-        let owner = placement::assign(&specs, clients.len(), config.cluster.placement);
+        let layout = Layout::new(config, specs);
+        let specs = layout.part_specs();
+        let owner = layout.owner().to_vec();
         let mut by_ps = vec![Vec::new(); clients.len()];
         for (i, &p) in owner.iter().enumerate() {
             by_ps[p].push(i);
@@ -191,7 +201,19 @@ impl Cluster {
         let epochs = Arc::new((0..clients.len()).map(|_| AtomicU64::new(0)).collect());
         let values_in = vec![Via::Tcp; clients.len()];
         let via = Arc::new((0..clients.len()).map(|_| AtomicU8::new(0)).collect());
-        let slot_specs = config.train.optimizer().slot_specs(&specs);
+        let optimizer = config.train.optimizer();
+        let slot_specs = optimizer.slot_specs(&specs);
+        let model_slot_specs = optimizer.slot_specs(layout.vars());
+        let slot_of = slot_specs
+            .iter()
+            .map(|s| {
+                let var = s.var.map(|p| layout.parts()[p].var);
+                model_slot_specs
+                    .iter()
+                    .position(|m| m.var == var && m.index == s.index)
+                    .expect("the same optimizer names a slot per part and per variable")
+            })
+            .collect();
         let non_slot_ps = optimizer::non_slot_owner(&specs).map_or(0, |i| owner[i]);
         let sizes: Vec<Vec<usize>> = by_ps
             .iter()
@@ -208,6 +230,7 @@ impl Cluster {
             direct,
             shm,
             via,
+            layout: Arc::new(layout),
             specs,
             owner,
             by_ps,
@@ -215,6 +238,8 @@ impl Cluster {
             worker_incarnation: rand::random::<u64>() | 1,
             epochs,
             slot_specs,
+            model_slot_specs,
+            slot_of,
             non_slot_ps,
             in_place: false,
             values_in,
@@ -226,16 +251,26 @@ impl Cluster {
     /// From now on [`Cluster::pull`] leaves the values of a shard reached
     /// through shared memory in its region, where [`Cluster::step`] reads
     /// them: the worker's step loop, which then copies no values at all.
+    ///
+    /// Not when a variable is split: the step computes on whole variables,
+    /// and a split one's parts lie in several regions, so every shard then
+    /// copies its values out of its region and its gradients into it.
     pub fn values_in_place(&mut self) {
-        self.in_place = true;
+        self.in_place = self.layout.whole();
     }
 
     pub fn num_ps(&self) -> usize {
         self.clients.len()
     }
 
+    /// The model's variables, whole.
     pub fn specs(&self) -> &[VarSpec] {
-        &self.specs
+        self.layout.vars()
+    }
+
+    /// The model's variables, their parts and where each part lives.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Each shard's incarnation at its last pull (0: not pulled yet): a
@@ -244,9 +279,9 @@ impl Cluster {
         &self.incarnations
     }
 
-    /// Variable indices held by ps `ps`.
-    pub fn shard(&self, ps: usize) -> &[usize] {
-        &self.by_ps[ps]
+    /// The variables (parts) ps `ps` holds, as it names them, in order.
+    pub fn shard(&self, ps: usize) -> impl Iterator<Item = &VarSpec> {
+        self.by_ps[ps].iter().map(|&i| &self.specs[i])
     }
 
     /// The transport each ps's latest call took.
@@ -324,10 +359,11 @@ impl Cluster {
         Some((link, conn))
     }
 
-    /// `params` (model order) split into each ps's arrays (shard order).
-    fn slots<'a>(&self, params: &'a mut [ArrayD<f32>]) -> Vec<Vec<&'a mut ArrayD<f32>>> {
+    /// `params` (model order, whole variables) as views of each ps's parts
+    /// (shard order): no copy.
+    fn slots<'a>(&self, params: &'a mut [ArrayD<f32>]) -> Vec<Vec<ArrayViewMutD<'a, f32>>> {
         let mut out: Vec<Vec<_>> = (0..self.num_ps()).map(|_| Vec::new()).collect();
-        for (p, &ps) in params.iter_mut().zip(&self.owner) {
+        for (p, &ps) in self.layout.views_mut(params).into_iter().zip(&self.owner) {
             out[ps].push(p);
         }
         out
@@ -339,7 +375,7 @@ impl Cluster {
         &self,
         ps: usize,
         tensors: &[pb::Tensor],
-        out: &mut [&mut ArrayD<f32>],
+        out: &mut [ArrayViewMutD<'_, f32>],
         changes: bool,
     ) -> Result<(), Status> {
         for t in tensors {
@@ -352,7 +388,7 @@ impl Cluster {
                         t.name
                     ))
                 })?;
-            self.wire.store(t, out[i], changes)?;
+            self.wire.store(t, &mut out[i], changes)?;
         }
         Ok(())
     }
@@ -389,8 +425,8 @@ impl Cluster {
         &self,
         ps: usize,
         min_step: u64,
-        values: &mut [&mut ArrayD<f32>],
-        shadows: Option<&mut [&mut ArrayD<f32>]>,
+        values: &mut [ArrayViewMutD<'_, f32>],
+        shadows: Option<&mut [ArrayViewMutD<'_, f32>]>,
         with_slots: bool,
         in_place: bool,
     ) -> Result<(pb::PullResponse, Via), Status> {
@@ -465,13 +501,14 @@ impl Cluster {
     }
 
     /// One ps's fused push-and-pull: `req` carries no tensors; the shard's
-    /// gradients go with it and its values come back into `out`.
+    /// gradients (`grads`: every part, part order) go with it and its values
+    /// come back into `out`.
     async fn push_one(
         &self,
         ps: usize,
         mut req: pb::PushRequest,
-        grads: &[ArrayD<f32>],
-        out: &mut [&mut ArrayD<f32>],
+        grads: &[ArrayViewD<'_, f32>],
+        out: &mut [ArrayViewMutD<'_, f32>],
     ) -> Result<pb::PushResponse, Status> {
         if let Some((link, mut conn)) = self.shm(ps).await {
             self.wire.take_replica(ps);

@@ -32,7 +32,7 @@ pub use state::{PsState, WorkerContact};
 
 use crate::auth;
 use crate::config::Config;
-use ndarray::ArrayD;
+use ndarray::ArrayViewMutD;
 use prost::Message;
 use proto as rpc;
 use shm::{Area, Region, kind};
@@ -397,7 +397,7 @@ impl ShmLink {
     }
 
     /// Copies an area into the shard's arrays (shard order).
-    fn read_area(&self, region: &Region, area: Area, out: &mut [&mut ArrayD<f32>]) {
+    fn read_area(&self, region: &Region, area: Area, out: &mut [ArrayViewMutD<'_, f32>]) {
         let src = region.area(area);
         for (dst, range) in out.iter_mut().zip(&self.layout) {
             let dst = dst

@@ -8,7 +8,7 @@ pub use rows::RowsError;
 use super::call::{Complete, Initialize, Initialized, Pulled, Push, Pushed, Tensor, TensorView};
 use crate::transport::pb;
 use bytes::{BufMut, Bytes};
-use ndarray::ArrayD;
+use ndarray::{ArrayBase, Data, DataMut, IxDyn};
 use std::fmt;
 use std::marker::PhantomData;
 use tonic::codec::{BufferSettings, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -296,7 +296,7 @@ pub fn chunked<M: WithTensors>(mut msg: M) -> (Vec<Bytes>, usize) {
 }
 
 /// Encodes an f32 array (one copy into the message's bytes).
-pub fn encode(name: &str, array: &ArrayD<f32>) -> pb::Tensor {
+pub fn encode<S: Data<Elem = f32>>(name: &str, array: &ArrayBase<S, IxDyn>) -> pb::Tensor {
     Tensor::copy(name, array).into()
 }
 
@@ -372,16 +372,22 @@ pub fn keep_freed_buffers() {
 /// Decodes a proto tensor into a new array (the tests' reference for
 /// [`decode_into`], which the ps and workers use).
 #[cfg(test)]
-fn decode(t: &pb::Tensor) -> Result<ArrayD<f32>, TensorError> {
+fn decode(t: &pb::Tensor) -> Result<ndarray::ArrayD<f32>, TensorError> {
     let shape = checked_shape(t)?;
     let values: Vec<f32> = bytemuck::pod_collect_to_vec(&t.data);
-    Ok(ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values).expect("length checked above"))
+    Ok(
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
+            .expect("length checked above"),
+    )
 }
 
 /// Decodes into an existing array of the same shape, without allocating.
 ///
 /// Errors: [`TensorError`], or a length error when the shapes differ.
-pub fn decode_into(t: &pb::Tensor, out: &mut ArrayD<f32>) -> Result<(), TensorError> {
+pub fn decode_into<S: DataMut<Elem = f32>>(
+    t: &pb::Tensor,
+    out: &mut ArrayBase<S, IxDyn>,
+) -> Result<(), TensorError> {
     let shape = checked_shape(t)?;
     if shape != out.shape() {
         return Err(TensorError::Length {
@@ -504,6 +510,7 @@ pub fn to_pb(tensors: Vec<Tensor>) -> Vec<pb::Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndarray::ArrayD;
     use prost::Message;
 
     #[test]
@@ -630,6 +637,7 @@ mod tests {
 #[cfg(test)]
 mod call_tests {
     use super::*;
+    use ndarray::ArrayD;
 
     #[test]
     fn a_copied_tensor_is_its_array_in_logical_order_as_the_wire_has_it() {

@@ -21,8 +21,10 @@ pub struct PsState {
     pub global_step: u64,
     /// The chief declared the run complete.
     pub complete: bool,
-    /// The variables this shard holds, in model order.
+    /// The variables this shard holds (parts: `model.partitioner`), in model order.
     pub variables: Vec<String>,
+    /// Their f32 values, slots and shadows excluded.
+    pub parameters: u64,
     /// Optimizer passes applied.
     pub updates_applied: u64,
     /// Gradients summed into sync steps.
@@ -164,6 +166,7 @@ macro_rules! convert_state {
                     replica_step: s.replica_step,
                     replica_failures: s.replica_failures,
                     fetching: s.fetching,
+                    parameters: s.parameters,
                 }
             }
         }

@@ -111,9 +111,9 @@ pub async fn run(
     let mut cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
     // The step reads and writes a shared-memory shard in its region.
     cluster.values_in_place();
-    for (ps, idx) in (0..cluster.num_ps()).map(|p| (p, cluster.shard(p))) {
-        for &i in idx {
-            info!(variable = %specs[i].name, shape = ?specs[i].shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
+    for ps in 0..cluster.num_ps() {
+        for part in cluster.shard(ps) {
+            info!(variable = %part.name, shape = ?part.shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
         }
     }
     let mut train = data::load(&cfg.data, Split::Train)?;

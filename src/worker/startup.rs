@@ -9,17 +9,16 @@ impl Worker {
     /// the hosts' files disagree on `cluster.ps`), and they are not to be
     /// trained against or seeded.
     pub(super) fn placed_otherwise(&self, states: &[PsState]) -> Vec<usize> {
-        let specs = self.cluster.specs();
         states
             .iter()
             .enumerate()
             .filter(|&(ps, s)| {
                 s.resharding
-                    || !s.variables.iter().map(String::as_str).eq(self
-                        .cluster
-                        .shard(ps)
+                    || !s
+                        .variables
                         .iter()
-                        .map(|&i| specs[i].name.as_str()))
+                        .map(String::as_str)
+                        .eq(self.cluster.shard(ps).map(|v| v.name.as_str()))
             })
             .map(|(ps, _)| ps)
             .collect()

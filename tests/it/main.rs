@@ -23,6 +23,7 @@ mod newest_state;
 mod observability;
 mod optimizers;
 mod package;
+mod parts;
 mod precision;
 mod ps_limits;
 mod reload;

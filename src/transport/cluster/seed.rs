@@ -20,8 +20,11 @@ impl Cluster {
         force: bool,
         run: u64,
     ) -> Result<Vec<usize>, PsCallError> {
+        // Whole variables in, each ps's parts out (views: the copy is the encoding).
+        let values = self.layout.views(values);
+        let shadows = shadows.map(|s| self.layout.views(s));
         let requests = only.iter().map(|&ps| {
-            let enc = |src: &[ArrayD<f32>]| {
+            let enc = |src: &[ArrayViewD<f32>]| {
                 self.by_ps[ps]
                     .iter()
                     .map(|&i| rpc::encode(&self.specs[i].name, &src[i]))
@@ -32,16 +35,16 @@ impl Cluster {
                 .map(|slots| {
                     self.slot_specs
                         .iter()
-                        .zip(slots)
-                        .filter(|(spec, _)| spec.var.is_none_or(|i| self.by_ps[ps].contains(&i)))
-                        .map(|(spec, a)| rpc::encode(&spec.name, a))
+                        .enumerate()
+                        .filter(|(_, spec)| spec.var.is_none_or(|i| self.by_ps[ps].contains(&i)))
+                        .map(|(j, spec)| rpc::encode(&spec.name, &self.part_slot(j, slots)))
                         .collect()
                 })
                 .unwrap_or_default();
             // Tensors inline on both transports: once per run, off the step path.
             let req = pb::InitializeRequest {
-                variables: enc(values),
-                shadows: shadows.map(enc).unwrap_or_default(),
+                variables: enc(&values),
+                shadows: shadows.as_deref().map(enc).unwrap_or_default(),
                 global_step: step,
                 force,
                 slots,
@@ -102,7 +105,8 @@ impl Cluster {
     /// consistent snapshot per shard, for checkpoints and evaluation.
     pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
         let mut values: Vec<ArrayD<f32>> = self
-            .specs
+            .layout
+            .vars()
             .iter()
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
             .collect();
@@ -142,11 +146,11 @@ impl Cluster {
         replies: &[pb::PullResponse],
     ) -> Result<Vec<ArrayD<f32>>, PsCallError> {
         let mut slots: Vec<ArrayD<f32>> = self
-            .slot_specs
+            .model_slot_specs
             .iter()
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
             .collect();
-        let mut got = vec![false; slots.len()];
+        let mut got = vec![false; self.slot_specs.len()];
         for (ps, r) in replies.iter().enumerate() {
             for t in &r.slots {
                 let bad = |why: &str| PsCallError {
@@ -166,7 +170,8 @@ impl Cluster {
                     None if ps != self.non_slot_ps => continue,
                     _ => {}
                 }
-                rpc::decode_into(t, &mut slots[j]).map_err(|e| call(ps)(e.into()))?;
+                let mut part = self.part_slot_mut(j, &mut slots);
+                rpc::decode_into(t, &mut part).map_err(|e| call(ps)(e.into()))?;
                 got[j] = true;
             }
         }
@@ -219,5 +224,38 @@ impl Cluster {
             }
         };
         r.map(|_| ()).map_err(call(ps))
+    }
+
+    /// Part slot `j` (a ps's name for it) as a view of its whole
+    /// variable's slot in `slots` ([`Snapshot::slots`] order).
+    fn part_slot<'a>(&self, j: usize, slots: &'a [ArrayD<f32>]) -> ArrayViewD<'a, f32> {
+        let whole = &slots[self.slot_of[j]];
+        match self.slot_specs[j].var {
+            Some(p) if !self.layout.whole() => {
+                let flat = whole
+                    .as_slice()
+                    .expect("arrays built by dtf are contiguous");
+                let part = &self.layout.parts()[p];
+                ArrayViewD::from_shape(part.spec.shape.as_slice(), &flat[part.range.clone()])
+                    .expect("a part's range holds its shape")
+            }
+            _ => whole.view(),
+        }
+    }
+
+    /// [`Cluster::part_slot`], to write into.
+    fn part_slot_mut<'a>(&self, j: usize, slots: &'a mut [ArrayD<f32>]) -> ArrayViewMutD<'a, f32> {
+        let whole = &mut slots[self.slot_of[j]];
+        match self.slot_specs[j].var {
+            Some(p) if !self.layout.whole() => {
+                let part = &self.layout.parts()[p];
+                let flat = whole
+                    .as_slice_mut()
+                    .expect("arrays built by dtf are contiguous");
+                ArrayViewMutD::from_shape(part.spec.shape.as_slice(), &mut flat[part.range.clone()])
+                    .expect("a part's range holds its shape")
+            }
+            _ => whole.view_mut(),
+        }
     }
 }

@@ -162,6 +162,8 @@ impl Cluster {
         worker: u32,
         loss: f32,
     ) -> Result<Progress, PsCallError> {
+        // Each part's gradient, a view of its variable's: no copy.
+        let grads = &self.layout.views(grads);
         let pushes =
             held.into_iter()
                 .zip(self.slots(params))

@@ -32,7 +32,7 @@ pub use onebit::{BLOCK, encode_onebit, onebit_len};
 use crate::config::Compression;
 use crate::transport::pb;
 use bytes::Bytes;
-use ndarray::ArrayD;
+use ndarray::{ArrayBase, Data, DataMut, IxDyn};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -357,10 +357,10 @@ impl ClientWire {
     }
 
     /// ps `ps`'s gradients (its shard's, in order: `(name, array)`) as they go on the wire.
-    pub fn gradients<'a>(
+    pub fn gradients<'a, S: Data<Elem = f32> + 'a>(
         &self,
         ps: usize,
-        grads: impl Iterator<Item = (&'a str, &'a ArrayD<f32>)>,
+        grads: impl Iterator<Item = (&'a str, &'a ArrayBase<S, IxDyn>)>,
     ) -> Vec<pb::Tensor> {
         match self.compression {
             Compression::None => grads.map(|(n, g)| super::proto::encode(n, g)).collect(),
@@ -404,10 +404,10 @@ impl ClientWire {
     ///
     /// Errors: `INTERNAL` for a tensor this client did not ask for or of a
     /// bad length (the ps's fault).
-    pub fn store(
+    pub fn store<S: DataMut<Elem = f32>>(
         &self,
         t: &pb::Tensor,
-        out: &mut ArrayD<f32>,
+        out: &mut ArrayBase<S, IxDyn>,
         changes: bool,
     ) -> Result<(), Status> {
         let n = checked_len(t).map_err(|s| Status::internal(s.message().to_owned()))?;
@@ -444,6 +444,7 @@ impl ClientWire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndarray::ArrayD;
 
     #[test]
     fn onebit_is_at_least_16_times_smaller_and_keeps_block_means() {
