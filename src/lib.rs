@@ -27,14 +27,16 @@
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
 //!   file that checkpoints and ps snapshots both are).
-//! - [`placement`] — which ps task holds which variable.
+//! - [`placement`] — which ps task holds which variable, and which table row
+//!   (`table_owner`: a hash of the id); the model's tables (`tables`).
 //! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
 //!   (the functions every call runs, on domain types), `serve` (its background tasks),
 //!   `follow` (membership and re-shard), its `shard` (the state and the checks on what
 //!   comes in; `shard::update`: pushes into updates, the optimizer's pass), the gRPC
 //!   service (`grpc`) and the shared-memory server (`shm`) — the two adapters that see the
 //!   wire —, `snapshot` (each ps's own snapshots of its shard: its recovery after a crash),
-//!   `replica` (the ring's copies), `limits` (the bounds on connections and calls),
+//!   `replica` (the ring's copies), `table` (an embedding table's rows: storage, sparse
+//!   SGD/Adagrad, sync aggregation) and `rows` (the tables as a service, a lock each), `limits` (the bounds on connections and calls),
 //!   `admission` (calls in progress), `conn`
 //!   (a connection, shed or authenticated), `listen` (the accept loop) and `tls` (the
 //!   handshake).
@@ -45,7 +47,8 @@
 //! - [`transport`] — the wire, and the only home of its generated types (`pb`): `call` and
 //!   `state` (the domain types the ps, worker, chief, status and metrics speak), `proto`
 //!   (the conversion between the two), `cluster::Cluster` (the client of every ps, shared by
-//!   worker, chief, `dtf local` and `dtf status`; `cluster/step`: the worker's step,
+//!   worker, chief, `dtf local` and `dtf status`; `cluster/rows`: embedding rows by id;
+//!   `cluster/step`: the worker's step,
 //!   computed in place in the shared regions; `cluster/seed`: the chief's calls), `ring`
 //!   (the ring's calls between ps tasks), `tcp` (gRPC between hosts), `shm` (shared memory on one
 //!   host), `compress` (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the

@@ -11,7 +11,7 @@
 
 use crate::config::{Config, ModelConfig, ModelKind, Partitioner, Placement};
 use crate::model::VarSpec;
-use crate::model::table::{self, TableSpec, mix64};
+use crate::model::table::{self, Rows, TableSpec, mix64};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, Axis};
 use std::ops::Range;
 
@@ -157,6 +157,7 @@ pub fn tables(config: &Config) -> Vec<TableSpec> {
     }
 }
 
+<<<<<<< HEAD
 /// The variables (parts) held by ps task `ps` under `config`, in model order.
 pub fn shard(config: &Config, vars: &[VarSpec], ps: usize) -> Vec<VarSpec> {
     Layout::new(config, vars.to_vec()).shard(ps)
@@ -283,6 +284,81 @@ impl Layout {
             .map(|v| v.to_owned())
             .collect()
     }
+=======
+/// One table's rows held by every ps (in any order, each ps's sorted or
+/// not) as one whole table sorted by id: what a checkpoint holds, whatever
+/// the ps count. Every part carries the same slots (a part without shadows
+/// gives its values as shadows).
+pub fn merge_rows(parts: &[Rows]) -> Rows {
+    let dim = parts
+        .iter()
+        .find(|p| !p.ids.is_empty())
+        .map_or(0, |p| p.values.len() / p.ids.len());
+    let slots = parts.iter().map(|p| p.slots.len()).max().unwrap_or(0);
+    let mut order: Vec<(u64, usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, rows)| rows.ids.iter().enumerate().map(move |(i, &id)| (id, p, i)))
+        .collect();
+    order.sort_unstable_by_key(|&(id, ..)| id);
+    let mut out = Rows {
+        ids: Vec::with_capacity(order.len()),
+        values: Vec::with_capacity(order.len() * dim),
+        shadows: Vec::with_capacity(order.len() * dim),
+        slots: vec![Vec::with_capacity(order.len() * dim); slots],
+    };
+    for (id, p, i) in order {
+        let (part, r) = (&parts[p], i * dim..(i + 1) * dim);
+        out.ids.push(id);
+        out.values.extend_from_slice(&part.values[r.clone()]);
+        let shadows = if part.shadows.is_empty() {
+            &part.values
+        } else {
+            &part.shadows
+        };
+        out.shadows.extend_from_slice(&shadows[r.clone()]);
+        for (k, s) in out.slots.iter_mut().enumerate() {
+            s.extend_from_slice(&part.slots[k][r.clone()]);
+        }
+    }
+    out
+}
+
+/// A whole table's rows (sorted by id) split by [`table_owner`] onto
+/// `num_ps` ps tasks, each part sorted by id: a checkpoint restored onto
+/// any ps count.
+pub fn split_rows(rows: &Rows, num_ps: usize) -> Vec<Rows> {
+    let dim = rows.values.len().checked_div(rows.ids.len()).unwrap_or(0);
+    let mut parts = vec![
+        Rows {
+            slots: vec![Vec::new(); rows.slots.len()],
+            ..Rows::default()
+        };
+        num_ps
+    ];
+    for (i, &id) in rows.ids.iter().enumerate() {
+        let (part, r) = (&mut parts[table_owner(id, num_ps)], i * dim..(i + 1) * dim);
+        part.ids.push(id);
+        part.values.extend_from_slice(&rows.values[r.clone()]);
+        if !rows.shadows.is_empty() {
+            part.shadows.extend_from_slice(&rows.shadows[r.clone()]);
+        }
+        for (k, s) in part.slots.iter_mut().enumerate() {
+            s.extend_from_slice(&rows.slots[k][r.clone()]);
+        }
+    }
+    parts
+}
+
+/// The variables held by ps task `ps`, in model order.
+pub fn shard(vars: &[VarSpec], num_ps: usize, strategy: Placement, ps: usize) -> Vec<VarSpec> {
+    assign(vars, num_ps, strategy)
+        .into_iter()
+        .zip(vars)
+        .filter(|(p, _)| *p == ps)
+        .map(|(_, v)| v.clone())
+        .collect()
+>>>>>>> tables
 }
 
 #[cfg(test)]
@@ -358,6 +434,34 @@ mod tests {
         assert!(strided.contains(&0) && strided.contains(&1));
         // Not the id modulo the count.
         assert!((0..64u64).any(|id| table_owner(id, 3) != (id % 3) as usize));
+    }
+
+    #[test]
+    fn a_table_saved_from_3_ps_restores_onto_1_or_4_with_identical_values() {
+        // A whole table of 500 rows, 2 wide, with shadows and one slot.
+        let ids: Vec<u64> = (0..500u64).map(|i| i * 7919 + 3).collect();
+        let f = |k: f32| -> Vec<f32> { (0..1000).map(|i| i as f32 * 0.5 + k).collect() };
+        let whole = Rows {
+            ids,
+            values: f(0.0),
+            shadows: f(0.25),
+            slots: vec![f(1.0)],
+        };
+        let on3 = split_rows(&whole, 3);
+        for (ps, part) in on3.iter().enumerate() {
+            assert!(!part.ids.is_empty());
+            assert!(part.ids.iter().all(|&id| table_owner(id, 3) == ps));
+            assert!(part.ids.is_sorted());
+        }
+        // Saved from 3 ps (their parts in any order), restored onto 1 or 4.
+        let saved = merge_rows(&[on3[2].clone(), on3[0].clone(), on3[1].clone()]);
+        assert_eq!(saved, whole);
+        for n in [1, 4] {
+            let parts = split_rows(&saved, n);
+            assert_eq!(parts.iter().map(|p| p.ids.len()).sum::<usize>(), 500);
+            assert_eq!(merge_rows(&parts), whole, "via {n} ps");
+        }
+        assert_eq!(merge_rows(&[]), Rows::default());
     }
 
     #[test]

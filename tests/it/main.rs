@@ -31,5 +31,6 @@ mod requests;
 mod shm;
 mod snapshot;
 mod sync;
+mod tables;
 mod tls;
 mod util;
