@@ -249,10 +249,7 @@ pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
             test: test.features(),
         });
     }
-    // Dense features beside categorical ones are standardized always: a raw
-    // timestamp (RecBole) or log count (Criteo) beside embeddings of scale
-    // 0.01 would swamp them.
-    let p = train.fitted_preprocessing(cfg.standardize || train.categorical.is_some());
+    let p = train.fitted_preprocessing(cfg.standardize);
     train.preprocessing = p.clone();
     test.preprocessing = p;
     Ok((train, test))
@@ -317,9 +314,31 @@ pub fn describe(cfg: &DataConfig) -> String {
 /// widths come from the data; otherwise they are checked against it.
 ///
 /// Errors: [`ResolveError::Data`] for unreadable data,
-/// [`ResolveError::Config`] naming the `model.layers` width that does not fit.
+/// [`ResolveError::Config`] naming the `model.layers` width that does not fit,
+/// or `data.format` for data with categorical features.
 pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveError> {
     let (train, test) = load_both(&cfg.data)?;
+    // The MLP would train on the dense columns alone and drop every
+    // categorical one without a word: refused until the model that embeds
+    // them (issue 40's wide & deep) is chosen here.
+    if let Some(c) = train.categorical() {
+        let mut shown: Vec<&str> = c.fields.iter().take(5).map(String::as_str).collect();
+        if c.fields.len() > 5 {
+            shown.push("…");
+        }
+        return Err(cfg
+            .bad(
+                "data.format",
+                format!(
+                    "{} has {} categorical fields ({}): the MLP reads dense features only, \
+                     and this build has no model that embeds categorical ones",
+                    describe(&cfg.data),
+                    c.fields.len(),
+                    shown.join(", ")
+                ),
+            )
+            .into());
+    }
     let s = shape(&train, &test);
     cfg.resolve_layers(s.features, s.classes, &describe(&cfg.data))?;
     Ok(s)

@@ -106,9 +106,14 @@ impl Preprocessing {
 
 impl Dataset {
     /// The preprocessing this split implies as training data: its own mean
-    /// and std when `standardize`, else bytes / 255 and floats as they are.
+    /// and std when `standardize` or when it has categorical features, else
+    /// bytes / 255 and floats as they are.
+    ///
+    /// Dense features beside categorical ones are standardized always: a raw
+    /// timestamp (RecBole) or log count (Criteo) beside embeddings of scale
+    /// 0.01 would swamp them.
     pub fn fitted_preprocessing(&self, standardize: bool) -> Preprocessing {
-        if !standardize {
+        if !standardize && self.categorical().is_none() {
             return self.preprocessing.clone();
         }
         let f = self.features;

@@ -255,3 +255,33 @@ fn movielens_100k_loads_with_its_users_and_items() {
     let missing = id("gender", "");
     assert!((0..cat.len()).all(|e| cat.get(e, 3) != [missing]));
 }
+
+#[test]
+fn dense_features_beside_categorical_ones_are_standardized() {
+    let d = dir(&[("toy.inter", INTER)]);
+    let mut c = cfg(&d, Some(4.0));
+    c.test_fraction = 0.25;
+    // data.standardize is false, yet the timestamps are standardized.
+    let (train, _) = crate::data::load_both(&c).unwrap();
+    let b = all(&train);
+    let col: Vec<f32> = b.x.column(0).to_vec();
+    let mean = col.iter().sum::<f32>() / col.len() as f32;
+    let var = col.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / col.len() as f32;
+    assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "{col:?}");
+}
+
+#[test]
+fn the_mlp_refuses_categorical_data_rather_than_drop_it() {
+    let d = dir(&[("toy.inter", INTER)]);
+    let mut config = crate::config::Config {
+        data: cfg(&d, Some(4.0)),
+        ..Default::default()
+    };
+    let msg = crate::data::resolve_model(&mut config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("data.format") && msg.contains("2 categorical fields (user_id, item_id)"),
+        "{msg}"
+    );
+}
