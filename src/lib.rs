@@ -25,7 +25,8 @@
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
 //!   file that checkpoints and ps snapshots both are).
-//! - [`placement`] — which ps task holds which variable.
+//! - [`placement`] — how each variable splits into parts (`model.partitioner`, TensorFlow's
+//!   partitioners) and which ps task holds which part; `Layout`: views of whole arrays as parts.
 //! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
 //!   (the functions every call runs, on domain types), `serve` (its background tasks),
 //!   `follow` (membership and re-shard), its `shard` (the state and the checks on what
