@@ -27,8 +27,10 @@
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
 //!   file that checkpoints and ps snapshots both are).
-//! - [`placement`] — which ps task holds which variable, and which table row
-//!   (`table_owner`: a hash of the id); the model's tables (`tables`).
+//! - [`placement`] — how each variable splits into parts (`model.partitioner`, TensorFlow's
+//!   partitioners) and which ps task holds which part; `Layout`: views of whole arrays as parts.
+//!   Table rows: `table_owner` (a hash of the id), the model's tables (`tables`),
+//!   `merge_rows`/`split_rows` (a table whole, whatever the ps count).
 //! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
 //!   (the functions every call runs, on domain types), `serve` (its background tasks),
 //!   `follow` (membership and re-shard), its `shard` (the state and the checks on what

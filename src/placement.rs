@@ -157,7 +157,6 @@ pub fn tables(config: &Config) -> Vec<TableSpec> {
     }
 }
 
-<<<<<<< HEAD
 /// The variables (parts) held by ps task `ps` under `config`, in model order.
 pub fn shard(config: &Config, vars: &[VarSpec], ps: usize) -> Vec<VarSpec> {
     Layout::new(config, vars.to_vec()).shard(ps)
@@ -284,7 +283,8 @@ impl Layout {
             .map(|v| v.to_owned())
             .collect()
     }
-=======
+}
+
 /// One table's rows held by every ps (in any order, each ps's sorted or
 /// not) as one whole table sorted by id: what a checkpoint holds, whatever
 /// the ps count. Every part carries the same slots (a part without shadows
@@ -348,17 +348,6 @@ pub fn split_rows(rows: &Rows, num_ps: usize) -> Vec<Rows> {
         }
     }
     parts
-}
-
-/// The variables held by ps task `ps`, in model order.
-pub fn shard(vars: &[VarSpec], num_ps: usize, strategy: Placement, ps: usize) -> Vec<VarSpec> {
-    assign(vars, num_ps, strategy)
-        .into_iter()
-        .zip(vars)
-        .filter(|(p, _)| *p == ps)
-        .map(|(_, v)| v.clone())
-        .collect()
->>>>>>> tables
 }
 
 #[cfg(test)]
