@@ -241,7 +241,6 @@ pub struct ModelConfig {
     pub max_shards: usize,
 }
 
-
 /// Which model (`model.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

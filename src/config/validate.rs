@@ -3,9 +3,7 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{
-    Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner,
-};
+use super::schema::{Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner};
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
 use std::collections::BTreeMap;

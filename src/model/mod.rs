@@ -38,8 +38,8 @@ pub mod wide_deep;
 pub use ema::{ema_decay, ema_step};
 pub use gradient::Workspace;
 pub use schedule::learning_rate;
-pub use wide_deep::WideDeep;
 pub use table::TableSpec;
+pub use wide_deep::WideDeep;
 
 use crate::kernel::Precision;
 use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};

@@ -21,12 +21,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::collections::HashMap;
 
-/// The embedding table's name.
-pub const EMBEDDINGS: &str = "deep/embeddings";
-/// The wide part's table: one weight per id.
-pub const WIDE: &str = "wide/weights";
-/// Standard deviation of a new embedding row's truncated normal.
-pub const EMBEDDING_STDDEV: f32 = 0.01;
+pub use super::table::{EMBEDDING_STDDEV, EMBEDDINGS, WIDE};
 
 /// A wide & deep model's shape.
 #[derive(Debug, Clone, PartialEq)]

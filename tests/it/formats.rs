@@ -414,13 +414,13 @@ fn bad_files_of_each_format_are_refused_with_their_line_or_array() {
     )
     .unwrap();
     let cases: Vec<(&str, String, PathBuf)> = vec![
-        ("csv", format!("{header}1,2,3\n0,x,3\n"), train.clone()),
+        ("csv", format!("{header}1,2,3\n0,nan,3\n"), train.clone()),
         ("csv", format!("{header}1,2,3\n0,2\n"), train.clone()),
         ("csv", format!("{header}1,2,3\n-1,2,3\n"), train.clone()),
         ("npz", String::new(), npz.clone()),
     ];
     let wants = [
-        "line 3, column \"a\": \"x\" is not a finite number",
+        "line 3, column \"a\": \"nan\" is not a finite number",
         "line 3: 2 cells, the header has 3",
         "line 3, column \"label\": label \"-1\" is not a class index",
         "has no array \"y_test\"",
