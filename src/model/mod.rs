@@ -120,22 +120,7 @@ impl Mlp {
 
     /// Variables in creation order: layer1/weights, layer1/biases, layer2/weights, ...
     pub fn variables(&self) -> Vec<VarSpec> {
-        self.layers
-            .windows(2)
-            .enumerate()
-            .flat_map(|(i, w)| {
-                [
-                    VarSpec {
-                        name: format!("layer{}/weights", i + 1),
-                        shape: vec![w[0], w[1]],
-                    },
-                    VarSpec {
-                        name: format!("layer{}/biases", i + 1),
-                        shape: vec![w[1]],
-                    },
-                ]
-            })
-            .collect()
+        layer_variables(&self.layers)
     }
 
     /// Fresh values in `variables()` order: weights truncated normal (stddev 0.1,
@@ -144,19 +129,7 @@ impl Mlp {
     /// One generator is drawn from in creation order, row-major within each
     /// matrix, so the same seed and layers always give the same values.
     pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
-        let mut rng = StdRng::seed_from_u64(seed);
-        self.variables()
-            .into_iter()
-            .map(|spec| {
-                if spec.shape.len() == 2 {
-                    ArrayD::from_shape_simple_fn(spec.shape, || {
-                        truncated_normal(&mut rng) * INIT_STDDEV
-                    })
-                } else {
-                    ArrayD::zeros(spec.shape)
-                }
-            })
-            .collect()
+        init_values(self.variables(), seed)
     }
 
     /// Views `params` as (weights, biases) per layer.
@@ -213,6 +186,46 @@ impl Mlp {
             })
             .collect()
     }
+}
+
+/// `layerN/weights` [w_in, w_out] and `layerN/biases` [w_out] for each pair
+/// of consecutive widths, in creation order (the MLP's and wide & deep's
+/// deep part's variables).
+fn layer_variables(layers: &[usize]) -> Vec<VarSpec> {
+    layers
+        .windows(2)
+        .enumerate()
+        .flat_map(|(i, w)| {
+            [
+                VarSpec {
+                    name: format!("layer{}/weights", i + 1),
+                    shape: vec![w[0], w[1]],
+                },
+                VarSpec {
+                    name: format!("layer{}/biases", i + 1),
+                    shape: vec![w[1]],
+                },
+            ]
+        })
+        .collect()
+}
+
+/// Fresh values for `specs`: matrices truncated normal ([`INIT_STDDEV`]),
+/// vectors zero, from one generator seeded with `seed`, drawn in order.
+fn init_values(specs: Vec<VarSpec>, seed: u64) -> Vec<ArrayD<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    specs
+        .into_iter()
+        .map(|spec| {
+            if spec.shape.len() == 2 {
+                ArrayD::from_shape_simple_fn(spec.shape, || {
+                    truncated_normal(&mut rng) * INIT_STDDEV
+                })
+            } else {
+                ArrayD::zeros(spec.shape)
+            }
+        })
+        .collect()
 }
 
 /// The hidden layers' activation.

@@ -12,13 +12,11 @@
 //! per pulled row — what moves on the wire grows with the ids a batch
 //! touches, never with the tables.
 
-use super::{INIT_STDDEV, VarSpec, relu, truncated_normal};
+use super::{VarSpec, init_values, layer_variables, relu};
 use crate::kernel::{self, Precision};
 use ndarray::{
     Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn,
 };
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use std::collections::HashMap;
 
 pub use super::table::{EMBEDDING_STDDEV, EMBEDDINGS, WIDE};
@@ -176,22 +174,7 @@ impl WideDeep {
     /// The dense variables, in creation order: the deep part's
     /// `layerN/weights` and `layerN/biases`.
     pub fn variables(&self) -> Vec<VarSpec> {
-        self.layers
-            .windows(2)
-            .enumerate()
-            .flat_map(|(i, w)| {
-                [
-                    VarSpec {
-                        name: format!("layer{}/weights", i + 1),
-                        shape: vec![w[0], w[1]],
-                    },
-                    VarSpec {
-                        name: format!("layer{}/biases", i + 1),
-                        shape: vec![w[1]],
-                    },
-                ]
-            })
-            .collect()
+        layer_variables(&self.layers)
     }
 
     /// The tables, as (name, row width).
@@ -202,19 +185,7 @@ impl WideDeep {
     /// Fresh dense values in `variables()` order: weights truncated normal
     /// (stddev 0.1, as the MLP's), biases zero; deterministic in `seed`.
     pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
-        let mut rng = StdRng::seed_from_u64(seed);
-        self.variables()
-            .into_iter()
-            .map(|spec| {
-                if spec.shape.len() == 2 {
-                    ArrayD::from_shape_simple_fn(spec.shape, || {
-                        truncated_normal(&mut rng) * INIT_STDDEV
-                    })
-                } else {
-                    ArrayD::zeros(spec.shape)
-                }
-            })
-            .collect()
+        init_values(self.variables(), seed)
     }
 
     /// Views `params` as (weights, biases) per layer; panics on a count or
