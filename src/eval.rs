@@ -1,8 +1,11 @@
-//! Accuracy of a checkpoint on the test set, raw and EMA (`dtf eval`).
+//! Accuracy of a checkpoint on the test set, raw and EMA (`dtf eval`);
+//! `binary`: a wide & deep checkpoint's AUC and log loss.
+
+pub mod binary;
 
 use crate::config::DataConfig;
 use crate::data::{self, Split};
-use crate::model::Mlp;
+use crate::model::{Mlp, WideDeep};
 use crate::predict::{PredictError, Trained};
 use ndarray::{ArrayD, ArrayView2};
 use serde::Serialize;
@@ -44,10 +47,28 @@ pub struct Evaluation {
     pub accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_accuracy: f32,
-    /// Test cross-entropy of the raw variables (no L2 term).
+    /// Test cross-entropy of the raw variables (no L2 term; a binary
+    /// model's: its log loss).
     pub loss: f32,
     /// Test examples.
     pub examples: usize,
+    /// A binary model's (wide & deep's) AUC and log loss, raw and EMA.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<BinaryEvaluation>,
+}
+
+/// A binary model's scores beside accuracy (`dtf eval --json`'s
+/// `test_auc`, … keys; the `dtf local` summary's too).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct BinaryEvaluation {
+    /// AUC of the raw variables.
+    pub auc: f32,
+    /// AUC of the EMA shadows.
+    pub ema_auc: f32,
+    /// Log loss of the raw variables.
+    pub log_loss: f32,
+    /// Log loss of the EMA shadows.
+    pub ema_log_loss: f32,
 }
 
 /// The scores of one checkpoint on a test set: what `dtf eval` prints and
@@ -143,16 +164,19 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
         _ => data::load(data, Split::Test)?,
     };
     let file = &model.file;
-    if test.features() != model.mlp.inputs() {
+    if test.features() != model.meta.dense_inputs() {
         return Err(EvalError::Width {
             model: file.clone(),
-            inputs: model.mlp.inputs(),
+            inputs: model.meta.dense_inputs(),
             data: test.path().to_path_buf(),
             features: test.features(),
         });
     }
-    test.check_labels(model.mlp.classes())?;
+    test.check_labels(model.meta.classes)?;
     test.set_preprocessing(model.meta.preprocessing.clone())?;
+    if let Some(wd) = &model.meta.wide_deep {
+        return evaluate_wide_deep(&model, wd, &test);
+    }
     let (x, y) = test.all();
     let scores = score(
         &model.mlp,
@@ -168,6 +192,59 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
         ema_accuracy: scores.ema_accuracy,
         loss: scores.loss,
         examples: test.len(),
+        binary: None,
+    })
+}
+
+/// [`evaluate_on`] for a wide & deep checkpoint: AUC, log loss and accuracy
+/// at ½ of its raw and EMA weights ([`binary::score`]).
+///
+/// Errors: [`EvalError::Model`] when the test split's categorical fields
+/// are not the checkpoint's, or its labels cannot be scored (one class).
+fn evaluate_wide_deep(
+    model: &Trained,
+    meta: &crate::checkpoint::WideDeepMeta,
+    test: &data::Dataset,
+) -> Result<Evaluation, EvalError> {
+    let problem = |problem: String| {
+        EvalError::Model(PredictError::Model {
+            path: model.file.clone(),
+            problem,
+        })
+    };
+    let fields = test
+        .categorical()
+        .map(|c| c.fields.as_slice())
+        .unwrap_or(&[]);
+    if fields != meta.fields.as_slice() {
+        return Err(problem(format!(
+            "the model embeds the fields {:?}, the test data {} has {fields:?}",
+            meta.fields,
+            test.path().display()
+        )));
+    }
+    let hidden = &model.meta.layers[1..model.meta.layers.len() - 1];
+    let wd = WideDeep::new(fields.len(), test.features(), meta.embedding_dim, hidden)
+        .map_err(|e| problem(e.to_string()))?;
+    let tables = binary::tables(&wd, &model.tables);
+    let score = |ema: bool| {
+        binary::score(&wd, model.params(ema), &tables, ema, test)
+            .map_err(|e| problem(format!("the test split cannot be scored: {e}")))
+    };
+    let (raw, ema) = (score(false)?, score(true)?);
+    Ok(Evaluation {
+        checkpoint: model.file.clone(),
+        global_step: model.global_step,
+        accuracy: raw.accuracy,
+        ema_accuracy: ema.accuracy,
+        loss: raw.log_loss,
+        examples: test.len(),
+        binary: Some(BinaryEvaluation {
+            auc: raw.auc,
+            ema_auc: ema.auc,
+            log_loss: raw.log_loss,
+            ema_log_loss: ema.log_loss,
+        }),
     })
 }
 

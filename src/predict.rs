@@ -64,6 +64,8 @@ pub struct Trained {
     pub raw: Vec<ArrayD<f32>>,
     /// Their EMA shadows, in model order.
     pub ema: Vec<ArrayD<f32>>,
+    /// Wide & deep's tables, each whole (empty for the MLP).
+    pub tables: Vec<(String, crate::model::table::Rows)>,
 }
 
 impl Trained {
@@ -109,7 +111,20 @@ impl Trained {
             mlp,
             raw: ckpt.variables.into_iter().map(|(_, a)| a).collect(),
             ema: ckpt.shadows.into_iter().map(|(_, a)| a).collect(),
+            tables: Vec::new(), // MERGE: ckpt.tables
         })
+    }
+
+    /// Errors: [`PredictError::Model`] with `what_instead` when this is a
+    /// wide & deep model (what reads dense rows cannot run it).
+    pub fn refuse_wide_deep(&self, what_instead: &str) -> Result<(), PredictError> {
+        match &self.meta.wide_deep {
+            None => Ok(()),
+            Some(_) => Err(PredictError::Model {
+                path: self.file.clone(),
+                problem: format!("a wide & deep model: {what_instead}"),
+            }),
+        }
     }
 
     /// The EMA shadows (`ema`) or the trained variables.

@@ -249,6 +249,10 @@ struct LocalArgs {
     /// column named like a label: class, target, y, …).
     #[arg(long)]
     label: Option<String>,
+    /// A binary label: 1 where the label column is at least this, else 0
+    /// (data.threshold), e.g. --threshold 4 for ratings of 1 to 5.
+    #[arg(long)]
+    threshold: Option<String>,
     /// The update rule: sgd, momentum, adam or adagrad (train.optimizer).
     #[arg(long)]
     optimizer: Option<String>,
@@ -340,7 +344,7 @@ impl LocalArgs {
             .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
-        let flags: [(&str, &str, Option<String>); 13] = [
+        let flags: [(&str, &str, Option<String>); 14] = [
             (
                 "--steps",
                 "train.last_step",
@@ -348,6 +352,7 @@ impl LocalArgs {
             ),
             ("--mode", "train.mode", value_name(self.mode.as_ref())),
             ("--label", "data.label", self.label.clone()),
+            ("--threshold", "data.threshold", self.threshold.clone()),
             ("--optimizer", "train.optimizer", self.optimizer.clone()),
             (
                 "--learning-rate",

@@ -13,6 +13,7 @@
 //! | `features` | JSON list of the feature columns' names, when the data has names (CSV): `predict` and `eval` match columns by them |
 //! | `hyperparameters` | JSON: the `[train]` table the checkpoint was written under |
 //! | `training_data` | JSON: the `[data]` table it was trained on (format, paths, label): `dtf eval`'s default test data |
+//! | `wide_deep` | JSON, a wide & deep model only: `{"fields":["user_id",…],"embedding_dim":16}` — its categorical fields in input order and the embedding width; `layers` are then its deep part's (input: fields × embedding_dim + the dense features; output: one logit) and `classes` is 2 |
 //!
 //! A checkpoint written before these keys existed has none of them: it is
 //! today's MLP, read back as layers from its weights, ReLU, pixels / 255.
@@ -59,9 +60,32 @@ pub struct ModelMeta {
     /// data had names (a CSV header); `None` otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
+    /// A wide & deep model's categorical side; `None` for the MLP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wide_deep: Option<WideDeepMeta>,
+}
+
+/// What a wide & deep checkpoint says of its categorical inputs.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WideDeepMeta {
+    /// The categorical fields, in the model's input order.
+    pub fields: Vec<String>,
+    /// Values per embedding row.
+    pub embedding_dim: usize,
 }
 
 impl ModelMeta {
+    /// Dense features per example: the first width, less the embeddings a
+    /// wide & deep model puts before them.
+    pub fn dense_inputs(&self) -> usize {
+        let embedded = self
+            .wide_deep
+            .as_ref()
+            .map_or(0, |w| w.fields.len() * w.embedding_dim);
+        self.layers[0].saturating_sub(embedded)
+    }
+
     /// The metadata entries of this description.
     pub fn to_metadata(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::from([
@@ -81,6 +105,9 @@ impl ModelMeta {
         }
         if let Some(f) = &self.features {
             out.insert("features".to_owned(), json(f));
+        }
+        if let Some(w) = &self.wide_deep {
+            out.insert("wide_deep".to_owned(), json(w));
         }
         out
     }
@@ -112,30 +139,50 @@ impl ModelMeta {
                 "metadata activation {activation:?}: only {ACTIVATION:?} is known"
             ));
         }
+        let wide_deep: Option<WideDeepMeta> = get("wide_deep")
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| format!("metadata wide_deep is malformed: {e}"))?;
         let last = *layers.last().ok_or("no layers")?;
+        // A binary model's one logit scores two classes.
+        let outputs = if wide_deep.is_some() { 2 } else { last };
         let classes = match get("classes") {
-            None => last,
+            None => outputs,
             Some(c) => c
                 .parse()
                 .map_err(|_| format!("metadata classes {c:?} is not a count"))?,
         };
-        if classes != last {
+        if classes != outputs || wide_deep.is_some() && last != 1 {
             return Err(format!(
                 "metadata classes {classes} disagree with the output width {last}"
             ));
         }
+        let dense = match &wide_deep {
+            None => layers[0],
+            Some(w) => {
+                let embedded = w.fields.len().saturating_mul(w.embedding_dim);
+                if w.fields.is_empty() || w.embedding_dim == 0 || embedded > layers[0] {
+                    return Err(format!(
+                        "metadata wide_deep has {} fields of {} values, the first width is {}",
+                        w.fields.len(),
+                        w.embedding_dim,
+                        layers[0]
+                    ));
+                }
+                layers[0] - embedded
+            }
+        };
         let preprocessing = match get("preprocessing") {
             None => Preprocessing::legacy(),
             Some(text) => serde_json::from_str(text)
                 .map_err(|e| format!("metadata preprocessing is malformed: {e}"))?,
         };
         if let Preprocessing::Standardize { mean, std } = &preprocessing
-            && (mean.len() != layers[0] || std.len() != layers[0])
+            && (mean.len() != dense || std.len() != dense)
         {
             return Err(format!(
-                "metadata preprocessing standardizes {} features, the model takes {}",
+                "metadata preprocessing standardizes {} features, the model takes {dense}",
                 mean.len(),
-                layers[0]
             ));
         }
         preprocessing.check()?;
@@ -153,12 +200,11 @@ impl ModelMeta {
                 .transpose()
                 .map_err(|e| format!("metadata features are not a list of names: {e}"))?;
         if let Some(f) = &features
-            && f.len() != layers[0]
+            && f.len() != dense
         {
             return Err(format!(
-                "metadata features name {} columns, the model takes {}",
+                "metadata features name {} columns, the model takes {dense}",
                 f.len(),
-                layers[0]
             ));
         }
         Ok(ModelMeta {
@@ -170,6 +216,7 @@ impl ModelMeta {
             hyperparameters,
             training_data,
             features,
+            wide_deep,
         })
     }
 }
@@ -279,9 +326,29 @@ mod tests {
                 ..Default::default()
             }),
             features: Some(vec!["a".into(), "b".into(), "c".into()]),
+            wide_deep: None,
         };
         let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
         assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap(), m);
+        // Wide & deep: 2 fields of 4 before the 3 dense features, one logit.
+        let wd = ModelMeta {
+            layers: vec![11, 4, 1],
+            wide_deep: Some(WideDeepMeta {
+                fields: vec!["user".into(), "item".into()],
+                embedding_dim: 4,
+            }),
+            ..m.clone()
+        };
+        assert_eq!(wd.dense_inputs(), 3);
+        let meta: HashMap<String, String> = wd.to_metadata().into_iter().collect();
+        assert_eq!(ModelMeta::from_metadata(&meta, &[11, 4, 1]).unwrap(), wd);
+        let narrow = ModelMeta {
+            layers: vec![7, 4, 1],
+            ..wd.clone()
+        };
+        let meta: HashMap<String, String> = narrow.to_metadata().into_iter().collect();
+        let err = ModelMeta::from_metadata(&meta, &[7, 4, 1]).unwrap_err();
+        assert!(err.contains("wide_deep has 2 fields of 4"), "{err}");
         // Keys absent: the MLP dtf always trained.
         let old = ModelMeta::from_metadata(&HashMap::new(), &[784, 500, 10]).unwrap();
         assert_eq!(old.preprocessing, Preprocessing::Scale { divisor: 255.0 });

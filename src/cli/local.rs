@@ -106,6 +106,16 @@ fn summary(outcome: &crate::local::Outcome, json: bool) -> ExitCode {
                 "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
                 report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
             ));
+            if let Some(b) = &report.binary {
+                let examples = report
+                    .examples_per_sec
+                    .map_or_else(String::new, |r| format!("  {r:.0} examples/s"));
+                say(format!(
+                    "test AUC {:.4}  EMA test AUC {:.4}  test log loss {:.4}  EMA test log loss \
+                     {:.4}{examples}",
+                    b.test_auc, b.ema_test_auc, b.test_logloss, b.ema_test_logloss
+                ));
+            }
             say(format!("precision {}", report.precision.name()));
             say(format!(
                 "model {:?} trained with {}",

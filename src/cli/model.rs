@@ -52,6 +52,12 @@ pub fn eval(
         println!("accuracy      {:.4}", ev.accuracy);
         println!("ema_accuracy  {:.4}", ev.ema_accuracy);
         println!("loss          {:.4}", ev.loss);
+        if let Some(b) = &ev.binary {
+            println!("auc           {:.4}", b.auc);
+            println!("ema_auc       {:.4}", b.ema_auc);
+            println!("log_loss      {:.4}", b.log_loss);
+            println!("ema_log_loss  {:.4}", b.ema_log_loss);
+        }
         println!("examples      {}", ev.examples);
     }
     Ok(ExitCode::SUCCESS)
@@ -67,6 +73,9 @@ pub fn predict(
 ) -> Result<ExitCode> {
     use std::io::Write;
     let model = crate::predict::Trained::load(checkpoint)?;
+    model.refuse_wide_deep(
+        "dtf predict reads dense rows; score a wide & deep model's test split with dtf eval",
+    )?;
     let label = label
         .or_else(|| model.meta.label.clone())
         .unwrap_or_else(|| "label".into());
@@ -90,6 +99,11 @@ pub fn predict(
 /// `dtf export --onnx`: the checkpoint as an ONNX model.
 pub fn export(checkpoint: &Path, onnx: &Path, raw: bool) -> Result<ExitCode> {
     let model = crate::predict::Trained::load(checkpoint)?;
+    model.refuse_wide_deep(
+        "ONNX export covers the MLP: a wide & deep model's embedding tables are keyed by \
+         64-bit ids that need a hash table the exported graph would not have; serve it from \
+         its checkpoint (dtf eval scores it)",
+    )?;
     crate::export::write_onnx(&model, !raw, onnx)?;
     eprintln!(
         "{}: ONNX model {:?} ({} weights) of {} (global step {})",

@@ -385,6 +385,7 @@ fn extract(figment: &Figment, file: &str) -> Result<Config, ConfigError> {
         fallback: file.to_owned(),
         keys,
     };
+    config.kind_defaults();
     config.validate()?;
     Ok(config)
 }

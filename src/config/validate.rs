@@ -237,6 +237,27 @@ impl Config {
         self.validate_tables()
     }
 
+    /// `model.kind = "wide_deep"`'s own defaults for the keys nobody set:
+    /// those of TensorFlow's wide & deep parameter-server program (Adagrad,
+    /// learning rate 0.05, batch 256, hidden widths 64 and 32), not the MLP's.
+    pub(crate) fn kind_defaults(&mut self) {
+        if self.model.kind != ModelKind::WideDeep {
+            return;
+        }
+        if !self.sources.is_set("train.optimizer") {
+            self.train.optimizer = OptimizerKind::Adagrad;
+        }
+        if !self.sources.is_set("train.learning_rate") {
+            self.train.learning_rate = WIDE_DEEP_LEARNING_RATE;
+        }
+        if !self.sources.is_set("train.batch_size") {
+            self.train.batch_size = WIDE_DEEP_BATCH_SIZE;
+        }
+        if self.model.hidden.is_none() && !self.sources.is_set("model.layers") {
+            self.model.hidden = Some(WIDE_DEEP_HIDDEN.to_vec());
+        }
+    }
+
     /// A model with embedding tables: rows at least one wide, and an
     /// optimizer the ps applies sparsely (`ps::table`: SGD and Adagrad).
     fn validate_tables(&self) -> Result<(), ConfigError> {
@@ -578,6 +599,17 @@ impl Config {
 /// The largest `train.batch_size`: a worker holds a batch's activations for
 /// every layer, and no data set dtf reads has more examples than this.
 pub const MAX_BATCH_SIZE: usize = 1_000_000;
+
+/// `model.kind = "wide_deep"`'s learning rate when none is set (TensorFlow's
+/// wide & deep program's Adagrad).
+pub const WIDE_DEEP_LEARNING_RATE: f32 = 0.05;
+
+/// `model.kind = "wide_deep"`'s batch size when none is set.
+pub const WIDE_DEEP_BATCH_SIZE: usize = 256;
+
+/// `model.kind = "wide_deep"`'s hidden widths when neither `model.hidden` nor
+/// `model.layers` is set.
+pub const WIDE_DEEP_HIDDEN: [usize; 2] = [64, 32];
 
 /// The largest `train.learning_rate`. The reference program uses 0.8; plain
 /// SGD far above that sends every variable to infinity within steps (1e30

@@ -311,37 +311,84 @@ pub fn describe(cfg: &DataConfig) -> String {
 
 /// Reads the data set `cfg.data` names and puts its shape into `cfg.model`
 /// ([`crate::config::Config::resolve_layers`]): with `model.hidden` the
-/// widths come from the data; otherwise they are checked against it.
+/// widths come from the data; otherwise they are checked against it. For
+/// `wide_deep` the deep part's input is `fields · embedding_dim + dense
+/// features` and its output one logit.
 ///
 /// Errors: [`ResolveError::Data`] for unreadable data,
 /// [`ResolveError::Config`] naming the `model.layers` width that does not fit,
-/// or `data.format` for data with categorical features.
+/// `model.kind` for categorical data and the MLP (or none and wide & deep),
+/// `data.threshold` for wide & deep on labels that are not binary.
 pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveError> {
+    use crate::config::ModelKind;
     let (train, test) = load_both(&cfg.data)?;
-    // The MLP would train on the dense columns alone and drop every
-    // categorical one without a word: refused until the model that embeds
-    // them (issue 40's wide & deep) is chosen here.
-    if let Some(c) = train.categorical() {
-        let mut shown: Vec<&str> = c.fields.iter().take(5).map(String::as_str).collect();
-        if c.fields.len() > 5 {
-            shown.push("…");
+    let s = shape(&train, &test);
+    let data = describe(&cfg.data);
+    match (cfg.model.kind, train.categorical()) {
+        // The MLP would train on the dense columns alone and drop every
+        // categorical one without a word.
+        (ModelKind::Mlp, Some(c)) => {
+            let mut shown: Vec<&str> = c.fields.iter().take(5).map(String::as_str).collect();
+            if c.fields.len() > 5 {
+                shown.push("…");
+            }
+            Err(cfg
+                .bad(
+                    "model.kind",
+                    format!(
+                        "is \"mlp\", but {data} has {} categorical fields ({}): the MLP reads \
+                         dense features only; use model.kind = \"wide_deep\", which embeds them",
+                        c.fields.len(),
+                        shown.join(", ")
+                    ),
+                )
+                .into())
         }
-        return Err(cfg
+        (ModelKind::WideDeep, None) => Err(cfg
             .bad(
-                "data.format",
+                "model.kind",
                 format!(
-                    "{} has {} categorical fields ({}): the MLP reads dense features only, \
-                     and this build has no model that embeds categorical ones",
-                    describe(&cfg.data),
-                    c.fields.len(),
-                    shown.join(", ")
+                    "is \"wide_deep\", which embeds categorical fields, but {data} has none: \
+                     use model.kind = \"mlp\" (or name its categorical columns in data.categorical)"
                 ),
             )
-            .into());
+            .into()),
+        (ModelKind::WideDeep, Some(c)) => {
+            if s.classes > 2 {
+                return Err(cfg
+                    .bad(
+                        "data.threshold",
+                        format!(
+                            "is not set, and the labels of {data} go up to {}: wide & deep is a \
+                             binary model; set data.threshold (a label at least it is 1), e.g. \
+                             --threshold 4 for ratings of 1 to 5",
+                            s.classes - 1
+                        ),
+                    )
+                    .into());
+            }
+            let inputs = c.width() * cfg.model.embedding_dim + s.features;
+            cfg.resolve_layers(inputs, 1, &data)?;
+            Ok(s)
+        }
+        (ModelKind::Mlp, None) => {
+            cfg.resolve_layers(s.features, s.classes, &data)?;
+            Ok(s)
+        }
     }
-    let s = shape(&train, &test);
-    cfg.resolve_layers(s.features, s.classes, &describe(&cfg.data))?;
-    Ok(s)
+}
+
+/// Whether the data set `cfg` names has categorical fields: RecBole and
+/// Criteo data always, a CSV when a column is not numeric or is named in
+/// `data.categorical` (the training file is read to tell).
+///
+/// Errors: [`DataError`] for a CSV that cannot be read.
+pub fn has_categorical(cfg: &DataConfig) -> Result<bool, DataError> {
+    Ok(match cfg.format {
+        DataFormat::Recbole | DataFormat::Criteo => true,
+        DataFormat::Idx | DataFormat::Npz => false,
+        DataFormat::Csv => load(cfg, Split::Train)?.categorical().is_some(),
+    })
 }
 
 /// The most bytes a data file may hold (or decompress to): this machine's

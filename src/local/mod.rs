@@ -162,9 +162,15 @@ pub struct Report {
     pub test_accuracy: f32,
     /// Test accuracy of the EMA shadows.
     pub ema_test_accuracy: f32,
+    /// A binary model's (wide & deep's) test AUC and log loss, raw and
+    /// EMA: `test_auc`, `ema_test_auc`, `test_logloss`, `ema_test_logloss`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<BinaryReport>,
     /// Global steps per second while training, from the steps seen made
     /// and when; `None` when this run made none (it was already complete).
     pub steps_per_sec: Option<f64>,
+    /// Training examples per second: `steps_per_sec × train.batch_size`.
+    pub examples_per_sec: Option<f64>,
     /// The checkpoint directory already held a checkpoint at the last step:
     /// nothing was trained, the newest checkpoint was evaluated.
     pub already_complete: bool,
@@ -183,6 +189,19 @@ pub struct Report {
     /// With `--evaluator`: the best checkpoint it kept, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub best: Option<Best>,
+}
+
+/// A binary model's scores in the summary.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BinaryReport {
+    /// Test AUC of the raw variables.
+    pub test_auc: f32,
+    /// Test AUC of the EMA shadows.
+    pub ema_test_auc: f32,
+    /// Test log loss of the raw variables.
+    pub test_logloss: f32,
+    /// Test log loss of the EMA shadows.
+    pub ema_test_logloss: f32,
 }
 
 /// The evaluator's best checkpoint, for the summary.
@@ -521,6 +540,7 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
             }));
         }
     };
+    let steps_per_sec = display.timeline.per_sec(ev.global_step, done);
     if ev.global_step < cfg.train.last_step {
         return Err(LocalError::Incomplete {
             dir: cfg.checkpoint.dir,
@@ -532,7 +552,14 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
         global_step: ev.global_step,
         test_accuracy: ev.accuracy,
         ema_test_accuracy: ev.ema_accuracy,
-        steps_per_sec: display.timeline.per_sec(ev.global_step, done),
+        binary: ev.binary.map(|b| BinaryReport {
+            test_auc: b.auc,
+            ema_test_auc: b.ema_auc,
+            test_logloss: b.log_loss,
+            ema_test_logloss: b.ema_log_loss,
+        }),
+        steps_per_sec,
+        examples_per_sec: steps_per_sec.map(|r| r * cfg.train.batch_size as f64),
         already_complete,
         optimizer: cfg.train.optimizer,
         layers: cfg.model.layers.clone(),

@@ -5,7 +5,7 @@
 //! behind and an error that names the flag or the file the user gave.
 
 use super::{LocalError, Options};
-use crate::config::{Config, DataFormat, ModelConfig};
+use crate::config::{Config, DataFormat, ModelConfig, ModelKind};
 use crate::data;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +41,19 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
             ));
             cfg.data.label = label;
         }
+    }
+    // Data with categorical fields trains wide & deep, unless the user
+    // chose a model: the MLP would refuse it.
+    if !cfg.sources.is_set("model.kind") && data::has_categorical(&cfg.data)? {
+        cfg.model.kind = ModelKind::WideDeep;
+        cfg.kind_defaults();
+        notes.push(format!(
+            "model wide_deep: {} has categorical fields (embedding tables on the ps; optimizer {}, \
+             learning rate {})",
+            data::describe(&cfg.data),
+            cfg.train.optimizer().name(),
+            cfg.train.learning_rate
+        ));
     }
     // Widths nobody chose are the default model's hidden layers around the
     // data's own input width and classes: a CSV of 4 features needs no

@@ -67,6 +67,91 @@ pub enum ModelError {
     BadLayers(Vec<usize>),
 }
 
+/// The model a run trains (`model.kind`): what the worker steps, the chief
+/// seeds and saves, and evaluation scores.
+#[derive(Debug, Clone)]
+pub enum Model {
+    /// The dense MLP.
+    Mlp(Mlp),
+    /// Wide & deep over embedding tables on the ps.
+    WideDeep(WideDeep),
+}
+
+impl Model {
+    /// The model `model.kind` and `model.layers` (resolved from the data)
+    /// describe, over `fields` categorical fields (wide & deep; 0 for the
+    /// MLP), training in `precision`.
+    ///
+    /// Errors: [`ModelError::BadLayers`] for widths that are not a model of
+    /// that kind (for wide & deep: an input narrower than `fields ·
+    /// embedding_dim`, or an output other than one logit).
+    pub fn new(
+        cfg: &crate::config::ModelConfig,
+        fields: usize,
+        precision: Precision,
+    ) -> Result<Self, ModelError> {
+        let layers = &cfg.layers;
+        match cfg.kind {
+            crate::config::ModelKind::Mlp => {
+                Ok(Model::Mlp(Mlp::new(layers)?.with_precision(precision)))
+            }
+            crate::config::ModelKind::WideDeep => {
+                let embedded = fields * cfg.embedding_dim;
+                let bad = || ModelError::BadLayers(layers.to_vec());
+                if layers.len() < 2 || layers[0] < embedded || layers[layers.len() - 1] != 1 {
+                    return Err(bad());
+                }
+                let hidden = &layers[1..layers.len() - 1];
+                WideDeep::new(fields, layers[0] - embedded, cfg.embedding_dim, hidden)
+                    .map(|m| Model::WideDeep(m.with_precision(precision)))
+                    .map_err(|_| bad())
+            }
+        }
+    }
+
+    /// The dense variables, in creation order (the same names for both
+    /// kinds: `layerN/weights`, `layerN/biases`).
+    pub fn variables(&self) -> Vec<VarSpec> {
+        match self {
+            Model::Mlp(m) => m.variables(),
+            Model::WideDeep(m) => m.variables(),
+        }
+    }
+
+    /// Fresh dense values, deterministic in `seed`.
+    pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
+        match self {
+            Model::Mlp(m) => m.init(seed),
+            Model::WideDeep(m) => m.init(seed),
+        }
+    }
+
+    /// The dense widths, input first (wide & deep: its deep part).
+    pub fn layers(&self) -> &[usize] {
+        match self {
+            Model::Mlp(m) => m.layers(),
+            Model::WideDeep(m) => m.layers(),
+        }
+    }
+
+    /// The classes the labels index: the MLP's outputs, 2 for wide & deep
+    /// (one logit, a binary label).
+    pub fn classes(&self) -> usize {
+        match self {
+            Model::Mlp(m) => m.classes(),
+            Model::WideDeep(_) => 2,
+        }
+    }
+
+    /// Dense features per example.
+    pub fn dense_inputs(&self) -> usize {
+        match self {
+            Model::Mlp(m) => m.inputs(),
+            Model::WideDeep(m) => m.dense(),
+        }
+    }
+}
+
 /// A multi-layer perceptron: ReLU hidden layers, linear logits.
 #[derive(Debug, Clone)]
 pub struct Mlp {

@@ -4,7 +4,7 @@
 use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
 use crate::config::{Config, DataFormat};
 use crate::data::Preprocessing;
-use crate::model::{Mlp, VarSpec};
+use crate::model::{Model, VarSpec};
 use crate::transport::{Cluster, Snapshot};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,20 +24,33 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub(super) fn new(cfg: &Config, mlp: &Mlp, preprocessing: &Preprocessing) -> Self {
+    /// `fields`: the data's categorical fields (wide & deep's inputs).
+    pub(super) fn new(
+        cfg: &Config,
+        model: &Model,
+        preprocessing: &Preprocessing,
+        fields: &[String],
+    ) -> Self {
         let meta = ModelMeta {
-            layers: mlp.layers().to_vec(),
+            layers: model.layers().to_vec(),
             activation: checkpoint::ACTIVATION.into(),
-            classes: mlp.classes(),
+            classes: model.classes(),
             preprocessing: preprocessing.clone(),
             label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
             hyperparameters: None,
             training_data: Some(cfg.data.clone()),
             features: crate::data::feature_names(&cfg.data)
-                .filter(|names| names.len() == mlp.inputs()),
+                .filter(|names| names.len() == model.dense_inputs()),
+            wide_deep: match model {
+                Model::Mlp(_) => None,
+                Model::WideDeep(m) => Some(checkpoint::WideDeepMeta {
+                    fields: fields.to_vec(),
+                    embedding_dim: m.dim(),
+                }),
+            },
         };
         Checkpoints {
-            specs: mlp.variables(),
+            specs: model.variables(),
             meta,
             saver: Mutex::new(Saver::at(&cfg.checkpoint.dir, cfg.checkpoint.max_to_keep)),
         }

@@ -10,7 +10,7 @@ use super::{Outcome, WorkerError};
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{Config, Mode};
 use crate::data::{self, Preprocessing, Split};
-use crate::model::Mlp;
+use crate::model::Model;
 use crate::optimizer::Optimizer;
 use crate::summary::Summaries;
 use crate::transport::{Cluster, PsState, Snapshot};
@@ -41,7 +41,7 @@ pub(super) struct Chief {
     /// The live configuration (reloads replace it).
     config: watch::Receiver<Arc<Config>>,
     cluster: Cluster,
-    mlp: Mlp,
+    model: Model,
     /// How the data's rows become inputs (the final evaluation's test split).
     preprocessing: Preprocessing,
     checkpoints: Arc<Checkpoints>,
@@ -65,21 +65,22 @@ struct Beside {
 }
 
 impl Chief {
-    /// The chief of a worker whose `cluster` is placed for `mlp`'s variables
+    /// The chief of a worker whose `cluster` is placed for `model`'s variables
     /// and whose data is read through `preprocessing`.
     pub(super) fn new(
         config: watch::Receiver<Arc<Config>>,
         cluster: Cluster,
-        mlp: Mlp,
+        model: Model,
         preprocessing: Preprocessing,
+        fields: &[String],
         shutdown: CancellationToken,
     ) -> Self {
         let cfg = config.borrow().clone();
         Chief {
-            checkpoints: Arc::new(Checkpoints::new(&cfg, &mlp, &preprocessing)),
+            checkpoints: Arc::new(Checkpoints::new(&cfg, &model, &preprocessing, fields)),
             config,
             cluster,
-            mlp,
+            model,
             preprocessing,
             run: None,
             ps: cfg.cluster.ps.clone(),
@@ -159,7 +160,7 @@ impl Chief {
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let sync = cfg.train.mode == Mode::Sync;
-        let specs = self.mlp.variables();
+        let specs = self.model.variables();
         let dir = cfg.checkpoint.dir.clone();
         let found =
             tokio::task::spawn_blocking(move || checkpoint::restore_latest(&dir, &specs)).await??;
@@ -317,7 +318,7 @@ impl Chief {
                 let slots = restored_slots(optimizer, c.slots, &path);
                 (values, Some(shadows), slots, c.global_step, Some(path))
             }
-            None => (self.mlp.init(cfg.train.seed), None, None, 0, None),
+            None => (self.model.init(cfg.train.seed), None, None, 0, None),
         };
         let checkpoint_step = step;
         let step = at.unwrap_or(step);
@@ -348,7 +349,7 @@ impl Chief {
         // A failure is logged and counted; the periodic and final saves try again.
         if all && !took.is_empty() {
             let shadows = shadows.unwrap_or_else(|| values.clone());
-            let slots = slots.unwrap_or_else(|| optimizer.initial_slots(&self.mlp.variables()));
+            let slots = slots.unwrap_or_else(|| optimizer.initial_slots(&self.model.variables()));
             let snapshot = Snapshot {
                 step,
                 values,
@@ -392,21 +393,33 @@ impl Chief {
         self.save_final(&snapshot).await?;
         let (step, values, shadows) = (snapshot.step, &snapshot.values, &snapshot.shadows);
         if let Outcome::Finished { .. } = outcome {
-            let mut test = data::load(&cfg.data, Split::Test)?;
-            test.check_labels(self.mlp.classes())?;
-            test.set_preprocessing(self.preprocessing.clone())?;
-            let (x, y) = test.all();
-            let acc = self.mlp.accuracy(values, x.view(), &y);
-            let ema = self.mlp.accuracy(shadows, x.view(), &y);
-            info!(
-                global_step = step,
-                loss = %format!("{loss:.4}"),
-                test_accuracy = %format!("{acc:.4}"),
-                ema_test_accuracy = %format!("{ema:.4}"),
-                "Final evaluation."
-            );
-            if let Some(s) = &mut summaries {
-                s.on_eval(step, acc, ema);
+            match &self.model {
+                Model::Mlp(mlp) => {
+                    let mut test = data::load(&cfg.data, Split::Test)?;
+                    test.check_labels(mlp.classes())?;
+                    test.set_preprocessing(self.preprocessing.clone())?;
+                    let (x, y) = test.all();
+                    let acc = mlp.accuracy(values, x.view(), &y);
+                    let ema = mlp.accuracy(shadows, x.view(), &y);
+                    info!(
+                        global_step = step,
+                        loss = %format!("{loss:.4}"),
+                        test_accuracy = %format!("{acc:.4}"),
+                        ema_test_accuracy = %format!("{ema:.4}"),
+                        "Final evaluation."
+                    );
+                    if let Some(s) = &mut summaries {
+                        s.on_eval(step, acc, ema);
+                    }
+                }
+                // Its test rows would be created on the ps by a pull: the
+                // final checkpoint, which holds the tables, is scored
+                // instead (`dtf eval`, the evaluator, `dtf local`).
+                Model::WideDeep(_) => info!(
+                    global_step = step,
+                    loss = %format!("{loss:.4}"),
+                    "Training done; the final checkpoint holds the tables."
+                ),
             }
             self.cluster.complete(step).await?;
         }

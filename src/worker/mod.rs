@@ -24,12 +24,13 @@ use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::data::{self, Batches, Dataset, Split};
-use crate::model::{self, Mlp};
+use crate::model::wide_deep::{self, EMBEDDINGS, WIDE};
+use crate::model::{self, Mlp, Model};
 use crate::ps::workers::Refused;
 use crate::transport::{Cluster, Progress, PsCallError, PsState, WorkerContact};
 use backoff::{Backoff, WAIT_LOG_EVERY};
 use chief::Chief;
-use ndarray::{Array2, ArrayD};
+use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -64,7 +65,7 @@ struct Worker {
     task: usize,
     /// The live configuration (reloads replace it).
     config: watch::Receiver<Arc<Config>>,
-    mlp: Mlp,
+    model: Model,
     cluster: Cluster,
     /// Training data.
     train: Dataset,
@@ -96,7 +97,12 @@ pub async fn run(
     reporter: &dyn Reporter,
 ) -> Result<Outcome, WorkerError> {
     let cfg = config.borrow().clone();
-    let mlp = Mlp::new(&cfg.model.layers)?.with_precision(cfg.train.precision);
+    let mut train = data::load(&cfg.data, Split::Train)?;
+    let fields: Vec<String> = train
+        .categorical()
+        .map(|c| c.fields.clone())
+        .unwrap_or_default();
+    let model = Model::new(&cfg.model, fields.len(), cfg.train.precision)?;
     let kernel = match cfg.train.precision {
         crate::kernel::Precision::Float32 => crate::kernel::Tier::F32,
         crate::kernel::Precision::MixedBfloat16 => crate::kernel::tier(),
@@ -107,24 +113,27 @@ pub async fn run(
         "Precision policy."
     );
     crate::metrics::global().kernel(cfg.train.precision, kernel);
-    let specs = mlp.variables();
+    let specs = model.variables();
     let mut cluster = Cluster::new(&cfg, specs.clone(), credentials)?;
-    // The step reads and writes a shared-memory shard in its region.
-    cluster.values_in_place();
+    if let Model::Mlp(_) = model {
+        // The step reads and writes a shared-memory shard in its region.
+        // Wide & deep computes before its dense push (its rows go first),
+        // from the values the last pull copied out.
+        cluster.values_in_place();
+    }
     for ps in 0..cluster.num_ps() {
         for part in cluster.shard(ps) {
             info!(variable = %part.name, shape = ?part.shape, device = %format!("/job:ps/task:{ps}"), "Placement.");
         }
     }
-    let mut train = data::load(&cfg.data, Split::Train)?;
-    if train.features() != cfg.model.layers[0] {
+    if train.features() != model.dense_inputs() {
         return Err(WorkerError::DataWidth {
             dir: train.path().to_path_buf(),
             pixels: train.features(),
-            inputs: cfg.model.layers[0],
+            inputs: model.dense_inputs(),
         });
     }
-    train.check_labels(mlp.classes())?;
+    train.check_labels(model.classes())?;
     if cfg.train.batch_size > train.len() {
         return Err(WorkerError::BatchTooLarge {
             batch: cfg.train.batch_size,
@@ -142,15 +151,16 @@ pub async fn run(
         Chief::new(
             config,
             cluster,
-            mlp.clone(),
+            model.clone(),
             preprocessing,
+            &fields,
             shutdown.clone(),
         )
     });
     let mut w = Worker {
         task,
         config,
-        mlp,
+        model,
         cluster,
         train,
         decay_steps,
@@ -183,6 +193,7 @@ pub async fn run(
 /// The newest valid checkpoint's step when it is at or past `last_step`: the
 /// run is over, and a task started again on it has nothing to do.
 pub fn completed_run(cfg: &Config) -> Option<u64> {
+    // Wide & deep's dense variables are an MLP's, by name and shape.
     let mlp = Mlp::new(&cfg.model.layers).ok()?;
     match checkpoint::restore_latest(&cfg.checkpoint.dir, &mlp.variables()) {
         Ok(Some((_, c))) if c.global_step >= cfg.train.last_step => Some(c.global_step),
@@ -364,27 +375,51 @@ impl Worker {
         sync: bool,
     ) -> Result<Option<(f32, Progress)>, WorkerError> {
         let idx = buf.batches.next_indices();
-        self.train.batch(idx, &mut buf.x, &mut buf.y);
-        let (mlp, x, y, ws) = (&self.mlp, buf.x.view(), &buf.y, &mut buf.ws);
-        let reg = cfg.train.regularization_rate;
         let pushed_at = Instant::now();
-        let (loss, pushed) = self
-            .cluster
-            .step(
-                &mut buf.params,
-                &mut buf.grads,
-                |params, grads| {
-                    tokio::task::block_in_place(|| {
-                        let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
-                        crate::metrics::global().computed_here();
-                        loss
-                    })
-                },
-                lr,
-                tags,
-                self.task as u32,
-            )
-            .await;
+        let (loss, pushed) = match &self.model {
+            Model::Mlp(mlp) => {
+                self.train.batch(idx, &mut buf.x, &mut buf.y);
+                let (x, y, ws) = (buf.x.view(), &buf.y, &mut buf.ws);
+                let reg = cfg.train.regularization_rate;
+                self.cluster
+                    .step(
+                        &mut buf.params,
+                        &mut buf.grads,
+                        |params, grads| {
+                            tokio::task::block_in_place(|| {
+                                let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
+                                crate::metrics::global().computed_here();
+                                loss
+                            })
+                        },
+                        lr,
+                        tags,
+                        self.task as u32,
+                    )
+                    .await
+            }
+            Model::WideDeep(wd) => {
+                self.train.fill_batch(idx, &mut buf.batch);
+                match self.sparse_step(wd, buf, lr, tags).await {
+                    (Some(loss), Ok(())) => {
+                        // The dense part, computed already: its gradients
+                        // are in `buf.grads`.
+                        self.cluster
+                            .step(
+                                &mut buf.params,
+                                &mut buf.grads,
+                                |_, _| loss,
+                                lr,
+                                tags,
+                                self.task as u32,
+                            )
+                            .await
+                    }
+                    (None, Ok(())) => return Ok(None),
+                    (loss, Err(e)) => (loss, Err(e)),
+                }
+            }
+        };
         let Some(loss) = loss else {
             return match pushed {
                 Err(e) if e.needs_pull() => Ok(None),
@@ -422,6 +457,93 @@ impl Worker {
             Err(e) => return Err(e.into()),
         };
         Ok(Some((loss, progress)))
+    }
+
+    /// Wide & deep's sparse half of a step: the batch's ids deduplicated,
+    /// their rows pulled from the ps tasks that own them, the loss and every
+    /// gradient computed (the dense ones into `buf.grads`, from the values
+    /// the last pull left in `buf.params`), and the rows' gradients pushed —
+    /// before the dense push, so that a sync step has them when its dense
+    /// update lets the next step start.
+    ///
+    /// Returns the loss (`None`: nothing was computed, because a ps cannot
+    /// give its rows now — down, or not initialized yet — and the caller
+    /// pulls; or an error) and the pull's or the push's error, which the
+    /// caller handles as a dense push's.
+    async fn sparse_step(
+        &self,
+        wd: &model::WideDeep,
+        buf: &mut StepBuffers,
+        lr: f32,
+        tags: &[u64],
+    ) -> (Option<f32>, Result<(), PsCallError>) {
+        let sparse = &mut buf.sparse;
+        sparse.dedup.run(&buf.batch.categorical.ids);
+        let unique = sparse.dedup.unique.as_slice();
+        let rows = match self
+            .cluster
+            .pull_rows(&[(EMBEDDINGS, unique), (WIDE, unique)], false)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) if e.is_unavailable() || e.needs_pull() => {
+                debug!(error = %e, "Rows not pulled; pulling again.");
+                return (None, Ok(()));
+            }
+            Err(e) => return (None, Err(e)),
+        };
+        let bad = |what: &str| PsCallError {
+            ps: 0,
+            status: tonic::Status::internal(format!(
+                "the pulled rows of {what} do not fit the batch"
+            )),
+        };
+        let Ok(embeddings) = ArrayView2::from_shape((unique.len(), wd.dim()), &rows[0]) else {
+            return (None, Err(bad(EMBEDDINGS)));
+        };
+        if rows[1].len() != unique.len() {
+            return (None, Err(bad(WIDE)));
+        }
+        let lookup = wide_deep::Lookup {
+            offsets: &buf.batch.categorical.offsets,
+            rows: &sparse.dedup.rows,
+        };
+        let pulled = wide_deep::Rows {
+            embeddings,
+            wide: ArrayView1::from(rows[1].as_slice()),
+        };
+        let (x, y) = (buf.batch.x.view(), buf.batch.y.as_slice());
+        let loss = tokio::task::block_in_place(|| {
+            let loss = wd.loss_and_grads_into(
+                &buf.params,
+                x,
+                y,
+                lookup,
+                pulled,
+                &mut sparse.ws,
+                &mut buf.grads,
+                &mut sparse.row_grads,
+            );
+            crate::metrics::global().computed_here();
+            loss
+        });
+        let g = &sparse.row_grads;
+        let (emb, wide) = (
+            g.embeddings
+                .as_slice()
+                .expect("row gradients are contiguous"),
+            g.wide.as_slice().expect("row gradients are contiguous"),
+        );
+        let pushed = self
+            .cluster
+            .push_rows(
+                &[(EMBEDDINGS, unique, emb), (WIDE, unique, wide)],
+                lr,
+                tags[0],
+                self.task as u32,
+            )
+            .await;
+        (Some(loss), pushed.map(|_| ()))
     }
 
     /// A ps refused a push: the cluster re-shards. No more steps — a sync

@@ -16,6 +16,10 @@ pub(super) struct StepBuffers {
     pub(super) params: Vec<ArrayD<f32>>,
     /// Activations and their gradients.
     pub(super) ws: model::Workspace,
+    /// Wide & deep's batch: dense x, labels and the categorical ids.
+    pub(super) batch: data::Batch,
+    /// Wide & deep's rows: the batch's ids deduplicated, their gradients.
+    pub(super) sparse: SparseBuffers,
     /// The gradient pushed to the ps tasks.
     pub(super) grads: Vec<ArrayD<f32>>,
     /// The membership epoch each ps last answered with.
@@ -26,7 +30,7 @@ impl StepBuffers {
     pub(super) fn new(w: &Worker, cfg: &Config) -> Self {
         let batch = cfg.train.batch_size;
         let params: Vec<ArrayD<f32>> = w
-            .mlp
+            .model
             .variables()
             .iter()
             .map(|s| ArrayD::zeros(s.shape.as_slice()))
@@ -43,8 +47,21 @@ impl StepBuffers {
             params,
             epochs: vec![0; w.cluster.num_ps()],
             ws: model::Workspace::default(),
+            batch: data::Batch::default(),
+            sparse: SparseBuffers::default(),
         }
     }
+}
+
+/// Wide & deep's per-step buffers beside [`StepBuffers`]'.
+#[derive(Default)]
+pub(super) struct SparseBuffers {
+    /// The batch's distinct ids and each occurrence's row.
+    pub(super) dedup: model::wide_deep::Dedup,
+    /// The deep part's activations and their gradients.
+    pub(super) ws: model::wide_deep::Workspace,
+    /// The pulled rows' gradients.
+    pub(super) row_grads: model::wide_deep::RowGrads,
 }
 
 /// Counts this worker's steps and logs the rates every

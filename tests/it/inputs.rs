@@ -196,6 +196,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         hyperparameters: None,
         features: Some(vec!["a".into(), "b".into(), "c".into()]),
         training_data: None,
+        wide_deep: None,
     };
     Saver::new(dir, 5)
         .unwrap()

@@ -34,3 +34,4 @@ mod sync;
 mod tables;
 mod tls;
 mod util;
+mod wide_deep;

@@ -351,6 +351,29 @@ fn each_data_format_needs_its_paths() {
 }
 
 #[test]
+fn wide_deep_takes_tensorflows_wide_deep_defaults_for_keys_nobody_set() {
+    let c = Config::from_toml_str("[model]\nkind = \"wide_deep\"\n", "f").unwrap();
+    assert_eq!(c.train.optimizer, OptimizerKind::Adagrad);
+    assert_eq!(c.train.learning_rate, 0.05);
+    assert_eq!(c.train.batch_size, 256);
+    assert_eq!(c.model.hidden, Some(vec![64, 32]));
+    // A key set keeps its value; the MLP keeps its own defaults.
+    let c = Config::from_toml_str(
+        "[model]\nkind = \"wide_deep\"\nhidden = [8]\n[train]\noptimizer = \"sgd\"\nlearning_rate = 0.2\n",
+        "f",
+    )
+    .unwrap();
+    assert_eq!(c.train.optimizer, OptimizerKind::Sgd);
+    assert_eq!(
+        (c.train.learning_rate, c.model.hidden),
+        (0.2, Some(vec![8]))
+    );
+    let c = Config::from_toml_str("", "f").unwrap();
+    assert_eq!(c.train.optimizer, OptimizerKind::Sgd);
+    assert_eq!(c.model.hidden, None);
+}
+
+#[test]
 fn embedding_tables_need_a_width_and_a_sparse_optimizer() {
     let err = error_for(
         "[model]\nkind = \"wide_deep\"\nembedding_dim = 0",

@@ -281,7 +281,33 @@ fn the_mlp_refuses_categorical_data_rather_than_drop_it() {
         .unwrap_err()
         .to_string();
     assert!(
-        msg.contains("data.format") && msg.contains("2 categorical fields (user_id, item_id)"),
+        msg.contains("model.kind")
+            && msg.contains("2 categorical fields (user_id, item_id)")
+            && msg.contains("wide_deep"),
         "{msg}"
     );
+}
+
+#[test]
+fn wide_deep_takes_its_input_width_from_the_fields_and_wants_binary_labels() {
+    let d = dir(&[("toy.inter", INTER)]);
+    let mut config = crate::config::Config {
+        data: cfg(&d, Some(4.0)),
+        ..Default::default()
+    };
+    config.model.kind = crate::config::ModelKind::WideDeep;
+    config.model.hidden = Some(vec![8]);
+    config.model.embedding_dim = 4;
+    crate::data::resolve_model(&mut config).unwrap();
+    // Two fields of 4 and the dense columns the toy data has.
+    let dense = crate::data::load(&config.data, crate::data::Split::Train)
+        .unwrap()
+        .features();
+    assert_eq!(config.model.layers, vec![2 * 4 + dense, 8, 1]);
+    config.data.threshold = None;
+    config.model.hidden = Some(vec![8]);
+    let msg = crate::data::resolve_model(&mut config)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("data.threshold"), "{msg}");
 }
