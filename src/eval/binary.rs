@@ -5,10 +5,9 @@
 
 use crate::binary_metrics::{self, BinaryMetricsError};
 use crate::data::Dataset;
-use crate::model::table::{Rows, TableSpec, wide_deep as tables_of};
+use crate::model::table::{IdMap, Rows, TableSpec, wide_deep as tables_of};
 use crate::model::wide_deep::{self, Dedup, EMBEDDINGS, Lookup, WIDE, WideDeep, sigmoid};
 use ndarray::{Array1, Array2, ArrayD, ArrayView2, s};
-use std::collections::HashMap;
 
 /// Test examples scored at a time: bounds the deep part's activations.
 const CHUNK: usize = 4096;
@@ -27,7 +26,7 @@ pub struct Binary {
 /// A table of a checkpoint, looked up by id.
 pub struct Table<'a> {
     spec: TableSpec,
-    index: HashMap<u64, usize>,
+    index: IdMap<usize>,
     rows: &'a Rows,
 }
 

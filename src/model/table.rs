@@ -100,6 +100,32 @@ pub fn wide_deep(dim: usize) -> Vec<TableSpec> {
     ]
 }
 
+/// A `HashMap` keyed by row ids ([`IdHasher`]).
+pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// Hashes a row id with [`mix64`], as the ps's row index does: ids are
+/// already hashes of (field, value) (`data::id`), so SipHash's cost buys
+/// nothing on the step's hot path; the finalizer spreads ids that are not.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys come here (`write_u64`); anything else still hashes.
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = mix64(id);
+    }
+}
+
 /// splitmix64's finalizer: every input bit flips each output bit with
 /// probability about ½ (Stafford's variant 13, as in `SplittableRandom`).
 pub fn mix64(mut z: u64) -> u64 {

@@ -17,7 +17,6 @@ use crate::kernel::{self, Precision};
 use ndarray::{
     Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn,
 };
-use std::collections::HashMap;
 
 pub use super::table::{EMBEDDING_STDDEV, EMBEDDINGS, WIDE};
 
@@ -82,7 +81,7 @@ pub struct Dedup {
     pub unique: Vec<u64>,
     /// Per occurrence: its id's index in `unique`.
     pub rows: Vec<u32>,
-    index: HashMap<u64, u32>,
+    index: super::table::IdMap<u32>,
 }
 
 impl Dedup {

@@ -354,7 +354,14 @@ impl Worker {
         if let Some(c) = &mut self.chief {
             c.finish(&outcome, loss).await?;
         }
-        info!(worker = self.task, outcome = %outcome, "Worker done.");
+        // What crossed TCP (gRPC message bytes; shared memory is not
+        // counted): the bytes a step costs on a real network.
+        let (sent, received) = self
+            .cluster
+            .links()
+            .iter()
+            .fold((0, 0), |(s, r), l| (s + l.sent, r + l.received));
+        info!(worker = self.task, outcome = %outcome, local_steps = rate.local_steps, tcp_sent_bytes = sent, tcp_received_bytes = received, "Worker done.");
         Ok(outcome)
     }
 

@@ -16,9 +16,10 @@
 
 use super::{Table, TableError};
 use crate::model;
+use crate::model::table::IdMap;
 use crate::optimizer::{self, Optimizer};
 use crate::ps::shard::Rule;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What became of a push of rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +45,7 @@ struct Step {
     /// Workers whose rows are in.
     workers: BTreeSet<u32>,
     /// Row of `ids` by id.
-    at: HashMap<u64, usize>,
+    at: IdMap<usize>,
     /// The ids pushed for the step, first-seen order.
     ids: Vec<u64>,
     /// Their summed gradients, `ids.len() × dim`.
@@ -84,7 +85,7 @@ impl Sync {
 /// `ids` with each repeated id once, its gradient rows summed, in
 /// first-seen order.
 fn dedup(ids: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
-    let mut at: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
+    let mut at: IdMap<usize> = IdMap::with_capacity_and_hasher(ids.len(), Default::default());
     let (mut out_ids, mut out) = (
         Vec::with_capacity(ids.len()),
         Vec::with_capacity(grads.len()),
