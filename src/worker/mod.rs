@@ -550,7 +550,12 @@ impl Worker {
                 self.task as u32,
             )
             .await;
-        (Some(loss), pushed.map(|_| ()))
+        match pushed {
+            // Sync, a retry of the step: its rows are in already (they go
+            // before the dense push, which is still to make).
+            Err(e) if e.status.code() == tonic::Code::AlreadyExists => (Some(loss), Ok(())),
+            pushed => (Some(loss), pushed.map(|_| ())),
+        }
     }
 
     /// A ps refused a push: the cluster re-shards. No more steps — a sync

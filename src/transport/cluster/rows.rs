@@ -122,7 +122,9 @@ impl Cluster {
     /// the run is complete.
     ///
     /// Errors: as [`Cluster::pull_rows`]; `INVALID_ARGUMENT` for gradients
-    /// whose length is not `ids.len() × dim`, or not finite.
+    /// whose length is not `ids.len() × dim`, or not finite;
+    /// `ALREADY_EXISTS` (sync) when a ps had this worker's rows for `step`
+    /// already (a retry) and no other ps failed.
     pub async fn push_rows(
         &self,
         tables: &[(&str, &[u64], &[f32])],
@@ -157,7 +159,7 @@ impl Cluster {
                 });
             }
         }
-        let answers = try_join_all(per_ps.into_iter().enumerate().map(|(ps, rows)| {
+        let pushes = per_ps.into_iter().enumerate().map(|(ps, rows)| {
             let req = pb::PushRowsRequest {
                 gradients: rows.iter().map(pb::TableRows::from).collect(),
                 learning_rate,
@@ -165,15 +167,29 @@ impl Cluster {
                 worker,
             };
             async move { self.push_rows_one(ps, req).await.map_err(call(ps)) }
-        }))
-        .await?;
-        Ok(answers
-            .iter()
-            .fold(RowsPushed::default(), |acc, r| RowsPushed {
-                stale: acc.stale || r.stale,
-                incarnation: 0,
-                complete: acc.complete || r.complete,
-            }))
+        });
+        // Every ps's push runs to its end, as the dense push's do: a retry
+        // whose rows one ps already has (`ALREADY_EXISTS`, sync) must still
+        // reach the ps that lacks them.
+        let (mut pushed, mut failed, mut already) = (RowsPushed::default(), None, None);
+        for r in futures::future::join_all(pushes).await {
+            match r {
+                Ok(r) => {
+                    pushed.stale |= r.stale;
+                    pushed.complete |= r.complete;
+                }
+                Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
+                    already.get_or_insert(e);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed.or(already) {
+            Some(e) => Err(e),
+            None => Ok(pushed),
+        }
     }
 
     /// One ps's `PullRows`, over shared memory when it can; the answer's
