@@ -68,7 +68,7 @@ impl Checkpoints {
             },
             run: snapshot.run,
             shard_steps: snapshot.shard_steps,
-            tables: Vec::new(),
+            tables: snapshot.tables,
         };
         let meta = ModelMeta {
             hyperparameters: crate::config::json_value(&cfg.train).ok(),
