@@ -272,6 +272,7 @@ mod tests {
             slots: Default::default(),
             run: 0,
             shard_steps: Vec::new(),
+            tables: Vec::new(),
         };
         checkpoint::Saver::new(dir.path(), 1)
             .unwrap()

@@ -111,7 +111,7 @@ impl Trained {
             mlp,
             raw: ckpt.variables.into_iter().map(|(_, a)| a).collect(),
             ema: ckpt.shadows.into_iter().map(|(_, a)| a).collect(),
-            tables: Vec::new(), // MERGE: ckpt.tables
+            tables: ckpt.tables,
         })
     }
 

@@ -4,12 +4,16 @@
 //! most [`MAX_HEADER_BYTES`]. What the metadata says besides (format,
 //! step, identity) is each format's own: `checkpoint/format.rs` for
 //! checkpoints, `ps/snapshot.rs` for snapshots. This module knows neither,
-//! so both can use it.
+//! so both can use it; an embedding table's tensors are the same in both
+//! ([`table_tensors`], [`read_rows`]).
 
 use std::collections::HashMap;
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
+
+use super::EMA_SUFFIX;
+use crate::model::table::Rows;
 
 /// Metadata key prefix of each tensor's CRC-32: `crc32:<tensor>`.
 pub const CRC_PREFIX: &str = "crc32:";
@@ -152,4 +156,177 @@ pub fn check_crc(meta: &HashMap<String, String>, name: &str, data: &[u8]) -> Res
         });
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Embedding tables: the same tensors in checkpoints and ps snapshots
+
+/// A table's ids: `NAME/ids`, I64 (the ids' 64 bits), one per row.
+pub const IDS_SUFFIX: &str = "/ids";
+/// A table's values: `NAME/values`, F32, rows × dim. Its slots are
+/// `NAME/<slot>` (`NAME/Adagrad`) and its EMA shadows
+/// `NAME/ExponentialMovingAverage`, each of that shape.
+pub const VALUES_SUFFIX: &str = "/values";
+
+/// A tensor of a table as it is written: its name, dtype, shape and bytes.
+pub type TableTensor<'a> = (String, Dtype, Vec<usize>, &'a [u8]);
+
+/// The tensors of table `name` holding `rows`: (ids, values and one per
+/// slot of `slot_names`; its shadows, the values when `rows` has none).
+/// No rows: shape `[0, 0]` (nothing holds the width). dtf runs on
+/// little-endian machines only, so the bytes are the arrays' own.
+pub fn table_tensors<'a>(
+    name: &str,
+    rows: &'a Rows,
+    slot_names: &[&str],
+) -> (Vec<TableTensor<'a>>, TableTensor<'a>) {
+    let n = rows.ids.len();
+    let shape = vec![n, rows.values.len().checked_div(n).unwrap_or(0)];
+    let f32s = |t: String, a: &'a [f32]| (t, Dtype::F32, shape.clone(), bytemuck::cast_slice(a));
+    let mut tensors = vec![
+        (
+            format!("{name}{IDS_SUFFIX}"),
+            Dtype::I64,
+            vec![n],
+            bytemuck::cast_slice(&rows.ids),
+        ),
+        f32s(format!("{name}{VALUES_SUFFIX}"), &rows.values),
+    ];
+    for (slot, a) in slot_names.iter().zip(&rows.slots) {
+        tensors.push(f32s(format!("{name}/{slot}"), a));
+    }
+    let shadows = if rows.shadows.is_empty() {
+        &rows.values
+    } else {
+        &rows.shadows
+    };
+    (tensors, f32s(format!("{name}{EMA_SUFFIX}"), shadows))
+}
+
+/// The names of table `name`'s tensors in the file of values (ids, values,
+/// the slots of `slot_names`), as [`table_tensors`] writes them.
+pub fn table_tensor_names(name: &str, slot_names: &[&str]) -> Vec<String> {
+    [
+        format!("{name}{IDS_SUFFIX}"),
+        format!("{name}{VALUES_SUFFIX}"),
+    ]
+    .into_iter()
+    .chain(slot_names.iter().map(|s| format!("{name}/{s}")))
+    .collect()
+}
+
+/// Why [`read_rows`] could not read a table.
+#[derive(Debug)]
+pub struct RowsProblem {
+    /// The problem is in the file of shadows (a checkpoint's EMA file).
+    pub in_shadows: bool,
+    /// What is wrong and what would be right.
+    pub why: String,
+}
+
+/// Table `name`'s rows from `values` (ids, values, the slots of
+/// `slot_names`) and `shadows` (its EMA shadows; the same file in a
+/// snapshot): ids an I64 vector, strictly ascending (sorted, no id twice);
+/// every array F32 of shape ids × dim (`dim` when given), finite.
+///
+/// Errors: [`RowsProblem`], never a panic.
+pub fn read_rows(
+    values: &SafeTensors<'_>,
+    shadows: &SafeTensors<'_>,
+    name: &str,
+    slot_names: &[&str],
+    dim: Option<usize>,
+) -> Result<Rows, RowsProblem> {
+    let in_values = |why: String| RowsProblem {
+        in_shadows: false,
+        why,
+    };
+    let ids_name = format!("{name}{IDS_SUFFIX}");
+    let view = values
+        .tensor(&ids_name)
+        .map_err(|_| in_values(format!("tensor {ids_name:?} is missing")))?;
+    if view.dtype() != Dtype::I64 || view.shape().len() != 1 {
+        return Err(in_values(format!(
+            "tensor {ids_name:?} is {:?} of shape {:?}, expected an I64 vector (one id per row)",
+            view.dtype(),
+            view.shape()
+        )));
+    }
+    let ids: Vec<u64> = bytemuck::pod_collect_to_vec(view.data());
+    if let Some(i) = ids.windows(2).position(|w| w[0] >= w[1]) {
+        return Err(in_values(format!(
+            "table {name:?}: its ids are not strictly ascending at row {} ({} then {}): an id \
+             twice, or unsorted (a table is saved sorted by id, each id once)",
+            i + 1,
+            ids[i],
+            ids[i + 1]
+        )));
+    }
+    let n = ids.len();
+    let values_name = format!("{name}{VALUES_SUFFIX}");
+    let (shape, vals) = f32_rows(values, &values_name, None).map_err(in_values)?;
+    let width_ok = match (dim, n) {
+        (_, 0) => true,
+        (Some(d), _) => shape[1] == d,
+        (None, _) => true,
+    };
+    if shape[0] != n || !width_ok {
+        let want = dim.map_or("dim".to_owned(), |d| d.to_string());
+        return Err(in_values(format!(
+            "table {name:?}: {values_name:?} has shape {shape:?}, expected [{n}, {want}]: one row \
+             per id, each as wide as the table"
+        )));
+    }
+    let slots = slot_names
+        .iter()
+        .map(|s| f32_rows(values, &format!("{name}/{s}"), Some(&shape)).map(|r| r.1))
+        .collect::<Result<_, _>>()
+        .map_err(in_values)?;
+    let (_, shadows) =
+        f32_rows(shadows, &format!("{name}{EMA_SUFFIX}"), Some(&shape)).map_err(|why| {
+            RowsProblem {
+                in_shadows: true,
+                why,
+            }
+        })?;
+    Ok(Rows {
+        ids,
+        values: vals,
+        shadows,
+        slots,
+    })
+}
+
+/// A 2-D F32 tensor (of `shape` when given), finite: its shape and values.
+fn f32_rows(
+    file: &SafeTensors<'_>,
+    tensor: &str,
+    shape: Option<&[usize]>,
+) -> Result<(Vec<usize>, Vec<f32>), String> {
+    let view = file
+        .tensor(tensor)
+        .map_err(|_| format!("tensor {tensor:?} is missing"))?;
+    if view.dtype() != Dtype::F32 || view.shape().len() != 2 {
+        return Err(format!(
+            "tensor {tensor:?} is {:?} of shape {:?}, expected F32 rows × dim",
+            view.dtype(),
+            view.shape()
+        ));
+    }
+    if let Some(shape) = shape
+        && view.shape() != shape
+    {
+        return Err(format!(
+            "tensor {tensor:?} has shape {:?}, its table's values {shape:?}",
+            view.shape()
+        ));
+    }
+    let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+    if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        return Err(format!(
+            "tensor {tensor:?} holds a non-finite value ({}) at flat index {i}",
+            values[i]
+        ));
+    }
+    Ok((view.shape().to_vec(), values))
 }

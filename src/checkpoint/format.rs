@@ -24,6 +24,9 @@ const RUN_KEY: &str = "run";
 /// Metadata key of each ps task's own step ([`Checkpoint::shard_steps`]), a
 /// JSON list of decimal u64s.
 const SHARD_STEPS_KEY: &str = "shard_steps";
+/// Metadata key of the JSON list of embedding tables in the model file
+/// ([`Checkpoint::tables`]), in order; absent: none.
+pub(super) const TABLES_KEY: &str = "tables";
 
 mod saveable;
 use saveable::check_saveable;
@@ -104,6 +107,17 @@ fn encode_with(
             .iter()
             .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a))),
     );
+    let slot_names = ckpt.slots.optimizer.slot_names();
+    let mut table_shadows = Vec::with_capacity(ckpt.tables.len());
+    for (name, rows) in &ckpt.tables {
+        let (tensors, shadows) = container::table_tensors(name, rows, slot_names);
+        model.extend(
+            tensors
+                .into_iter()
+                .map(|(n, d, s, b)| (n, d, s, b.to_vec())),
+        );
+        table_shadows.push(shadows);
+    }
     let model_meta = model_metadata(ckpt, &step, extra)?;
 
     let by_name: HashMap<&str, &ArrayD<f32>> =
@@ -120,6 +134,11 @@ fn encode_with(
                 f32_bytes(a),
             )
         })
+        .chain(
+            table_shadows
+                .into_iter()
+                .map(|(n, d, s, b)| (n, d, s, b.to_vec())),
+        )
         .collect();
     let ema_meta = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
@@ -160,6 +179,13 @@ fn model_metadata(
     ]);
     if ckpt.run != 0 {
         meta.insert(RUN_KEY.to_string(), ckpt.run.to_string());
+    }
+    if !ckpt.tables.is_empty() {
+        let names: Vec<&str> = ckpt.tables.iter().map(|(n, _)| n.as_str()).collect();
+        meta.insert(
+            TABLES_KEY.to_string(),
+            serde_json::to_string(&names).map_err(|e| e.to_string())?,
+        );
     }
     if !ckpt.shard_steps.is_empty() {
         meta.insert(
@@ -361,6 +387,27 @@ fn read_f32(
         .map_err(|e| CheckpointError::invalid(path, format!("tensor {tensor:?}: {e}")))
 }
 
+/// The metadata's list of embedding tables (absent: none), each named once.
+fn listed_tables(m: &Parsed<'_>, model_path: &Path) -> Result<Vec<String>, CheckpointError> {
+    let Some(text) = m.meta.get(TABLES_KEY) else {
+        return Ok(Vec::new());
+    };
+    let names: Vec<String> = serde_json::from_str(text).map_err(|_| {
+        CheckpointError::invalid(
+            model_path,
+            format!("metadata \"{TABLES_KEY}\" is {text:?}, not a JSON list of table names"),
+        )
+    })?;
+    let unique: HashSet<&str> = names.iter().map(String::as_str).collect();
+    if unique.len() != names.len() || names.iter().any(String::is_empty) {
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!("metadata \"{TABLES_KEY}\" {names:?} names a table twice, or an empty name"),
+        ));
+    }
+    Ok(names)
+}
+
 /// Parses and verifies a model file and its EMA file as one checkpoint; see
 /// [`from_bytes`] for what is checked.
 pub(super) fn parse(
@@ -385,7 +432,19 @@ pub(super) fn parse(
     }
     check_step_tensor(&m, model_path)?;
     let (optimizer, slot_names) = listed_slots(&m, model_path)?;
-    let listed = listed_variables(&m, &slot_names, model_path)?;
+    let table_names = listed_tables(&m, model_path)?;
+    // The tables' tensors are not variables: left out of their list as the
+    // slots are.
+    let not_variables: Vec<String> = slot_names
+        .iter()
+        .cloned()
+        .chain(
+            table_names
+                .iter()
+                .flat_map(|n| container::table_tensor_names(n, optimizer.slot_names())),
+        )
+        .collect();
+    let listed = listed_variables(&m, &not_variables, model_path)?;
     let specs = read_plan(&listed, expected, model_path)?;
 
     let mut variables = Vec::with_capacity(specs.len());
@@ -401,8 +460,19 @@ pub(super) fn parse(
         variables.push((name.clone(), value));
         shadows.push((name.clone(), shadow));
     }
-    check_no_stray_shadows(&e, &specs, ema_path)?;
     let slots = read_slots(&m, model_path, optimizer, &slot_names, &variables)?;
+    let tables = table_names
+        .iter()
+        .map(|name| {
+            container::read_rows(&m.tensors, &e.tensors, name, optimizer.slot_names(), None)
+                .map(|rows| (name.clone(), rows))
+                .map_err(|p| {
+                    let path = if p.in_shadows { ema_path } else { model_path };
+                    CheckpointError::invalid(path, p.why)
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    check_no_stray_shadows(&e, &specs, &table_names, ema_path)?;
     let run = match m.meta.get(RUN_KEY) {
         None => 0,
         Some(text) => text.parse().map_err(|_| {
@@ -430,6 +500,7 @@ pub(super) fn parse(
         slots,
         run,
         shard_steps,
+        tables,
     })
 }
 
@@ -534,7 +605,8 @@ fn check_step_tensor(m: &Parsed<'_>, model_path: &Path) -> Result<(), Checkpoint
 }
 
 /// The metadata's `variables` list, checked to name every tensor of the model
-/// file but `global_step` and the `slots` exactly once.
+/// file but `global_step` and `slots` (the optimizer's and the tables'
+/// tensors) exactly once.
 fn listed_variables(
     m: &Parsed<'_>,
     slots: &[String],
@@ -604,19 +676,23 @@ fn read_plan<'s>(
         .collect())
 }
 
-/// Refuses an EMA file with tensors beyond the shadows of `specs` (every
-/// shadow of `specs` has been read by then, so a count mismatch means extras).
+/// Refuses an EMA file with tensors beyond the shadows of `specs` and of
+/// the tables `tables` (every one of those has been read by then, so a
+/// count mismatch means extras).
 fn check_no_stray_shadows(
     e: &Parsed<'_>,
     specs: &[Planned<'_>],
+    tables: &[String],
     ema_path: &Path,
 ) -> Result<(), CheckpointError> {
-    if e.tensors.len() == specs.len() {
+    if e.tensors.len() == specs.len() + tables.len() {
         return Ok(());
     }
     let want: HashSet<String> = specs
         .iter()
-        .map(|(n, _)| format!("{n}{EMA_SUFFIX}"))
+        .map(|(n, _)| n)
+        .chain(tables)
+        .map(|n| format!("{n}{EMA_SUFFIX}"))
         .collect();
     let mut extra: Vec<&str> = e
         .tensors

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
+use super::format::TABLES_KEY;
 use super::format::check_header_len;
 use super::layout::{Limit, read};
 use super::restore::{ema_sibling, load, resolve};
-use super::{CRC_PREFIX, CheckpointError};
+use super::{CRC_PREFIX, CheckpointError, EMA_SUFFIX};
 
 // ---------------------------------------------------------------------------
 // Inspection
@@ -48,6 +49,70 @@ pub struct Inspection {
     /// `None` if the pair verifies as [`load`] checks it (without a model to
     /// compare to); else what is wrong.
     pub problem: Option<String>,
+    /// The embedding tables the model file lists, in its order.
+    pub tables: Vec<TableEntry>,
+}
+
+/// One embedding table as the files declare it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TableEntry {
+    /// Its name, e.g. `deep/embeddings`.
+    pub name: String,
+    /// Rows (ids) saved.
+    pub rows: usize,
+    /// Values per row.
+    pub dim: usize,
+    /// Bytes of its tensors in both files: ids, values, slots, shadows.
+    pub bytes: u64,
+}
+
+/// The tables the model file's metadata lists, sized from the tensors both
+/// files declare (a table's tensors are `NAME/…` in the model file and
+/// `NAME/ExponentialMovingAverage` in the EMA file).
+fn tables(model: &InspectedFile, ema: Option<&InspectedFile>) -> Vec<TableEntry> {
+    let names: Vec<String> = model
+        .metadata
+        .get(TABLES_KEY)
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default();
+    let size = |t: &TensorEntry| {
+        let width: u64 = if t.dtype == "I64" { 8 } else { 4 };
+        t.shape
+            .iter()
+            .fold(width, |n, &d| n.saturating_mul(d as u64))
+    };
+    names
+        .into_iter()
+        .map(|name| {
+            let prefix = format!("{name}/");
+            let shadow = format!("{name}{EMA_SUFFIX}");
+            let values = model
+                .tensors
+                .iter()
+                .find(|t| t.name == format!("{name}/values"));
+            let (rows, dim) = match values.map(|t| t.shape.as_slice()) {
+                Some(&[rows, dim]) => (rows, dim),
+                _ => (0, 0),
+            };
+            let bytes = model
+                .tensors
+                .iter()
+                .filter(|t| t.name.starts_with(&prefix))
+                .chain(
+                    ema.into_iter()
+                        .flat_map(|e| &e.tensors)
+                        .filter(|t| t.name == shadow),
+                )
+                .map(size)
+                .sum();
+            TableEntry {
+                name,
+                rows,
+                dim,
+                bytes,
+            }
+        })
+        .collect()
 }
 
 fn inspect_file(path: &Path) -> Result<InspectedFile, CheckpointError> {
@@ -95,10 +160,12 @@ pub fn inspect(path: &Path) -> Result<Inspection, CheckpointError> {
     let model = inspect_file(&path)?;
     let ema = inspect_file(&ema_path).map_err(|e| e.to_string());
     let problem = load(&path, None).err().map(|e| e.to_string());
+    let tables = tables(&model, ema.as_ref().ok());
     Ok(Inspection {
         model,
         ema,
         problem,
+        tables,
     })
 }
 
@@ -146,6 +213,22 @@ impl fmt::Display for Inspection {
         match &self.ema {
             Ok(ema) => write!(f, "{ema}")?,
             Err(e) => writeln!(f, "EMA file: {e}")?,
+        }
+        if !self.tables.is_empty() {
+            let width = self.tables.iter().map(|t| t.name.len()).max().unwrap_or(0);
+            writeln!(f, "tables:")?;
+            writeln!(
+                f,
+                "  {:<width$}  {:>10}  {:>5}  {:>12}",
+                "name", "rows", "dim", "bytes"
+            )?;
+            for t in &self.tables {
+                writeln!(
+                    f,
+                    "  {:<width$}  {:>10}  {:>5}  {:>12}",
+                    t.name, t.rows, t.dim, t.bytes
+                )?;
+            }
         }
         match &self.problem {
             None => writeln!(f, "verification: ok"),

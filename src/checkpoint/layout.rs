@@ -129,6 +129,18 @@ impl Limit {
             bound(tensors),
         )
     }
+
+    /// This bound with room for embedding tables: their size is not known
+    /// from the model (rows are made as ids arrive), so they are bounded by
+    /// memory's sane maximum, [`MAX_FILE_BYTES`], on top of the model's.
+    pub(super) fn with_tables(self) -> Limit {
+        Limit {
+            bytes: self.bytes.saturating_add(MAX_FILE_BYTES),
+            allowed: "a checkpoint file of this model can take (its tensors, a header of at \
+                      most 1 MiB, and at most 8 GiB of embedding tables): not a checkpoint \
+                      of this model?",
+        }
+    }
 }
 
 /// Deletes the checkpoint pair of `step` in `dir`; a file already gone is

@@ -10,6 +10,13 @@
 //!   `beta1_power`, `beta2_power`);
 //! - `model.ckpt-N.ema.safetensors`: the shadows, `<var>/ExponentialMovingAverage`.
 //!
+//! An embedding table `NAME` (wide & deep's `deep/embeddings`, `wide/weights`)
+//! is saved whole, whatever the ps count: `NAME/ids` (I64, the ids' 64 bits,
+//! strictly ascending), `NAME/values` and one `NAME/<slot>` per optimizer
+//! slot (F32, rows × dim) in the model file, listed in its `tables` metadata
+//! (JSON, in order), and `NAME/ExponentialMovingAverage` (rows × dim, the
+//! rows of `NAME/ids`) in the EMA file.
+//!
 //! Both carry string metadata: `format = "dtf-1"`, `global_step`, `kind`
 //! (`variables` or `ema`), `crc32:<tensor>` (CRC-32 of the tensor's bytes, so
 //! that bit rot inside the data is caught, not only in the header), and in the
@@ -49,7 +56,7 @@ use safetensors::SafeTensorError;
 use container::CRC_PREFIX;
 pub use container::MAX_HEADER_BYTES;
 pub use format::from_bytes;
-pub use inspect::{InspectedFile, Inspection, TensorEntry, inspect};
+pub use inspect::{InspectedFile, Inspection, TableEntry, TensorEntry, inspect};
 pub use meta::{ACTIVATION, ModelMeta, WideDeepMeta, read_metadata, widths};
 pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
@@ -99,6 +106,13 @@ pub struct Checkpoint {
     /// entry here, never with `global_step` ([`Checkpoint::shard_step`]).
     /// Empty: unknown (a checkpoint written before shard steps were kept).
     pub shard_steps: Vec<u64>,
+    /// Every embedding table, whole (the rows of every ps merged, sorted by
+    /// id), in the model's order; each row's EMA shadow and its slots of
+    /// `slots.optimizer` with it. Empty for the MLP. On disk: `NAME/ids`
+    /// (I64), `NAME/values` and `NAME/<slot>` (F32, rows × dim) in the model
+    /// file, `NAME/ExponentialMovingAverage` in the EMA file (docs/design.md,
+    /// "Sparse variables").
+    pub tables: Vec<(String, crate::model::table::Rows)>,
 }
 
 impl Checkpoint {
@@ -349,6 +363,7 @@ mod fixtures {
             slots: Slots::default(),
             run: 0,
             shard_steps: Vec::new(),
+            tables: Vec::new(),
         }
     }
 

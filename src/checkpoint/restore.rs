@@ -4,7 +4,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::format::parse;
+use super::format::{TABLES_KEY, parse};
 use super::layout::{Limit, read, scan_steps};
 use super::{
     Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MODEL_EXT, model_file_name, parse_model_name,
@@ -57,7 +57,8 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
 /// its `<x>.ema.safetensors`, without the name check.)
 ///
 /// Only regular files are read, and at most as many bytes as a checkpoint of
-/// `expected` can have ([`super::MAX_FILE_BYTES`] without a model).
+/// `expected` can have ([`super::MAX_FILE_BYTES`] without a model; with
+/// embedding tables listed in its header, that much more).
 ///
 /// Errors: [`CheckpointError::BadFileName`], [`CheckpointError::Io`] (either
 /// file missing or unreadable), [`CheckpointError::NotRegular`] (a FIFO, a
@@ -89,7 +90,14 @@ pub fn load_verbatim(
     expected: Option<&[VarSpec]>,
 ) -> Result<Verbatim, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
-    let (model_limit, ema_limit) = Limit::pair(expected);
+    let (mut model_limit, mut ema_limit) = Limit::pair(expected);
+    // Tables: bounded by memory, not by the model. Only a file whose header
+    // (read alone, bounded) lists tables gets their room.
+    if expected.is_some()
+        && super::meta::read_metadata(path).is_ok_and(|m| m.contains_key(TABLES_KEY))
+    {
+        (model_limit, ema_limit) = (model_limit.with_tables(), ema_limit.with_tables());
+    }
     let model = read(path, model_limit)?;
     let ema = read(&ema_path, ema_limit)?;
     let ckpt = parse(&model, path, &ema, &ema_path, expected)?;
@@ -485,6 +493,45 @@ mod tests {
         assert!(matches!(
             load(&big, None),
             Err(CheckpointError::Safetensors { .. })
+        ));
+    }
+
+    #[test]
+    fn tables_beyond_the_models_size_restore_and_inspect_shows_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        // 40,000 rows of 16: 5 MB of rows, far beyond the small model's
+        // exact bound (its tensors and a 1 MiB header).
+        let n = 40_000u64;
+        let values: Vec<f32> = (0..n * 16).map(|i| (i % 97) as f32 * 0.01).collect();
+        let mut c = sample(300, &SMALL);
+        c.tables = vec![(
+            "deep/embeddings".into(),
+            crate::model::table::Rows {
+                ids: (0..n).map(|i| i * 3 + 1).collect(),
+                shadows: values.clone(),
+                values,
+                slots: Vec::new(),
+            },
+        )];
+        saver(tmp.path(), 5).save(&c).unwrap();
+        let (_, back) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!(back, c);
+        let ins = inspect(tmp.path()).unwrap();
+        let t = &ins.tables[0];
+        assert_eq!(
+            (t.name.as_str(), t.rows, t.dim),
+            ("deep/embeddings", 40_000, 16)
+        );
+        // Ids, values and shadows (SGD: no slots).
+        assert_eq!(t.bytes, n * 8 + 2 * n * 16 * 4);
+        let text = ins.to_string();
+        assert!(text.contains("tables:") && text.contains("40000"), "{text}");
+        // Without tables in its header, a file that large is refused unread.
+        let plain = tmp.path().join("model.ckpt-400.safetensors");
+        File::create(&plain).unwrap().set_len(5 << 20).unwrap();
+        assert!(matches!(
+            load(&plain, Some(&small_specs())),
+            Err(CheckpointError::TooLarge { .. })
         ));
     }
 

@@ -144,6 +144,8 @@ struct InspectJson<'a> {
     verified: bool,
     /// What is wrong, when it does not.
     problem: Option<&'a str>,
+    /// The embedding tables: name, rows, dim, bytes.
+    tables: &'a [crate::checkpoint::TableEntry],
 }
 
 /// One safetensors file in `dtf inspect --json`.
@@ -197,6 +199,7 @@ impl<'a> From<&'a crate::checkpoint::Inspection> for InspectJson<'a> {
             ema_error: i.ema.as_ref().err().map(String::as_str),
             verified: i.problem.is_none(),
             problem: i.problem.as_deref(),
+            tables: &i.tables,
         }
     }
 }

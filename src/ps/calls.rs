@@ -257,6 +257,11 @@ impl PsService {
                 )?,
             )
         };
+        // The rows with the values, checked first: a malformed table
+        // changes nothing. Only when the values are taken.
+        if !s.is_initialized() || req.force {
+            self.replace_tables(req.tables)?;
+        }
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
             s.set_run(req.run);
@@ -292,6 +297,14 @@ impl PsService {
         else {
             return false;
         };
+        if s.is_initialized() {
+            return false;
+        }
+        // The snapshot's rows were checked when it was read.
+        if let Err(e) = self.replace_tables(r.tables) {
+            warn!(ps = self.inner.task, error = %e, "The snapshot's table rows do not load; the chief seeds the shard instead.");
+            return false;
+        }
         if !s.initialize(r.values, Some(r.shadows), Some(r.slots), step, false) {
             return false;
         }

@@ -35,7 +35,8 @@ impl PsService {
         // Out of the lock: the copies become the wire's tensors (moved, not
         // copied). A snapshot (a checkpoint's) is always exact.
         let variables = wire.pulled(rpc::to_pb(variables), req.with_shadows || req.with_slots);
-        let answer = answer.into_pb((variables, rpc::to_pb(shadows), rpc::to_pb(slots)));
+        let mut answer = answer.into_pb((variables, rpc::to_pb(shadows), rpc::to_pb(slots)));
+        answer.tables = self.tables_pb(req.with_tables);
         Ok((answer, reserved))
     }
 
@@ -239,6 +240,19 @@ impl PsService {
             .map(TableRows::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(self.push_rows(PushRows::from(req), &grads)?.into())
+    }
+
+    /// A snapshot pull's tables (`PullRequest.with_tables`, both
+    /// transports): every table's rows, each copied under its own lock
+    /// after the shard's tensors.
+    pub(super) fn tables_pb(&self, with_tables: bool) -> Vec<pb::TableRows> {
+        if !with_tables {
+            return Vec::new();
+        }
+        self.table_states()
+            .iter()
+            .map(pb::TableRows::from)
+            .collect()
     }
 }
 

@@ -18,6 +18,7 @@
 
 use super::PsService;
 use super::snapshot::{self, SnapshotError};
+use crate::checkpoint::container::crc32;
 use crate::config::Config;
 use crate::model::Mlp;
 use crate::transport::ring::{Replica, RingClient};
@@ -84,8 +85,10 @@ pub(super) struct Ring {
     outbox: watch::Sender<Option<(u64, bytes::Bytes)>>,
     /// Writes of kept copies, one at a time (the write owns the guard, so a
     /// caller that gives up does not let a second one start beside it); the
-    /// file written last (kept beside the next, in case it is damaged).
-    written: std::sync::Arc<tokio::sync::Mutex<Option<PathBuf>>>,
+    /// file written last (kept beside the next, in case it is damaged) and
+    /// its bytes' CRC-32 (a shard's rows move without its step: a copy of
+    /// the same step may hold newer rows).
+    written: std::sync::Arc<tokio::sync::Mutex<Option<(PathBuf, String)>>>,
     /// Reads for `FetchReplica`, one at a time (each holds a whole copy).
     reading: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// For `State` and `/metrics`.
@@ -113,6 +116,8 @@ struct Kept {
 struct Stats {
     /// The step of the newest copy the neighbour took.
     sent: u64,
+    /// Its bytes' CRC-32: the rows of a step move without it.
+    sent_crc: String,
     /// The incarnation of the neighbour that took it.
     taken_by: Option<u64>,
     /// Hand-overs that failed since start.
@@ -136,6 +141,7 @@ impl Ring {
         let variables = Mlp::new(&config.model.layers)?.variables();
         let specs = |t: usize| crate::placement::shard(config, &variables, t);
         let optimizer = config.train.optimizer();
+        let tables = !crate::placement::tables(config).is_empty();
         let (next, keeps) = match (on, own) {
             (true, Some(own)) => {
                 let prev = (task + n - 1) % n;
@@ -143,7 +149,7 @@ impl Ring {
                 let kept = Kept {
                     task: prev,
                     identity: snapshot::identity(config, prev, &specs(prev)),
-                    bound: snapshot::size_bound(&specs(prev), &optimizer),
+                    bound: snapshot::size_bound(&specs(prev), &optimizer, tables),
                     dir: own.join(format!("replica-ps-{prev}")),
                 };
                 // What a writer killed mid-copy left (only this task writes there).
@@ -156,7 +162,7 @@ impl Ring {
             task,
             next,
             keeps,
-            own_bound: snapshot::size_bound(&specs(task), &optimizer),
+            own_bound: snapshot::size_bound(&specs(task), &optimizer, tables),
             outbox: watch::channel(None).0,
             written: Default::default(),
             reading: Default::default(),
@@ -231,11 +237,13 @@ impl PsService {
         // holds (an idle shard's, handed over again) is not written twice.
         let result = tokio::task::spawn_blocking(move || {
             let step = snapshot::verify(&dir, &bytes, &identity)?.step;
+            let crc = crc32(&bytes);
             let held = written
-                .as_deref()
-                .is_some_and(|p| p == snapshot::path(&dir, step));
+                .as_ref()
+                .is_some_and(|(p, c)| *p == snapshot::path(&dir, step) && *c == crc);
             if !held {
-                *written = Some(snapshot::write(&dir, step, &bytes, written.as_deref())?);
+                let before = written.as_ref().map(|(p, _)| p.as_path());
+                *written = Some((snapshot::write(&dir, step, &bytes, before)?, crc));
             }
             Ok(())
         })
@@ -352,7 +360,9 @@ pub(super) async fn send(service: PsService, client: RingClient, stop: Cancellat
         };
         let taken_by = {
             let s = ring.stats();
-            (s.sent == step).then_some(s.taken_by).flatten()
+            (s.sent == step && s.sent_crc == crc32(&bytes))
+                .then_some(s.taken_by)
+                .flatten()
         };
         if let Some(holder) = taken_by {
             let incarnation = client.incarnation();
@@ -378,8 +388,11 @@ pub(super) async fn send_last(service: &PsService, client: &RingClient) {
     let Some((step, bytes)) = ring.outbox.borrow().clone() else {
         return;
     };
-    if ring.stats().sent == step {
-        return;
+    {
+        let s = ring.stats();
+        if s.sent == step && s.sent_crc == crc32(&bytes) {
+            return;
+        }
     }
     if let Err(why) = hand_over(ring, client, step, bytes, |_| FINAL_HAND_OVER).await {
         info!(ps = ring.task, step, error = %why, "The last snapshot was not handed to the neighbour (it keeps the one before).");
@@ -401,6 +414,7 @@ async fn hand_over(
         return Ok(());
     };
     let limit = bound(bytes.len() as u64);
+    let crc = crc32(&bytes);
     let result = tokio::time::timeout(limit, client.replicate(ring.task, step, bytes)).await;
     let mut stats = ring.stats();
     match result {
@@ -415,6 +429,7 @@ async fn hand_over(
             }
             stats.failing = false;
             stats.sent = step;
+            stats.sent_crc = crc;
             stats.taken_by = Some(incarnation);
             Ok(())
         }

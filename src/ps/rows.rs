@@ -182,7 +182,8 @@ impl PsService {
     }
 
     /// Replaces the rows of the tables named in `states` (a restore); a
-    /// table not named keeps its rows.
+    /// table not named keeps its rows. Every table is checked before any
+    /// is replaced.
     ///
     /// Errors: `NOT_FOUND` for a table this ps does not hold,
     /// `INVALID_ARGUMENT` for rows that are not `dim` wide or not finite;
@@ -190,12 +191,48 @@ impl PsService {
     pub fn load_tables(&self, states: &[TableState]) -> Result<(), Status> {
         let mut which = Vec::with_capacity(states.len());
         for s in states {
-            which.push(self.inner.tables.find(self.inner.task, &s.table)?);
+            let i = self.inner.tables.find(self.inner.task, &s.table)?;
+            self.inner.tables.lock(i).check(&s.rows)?;
+            which.push(i);
         }
         for (s, &i) in states.iter().zip(&which) {
             self.inner.tables.lock(i).load(&s.rows)?;
         }
         Ok(())
+    }
+
+    /// Replaces every table's rows: those named in `states`, the others
+    /// emptied (the shard seeded anew: nothing of its rows before stays).
+    ///
+    /// Errors: as [`PsService::load_tables`]; nothing changed then.
+    pub(super) fn replace_tables(&self, mut states: Vec<TableState>) -> Result<(), Status> {
+        for name in self.inner.tables.names() {
+            if !states.iter().any(|s| &s.table == name) {
+                states.push(TableState {
+                    table: name.clone(),
+                    rows: Default::default(),
+                });
+            }
+        }
+        self.load_tables(&states)
+    }
+
+    /// The tables' specs, in order (what a snapshot of them is checked against).
+    pub(super) fn table_specs(&self) -> Vec<crate::model::TableSpec> {
+        (0..self.inner.tables.names().len())
+            .map(|i| self.inner.tables.lock(i).spec().clone())
+            .collect()
+    }
+
+    /// Updates applied to the rows since this process started, all tables
+    /// together: what moved since the last snapshot, the step aside.
+    pub(super) fn tables_version(&self) -> u64 {
+        (0..self.inner.tables.names().len())
+            .map(|i| {
+                let c = self.inner.tables.lock(i).counters();
+                c.pushes_applied + c.updates_applied
+            })
+            .sum()
     }
 
     /// Sync: the replicas a step waits for changed; each table applies a

@@ -364,7 +364,9 @@ async fn call(
                     }
                 })
                 .await?;
-            let answer = answer.into_pb((Vec::new(), Vec::new(), rpc::to_pb(slots)));
+            let mut answer = answer.into_pb((Vec::new(), Vec::new(), rpc::to_pb(slots)));
+            // The tables, like the slots, travel in the message.
+            answer.tables = service.tables_pb(req.with_tables);
             Ok(answer.encode_to_vec())
         }
         kind::PUSH => {

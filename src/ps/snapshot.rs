@@ -28,8 +28,9 @@ use super::shard::{Shard, Slots};
 use crate::checkpoint::EMA_SUFFIX;
 use crate::checkpoint::container::{self, EncodeError, MAX_HEADER_BYTES, ParseError};
 use crate::config::Config;
-use crate::model::VarSpec;
+use crate::model::{TableSpec, VarSpec};
 use crate::optimizer::SlotSpec;
+use crate::transport::call::TableState;
 use ndarray::ArrayD;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -105,22 +106,31 @@ pub fn dir(config: &Config, task: usize) -> Option<PathBuf> {
 }
 
 /// What makes a snapshot this shard's: the task, the number of ps tasks and
-/// the placement (which variables it holds), the variables' names and
-/// shapes, and the optimizer with its hyperparameters (its slots).
+/// the placement (which variables it holds, which rows it owns), the
+/// variables' names and shapes, the tables' names and widths (when the
+/// model has tables), and the optimizer with its hyperparameters (its slots).
 pub fn identity(config: &Config, task: usize, specs: &[VarSpec]) -> String {
     let vars: Vec<(&str, &[usize])> = specs
         .iter()
         .map(|s| (s.name.as_str(), s.shape.as_slice()))
         .collect();
-    serde_json::json!({
+    let mut id = serde_json::json!({
         "task": task,
         "ps_tasks": config.cluster.ps.len(),
         "placement": config.cluster.placement,
         "layers": config.model.layers,
         "variables": vars,
         "optimizer": config.train.optimizer().describe(),
-    })
-    .to_string()
+    });
+    // Only with tables: an MLP's snapshots keep the identity they had.
+    let tables: Vec<(String, usize)> = crate::placement::tables(config)
+        .into_iter()
+        .map(|t| (t.name, t.dim))
+        .collect();
+    if !tables.is_empty() {
+        id["tables"] = serde_json::json!(tables);
+    }
+    id.to_string()
 }
 
 /// A copy of a shard's state, taken under its lock. Kept between snapshots,
@@ -137,6 +147,9 @@ pub struct Image {
     pub shadows: Vec<ArrayD<f32>>,
     /// The optimizer's slots and this shard's copy of the non-slot scalars.
     pub slots: Option<Slots>,
+    /// Every table's rows this ps holds (copied after the shard, each
+    /// table under its own lock).
+    pub tables: Vec<TableState>,
 }
 
 impl Image {
@@ -166,20 +179,28 @@ impl Image {
 
     /// The snapshot file's bytes: every tensor (variables by name, shadows as
     /// `<var>/ExponentialMovingAverage`, slots by TensorFlow's names,
-    /// non-slot scalars as 0-d tensors) with its CRC, the step and `identity`.
+    /// non-slot scalars as 0-d tensors; each table as a checkpoint holds it,
+    /// `NAME/ids`, `NAME/values`, `NAME/<slot>` of `table_slots` and
+    /// `NAME/ExponentialMovingAverage`) with its CRC, the step and `identity`.
     ///
     /// Errors: the safetensors encoder's, as text.
     pub fn encode(
         &self,
         specs: &[VarSpec],
         slot_specs: &[SlotSpec],
+        table_slots: &[&str],
         identity: &str,
     ) -> Result<Vec<u8>, String> {
-        let mut tensors: Vec<(String, Vec<usize>, &[u8])> = Vec::new();
+        let mut tensors: Vec<container::TableTensor<'_>> = Vec::new();
         for (spec, (v, s)) in specs.iter().zip(self.values.iter().zip(&self.shadows)) {
-            tensors.push((spec.name.clone(), spec.shape.clone(), le_bytes(v)));
+            tensors.push((
+                spec.name.clone(),
+                Dtype::F32,
+                spec.shape.clone(),
+                le_bytes(v),
+            ));
             let shadow = format!("{}{EMA_SUFFIX}", spec.name);
-            tensors.push((shadow, spec.shape.clone(), le_bytes(s)));
+            tensors.push((shadow, Dtype::F32, spec.shape.clone(), le_bytes(s)));
         }
         let slots = self.slots.as_ref().ok_or("no slots copied")?;
         for spec in slot_specs {
@@ -187,7 +208,12 @@ impl Image {
                 Some(i) => le_bytes(&slots.per_var[i][spec.index]),
                 None => bytemuck::bytes_of(&slots.non_slots[spec.index]),
             };
-            tensors.push((spec.name.clone(), spec.shape.clone(), bytes));
+            tensors.push((spec.name.clone(), Dtype::F32, spec.shape.clone(), bytes));
+        }
+        for t in &self.tables {
+            let (rows, shadows) = container::table_tensors(&t.table, &t.rows, table_slots);
+            tensors.extend(rows);
+            tensors.push(shadows);
         }
         let meta = HashMap::from([
             ("format".to_owned(), FORMAT.to_owned()),
@@ -195,12 +221,14 @@ impl Image {
             (STEP.to_owned(), self.step.to_string()),
             (RUN.to_owned(), self.run.to_string()),
         ]);
-        let entries = tensors.iter().map(|(name, shape, bytes)| container::Entry {
-            name,
-            dtype: Dtype::F32,
-            shape,
-            bytes,
-        });
+        let entries = tensors
+            .iter()
+            .map(|(name, dtype, shape, bytes)| container::Entry {
+                name,
+                dtype: *dtype,
+                shape,
+                bytes,
+            });
         container::encode(entries, meta).map_err(|e| match e {
             EncodeError::Tensor { name, source } => format!("tensor {name:?}: {source}"),
             EncodeError::File(e) => e.to_string(),
@@ -320,18 +348,32 @@ pub struct Restored {
     pub values: Vec<ArrayD<f32>>,
     pub shadows: Vec<ArrayD<f32>>,
     pub slots: Slots,
+    /// Every table's rows, checked against its width.
+    pub tables: Vec<TableState>,
 }
 
 /// The largest file a snapshot of a shard of `specs` may be: its tensors
-/// (values, shadows, `optimizer`'s slots and non-slot scalars) and a header
-/// of at most [`MAX_HEADER_BYTES`].
-pub(super) fn size_bound(specs: &[VarSpec], optimizer: &crate::optimizer::Optimizer) -> u64 {
+/// (values, shadows, `optimizer`'s slots and non-slot scalars), with
+/// `tables` the rows of at most [`crate::transport::TABLE_BYTES`] (the
+/// most a ring copy's message carries: rows are made as ids arrive, so
+/// nothing tells their number before the file is read), and a header of
+/// at most [`MAX_HEADER_BYTES`].
+pub(super) fn size_bound(
+    specs: &[VarSpec],
+    optimizer: &crate::optimizer::Optimizer,
+    tables: bool,
+) -> u64 {
     let floats: u64 = specs
         .iter()
         .map(|s| s.shape.iter().product::<usize>() as u64)
         .sum();
     let copies = 2 + optimizer.slot_names().len() as u64;
-    4 * (floats * copies + optimizer.non_slot_names().len() as u64) + 8 + MAX_HEADER_BYTES
+    let rows = if tables {
+        crate::transport::TABLE_BYTES as u64
+    } else {
+        0
+    };
+    4 * (floats * copies + optimizer.non_slot_names().len() as u64) + rows + 8 + MAX_HEADER_BYTES
 }
 
 /// A snapshot file's bytes, checked: every tensor as read, its step and run.
@@ -404,7 +446,9 @@ pub(super) fn verify<'a>(
         ));
     }
     for (name, view) in tensors.iter() {
-        if view.dtype() != Dtype::F32 {
+        // A table's ids are I64 (load checks they are a table's).
+        let ids = name.ends_with(container::IDS_SUFFIX) && view.dtype() == Dtype::I64;
+        if view.dtype() != Dtype::F32 && !ids {
             return Err(SnapshotError::invalid(
                 path,
                 format!("tensor {name:?} is {:?}, expected F32", view.dtype()),
@@ -421,20 +465,53 @@ pub(super) fn verify<'a>(
     Ok(Checked { tensors, step, run })
 }
 
-/// Reads and checks the snapshot at `path` for `shard`: a regular file no
-/// larger than [`size_bound`], [`verify`], then the shard's own checks
-/// (every variable, shadow and slot exactly once, its shape, finite values).
+/// Reads and checks the snapshot at `path` for `shard` and the tables
+/// `tables`: a regular file no larger than [`size_bound`], [`verify`], then
+/// the shard's own checks (every variable, shadow and slot exactly once,
+/// its shape, finite values) and each table's (ids ascending, rows as wide
+/// as the table, finite: [`container::read_rows`]).
 ///
 /// Errors: [`SnapshotError`] saying what is wrong; nothing is changed.
-pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, SnapshotError> {
-    let bytes = read_regular(path, size_bound(shard.specs(), &shard.optimizer()))?;
+pub fn load(
+    path: &Path,
+    shard: &Shard,
+    identity: &str,
+    tables: &[TableSpec],
+) -> Result<Restored, SnapshotError> {
+    let bound = size_bound(shard.specs(), &shard.optimizer(), !tables.is_empty());
+    let bytes = read_regular(path, bound)?;
     let Checked {
         tensors, step, run, ..
     } = verify(path, &bytes, identity)?;
+    let table_slots = shard.optimizer().slot_names();
+    let restored_tables = tables
+        .iter()
+        .map(|t| {
+            container::read_rows(&tensors, &tensors, &t.name, table_slots, Some(t.dim))
+                .map(|rows| TableState {
+                    table: t.name.clone(),
+                    rows,
+                })
+                .map_err(|p| SnapshotError::invalid(path, p.why))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let table_tensors: std::collections::HashSet<String> = tables
+        .iter()
+        .flat_map(|t| {
+            container::table_tensor_names(&t.name, table_slots)
+                .into_iter()
+                .chain([format!("{}{EMA_SUFFIX}", t.name)])
+        })
+        .collect();
     let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
     let (mut values, mut shadows, mut slots) = (Vec::new(), Vec::new(), Vec::new());
     for (name, view) in &views {
         let name: &str = name;
+        // The tables' tensors were read above; anything else is left to the
+        // shard's checks, which refuse what it does not hold.
+        if table_tensors.contains(name) {
+            continue;
+        }
         let item = (name, view.shape(), view.data());
         if let Some(var) = name.strip_suffix(EMA_SUFFIX) {
             shadows.push((var, item.1, item.2));
@@ -461,6 +538,7 @@ pub fn load(path: &Path, shard: &Shard, identity: &str) -> Result<Restored, Snap
         values: arrays(shard.arrange_bytes(values).map_err(invalid)?),
         shadows: arrays(shard.arrange_bytes(shadows).map_err(invalid)?),
         slots: shard.arrange_slots(slots).map_err(invalid)?,
+        tables: restored_tables,
     })
 }
 
@@ -491,7 +569,7 @@ pub(super) async fn run(service: PsService, every: Duration, stop: CancellationT
         let shard = service.lock();
         let specs = shard.specs().to_vec();
         let slots = shard.optimizer().slot_specs(&specs);
-        std::sync::Arc::new((specs, slots))
+        std::sync::Arc::new((specs, slots, shard.optimizer().slot_names()))
     };
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -509,20 +587,25 @@ pub(super) async fn run(service: PsService, every: Duration, stop: CancellationT
     }
 }
 
+/// What [`take`] writes: the shard's variables, their slots, and the
+/// tables' slot names.
+type Layout = (Vec<VarSpec>, Vec<SlotSpec>, &'static [&'static str]);
+
 /// One snapshot: the copy (timed: what pushes waited), then the write on a
-/// blocking thread. Nothing is written while the shard has not moved since
-/// the last one.
-async fn take(
-    service: &PsService,
-    image: &mut Image,
-    layout: &std::sync::Arc<(Vec<VarSpec>, Vec<SlotSpec>)>,
-) {
+/// blocking thread. Nothing is written while neither the shard nor its
+/// tables have moved since the last one.
+async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<Layout>) {
     let snap = &service.inner.snapshots;
     let Some(dir) = snap.dir.clone() else { return };
     let copied = {
         let shard = service.lock();
         let started = Instant::now();
-        let unchanged = snap.stats().last.is_some_and(|(s, _)| s == shard.step());
+        // Rows move without the step (async pushes of rows alone).
+        let tables = service.tables_version();
+        let unchanged = {
+            let stats = snap.stats();
+            stats.last.is_some_and(|(s, _)| s == shard.step()) && stats.tables_version == tables
+        };
         if unchanged {
             // Nothing new: the snapshot on disk is current.
             let mut stats = snap.stats();
@@ -532,9 +615,14 @@ async fn take(
             return;
         }
         let copied = image.copy_from(&shard);
-        (copied, started.elapsed())
+        (copied, started.elapsed(), tables)
     };
-    let (true, copy_took) = copied else { return };
+    let (true, copy_took, tables_version) = copied else {
+        return;
+    };
+    // The rows, each table under its own lock, after the shard's: dense
+    // pushes do not wait for them (docs/design.md, "Sparse variables").
+    image.tables = service.table_states();
     let at = Instant::now() - copy_took;
     let (layout, identity) = (layout.clone(), snap.identity.clone());
     let keep = snap.stats().written.clone();
@@ -543,7 +631,7 @@ async fn take(
     let step = img.step;
     let (img, result) = tokio::task::spawn_blocking(move || {
         let result = img
-            .encode(&layout.0, &layout.1, &identity)
+            .encode(&layout.0, &layout.1, layout.2, &identity)
             .map_err(|why| SnapshotError::invalid(&dir, why))
             .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes)));
         (img, result)
@@ -568,6 +656,7 @@ async fn take(
             debug!(ps = service.inner.task, step, path = %path.display(), bytes = len, millis = took.as_millis() as u64, "Snapshot written.");
             stats.failing = false;
             stats.last = Some((step, at));
+            stats.tables_version = tables_version;
             stats.written = Some(path);
             stats.bytes = len as u64;
             stats.write_secs = took.as_secs_f64();
@@ -657,6 +746,9 @@ pub(super) struct Stats {
     /// The step restored at start, if any (until the shard is seeded
     /// instead).
     pub restored: Option<u64>,
+    /// The tables' update count at the newest snapshot
+    /// ([`PsService::tables_version`]).
+    pub tables_version: u64,
 }
 
 #[cfg(test)]

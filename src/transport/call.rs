@@ -82,6 +82,9 @@ pub struct Initialize<'a> {
     pub adopt: bool,
     /// With `adopt`: the step of that snapshot (0: `global_step`).
     pub snapshot_step: u64,
+    /// The rows of every table this ps owns; a table not named starts
+    /// empty (ignored with `adopt`: the snapshot has its own).
+    pub tables: Vec<TableState>,
 }
 
 /// What `Initialize` answers.

@@ -108,6 +108,9 @@ pub struct Snapshot {
     pub run: u64,
     /// Each ps task's own step when read ([`crate::checkpoint::Checkpoint::shard_steps`]).
     pub shard_steps: Vec<u64>,
+    /// Every embedding table whole (every ps's rows merged, sorted by id),
+    /// in the model's order ([`crate::checkpoint::Checkpoint::tables`]).
+    pub tables: Vec<(String, crate::model::table::Rows)>,
 }
 
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
@@ -435,6 +438,9 @@ impl Cluster {
             with_shadows: shadows.is_some(),
             min_step,
             with_slots,
+            // Slots are asked for by the chief's snapshot alone: the
+            // tables go with it (never on a training step).
+            with_tables: with_slots,
         };
         if let Some((link, mut conn)) = self.shm(ps).await {
             // Values from shared memory: no TCP answer names what the arrays hold.

@@ -53,7 +53,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest message a task may need to send or receive for this model: every
 /// variable of the model, its shadow and its optimizer slots (the chief's
-/// snapshot), plus room for framing. Derived, so a big model never fails on
+/// snapshot), its embedding tables' rows ([`TABLE_BYTES`]), plus room for
+/// framing. Derived, so a big model never fails on
 /// gRPC's 4 MiB default.
 pub fn message_limit(config: &Config) -> usize {
     let floats: usize = config
@@ -63,8 +64,22 @@ pub fn message_limit(config: &Config) -> usize {
         .map(|w| w[0] * w[1] + w[1])
         .sum();
     let copies = 2 + config.train.optimizer().slot_names().len();
-    copies * 4 * floats + (1 << 20)
+    let tables = if crate::placement::tables(config).is_empty() {
+        0
+    } else {
+        TABLE_BYTES
+    };
+    copies * 4 * floats + (1 << 20) + tables
 }
+
+/// The most bytes of embedding rows (ids, values, shadows, slots) one
+/// message carries: a ps's whole tables in the chief's snapshot and its
+/// seeding, and in the ps's snapshot file its ring neighbour takes. Rows
+/// are made as ids arrive, so no config gives their size; 1 GiB a ps
+/// (some 5 million rows of 16 floats with Adagrad) keeps a message well
+/// below protobuf's 2 GiB. Beyond it the snapshot is refused, saying so
+/// (sending tables in chunks would lift it).
+pub const TABLE_BYTES: usize = 1 << 30;
 
 /// The shipped units' runtime directory (`RuntimeDirectory=dtf`).
 const UNITS_RUNTIME_DIR: &str = "/run/dtf";

@@ -5,7 +5,9 @@ mod rows;
 
 pub use rows::RowsError;
 
-use super::call::{Complete, Initialize, Initialized, Pulled, Push, Pushed, Tensor, TensorView};
+use super::call::{
+    Complete, Initialize, Initialized, Pulled, Push, Pushed, TableState, Tensor, TensorView,
+};
 use crate::transport::pb;
 use bytes::{BufMut, Bytes};
 use ndarray::{ArrayBase, Data, DataMut, IxDyn};
@@ -38,6 +40,9 @@ pub enum TensorError {
     /// A dimension too large for this host.
     #[error("tensor {}: shape {} is too large", Short(name), Dims(shape))]
     TooLarge { name: String, shape: Vec<u64> },
+    /// A table's rows (`Initialize`'s tables).
+    #[error(transparent)]
+    Rows(#[from] rows::RowsError),
 }
 
 impl From<TensorError> for tonic::Status {
@@ -451,6 +456,7 @@ impl Pulled {
             complete: self.complete,
             membership_epoch: self.membership_epoch,
             run: self.run,
+            tables: Vec::new(),
         }
     }
 }
@@ -469,6 +475,11 @@ impl<'a> TryFrom<&'a pb::InitializeRequest> for Initialize<'a> {
             run: r.run,
             adopt: r.adopt,
             snapshot_step: r.snapshot_step,
+            tables: r
+                .tables
+                .iter()
+                .map(TableState::try_from)
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -596,6 +607,7 @@ mod tests {
             slots: vec![encode("w/Momentum", &a)],
             membership_epoch: 2,
             run: 5,
+            tables: vec![],
         };
         let (chunks, len) = chunked(msg.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();

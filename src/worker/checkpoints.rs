@@ -81,6 +81,7 @@ impl Checkpoints {
             },
             run: snapshot.run,
             shard_steps: snapshot.shard_steps,
+            tables: snapshot.tables,
         };
         let meta = ModelMeta {
             hyperparameters: crate::config::json_value(&cfg.train).ok(),

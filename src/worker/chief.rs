@@ -311,14 +311,29 @@ impl Chief {
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let optimizer = cfg.train.optimizer();
-        let (values, shadows, slots, step, from) = match found {
+        let (values, shadows, slots, tables, step, from) = match found {
             Some((path, c)) => {
                 let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
                 let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
+                let tables = restored_tables(optimizer, c.slots.optimizer, c.tables);
                 let slots = restored_slots(optimizer, c.slots, &path);
-                (values, Some(shadows), slots, c.global_step, Some(path))
+                (
+                    values,
+                    Some(shadows),
+                    slots,
+                    tables,
+                    c.global_step,
+                    Some(path),
+                )
             }
-            None => (self.model.init(cfg.train.seed), None, None, 0, None),
+            None => (
+                self.model.init(cfg.train.seed),
+                None,
+                None,
+                Vec::new(),
+                0,
+                None,
+            ),
         };
         let checkpoint_step = step;
         let step = at.unwrap_or(step);
@@ -329,6 +344,7 @@ impl Chief {
                 &values,
                 shadows.as_deref(),
                 slots.as_deref(),
+                &tables,
                 step,
                 force,
                 run,
@@ -358,6 +374,7 @@ impl Chief {
                 run,
                 // Every shard was just initialized at this step.
                 shard_steps: vec![step; cfg.cluster.ps.len()],
+                tables,
             };
             let _ = self.checkpoints.save(&cfg, snapshot).await;
         }
@@ -574,6 +591,23 @@ fn restored_slots(
         );
     }
     None
+}
+
+/// A checkpoint's tables for `optimizer`: their slots kept when the
+/// checkpoint's optimizer (`saved`) is the same, else fresh ones (as
+/// [`restored_slots`] does for the variables).
+fn restored_tables(
+    optimizer: Optimizer,
+    saved: Optimizer,
+    mut tables: Vec<(String, crate::model::table::Rows)>,
+) -> Vec<(String, crate::model::table::Rows)> {
+    if saved.name() != optimizer.name() {
+        for (_, rows) in &mut tables {
+            let fresh = vec![optimizer.slot_init(); rows.values.len()];
+            rows.slots = vec![fresh; optimizer.slot_names().len()];
+        }
+    }
+    tables
 }
 
 /// The steps a shard restored from its own snapshot may have lost without

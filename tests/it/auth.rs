@@ -47,11 +47,11 @@ async fn only_the_cluster_token_is_accepted_and_rejections_change_nothing(transp
     let before = observe(&good).await;
     assert!(before.contains("initialized: false"), "{before}");
     for t in wrong_tokens {
-        let r = ps_client(&c, t).initialize(&[0], &values, None, None, 7, false, 1).await;
+        let r = ps_client(&c, t).initialize(&[0], &values, None, None, &[], 7, false, 1).await;
         unauthenticated("Initialize", t, r.map(|_| ()));
     }
     assert_eq!(observe(&good).await, before, "a rejected Initialize changed the ps");
-    assert_eq!(good.initialize(&[0], &values, None, None, 7, false, 1).await.unwrap(), vec![0]);
+    assert_eq!(good.initialize(&[0], &values, None, None, &[], 7, false, 1).await.unwrap(), vec![0]);
 
     // A rejected Push, Pull or Complete changes neither the values nor the step.
     let before = observe(&good).await;

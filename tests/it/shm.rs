@@ -180,7 +180,7 @@ async fn a_call_abandoned_halfway_leaves_no_answer_for_the_next() {
         .unwrap()
         .init(c.cfg.train.seed);
     client
-        .initialize(&[0], &values, None, None, 5, false, 1)
+        .initialize(&[0], &values, None, None, &[], 5, false, 1)
         .await
         .unwrap();
     assert_eq!(client.transports(), vec![Via::Shm]);
@@ -229,7 +229,7 @@ async fn an_in_place_step_matches_the_copying_path_and_survives_a_new_region() {
         };
     }
     assert_eq!(
-        w.initialize(&[0], &values, None, None, 0, false, 1)
+        w.initialize(&[0], &values, None, None, &[], 0, false, 1)
             .await
             .unwrap(),
         vec![0]
@@ -293,7 +293,7 @@ async fn an_in_place_step_matches_the_copying_path_and_survives_a_new_region() {
         Duration::from_secs(10),
         "the restarted ps to take the values",
         || async {
-            w.initialize(&[0], &values, None, None, 0, false, 1)
+            w.initialize(&[0], &values, None, None, &[], 0, false, 1)
                 .await
                 .ok()
         },

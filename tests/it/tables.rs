@@ -5,9 +5,13 @@
 //! that pushed them.
 
 use crate::util::*;
+use dtf::checkpoint::{Checkpoint, Saver, Slots};
 use dtf::config::{Mode, ModelKind, OptimizerKind, Transport};
-use dtf::model::table::{EMBEDDINGS, WIDE, wide_deep};
+use dtf::model::table::{EMBEDDINGS, Rows, WIDE, wide_deep};
+use dtf::placement::split_rows;
 use dtf::transport::Via;
+use ndarray::ArrayD;
+use std::path::Path;
 use std::time::Duration;
 
 /// A wide & deep cluster of `ps` ps tasks (embeddings 4 wide, Adagrad,
@@ -17,6 +21,16 @@ async fn tables_cluster(
     mode: Mode,
     transport: Transport,
 ) -> (Cluster, dtf::transport::Cluster) {
+    let c = start_tables_cluster(ps, mode, transport);
+    let client = ps_client(&c, TOKEN);
+    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+    seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+    (c, client)
+}
+
+/// The ps tasks of a wide & deep cluster of `ps` ps tasks (embeddings 4
+/// wide, Adagrad), started, not seeded.
+fn start_tables_cluster(ps: usize, mode: Mode, transport: Transport) -> Cluster {
     let mut c = Cluster::new(ps, 2, 100, mode);
     c.cfg.model.kind = ModelKind::WideDeep;
     c.cfg.model.embedding_dim = 4;
@@ -25,16 +39,63 @@ async fn tables_cluster(
     for i in 0..ps {
         c.start("ps", i);
     }
-    let client = ps_client(&c, TOKEN);
-    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
-    let values = mlp.init(1);
+    c
+}
+
+/// What the chief seeds every shard with.
+struct Seed {
+    values: Vec<ArrayD<f32>>,
+    shadows: Option<Vec<ArrayD<f32>>>,
+    slots: Option<Vec<ArrayD<f32>>>,
+    tables: Vec<(String, Rows)>,
+    step: u64,
+    run: u64,
+}
+
+impl Seed {
+    /// Fresh values at `step`, no rows, run 1.
+    fn fresh(values: Vec<ArrayD<f32>>, step: u64) -> Self {
+        Self {
+            values,
+            shadows: None,
+            slots: None,
+            tables: Vec::new(),
+            step,
+            run: 1,
+        }
+    }
+
+    /// What the chief restores from `c`.
+    fn from(c: Checkpoint) -> Self {
+        Self {
+            values: c.variables.into_iter().map(|(_, a)| a).collect(),
+            shadows: Some(c.shadows.into_iter().map(|(_, a)| a).collect()),
+            slots: Some(c.slots.tensors.into_iter().map(|(_, a)| a).collect()),
+            tables: c.tables,
+            step: c.global_step,
+            run: c.run,
+        }
+    }
+}
+
+/// Seeds every ps of `client` with `seed`, as the chief does.
+async fn seed(client: &dtf::transport::Cluster, seed: &Seed) {
     // A ps still fetching its neighbour's copy refuses (and the call fails):
     // forced, a retry re-seeds the ones that took it already.
-    let mut left: Vec<usize> = (0..ps).collect();
+    let mut left: Vec<usize> = (0..client.num_ps()).collect();
     let end = std::time::Instant::now() + Duration::from_secs(30);
     while !left.is_empty() {
         if let Ok(took) = client
-            .initialize(&left, &values, None, None, 7, true, 1)
+            .initialize(
+                &left,
+                &seed.values,
+                seed.shadows.as_deref(),
+                seed.slots.as_deref(),
+                &seed.tables,
+                seed.step,
+                true,
+                seed.run,
+            )
             .await
         {
             left.retain(|p| !took.contains(p));
@@ -42,7 +103,35 @@ async fn tables_cluster(
         assert!(std::time::Instant::now() < end, "ps {left:?} not seeded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (c, client)
+}
+
+/// `rounds` pushes of gradients to rows `ids` of both tables, each round's
+/// other than the last's; the whole tables after each round.
+async fn train_rows(
+    client: &dtf::transport::Cluster,
+    ids: &[u64],
+    rounds: std::ops::Range<usize>,
+) -> Vec<Vec<(String, Rows)>> {
+    let mut after = Vec::new();
+    for round in rounds {
+        let emb: Vec<f32> = (0..ids.len() * 4)
+            .map(|i| ((i + round) % 11) as f32 * 0.1 - 0.5)
+            .collect();
+        let wide: Vec<f32> = (0..ids.len())
+            .map(|i| ((i * round) % 5) as f32 * 0.2 - 0.3)
+            .collect();
+        client
+            .push_rows(&[(EMBEDDINGS, ids, &emb), (WIDE, ids, &wide)], 0.1, 7, 0)
+            .await
+            .unwrap();
+        after.push(client.snapshot().await.unwrap().tables);
+    }
+    after
+}
+
+/// Ids spread over every ps.
+fn some_ids(n: u64) -> Vec<u64> {
+    (0..n).map(|i| i * 1_000_003 + 17).collect()
 }
 
 /// What a fresh row of `table` holds.
@@ -155,3 +244,172 @@ crate::on_each_transport!(
         assert_eq!(same, after);
     }
 );
+
+/// The checkpoint the chief writes of `snap` (as `worker/checkpoints.rs`
+/// builds it), saved in `dir` and read back.
+fn checkpoint_of(c: &Cluster, snap: dtf::transport::Snapshot, dir: &Path) -> Checkpoint {
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let optimizer = c.cfg.train.optimizer();
+    let names = || specs.iter().map(|s| s.name.clone());
+    let slot_names = optimizer.slot_specs(&specs).into_iter().map(|s| s.name);
+    let ckpt = Checkpoint {
+        global_step: snap.step,
+        variables: names().zip(snap.values).collect(),
+        shadows: names().zip(snap.shadows).collect(),
+        slots: Slots {
+            optimizer,
+            tensors: slot_names.zip(snap.slots).collect(),
+        },
+        run: snap.run,
+        shard_steps: snap.shard_steps,
+        tables: snap.tables,
+    };
+    Saver::new(dir, 5).unwrap().save(&ckpt).unwrap();
+    let (_, back) = dtf::checkpoint::restore_latest(dir, &specs)
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, ckpt, "the checkpoint reads back as written");
+    back
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_of_tables_on_three_ps_restores_onto_one_and_two_ps() {
+    let (c3, client) = tables_cluster(3, Mode::Async, Transport::Tcp).await;
+    let ids = some_ids(60);
+    let trained = train_rows(&client, &ids, 0..3).await;
+    // Rows pulled but never pushed are saved too (as made).
+    client
+        .pull_rows(&[(EMBEDDINGS, &[5, 6])], false)
+        .await
+        .unwrap();
+    let snap = client.snapshot().await.unwrap();
+    let tables = snap.tables.clone();
+    assert_eq!(tables.len(), 2);
+    assert_eq!(
+        (tables[0].0.as_str(), tables[1].0.as_str()),
+        (EMBEDDINGS, WIDE)
+    );
+    let (emb, wide) = (&tables[0].1, &tables[1].1);
+    assert_eq!((emb.ids.len(), wide.ids.len()), (62, 60));
+    assert!(emb.ids.windows(2).all(|w| w[0] < w[1]), "sorted by id");
+    assert_eq!((emb.values.len(), emb.slots[0].len()), (62 * 4, 62 * 4));
+    // Trained: the rows and Adagrad's accumulators moved.
+    assert_eq!(trained[2][1].1, *wide);
+    assert!(
+        emb.slots[0].iter().any(|&a| a > 0.1),
+        "{:?}",
+        &emb.slots[0][..8]
+    );
+    // Every ps held some of them.
+    let held = split_rows(emb, 3);
+    assert!(held.iter().all(|p| !p.ids.is_empty()));
+    let dir = c3.dir.path().join("ckpt-3ps");
+    let ckpt = checkpoint_of(&c3, snap, &dir);
+    drop((client, c3));
+
+    for ps in [1, 2] {
+        let c = start_tables_cluster(ps, Mode::Async, Transport::Tcp);
+        let client = ps_client(&c, TOKEN);
+        seed(&client, &Seed::from(ckpt.clone())).await;
+        // Every row back, with its shadow and its slot, whatever ps holds it now.
+        let back = client.snapshot().await.unwrap();
+        assert_eq!(back.tables, ckpt.tables, "onto {ps} ps");
+        assert_eq!(back.step, ckpt.global_step);
+        // And served by id: the values the checkpoint holds.
+        let rows = client
+            .pull_rows(&[(EMBEDDINGS, &emb.ids), (WIDE, &wide.ids)], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            (&rows[0], &rows[1]),
+            (&emb.values, &wide.values),
+            "onto {ps} ps"
+        );
+        let shadows = client
+            .pull_rows(&[(EMBEDDINGS, &emb.ids)], true)
+            .await
+            .unwrap();
+        assert_eq!(shadows[0], emb.shadows, "onto {ps} ps");
+        // Seeded anew without tables, a shard keeps none of its rows.
+        let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+        seed(&client, &Seed::fresh(mlp.init(1), 0)).await;
+        let empty = client.snapshot().await.unwrap().tables;
+        assert!(empty.iter().all(|(_, r)| r.ids.is_empty()), "{empty:?}");
+    }
+}
+
+/// The rows ps `ps` of `num_ps` owns, of each table.
+fn owned(tables: &[(String, Rows)], ps: usize, num_ps: usize) -> Vec<Rows> {
+    tables
+        .iter()
+        .map(|(_, t)| split_rows(t, num_ps).swap_remove(ps))
+        .collect()
+}
+
+/// ps `i`'s newest snapshot file holds `rows` (each table's, in order).
+fn snapshot_holds(c: &Cluster, i: usize, rows: &[Rows]) -> bool {
+    let dir = Path::new(&c.cfg.ps.snapshot_dir).join(format!("ps-{i}"));
+    let Some((_, newest)) = shard_files(&dir).into_iter().next() else {
+        return false;
+    };
+    let Ok(bytes) = std::fs::read(newest) else {
+        return false;
+    };
+    let Ok(file) = safetensors::SafeTensors::deserialize(&bytes) else {
+        return false;
+    };
+    [EMBEDDINGS, WIDE].iter().zip(rows).all(|(table, want)| {
+        let got = |suffix: &str| {
+            file.tensor(&format!("{table}/{suffix}"))
+                .ok()
+                .map(|v| bytemuck::pod_collect_to_vec::<u8, f32>(v.data()))
+        };
+        got("values").as_ref() == Some(&want.values)
+            && got("Adagrad").as_ref() == Some(&want.slots[0])
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ps_killed_during_row_pushes_comes_back_with_its_rows_from_its_snapshot() {
+    let (mut c, client) = tables_cluster(2, Mode::Async, Transport::Tcp).await;
+    let ids = some_ids(40);
+    let mut history = train_rows(&client, &ids, 0..3).await;
+    // Rows alone moved (the step did not): ps 1 snapshots them all the same.
+    let rows = owned(history.last().unwrap(), 1, 2);
+    assert!(!rows[0].ids.is_empty());
+    tokio::task::block_in_place(|| {
+        until(
+            Duration::from_secs(30),
+            "ps:1's snapshot of its rows",
+            || snapshot_holds(&c, 1, &rows).then_some(()),
+        )
+    });
+    let at_least = history.len() - 1;
+    // More pushes, and a kill -9 right after one: these may be lost, up to
+    // ps.snapshot_secs of them, never the rows of a snapshot written before.
+    history.extend(train_rows(&client, &ids, 3..6).await);
+    c.kill("ps:1");
+    c.start("ps", 1);
+    let state =
+        crate::snapshot::wait_state(&c, 1, "ps:1 restored from its snapshot", |s| s.restored).await;
+    assert_eq!(state.run, 1);
+    let took = client
+        .adopt(&[(1, state.restored_step, state.restored_step)], 1)
+        .await
+        .unwrap();
+    assert_eq!(took, vec![1]);
+    let back = owned(&client.snapshot().await.unwrap().tables, 1, 2);
+    let from = history[at_least..]
+        .iter()
+        .position(|tables| owned(tables, 1, 2) == back);
+    assert!(
+        from.is_some(),
+        "ps:1 came back with rows of no round since its snapshot: {:?}",
+        &back[1].values[..4.min(back[1].values.len())]
+    );
+    // ps:0 never stopped: its rows are the newest.
+    let now = client.snapshot().await.unwrap().tables;
+    assert_eq!(owned(&now, 0, 2), owned(history.last().unwrap(), 0, 2));
+}

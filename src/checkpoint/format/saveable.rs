@@ -67,7 +67,8 @@ pub(super) fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
             "refusing to save: shadow {name:?} belongs to no variable"
         ));
     }
-    check_slots_saveable(ckpt)
+    check_slots_saveable(ckpt)?;
+    check_tables_saveable(ckpt)
 }
 
 /// The slots must be exactly the optimizer's for the variables, in order,
@@ -99,6 +100,80 @@ fn check_slots_saveable(ckpt: &Checkpoint) -> Result<(), String> {
         if spec.var.is_none() {
             optimizer::check_non_slot(name, value.iter().copied().next().unwrap_or(f32::NAN))
                 .map_err(|e| format!("refusing to save: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Each table must load back: a name of its own (no variable's or slot's
+/// tensor under it), ids strictly ascending, every array `ids × dim`
+/// (shadows may be empty: the values), the optimizer's slots, finite.
+fn check_tables_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    let slot_names = ckpt.slots.optimizer.slot_names();
+    let mut names = HashSet::new();
+    for (name, rows) in &ckpt.tables {
+        if name.is_empty() || name == GLOBAL_STEP || name.ends_with(EMA_SUFFIX) {
+            return Err(format!(
+                "refusing to save a table named {name:?}: the name is reserved"
+            ));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(format!("refusing to save: table {name:?} appears twice"));
+        }
+        let prefix = format!("{name}/");
+        if let Some(other) = ckpt
+            .variables
+            .iter()
+            .chain(&ckpt.slots.tensors)
+            .map(|(n, _)| n)
+            .find(|n| *n == name || n.starts_with(&prefix))
+        {
+            return Err(format!(
+                "refusing to save: table {name:?} and tensor {other:?} would share names"
+            ));
+        }
+        if let Some(i) = rows.ids.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(format!(
+                "refusing to save: table {name:?} has ids not strictly ascending at row {}",
+                i + 1
+            ));
+        }
+        let n = rows.ids.len();
+        let whole = if n == 0 {
+            rows.values.is_empty()
+        } else {
+            rows.values.len().is_multiple_of(n)
+        };
+        if !whole {
+            return Err(format!(
+                "refusing to save: table {name:?} has {} values for {n} ids, not a whole number of rows",
+                rows.values.len()
+            ));
+        }
+        if rows.slots.len() != slot_names.len() {
+            return Err(format!(
+                "refusing to save: table {name:?} has {} slot arrays, {} has {slot_names:?}",
+                rows.slots.len(),
+                ckpt.slots.optimizer.name()
+            ));
+        }
+        let arrays = [("values", &rows.values)]
+            .into_iter()
+            .chain((!rows.shadows.is_empty()).then_some(("shadows", &rows.shadows)))
+            .chain(slot_names.iter().copied().zip(&rows.slots));
+        for (what, a) in arrays {
+            if a.len() != rows.values.len() {
+                return Err(format!(
+                    "refusing to save: table {name:?}: {what} holds {} values, its values {}",
+                    a.len(),
+                    rows.values.len()
+                ));
+            }
+            if let Some(i) = a.iter().position(|x| !x.is_finite()) {
+                return Err(format!(
+                    "refusing to save: table {name:?}: {what} holds a non-finite value at flat index {i}"
+                ));
+            }
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 
 use super::super::fixtures::*;
 use super::*;
+use crate::model::table::Rows;
 use proptest::prelude::*;
 
 fn valid_pair() -> (Vec<u8>, Vec<u8>) {
@@ -152,6 +153,7 @@ fn a_header_too_large_to_load_is_refused_at_save_time() {
         slots: Slots::default(),
         run: 0,
         shard_steps: Vec::new(),
+        tables: Vec::new(),
     };
     let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
     assert!(err.contains("header would be"), "{err}");
@@ -172,4 +174,219 @@ fn each_shards_own_step_round_trips_and_older_files_give_the_global_step() {
     let back = from_bytes(&model, &ema, Some(&small_specs())).unwrap();
     assert!(back.shard_steps.is_empty());
     assert_eq!(back.shard_step(1, 2), 90);
+}
+
+const ADAGRAD: Optimizer = Optimizer::Adagrad {
+    initial_accumulator_value: 0.1,
+};
+
+/// [`sample`] trained with Adagrad, and two tables: `deep/embeddings` (3
+/// rows of 3, the highest id among them: all 64 bits kept) and an empty
+/// `wide/weights`.
+fn sample_with_tables(step: u64) -> Checkpoint {
+    let mut c = sample(step, &SMALL);
+    let specs = ADAGRAD.slot_specs(&small_specs());
+    c.slots = Slots {
+        optimizer: ADAGRAD,
+        tensors: specs
+            .iter()
+            .map(|s| (s.name.clone(), ArrayD::from_elem(IxDyn(&s.shape), 0.25)))
+            .collect(),
+    };
+    let values: Vec<f32> = (0..9).map(|i| i as f32 * 0.5 - 2.0).collect();
+    c.tables = vec![
+        (
+            "deep/embeddings".into(),
+            Rows {
+                ids: vec![1, 5, u64::MAX],
+                shadows: values.iter().map(|v| v * 0.9).collect(),
+                slots: vec![values.iter().map(|v| 0.1 + v * v).collect()],
+                values,
+            },
+        ),
+        (
+            "wide/weights".into(),
+            Rows {
+                slots: vec![Vec::new()],
+                ..Rows::default()
+            },
+        ),
+    ];
+    c
+}
+
+#[test]
+fn tables_round_trip_whole_with_their_shadows_and_slots() {
+    let c = sample_with_tables(12);
+    let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+    assert_eq!(from_bytes(&model, &ema, Some(&small_specs())).unwrap(), c);
+    assert_eq!(from_bytes(&model, &ema, None).unwrap().tables, c.tables);
+    // On disk as the brief of the format says: ids I64, rows × dim F32.
+    let (tensors, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
+    assert_eq!(meta[TABLES_KEY], r#"["deep/embeddings","wide/weights"]"#);
+    let ids = tensors.tensor("deep/embeddings/ids").unwrap();
+    assert_eq!((ids.dtype(), ids.shape()), (Dtype::I64, &[3][..]));
+    for name in ["deep/embeddings/values", "deep/embeddings/Adagrad"] {
+        assert_eq!(tensors.tensor(name).unwrap().shape(), &[3, 3], "{name}");
+    }
+    let (shadows, _) = parse_safetensors(&ema, Path::new("e")).unwrap();
+    let shadow = shadows
+        .tensor("deep/embeddings/ExponentialMovingAverage")
+        .unwrap();
+    assert_eq!(shadow.shape(), &[3, 3]);
+    // A table without shadows saves its values as their shadows.
+    let mut c = sample_with_tables(12);
+    c.tables[0].1.shadows.clear();
+    let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+    let back = from_bytes(&model, &ema, None).unwrap();
+    assert_eq!(back.tables[0].1.shadows, c.tables[0].1.values);
+}
+
+/// `bytes` (a file of a pair) with tensor `name` replaced, every CRC
+/// recomputed: damage only the checks of the content can find.
+fn with_tensor(bytes: &[u8], name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let (tensors, meta) = container::parse(bytes).unwrap();
+    let meta = meta
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(CRC_PREFIX))
+        .collect();
+    let owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, v)| match n == name {
+            true => (n.to_owned(), dtype, shape.to_vec(), data.to_vec()),
+            false => (
+                n.to_owned(),
+                v.dtype(),
+                v.shape().to_vec(),
+                v.data().to_vec(),
+            ),
+        })
+        .collect();
+    let entries = owned
+        .iter()
+        .map(|(name, dtype, shape, bytes)| container::Entry {
+            name,
+            dtype: *dtype,
+            shape,
+            bytes,
+        });
+    container::encode(entries, meta).unwrap()
+}
+
+#[test]
+fn a_damaged_table_is_an_error_naming_it_never_a_panic() {
+    let (model, ema) = to_bytes(&sample_with_tables(12), &BTreeMap::new()).unwrap();
+    let ids = |ids: &[u64]| bytemuck::cast_slice::<u64, u8>(ids).to_vec();
+    let f32s = |v: &[f32]| bytemuck::cast_slice::<f32, u8>(v).to_vec();
+    let nine = [0.5f32; 9];
+    let mut nan = nine;
+    nan[4] = f32::NAN;
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>, &str)> = vec![
+        (
+            "an id twice",
+            with_tensor(
+                &model,
+                "deep/embeddings/ids",
+                Dtype::I64,
+                &[3],
+                &ids(&[1, 5, 5]),
+            ),
+            ema.clone(),
+            "not strictly ascending at row 2 (5 then 5)",
+        ),
+        (
+            "unsorted ids",
+            with_tensor(
+                &model,
+                "deep/embeddings/ids",
+                Dtype::I64,
+                &[3],
+                &ids(&[7, 5, 9]),
+            ),
+            ema.clone(),
+            "not strictly ascending at row 1 (7 then 5)",
+        ),
+        (
+            "fewer ids than rows",
+            with_tensor(
+                &model,
+                "deep/embeddings/ids",
+                Dtype::I64,
+                &[2],
+                &ids(&[1, 5]),
+            ),
+            ema.clone(),
+            "has shape [3, 3], expected [2, dim]",
+        ),
+        (
+            "ids of another dtype",
+            with_tensor(
+                &model,
+                "deep/embeddings/ids",
+                Dtype::F32,
+                &[3],
+                &f32s(&[1., 2., 3.]),
+            ),
+            ema.clone(),
+            "expected an I64 vector",
+        ),
+        (
+            "a slot of another shape",
+            with_tensor(
+                &model,
+                "deep/embeddings/Adagrad",
+                Dtype::F32,
+                &[9, 1],
+                &f32s(&nine),
+            ),
+            ema.clone(),
+            "has shape [9, 1], its table's values [3, 3]",
+        ),
+        (
+            "a non-finite value",
+            with_tensor(
+                &model,
+                "deep/embeddings/values",
+                Dtype::F32,
+                &[3, 3],
+                &f32s(&nan),
+            ),
+            ema.clone(),
+            "non-finite value (NaN) at flat index 4",
+        ),
+        (
+            "a non-finite shadow",
+            model.clone(),
+            with_tensor(
+                &ema,
+                "deep/embeddings/ExponentialMovingAverage",
+                Dtype::F32,
+                &[3, 3],
+                &f32s(&nan),
+            ),
+            "non-finite value",
+        ),
+    ];
+    for (what, model, ema, want) in cases {
+        for expected in [None, Some(small_specs())] {
+            let err = from_bytes(&model, &ema, expected.as_deref()).unwrap_err();
+            assert!(
+                matches!(err, CheckpointError::Invalid { .. }) && err.to_string().contains(want),
+                "{what}: {err}"
+            );
+        }
+    }
+    // What would not load back is refused at save time.
+    let mut c = sample_with_tables(12);
+    c.tables[0].1.ids = vec![5, 1, 9];
+    let err = to_bytes(&c, &BTreeMap::new()).unwrap_err();
+    assert!(err.contains("not strictly ascending"), "{err}");
+    let mut c = sample_with_tables(12);
+    c.tables[0].1.slots.clear();
+    let err = to_bytes(&c, &BTreeMap::new()).unwrap_err();
+    assert!(err.contains("0 slot arrays"), "{err}");
+    let mut c = sample_with_tables(12);
+    c.tables[1].0 = "deep/embeddings".into();
+    let err = to_bytes(&c, &BTreeMap::new()).unwrap_err();
+    assert!(err.contains("appears twice"), "{err}");
 }

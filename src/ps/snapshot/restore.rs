@@ -6,6 +6,7 @@ use super::{PsService, Restored, list, load, remove_temps};
 use crate::checkpoint;
 use crate::config::Config;
 use crate::model::Mlp;
+use crate::model::TableSpec;
 use crate::ps::shard::Shard;
 use std::fs;
 use std::path::PathBuf;
@@ -52,14 +53,14 @@ struct CheckpointStep {
 /// Every file passed over as invalid is named with its reason.
 pub(super) fn choose(
     files: &[(u64, PathBuf)],
-    shard: &Shard,
+    (shard, tables): (&Shard, &[TableSpec]),
     identity: &str,
     prefer: Option<u64>,
     task: usize,
 ) -> Option<(PathBuf, Restored)> {
     let mut best: Option<(PathBuf, Restored)> = None;
     for (_, path) in files {
-        let r = match load(path, shard, identity) {
+        let r = match load(path, shard, identity, tables) {
             Ok(r) => r,
             Err(e) => {
                 warn!(ps = task, error = %e, "Snapshot ignored.");
@@ -97,9 +98,10 @@ pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
     }
     let newest = newest_checkpoint(config, task);
     let prefer = newest.flatten().map(|c| c.run).filter(|&run| run != 0);
+    let tables = service.table_specs();
     let restored = {
         let shard = service.lock();
-        choose(&files, &shard, &snap.identity, prefer, task)
+        choose(&files, (&shard, &tables), &snap.identity, prefer, task)
     };
     let Some((path, r)) = restored else {
         return Restore::Nothing;

@@ -37,7 +37,7 @@ fn encoded(s: &Shard, identity: &str) -> Vec<u8> {
     let mut image = Image::default();
     assert!(image.copy_from(s));
     let slot_specs = s.optimizer().slot_specs(s.specs());
-    image.encode(s.specs(), &slot_specs, identity).unwrap()
+    image.encode(s.specs(), &slot_specs, &[], identity).unwrap()
 }
 
 #[test]
@@ -45,7 +45,7 @@ fn round_trip_restores_values_shadows_slots_and_step() {
     let s = shard(0);
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), s.step(), &encoded(&s, "me"), None).unwrap();
-    let r = load(&path, &shard(0), "me").unwrap();
+    let r = load(&path, &shard(0), "me", &[]).unwrap();
     assert_eq!(r.step, 41);
     assert_eq!(r.values, s.values().unwrap());
     assert_eq!(r.shadows, s.shadows().unwrap());
@@ -57,16 +57,16 @@ fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
     let s = shard(0);
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), 41, &encoded(&s, "me"), None).unwrap();
-    let e = load(&path, &s, "other").err().unwrap().to_string();
+    let e = load(&path, &s, "other", &[]).err().unwrap().to_string();
     assert!(e.contains("another run or shard"), "{e}");
     let mut bytes = fs::read(&path).unwrap();
     let n = bytes.len();
     bytes[n - 3] ^= 0x55;
     fs::write(&path, &bytes).unwrap();
-    let e = load(&path, &s, "me").err().unwrap().to_string();
+    let e = load(&path, &s, "me", &[]).err().unwrap().to_string();
     assert!(e.contains("checksum"), "{e}");
     fs::write(&path, b"not a snapshot").unwrap();
-    assert!(load(&path, &s, "me").is_err());
+    assert!(load(&path, &s, "me", &[]).is_err());
 }
 
 #[test]
@@ -98,15 +98,24 @@ fn a_file_named_for_another_step_is_refused_and_the_highest_held_step_wins() {
     fs::rename(&older, &renamed).unwrap();
     let files = list(dir.path());
     assert_eq!(files[0].1, renamed);
-    let e = load(&renamed, &shard(0), "me").err().unwrap().to_string();
+    let e = load(&renamed, &shard(0), "me", &[])
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("holds step 41 but is named for step 51"), "{e}");
-    let (chosen, r) = choose(&files, &shard(0), "me", None, 0).unwrap();
+    let (chosen, r) = choose(&files, (&shard(0), &[]), "me", None, 0).unwrap();
     assert_eq!((chosen, r.step), (path(dir.path(), 50), 50));
     // Whatever the listing's order, the highest held step wins.
     write_beside(dir.path(), 7, &encoded(&shard_at(0, 7), "me")).unwrap();
     let mut files = list(dir.path());
     files.reverse();
-    assert_eq!(choose(&files, &shard(0), "me", None, 0).unwrap().1.step, 50);
+    assert_eq!(
+        choose(&files, (&shard(0), &[]), "me", None, 0)
+            .unwrap()
+            .1
+            .step,
+        50
+    );
 }
 
 #[test]
@@ -119,4 +128,42 @@ fn names_parse_only_as_written() {
     ] {
         assert_eq!(parse_name(bad), None, "{bad}");
     }
+}
+
+#[test]
+fn a_snapshot_keeps_the_tables_rows_and_refuses_rows_of_another_width() {
+    use crate::model::table::{Rows, TableInit};
+    let s = shard(0);
+    let mut image = Image::default();
+    assert!(image.copy_from(&s));
+    let rows = Rows {
+        ids: vec![3, 8, u64::MAX],
+        values: vec![1., 2., 3., 4., 5., 6.],
+        shadows: vec![0.5, 1.5, 2.5, 3.5, 4.5, 5.5],
+        slots: vec![vec![0.1; 6], vec![0.2; 6]],
+    };
+    image.tables = vec![TableState {
+        table: "deep/embeddings".into(),
+        rows,
+    }];
+    let slot_specs = s.optimizer().slot_specs(s.specs());
+    let slot_names = s.optimizer().slot_names();
+    let bytes = image
+        .encode(s.specs(), &slot_specs, slot_names, "me")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), 41, &bytes, None).unwrap();
+    let spec = |dim| TableSpec {
+        name: "deep/embeddings".into(),
+        dim,
+        init: TableInit::Zeros,
+    };
+    let r = load(&path, &s, "me", &[spec(2)]).unwrap();
+    assert_eq!(r.tables, image.tables);
+    assert_eq!(r.values, s.values().unwrap());
+    let e = load(&path, &s, "me", &[spec(3)]).err().unwrap().to_string();
+    assert!(e.contains("expected [3, 3]"), "{e}");
+    // A shard that holds no tables does not take a file with rows.
+    let e = load(&path, &s, "me", &[]).err().unwrap().to_string();
+    assert!(e.contains("deep/embeddings"), "{e}");
 }

@@ -288,14 +288,11 @@ impl Table {
         out
     }
 
-    /// Replaces every row with `rows` (a restore; `shadows` empty: the
-    /// values; a slot array missing: fresh slots), and forgets any sync
-    /// step in progress.
+    /// Whether [`Table::load`] would take `rows`.
     ///
     /// Errors: [`TableError::Corrupt`] when an array's length is not
-    /// `ids × dim`, [`TableError::NonFinite`] for a NaN or infinity;
-    /// nothing changed.
-    pub fn load(&mut self, rows: &Rows) -> Result<(), TableError> {
+    /// `ids × dim`, [`TableError::NonFinite`] for a NaN or infinity.
+    pub fn check(&self, rows: &Rows) -> Result<(), TableError> {
         let (dim, n) = (self.spec.dim, rows.ids.len());
         let corrupt = |got: usize| TableError::Corrupt {
             table: self.spec.name.clone(),
@@ -317,6 +314,17 @@ impl Table {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Replaces every row with `rows` (a restore; `shadows` empty: the
+    /// values; a slot array missing: fresh slots), and forgets any sync
+    /// step in progress.
+    ///
+    /// Errors: those of [`Table::check`]; nothing changed.
+    pub fn load(&mut self, rows: &Rows) -> Result<(), TableError> {
+        self.check(rows)?;
+        let dim = self.spec.dim;
         self.index.clear();
         self.ids.clear();
         self.arena.clear();

@@ -3,12 +3,42 @@
 //! word that the run is complete or re-shards.
 
 use super::*;
+use crate::model::table::Rows;
+use crate::placement::{merge_rows, split_rows};
+use crate::transport::call::TableState;
+
+/// Every table whole from every shard's snapshot answer: each ps's rows
+/// (a table named in the order the answers first name it: the model's)
+/// merged, sorted by id ([`merge_rows`]).
+///
+/// Errors: `INTERNAL` naming the ps whose rows are malformed.
+fn gather_tables(replies: &[pb::PullResponse]) -> Result<Vec<(String, Rows)>, PsCallError> {
+    let mut tables: Vec<(String, Vec<Rows>)> = Vec::new();
+    for (ps, r) in replies.iter().enumerate() {
+        for t in &r.tables {
+            let state = TableState::try_from(t).map_err(|e| PsCallError {
+                ps,
+                status: Status::internal(format!("ps:{ps} sent table {:?}: {e}", t.table)),
+            })?;
+            match tables.iter_mut().find(|(name, _)| *name == state.table) {
+                Some((_, parts)) => parts.push(state.rows),
+                None => tables.push((state.table, vec![state.rows])),
+            }
+        }
+    }
+    Ok(tables
+        .into_iter()
+        .map(|(name, parts)| (name, merge_rows(&parts)))
+        .collect())
+}
 
 impl Cluster {
     /// Initializes the shards of the ps tasks in `only` from `values` (model
     /// order), optional `shadows` and optional `slots` ([`Snapshot::slots`]
-    /// order; `None`: fresh), at `step`, as `run`'s. Returns the shards that
-    /// took it.
+    /// order; `None`: fresh), and `tables` (whole, [`Snapshot::tables`]:
+    /// each ps gets the rows it owns under the current ps count; a table
+    /// not given starts empty), at `step`, as `run`'s. Returns the shards
+    /// that took it.
     #[allow(clippy::too_many_arguments)]
     pub async fn initialize(
         &self,
@@ -16,6 +46,7 @@ impl Cluster {
         values: &[ArrayD<f32>],
         shadows: Option<&[ArrayD<f32>]>,
         slots: Option<&[ArrayD<f32>]>,
+        tables: &[(String, Rows)],
         step: u64,
         force: bool,
         run: u64,
@@ -23,6 +54,17 @@ impl Cluster {
         // Whole variables in, each ps's parts out (views: the copy is the encoding).
         let values = self.layout.views(values);
         let shadows = shadows.map(|s| self.layout.views(s));
+        // Whole tables in, each ps's rows out (placement::table_owner).
+        let mut rows: Vec<Vec<pb::TableRows>> = vec![Vec::new(); self.num_ps()];
+        for (table, whole) in tables {
+            for (ps, part) in split_rows(whole, self.num_ps()).into_iter().enumerate() {
+                let state = TableState {
+                    table: table.clone(),
+                    rows: part,
+                };
+                rows[ps].push(pb::TableRows::from(&state));
+            }
+        }
         let requests = only.iter().map(|&ps| {
             let enc = |src: &[ArrayViewD<f32>]| {
                 self.by_ps[ps]
@@ -49,6 +91,7 @@ impl Cluster {
                 force,
                 slots,
                 run,
+                tables: std::mem::take(&mut rows[ps]),
                 ..Default::default()
             };
             (ps, req)
@@ -101,8 +144,10 @@ impl Cluster {
             .collect())
     }
 
-    /// Every variable, its EMA shadow and its slots, and the global step: a
-    /// consistent snapshot per shard, for checkpoints and evaluation.
+    /// Every variable, its EMA shadow and its slots, every table's rows, and
+    /// the global step: a consistent snapshot per shard (each table's rows
+    /// copied under their own lock just after), for checkpoints and
+    /// evaluation.
     pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
         let mut values: Vec<ArrayD<f32>> = self
             .layout
@@ -128,6 +173,7 @@ impl Cluster {
         let run = replies.first().map_or(0, |r| r.run);
         let shard_steps = replies.iter().map(|r| r.global_step).collect();
         let slots = self.gather_slots(&replies)?;
+        let tables = gather_tables(&replies)?;
         Ok(Snapshot {
             run,
             shard_steps,
@@ -135,6 +181,7 @@ impl Cluster {
             values,
             shadows,
             slots,
+            tables,
         })
     }
 
