@@ -583,9 +583,28 @@ pub(super) async fn run(service: PsService, every: Duration, stop: CancellationT
             let _ = tokio::time::timeout(FINAL_WRITE, once).await;
             return;
         }
+        let started = tokio::time::Instant::now();
         once.await;
+        // Large tables make a snapshot long (every row copied under its
+        // table's lock, sorted, written): the next waits until this one
+        // took at most 1/SNAPSHOT_PACE of the time between them, so that
+        // snapshots never cost the ps more than that share — 5 million
+        // rows took seconds each, and back to back they stalled training.
+        let rest = started
+            .elapsed()
+            .saturating_mul(SNAPSHOT_PACE)
+            .saturating_sub(every);
+        if !rest.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(rest) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
     }
 }
+
+/// A snapshot may take at most 1/this of the time from one to the next.
+const SNAPSHOT_PACE: u32 = 20;
 
 /// What [`take`] writes: the shard's variables, their slots, and the
 /// tables' slot names.

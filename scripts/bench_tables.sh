@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Embedding tables at two sizes (issue 40's targets): the same wide & deep
+# run over TCP on synthetic data whose ids are uniform over 10^4 ids and over
+# 10^7, so that the ps's tables end ~10^4 and ~10^7 rows while every batch
+# touches about as many ids. Prints, per size: steps/s, TCP bytes per worker
+# step (both ways, from the workers' "Worker done." lines), the tables' rows
+# (dtf inspect of the final checkpoint), and the peak RSS of the workers and
+# the ps (VmHWM, sampled).
+#
+#   cargo build --release && scripts/bench_tables.sh [STEPS]    # default 10000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DTF=${DTF:-target/release/dtf}
+steps=${1:-10000}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$DTF" synth --out "$work/small" --rows 300000 --fields 8 --cardinality 1250 --exponent 0 >/dev/null
+"$DTF" synth --out "$work/large" --rows 2500000 --fields 8 --cardinality 1250000 --exponent 0 >/dev/null
+peak() { # peak VmHWM (kB) of $2's children named $1 while $2 (dtf local) lives
+    local max=0 v
+    while kill -0 "$2" 2>/dev/null; do
+        for p in $(pgrep -P "$2" -x "$1"); do
+            v=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+            [ "${v:-0}" -gt "$max" ] && max=$v
+        done
+        sleep 0.5
+    done
+    echo "$max"
+}
+for size in small large; do
+    ckpt=$work/ckpt-$size
+    "$DTF" local --data "$work/$size" --label label --ps 1 --workers 2 --steps "$steps" \
+        --transport tcp --checkpoint-dir "$ckpt" --json >"$work/$size.json" 2>"$work/$size.err" &
+    pid=$!
+    peak dtf-worker "$pid" >"$work/$size.wrss" &
+    peak dtf-ps "$pid" >"$work/$size.prss" &
+    wait "$pid"
+    wait
+    run_dir=$(python3 -c "import json;print(json.load(open('$work/$size.json'))['run_dir'])")
+    python3 - "$work/$size.json" "$run_dir" "$("$DTF" inspect --json "$ckpt")" \
+        "$(cat "$work/$size.wrss")" "$(cat "$work/$size.prss")" "$size" <<'PY'
+import json, re, sys, glob
+report, run_dir, inspect, wrss, prss, size = sys.argv[1:]
+r = json.load(open(report))
+sent = received = steps = 0
+for log in glob.glob(run_dir + "/logs/worker-*.log"):
+    for line in open(log):
+        if "Worker done." in line:
+            m = dict(re.findall(r"(\w+)=(\d+)", line))
+            sent += int(m.get("tcp_sent_bytes", 0)); received += int(m.get("tcp_received_bytes", 0))
+            steps += int(m.get("local_steps", 0))
+rows = {t["name"]: t["rows"] for t in json.loads(inspect).get("tables", [])}
+print(json.dumps({"bench": "tables", "size": size, "steps_per_sec": r["steps_per_sec"],
+    "examples_per_sec": r["examples_per_sec"], "test_auc": r.get("test_auc"),
+    "tcp_bytes_per_worker_step": (sent + received) / max(steps, 1),
+    "table_rows": rows, "worker_peak_rss_kb": int(wrss), "ps_peak_rss_kb": int(prss)}))
+PY
+done
