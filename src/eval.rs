@@ -73,7 +73,7 @@ pub struct BinaryEvaluation {
 
 /// The scores of one checkpoint on a test set: what `dtf eval` prints and
 /// what the evaluator writes to TensorBoard.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct Scores {
     /// Test accuracy of the raw variables.
     #[serde(deserialize_with = "nan_if_null")]
@@ -81,9 +81,35 @@ pub struct Scores {
     /// Test accuracy of the EMA shadows.
     #[serde(deserialize_with = "nan_if_null")]
     pub ema_accuracy: f32,
-    /// Test cross-entropy of the raw variables.
+    /// Test cross-entropy of the raw variables (a binary model's: its log loss).
     #[serde(deserialize_with = "nan_if_null")]
     pub loss: f32,
+    /// Test AUC of the raw variables: a binary model's (wide & deep); NaN
+    /// for the MLP, not written then, and NaN when read from a line that
+    /// lacks it (a ledger of before AUCs).
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub auc: f32,
+    /// Test AUC of the EMA shadows, as `auc`.
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub ema_auc: f32,
+}
+
+/// A score that is absent: NaN, as `null` reads.
+pub(crate) fn nan() -> f32 {
+    f32::NAN
+}
+
+/// Whether a score is absent (NaN): not written at all.
+pub(crate) fn is_nan(v: &f32) -> bool {
+    v.is_nan()
 }
 
 /// A score as JSON holds it: JSON has no NaN, and serde writes one as
@@ -95,11 +121,32 @@ pub(crate) fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32,
     Ok(<Option<f32> as serde::Deserialize>::deserialize(d)?.unwrap_or(f32::NAN))
 }
 
+/// NaN equals NaN here: an absent score (the MLP's AUC) is the same
+/// absent score, so an index of MLP entries reads back equal to itself.
+impl PartialEq for Scores {
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: f32, b: f32| a == b || (a.is_nan() && b.is_nan());
+        same(self.accuracy, other.accuracy)
+            && same(self.ema_accuracy, other.ema_accuracy)
+            && same(self.loss, other.loss)
+            && same(self.auc, other.auc)
+            && same(self.ema_auc, other.ema_auc)
+    }
+}
+
 impl Scores {
-    /// Whether every score is a finite number: only then can it rank.
+    /// Whether every score the model has is a finite number: only then can
+    /// it rank. The AUCs count unless both are NaN: the MLP has none (a
+    /// binary model that diverged scores NaN everywhere, its loss too).
     pub fn finite(&self) -> bool {
+        let aucs: &[f32] = if self.auc.is_nan() && self.ema_auc.is_nan() {
+            &[]
+        } else {
+            &[self.auc, self.ema_auc]
+        };
         [self.accuracy, self.ema_accuracy, self.loss]
             .iter()
+            .chain(aucs)
             .all(|v| v.is_finite())
     }
 
@@ -109,6 +156,8 @@ impl Scores {
             crate::config::Metric::Accuracy => self.accuracy,
             crate::config::Metric::EmaAccuracy => self.ema_accuracy,
             crate::config::Metric::Loss => self.loss,
+            crate::config::Metric::Auc => self.auc,
+            crate::config::Metric::EmaAuc => self.ema_auc,
         }
     }
 }
@@ -132,6 +181,8 @@ pub fn score(
         accuracy,
         ema_accuracy: mlp.accuracy(shadows, x, y),
         loss,
+        auc: f32::NAN,
+        ema_auc: f32::NAN,
     }
 }
 

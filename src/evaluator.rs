@@ -5,13 +5,15 @@
 //! - It watches `checkpoint.dir` (inotify, as the config watcher does, plus
 //!   a rescan every [`RESCAN`] in case an event is lost or the directory
 //!   does not exist yet) and scores each new checkpoint once: test accuracy
-//!   of the variables and of their EMA shadows, and test loss.
+//!   of the variables and of their EMA shadows, and test loss; for wide &
+//!   deep (`model.kind`), AUC raw and EMA too, log loss as the loss and
+//!   accuracy at ½ ([`eval::binary`]).
 //! - Newest first: when training writes faster than it scores, the newest
 //!   unscored checkpoint is always next, so it never falls behind for good;
 //!   older ones are scored when it has nothing newer to do (those the
 //!   chief's retention deleted meanwhile are gone, and skipped).
 //! - The scores go to TensorBoard as `accuracy`, `ema_accuracy` and `loss`
-//!   at the checkpoint's step in `checkpoint.dir/eval/events.out.tfevents.*`,
+//!   (and `auc`, `ema_auc` for wide & deep) at the checkpoint's step in `checkpoint.dir/eval/events.out.tfevents.*`,
 //!   to Prometheus, and to `eval/evaluated.jsonl`, a line per checkpoint:
 //!   what it remembers across restarts, so nothing is scored twice.
 //! - The `[eval] keep_best` best by `[eval] metric` are copied to
@@ -33,9 +35,9 @@ pub use ledger::{Record, read_ledger};
 use crate::checkpoint::best::{self, BestDir, Entry, Index};
 use crate::checkpoint::{self, CheckpointError};
 use crate::config::{Config, Metric};
-use crate::data;
+use crate::data::{self, Dataset};
 use crate::eval::{self, Scores};
-use crate::model::{Mlp, VarSpec};
+use crate::model::{Mlp, Model, VarSpec, WideDeep};
 use crate::summary::EventWriter;
 use ndarray::{Array2, ArrayD};
 use std::collections::{BTreeMap, HashMap};
@@ -64,7 +66,9 @@ pub enum EvaluatorError {
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
     /// The test rows do not fit the model.
-    #[error("model.layers takes {inputs} inputs, the rows of {data} have {features} features")]
+    #[error(
+        "model.layers takes {inputs} (dense) inputs, the rows of {data} have {features} features"
+    )]
     Width {
         /// The model's input width.
         inputs: usize,
@@ -72,6 +76,14 @@ pub enum EvaluatorError {
         data: String,
         /// The rows' width.
         features: usize,
+    },
+    /// The test labels cannot give an AUC (wide & deep): one class only.
+    #[error("the test split of {data} cannot be scored by AUC: {source}")]
+    Labels {
+        /// The data set, as [`data::describe`] names it.
+        data: String,
+        /// What is wrong with the labels.
+        source: crate::binary_metrics::BinaryMetricsError,
     },
     /// `best/` cannot be created or listed.
     #[error(transparent)]
@@ -134,14 +146,7 @@ impl Best {
     /// (kept, steps of the rest).
     fn rank(&self, mut entries: Vec<Entry>) -> (Vec<Entry>, Vec<u64>) {
         let metric = self.metric;
-        let score = |e: &Entry| {
-            Scores {
-                accuracy: e.accuracy,
-                ema_accuracy: e.ema_accuracy,
-                loss: e.loss,
-            }
-            .get(metric)
-        };
+        let score = |e: &Entry| e.scores().get(metric);
         entries.sort_by(|a, b| {
             let (x, y) = (score(a), score(b));
             let order = if metric.better(x, y) {
@@ -186,8 +191,9 @@ impl Best {
     /// Offers a scored checkpoint, with the bytes of its two files. If it
     /// ranks among the best, they are written into the directory and the
     /// checkpoint that dropped out is removed. Returns whether it was kept.
-    /// A checkpoint with a score that is not finite (diverged weights) is
-    /// never kept: it would displace a usable one.
+    /// A checkpoint with a score that is not finite (diverged weights), or
+    /// without the metric's score (an AUC of the MLP), is never kept: it
+    /// would displace a usable one.
     ///
     /// Errors: [`CheckpointError::Io`]; the set is then unchanged.
     pub fn offer(
@@ -197,12 +203,14 @@ impl Best {
         model: &[u8],
         ema: &[u8],
     ) -> Result<bool, CheckpointError> {
-        if !scores.finite() {
+        if !scores.finite() || !scores.get(self.metric).is_finite() {
             warn!(
                 step,
                 accuracy = scores.accuracy,
                 ema_accuracy = scores.ema_accuracy,
                 loss = scores.loss,
+                auc = scores.auc,
+                ema_auc = scores.ema_auc,
                 "Checkpoint not kept among the best: a score is not a finite number."
             );
             return Ok(false);
@@ -219,6 +227,8 @@ impl Best {
             accuracy: scores.accuracy,
             ema_accuracy: scores.ema_accuracy,
             loss: scores.loss,
+            auc: scores.auc,
+            ema_auc: scores.ema_auc,
         });
         let (kept, removed) = self.rank(entries);
         if !kept.iter().any(|e| e.global_step == step) {
@@ -243,14 +253,10 @@ pub struct Evaluator {
     dir: PathBuf,
     /// `checkpoint.dir/eval`.
     eval_dir: PathBuf,
-    /// The model of `model.layers`.
-    mlp: Mlp,
-    /// Its variables, to verify checkpoints against.
+    /// The model of `model.kind` and `model.layers`, with its test split.
+    scorer: Scorer,
+    /// Its dense variables, to verify checkpoints against.
     specs: Vec<VarSpec>,
-    /// The test images.
-    x: Array2<f32>,
-    /// The test labels.
-    y: Vec<u8>,
     /// The events file, created at the first score; `None` before, or after
     /// a write error (then off for this run, as the chief's summaries).
     events: Option<EventWriter>,
@@ -276,19 +282,40 @@ impl Evaluator {
     /// Errors: [`EvaluatorError`]: no usable test set, a ledger or `best/`
     /// that cannot be read or created.
     pub fn open(cfg: &Config) -> Result<Self, EvaluatorError> {
-        let mlp = Mlp::new(&cfg.model.layers)?;
         // Both splits: the test rows take the training split's
-        // preprocessing (its mean and std with `data.standardize`).
-        let (_, test) = data::load_both(&cfg.data)?;
-        test.check_labels(mlp.classes())?;
-        if test.features() != mlp.inputs() {
+        // preprocessing (its mean and std with `data.standardize`), and the
+        // model embeds the training split's fields, as the worker's does.
+        let (train, test) = data::load_both(&cfg.data)?;
+        let fields = train.categorical().map_or(0, |c| c.fields.len());
+        // Scored in f32 whatever the training precision, as `dtf eval` does.
+        let model = Model::new(&cfg.model, fields, crate::kernel::Precision::Float32)?;
+        drop(train);
+        test.check_labels(model.classes())?;
+        if test.features() != model.dense_inputs() {
             return Err(EvaluatorError::Width {
-                inputs: mlp.inputs(),
+                inputs: model.dense_inputs(),
                 data: data::describe(&cfg.data),
                 features: test.features(),
             });
         }
-        let (x, y) = test.all();
+        let specs = model.variables();
+        let scorer = match model {
+            Model::Mlp(mlp) => {
+                let (x, y) = test.all();
+                Scorer::Mlp { mlp, x, y }
+            }
+            Model::WideDeep(model) => {
+                // Every checkpoint's AUC would be NaN: say so once, now.
+                let (_, y) = test.all();
+                crate::binary_metrics::auc(&vec![0.0; y.len()], &y).map_err(|source| {
+                    EvaluatorError::Labels {
+                        data: data::describe(&cfg.data),
+                        source,
+                    }
+                })?;
+                Scorer::WideDeep { model, test }
+            }
+        };
         let dir = cfg.checkpoint.dir.clone();
         let eval_dir = dir.join(EVAL_DIR);
         fs::create_dir_all(&eval_dir).map_err(|source| EvaluatorError::Ledger {
@@ -298,10 +325,8 @@ impl Evaluator {
         let scored = read_ledger(&eval_dir.join(LEDGER))?;
         let best = Best::open(&dir.join(best::DIR), cfg.eval.metric, cfg.eval.keep_best)?;
         Ok(Evaluator {
-            specs: mlp.variables(),
-            mlp,
-            x,
-            y,
+            specs,
+            scorer,
             events: None,
             events_off: false,
             scored,
@@ -403,7 +428,10 @@ impl Evaluator {
         };
         let ckpt = &verbatim.checkpoint;
         let (values, shadows) = (tensors(&ckpt.variables), tensors(&ckpt.shadows));
-        let scores = eval::score(&self.mlp, &values, &shadows, self.x.view(), &self.y);
+        // MERGE: ckpt.tables (until checkpoints carry the tables, every row
+        // reads as its initializer).
+        let tables = Vec::new();
+        let scores = self.scorer.score(step, &values, &shadows, &tables);
         // Best set, ledger, events, in that order: a crash before the ledger
         // line means the checkpoint is scored again after a restart, which
         // the best set takes as the same entry, and no event was written yet;
@@ -441,6 +469,8 @@ impl Evaluator {
             accuracy = scores.accuracy,
             ema_accuracy = scores.ema_accuracy,
             loss = scores.loss,
+            auc = scores.auc,
+            ema_auc = scores.ema_auc,
             best = kept,
             millis = started.elapsed().as_millis() as u64,
             "Checkpoint scored."
@@ -463,11 +493,15 @@ impl Evaluator {
             }
         }
         if let Some(w) = &mut self.events {
-            let values = [
+            let mut values = vec![
                 ("accuracy", s.accuracy),
                 ("ema_accuracy", s.ema_accuracy),
                 ("loss", s.loss),
             ];
+            // The MLP has no AUC: no curve of NaN for it.
+            if !(s.auc.is_nan() && s.ema_auc.is_nan()) {
+                values.extend([("auc", s.auc), ("ema_auc", s.ema_auc)]);
+            }
             if let Err(e) = w.scalars(step, &values) {
                 warn!(error = %e, "Event not written; TensorBoard events are off for this run.");
                 self.events = None;
@@ -489,6 +523,10 @@ impl Evaluator {
     /// One line for systemd's STATUS= and logs.
     pub fn status(&self) -> String {
         let newest = match self.scored.iter().next_back() {
+            Some((step, s)) if !s.ema_auc.is_nan() => format!(
+                "step {step}: ema_auc {:.4}, auc {:.4}, log loss {:.4}",
+                s.ema_auc, s.auc, s.loss
+            ),
             Some((step, s)) => format!(
                 "step {step}: ema_accuracy {:.4}, accuracy {:.4}, loss {:.4}",
                 s.ema_accuracy, s.accuracy, s.loss
@@ -509,12 +547,67 @@ impl Evaluator {
 }
 
 fn score_of(e: &Entry, metric: Metric) -> f32 {
-    Scores {
-        accuracy: e.accuracy,
-        ema_accuracy: e.ema_accuracy,
-        loss: e.loss,
+    e.scores().get(metric)
+}
+
+/// The model and the test split in the form its scoring takes.
+enum Scorer {
+    /// The MLP on the dense test rows.
+    Mlp {
+        /// The model.
+        mlp: Mlp,
+        /// The test rows.
+        x: Array2<f32>,
+        /// The test labels.
+        y: Vec<u8>,
+    },
+    /// Wide & deep on the test split, its categorical ids included.
+    WideDeep {
+        /// The model.
+        model: WideDeep,
+        /// The test split (labels checked to hold both classes).
+        test: Dataset,
+    },
+}
+
+impl Scorer {
+    /// Scores the dense `values` and `shadows` (verified against the
+    /// model's variables) and, for wide & deep, the checkpoint's `tables`.
+    /// A side that cannot be scored (NaN logits: diverged) is NaN, logged:
+    /// a record all the same, never kept among the best.
+    fn score(
+        &self,
+        step: u64,
+        values: &[ArrayD<f32>],
+        shadows: &[ArrayD<f32>],
+        tables: &[(String, crate::model::table::Rows)],
+    ) -> Scores {
+        match self {
+            Scorer::Mlp { mlp, x, y } => eval::score(mlp, values, shadows, x.view(), y),
+            Scorer::WideDeep { model, test } => {
+                let tables = eval::binary::tables(model, tables);
+                let nan = eval::binary::Binary {
+                    auc: f32::NAN,
+                    log_loss: f32::NAN,
+                    accuracy: f32::NAN,
+                };
+                let side = |params: &[ArrayD<f32>], ema: bool| {
+                    eval::binary::score(model, params, &tables, ema, test).unwrap_or_else(|e| {
+                        warn!(step, ema, error = %e, "Checkpoint scored NaN: its test split cannot be scored.");
+                        nan
+                    })
+                };
+                let (raw, ema) = (side(values, false), side(shadows, true));
+                Scores {
+                    accuracy: raw.accuracy,
+                    ema_accuracy: ema.accuracy,
+                    loss: raw.log_loss,
+                    auc: raw.auc,
+                    ema_auc: ema.auc,
+                }
+            }
+        }
     }
-    .get(metric)
 }
 
 /// Watches `dir` and sends `()` when something in it is created, renamed

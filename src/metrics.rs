@@ -134,6 +134,10 @@ pub struct Metrics {
     eval_ema_accuracy: FloatGauge,
     /// `dtf_eval_loss`: evaluator: its test loss.
     eval_loss: FloatGauge,
+    /// `dtf_eval_auc`: evaluator: its test AUC (wide & deep; NaN for the MLP).
+    eval_auc: FloatGauge,
+    /// `dtf_eval_ema_auc`: evaluator: its EMA test AUC (as `eval_auc`).
+    eval_ema_auc: FloatGauge,
     /// `dtf_eval_best_score`: evaluator: the best checkpoint's `[eval] metric`.
     eval_best: FloatGauge,
     /// `dtf_eval_checkpoints_total`: evaluator: checkpoints scored by this process.
@@ -197,6 +201,8 @@ impl Metrics {
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
+            eval_auc: FloatGauge::default(),
+            eval_ema_auc: FloatGauge::default(),
             eval_best: FloatGauge::default(),
             eval_checkpoints: Counter::default(),
             eval_skipped: Counter::default(),
@@ -294,6 +300,8 @@ impl Metrics {
         self.eval_accuracy.set(f64::from(scores.accuracy));
         self.eval_ema_accuracy.set(f64::from(scores.ema_accuracy));
         self.eval_loss.set(f64::from(scores.loss));
+        self.eval_auc.set(f64::from(scores.auc));
+        self.eval_ema_auc.set(f64::from(scores.ema_auc));
         if let Some(b) = best {
             self.eval_best.set(f64::from(b));
         }

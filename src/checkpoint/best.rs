@@ -39,7 +39,7 @@ pub const DIR: &str = "best";
 pub const INDEX: &str = "index.json";
 
 /// One kept checkpoint and its scores.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
     /// Its model file's name in the directory (`model.ckpt-N.safetensors`).
     pub file: String,
@@ -54,12 +54,52 @@ pub struct Entry {
     /// Test cross-entropy of the raw variables.
     #[serde(deserialize_with = "crate::eval::nan_if_null")]
     pub loss: f32,
+    /// Test AUC of the raw variables (wide & deep); NaN for the MLP, not
+    /// written then, and NaN when an index of before AUCs lacks it.
+    #[serde(
+        default = "crate::eval::nan",
+        deserialize_with = "crate::eval::nan_if_null",
+        skip_serializing_if = "crate::eval::is_nan"
+    )]
+    pub auc: f32,
+    /// Test AUC of the EMA shadows, as `auc`.
+    #[serde(
+        default = "crate::eval::nan",
+        deserialize_with = "crate::eval::nan_if_null",
+        skip_serializing_if = "crate::eval::is_nan"
+    )]
+    pub ema_auc: f32,
+}
+
+/// Scores compare as [`crate::eval::Scores`] do (NaN equals NaN): an MLP
+/// entry, whose AUCs are NaN, equals itself read back, so reopening does
+/// not rewrite an unchanged index.
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.file == other.file
+            && self.global_step == other.global_step
+            && self.scores() == other.scores()
+    }
+}
+
+impl Entry {
+    /// The scores it was ranked by.
+    pub fn scores(&self) -> crate::eval::Scores {
+        crate::eval::Scores {
+            accuracy: self.accuracy,
+            ema_accuracy: self.ema_accuracy,
+            loss: self.loss,
+            auc: self.auc,
+            ema_auc: self.ema_auc,
+        }
+    }
 }
 
 /// `index.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Index {
-    /// The metric the entries are ranked by (`ema_accuracy`, `accuracy`, `loss`).
+    /// The metric the entries are ranked by (`ema_accuracy`, `accuracy`,
+    /// `loss`, `auc`, `ema_auc`).
     pub metric: String,
     /// The kept checkpoints, best first.
     pub checkpoints: Vec<Entry>,
@@ -317,6 +357,8 @@ mod tests {
             accuracy: 0.5,
             ema_accuracy,
             loss: 1.0,
+            auc: f32::NAN,
+            ema_auc: f32::NAN,
         }
     }
 

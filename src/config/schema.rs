@@ -357,7 +357,8 @@ pub const DEFAULT_SAVE_SECS: u64 = 60;
 pub struct EvalConfig {
     /// How many of the best checkpoints `checkpoint.dir/best/` keeps.
     pub keep_best: usize,
-    /// What "best" means.
+    /// What "best" means. Left unset, `model.kind`'s default: `ema_accuracy`
+    /// for the MLP, `ema_auc` for wide & deep (`Config::kind_defaults`).
     pub metric: Metric,
 }
 
@@ -369,8 +370,13 @@ pub enum Metric {
     EmaAccuracy,
     /// Test accuracy of the raw variables; higher is better.
     Accuracy,
-    /// Test cross-entropy of the raw variables; lower is better.
+    /// Test cross-entropy of the raw variables (a binary model's: its log
+    /// loss); lower is better.
     Loss,
+    /// Test AUC of the raw variables (wide & deep only); higher is better.
+    Auc,
+    /// Test AUC of the EMA shadows (wide & deep only); higher is better.
+    EmaAuc,
 }
 
 impl Metric {
@@ -380,7 +386,15 @@ impl Metric {
             Metric::EmaAccuracy => "ema_accuracy",
             Metric::Accuracy => "accuracy",
             Metric::Loss => "loss",
+            Metric::Auc => "auc",
+            Metric::EmaAuc => "ema_auc",
         }
+    }
+
+    /// Whether only a binary model (wide & deep) has this score: the MLP's
+    /// AUC is NaN, and nothing would ever rank.
+    pub fn binary_only(self) -> bool {
+        matches!(self, Metric::Auc | Metric::EmaAuc)
     }
 
     /// Whether score `a` is better than `b` (NaN is never better).

@@ -3,7 +3,9 @@
 //! what would be right.
 
 use super::error::ConfigError;
-use super::schema::{Config, DataFormat, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner};
+use super::schema::{
+    Config, DataFormat, Metric, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner,
+};
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
 use std::collections::BTreeMap;
@@ -239,7 +241,10 @@ impl Config {
 
     /// `model.kind = "wide_deep"`'s own defaults for the keys nobody set:
     /// those of TensorFlow's wide & deep parameter-server program (Adagrad,
-    /// learning rate 0.05, batch 256, hidden widths 64 and 32), not the MLP's.
+    /// learning rate 0.05, batch 256, hidden widths 64 and 32), not the MLP's;
+    /// and the evaluator ranks its best checkpoints by EMA AUC, the score a
+    /// click-through model is judged by (accuracy at ½ says little when
+    /// most labels are 0).
     pub(crate) fn kind_defaults(&mut self) {
         if self.model.kind != ModelKind::WideDeep {
             return;
@@ -255,6 +260,9 @@ impl Config {
         }
         if self.model.hidden.is_none() && !self.sources.is_set("model.layers") {
             self.model.hidden = Some(WIDE_DEEP_HIDDEN.to_vec());
+        }
+        if !self.sources.is_set("eval.metric") {
+            self.eval.metric = Metric::EmaAuc;
         }
     }
 
@@ -508,12 +516,24 @@ impl Config {
     }
 
     /// `[eval]`: at least one best checkpoint kept (the metric's names are
-    /// checked by its type).
+    /// checked by its type), and an AUC metric only for a model that has an
+    /// AUC (wide & deep).
     fn validate_eval(&self) -> Result<(), ConfigError> {
         if self.eval.keep_best < 1 {
             return Err(self.bad(
                 "eval.keep_best",
                 invalid(self.eval.keep_best, "a positive integer"),
+            ));
+        }
+        let metric = self.eval.metric;
+        if metric.binary_only() && self.model.kind != ModelKind::WideDeep {
+            return Err(self.bad(
+                "eval.metric",
+                format!(
+                    "\"{}\" is a binary model's score (model.kind = \"wide_deep\"); the MLP's \
+                     are \"ema_accuracy\", \"accuracy\" and \"loss\"",
+                    metric.name()
+                ),
             ));
         }
         Ok(())

@@ -9,6 +9,19 @@ fn scores(ema_accuracy: f32, loss: f32) -> Scores {
         accuracy: 0.5,
         ema_accuracy,
         loss,
+        auc: f32::NAN,
+        ema_auc: f32::NAN,
+    }
+}
+
+/// A wide & deep checkpoint's scores: accuracy at ½ the same for all.
+fn binary_scores(auc: f32, ema_auc: f32) -> Scores {
+    Scores {
+        accuracy: 0.8,
+        ema_accuracy: 0.8,
+        loss: 0.45,
+        auc,
+        ema_auc,
     }
 }
 
@@ -186,4 +199,123 @@ fn appending_to_a_huge_ledger_reads_only_its_last_byte() {
     let text = String::from_utf8_lossy(&tail);
     // The sparse zeros are a torn line: the record starts a line of its own.
     assert!(text.contains("\n{\"global_step\":3"), "{text}");
+}
+
+/// A ledger written before AUCs were scored still reads (every MLP line
+/// it holds, with a NaN loss too), its AUCs NaN; a wide & deep line reads
+/// its AUCs back; an MLP line is written as before, without them.
+#[test]
+fn the_ledger_reads_lines_of_before_aucs_and_lines_with_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(LEDGER);
+    fs::write(
+        &path,
+        concat!(
+            "{\"global_step\":10,\"accuracy\":0.5,\"ema_accuracy\":0.6,\"loss\":1.25}\n",
+            "{\"global_step\":20,\"accuracy\":0.5,\"ema_accuracy\":0.6,\"loss\":null}\n",
+        ),
+    )
+    .unwrap();
+    let wide_deep = Record {
+        global_step: 30,
+        scores: binary_scores(0.75, 0.78),
+    };
+    append_ledger(&path, &wide_deep).unwrap();
+    let mlp = Record {
+        global_step: 40,
+        scores: scores(0.7, 0.9),
+    };
+    append_ledger(&path, &mlp).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[3],
+        "{\"global_step\":40,\"accuracy\":0.5,\"ema_accuracy\":0.7,\"loss\":0.9}"
+    );
+    assert!(lines[2].contains("\"auc\":0.75,\"ema_auc\":0.78"), "{text}");
+
+    let read = read_ledger(&path).unwrap();
+    assert_eq!(read.keys().copied().collect::<Vec<_>>(), [10, 20, 30, 40]);
+    let old = read[&10];
+    assert_eq!((old.ema_accuracy, old.loss), (0.6, 1.25));
+    assert!(old.auc.is_nan() && old.ema_auc.is_nan());
+    assert!(old.finite(), "an MLP's scores without AUCs can rank");
+    assert!(!read[&20].finite());
+    assert_eq!((read[&30].auc, read[&30].ema_auc), (0.75, 0.78));
+    assert!(read[&30].finite());
+    assert!(read[&40].finite() && read[&40].auc.is_nan());
+}
+
+/// A binary model's scores are finite only with both AUCs: one NaN AUC
+/// (a side that diverged) keeps it out of the best set.
+#[test]
+fn a_binary_model_with_one_nan_auc_is_not_finite() {
+    assert!(binary_scores(0.7, 0.71).finite());
+    assert!(!binary_scores(f32::NAN, 0.71).finite());
+    assert!(!binary_scores(0.7, f32::INFINITY).finite());
+}
+
+#[test]
+fn auc_ranks_higher_first_and_a_checkpoint_without_one_is_never_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("best");
+    let mut best = Best::open(&dir, Metric::EmaAuc, 2).unwrap();
+    // EMA AUC ranks, not AUC: step 2's raw AUC is the highest.
+    let offers = [
+        (1, binary_scores(0.70, 0.72)),
+        (2, binary_scores(0.90, 0.71)),
+        (3, binary_scores(0.60, 0.80)),
+        (4, binary_scores(0.65, 0.75)),
+        // An MLP's scores (no AUC) cannot rank by AUC.
+        (5, scores(0.99, 0.01)),
+    ];
+    let kept: Vec<bool> = offers
+        .iter()
+        .map(|&(step, s)| best.offer(step, s, b"m", b"e").unwrap())
+        .collect();
+    assert_eq!(kept, [true, true, true, true, false]);
+    let steps = |b: &Best| {
+        b.entries()
+            .iter()
+            .map(|e| e.global_step)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(steps(&best), [3, 4]);
+    // The index keeps the AUCs: reopened, the same ranking.
+    let index = fs::read_to_string(dir.join("index.json")).unwrap();
+    assert!(
+        index.contains("\"metric\": \"ema_auc\"") || index.contains("\"metric\":\"ema_auc\""),
+        "{index}"
+    );
+    let again = Best::open(&dir, Metric::EmaAuc, 2).unwrap();
+    assert_eq!(steps(&again), [3, 4]);
+    assert_eq!(again.entries()[0].ema_auc, 0.80);
+    // Ranked by raw AUC after a config change: 4 beats 3.
+    let by_auc = Best::open(&dir, Metric::Auc, 2).unwrap();
+    assert_eq!(steps(&by_auc), [4, 3]);
+}
+
+/// An index written before AUCs (an MLP run's) reopens as it was.
+#[test]
+fn an_index_of_before_aucs_reopens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("best");
+    fs::create_dir(&dir).unwrap();
+    for step in [10, 20] {
+        fs::write(dir.join(format!("model.ckpt-{step}.safetensors")), b"m").unwrap();
+        fs::write(dir.join(format!("model.ckpt-{step}.ema.safetensors")), b"e").unwrap();
+    }
+    fs::write(
+        dir.join("index.json"),
+        r#"{"metric": "ema_accuracy", "checkpoints": [
+            {"file": "model.ckpt-20.safetensors", "global_step": 20, "accuracy": 0.5, "ema_accuracy": 0.7, "loss": 0.9},
+            {"file": "model.ckpt-10.safetensors", "global_step": 10, "accuracy": 0.5, "ema_accuracy": 0.6, "loss": 1.0}
+        ]}"#,
+    )
+    .unwrap();
+    let best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
+    let steps: Vec<u64> = best.entries().iter().map(|e| e.global_step).collect();
+    assert_eq!(steps, [20, 10]);
+    assert!(best.entries()[0].auc.is_nan());
+    assert!(dir.join("model.ckpt-10.safetensors").is_file());
 }

@@ -224,11 +224,6 @@ fn best_of(cfg: &Config) -> Option<Best> {
     let dir = cfg.checkpoint.dir.join(checkpoint::best::DIR);
     let index = checkpoint::best::read_index(&dir)?;
     let first = index.checkpoints.first()?;
-    let scores = eval::Scores {
-        accuracy: first.accuracy,
-        ema_accuracy: first.ema_accuracy,
-        loss: first.loss,
-    };
     let ledger = cfg
         .checkpoint
         .dir
@@ -239,7 +234,7 @@ fn best_of(cfg: &Config) -> Option<Best> {
         checkpoint: index.best_file(&dir)?,
         global_step: first.global_step,
         metric: index.metric.clone(),
-        score: scores.get(cfg.eval.metric),
+        score: first.scores().get(cfg.eval.metric),
         scored,
     })
 }

@@ -70,6 +70,16 @@ impl Metrics {
             self.eval_loss.clone(),
         );
         r.register(
+            "dtf_eval_auc",
+            "Test AUC of the newest checkpoint scored (wide & deep; NaN for the MLP)",
+            self.eval_auc.clone(),
+        );
+        r.register(
+            "dtf_eval_ema_auc",
+            "Test AUC of the EMA shadows of the newest checkpoint scored (wide & deep; NaN for the MLP)",
+            self.eval_ema_auc.clone(),
+        );
+        r.register(
             "dtf_eval_best_score",
             "The best checkpoint's score by [eval] metric",
             self.eval_best.clone(),

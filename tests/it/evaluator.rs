@@ -47,20 +47,31 @@ fn accumulate(run_dir: &Path) -> BTreeMap<String, Vec<(u64, f64)>> {
 
 /// The evaluator's ledger: (step, ema_accuracy) per line, in order.
 fn ledger(ckpt: &Path) -> Vec<(u64, f64)> {
+    ledger_of(ckpt, "ema_accuracy")
+}
+
+/// The evaluator's ledger: (step, `key`'s score) per line, in order; a
+/// line without that score (or with `null`: NaN) fails the test.
+fn ledger_of(ckpt: &Path, key: &str) -> Vec<(u64, f64)> {
     let text = std::fs::read_to_string(ckpt.join("eval/evaluated.jsonl")).unwrap_or_default();
     text.lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (
-                v["global_step"].as_u64().unwrap(),
-                v["ema_accuracy"].as_f64().unwrap(),
-            )
+            let score = v[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no number {key} in the ledger line {l}"));
+            (v["global_step"].as_u64().unwrap(), score)
         })
         .collect()
 }
 
 /// `best/index.json`: (step, ema_accuracy), best first.
 fn best_index(ckpt: &Path) -> Vec<(u64, f64)> {
+    best_index_of(ckpt, "ema_accuracy")
+}
+
+/// `best/index.json`: (step, `key`'s score), best first.
+fn best_index_of(ckpt: &Path, key: &str) -> Vec<(u64, f64)> {
     let text = std::fs::read_to_string(ckpt.join("best/index.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["checkpoints"]
@@ -70,7 +81,9 @@ fn best_index(ckpt: &Path) -> Vec<(u64, f64)> {
         .map(|e| {
             (
                 e["global_step"].as_u64().unwrap(),
-                e["ema_accuracy"].as_f64().unwrap(),
+                e[key]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("no number {key} in {text}")),
             )
         })
         .collect()
@@ -101,8 +114,13 @@ fn save_checkpoint(cfg: &Config, step: u64) -> std::path::PathBuf {
 /// The best set holds `keep` entries, no checkpoint outside it scored
 /// better, and best/ holds exactly their files and the index.
 fn assert_best_set(ckpt: &Path, keep: usize) {
-    let best = best_index(ckpt);
-    let scored = ledger(ckpt);
+    assert_best_set_by(ckpt, keep, "ema_accuracy");
+}
+
+/// [`assert_best_set`] by `key` (a higher-is-better score).
+fn assert_best_set_by(ckpt: &Path, keep: usize, key: &str) {
+    let best = best_index_of(ckpt, key);
+    let scored = ledger_of(ckpt, key);
     assert_eq!(best.len(), keep.min(scored.len()), "{best:?}");
     let worst_kept = best.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
     for (step, ema) in &scored {
@@ -224,6 +242,108 @@ fn local_evaluator_scores_checkpoints_for_tensorboard_and_keeps_the_best() {
         (ev["ema_accuracy"].as_f64().unwrap() - top).abs() < 1e-6,
         "{ev}"
     );
+}
+
+/// Wide & deep (`dtf local` picks it for categorical data) is scored by
+/// AUC: finite AUCs raw and EMA in the ledger and in TensorBoard, and
+/// best/ ranked by EMA AUC, the default metric of a wide & deep run.
+#[test]
+fn local_evaluator_scores_wide_deep_by_auc_and_keeps_the_best_auc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("synth");
+    let made = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "4000",
+        "--fields",
+        "3",
+        "--cardinality",
+        "40",
+        "--weight-std",
+        "1.0",
+    ]);
+    assert!(
+        made.status.success(),
+        "dtf synth: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let d = tmp.path().join("D");
+    let ran = dtf_output(&[
+        "local",
+        "--data",
+        data.to_str().unwrap(),
+        "--ps",
+        "1",
+        "--workers",
+        "1",
+        "--steps",
+        "300",
+        "--batch-size",
+        "64",
+        "--save-steps",
+        "50",
+        "--set",
+        "checkpoint.max_to_keep=20",
+        "--evaluator",
+        "--checkpoint-dir",
+        d.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "dtf local failed:\n{stderr}");
+    assert!(stderr.contains("model wide_deep"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&ran.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}); stderr:\n{stderr}"));
+
+    // Every checkpoint scored has finite AUCs, raw and EMA.
+    let ema_auc = ledger_of(&d, "ema_auc");
+    let auc = ledger_of(&d, "auc");
+    assert!(ema_auc.len() >= 3, "{ema_auc:?}");
+    for (step, v) in ema_auc.iter().chain(&auc) {
+        assert!(
+            v.is_finite() && (0.0..=1.0).contains(v),
+            "step {step}: AUC {v}"
+        );
+    }
+    assert!(
+        ema_auc.iter().any(|p| p.0 >= 300),
+        "the final checkpoint is scored: {ema_auc:?}"
+    );
+
+    // best/: ranked by EMA AUC, the best the ledger holds first.
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("best/index.json")).unwrap()).unwrap();
+    assert_eq!(index["metric"], "ema_auc", "{index}");
+    assert_best_set_by(&d, 3, "ema_auc");
+    let best = best_index_of(&d, "ema_auc");
+    let top = ema_auc.iter().map(|p| p.1).fold(f64::MIN, f64::max);
+    assert_eq!(best[0].1, top, "best {best:?}, ledger {ema_auc:?}");
+    assert!(best.windows(2).all(|w| w[0].1 >= w[1].1), "{best:?}");
+    assert_eq!(report["best"]["metric"], "ema_auc", "{report}");
+    assert_eq!(
+        report["best"]["global_step"].as_u64(),
+        Some(best[0].0),
+        "{report}"
+    );
+
+    // TensorBoard's reader: auc and ema_auc at every scored step.
+    let scalars = accumulate(&d.join("eval"));
+    let steps = |tag: &str| -> Vec<u64> {
+        let mut s: Vec<u64> = scalars[tag].iter().map(|p| p.0).collect();
+        s.sort_unstable();
+        s
+    };
+    let mut scored: Vec<u64> = ema_auc.iter().map(|p| p.0).collect();
+    scored.sort_unstable();
+    for tag in ["auc", "ema_auc", "loss", "ema_accuracy"] {
+        assert_eq!(steps(tag), scored, "{tag}: {scalars:?}");
+    }
+    for (step, v) in &scalars["ema_auc"] {
+        let want = ema_auc.iter().find(|p| p.0 == *step).unwrap().1;
+        assert!((v - want).abs() < 1e-6, "step {step}: {v} vs {want}");
+    }
 }
 
 #[test]

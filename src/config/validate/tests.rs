@@ -392,3 +392,34 @@ fn embedding_tables_need_a_width_and_a_sparse_optimizer() {
     let (_dir, path) = write_config("[train]\noptimizer = \"adam\"");
     assert!(Config::load(&path).is_ok());
 }
+
+/// Wide & deep's best checkpoints rank by EMA AUC unless `[eval] metric`
+/// says otherwise (accuracy at ½ included); the MLP has no AUC to rank by.
+#[test]
+fn wide_deep_ranks_by_ema_auc_unless_told_and_the_mlp_refuses_an_auc() {
+    let c = Config::from_toml_str("[model]\nkind = \"wide_deep\"\n", "f").unwrap();
+    assert_eq!(c.eval.metric, Metric::EmaAuc);
+    for (metric, want) in [
+        ("auc", Metric::Auc),
+        ("accuracy", Metric::Accuracy),
+        ("loss", Metric::Loss),
+    ] {
+        let c = Config::from_toml_str(
+            &format!("[model]\nkind = \"wide_deep\"\n[eval]\nmetric = \"{metric}\"\n"),
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.eval.metric, want);
+    }
+    assert_eq!(
+        Config::from_toml_str("", "f").unwrap().eval.metric,
+        Metric::EmaAccuracy
+    );
+    for metric in ["auc", "ema_auc"] {
+        let err = error_for(&format!("[eval]\nmetric = \"{metric}\""), "eval.metric");
+        assert!(
+            err.contains("wide_deep") && err.contains("\"ema_accuracy\""),
+            "{err}"
+        );
+    }
+}
