@@ -428,10 +428,7 @@ impl Evaluator {
         };
         let ckpt = &verbatim.checkpoint;
         let (values, shadows) = (tensors(&ckpt.variables), tensors(&ckpt.shadows));
-        // MERGE: ckpt.tables (until checkpoints carry the tables, every row
-        // reads as its initializer).
-        let tables = Vec::new();
-        let scores = self.scorer.score(step, &values, &shadows, &tables);
+        let scores = self.scorer.score(step, &values, &shadows, &ckpt.tables);
         // Best set, ledger, events, in that order: a crash before the ledger
         // line means the checkpoint is scored again after a restart, which
         // the best set takes as the same entry, and no event was written yet;
