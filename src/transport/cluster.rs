@@ -113,6 +113,29 @@ pub struct Snapshot {
     pub tables: Vec<(String, crate::model::table::Rows)>,
 }
 
+/// Every shard's answer to one call that went to all of them: the answers,
+/// or the first failure — one other than `ALREADY_EXISTS` first (a sync
+/// retry whose part one ps had already must not hide a real failure).
+fn settle<T>(results: Vec<Result<T, PsCallError>>) -> Result<Vec<T>, PsCallError> {
+    let mut answers = Vec::with_capacity(results.len());
+    let (mut failed, mut already) = (None, None);
+    for r in results {
+        match r {
+            Ok(r) => answers.push(r),
+            Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
+                already.get_or_insert(e);
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed.or(already) {
+        Some(e) => Err(e),
+        None => Ok(answers),
+    }
+}
+
 fn call(ps: usize) -> impl Fn(Status) -> PsCallError {
     move |status| PsCallError {
         ps,

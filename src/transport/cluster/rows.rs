@@ -171,25 +171,14 @@ impl Cluster {
         // Every ps's push runs to its end, as the dense push's do: a retry
         // whose rows one ps already has (`ALREADY_EXISTS`, sync) must still
         // reach the ps that lacks them.
-        let (mut pushed, mut failed, mut already) = (RowsPushed::default(), None, None);
-        for r in futures::future::join_all(pushes).await {
-            match r {
-                Ok(r) => {
-                    pushed.stale |= r.stale;
-                    pushed.complete |= r.complete;
-                }
-                Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
-                    already.get_or_insert(e);
-                }
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        match failed.or(already) {
-            Some(e) => Err(e),
-            None => Ok(pushed),
-        }
+        let answers = super::settle(futures::future::join_all(pushes).await)?;
+        Ok(answers
+            .iter()
+            .fold(RowsPushed::default(), |acc, r| RowsPushed {
+                stale: acc.stale || r.stale,
+                incarnation: 0,
+                complete: acc.complete || r.complete,
+            }))
     }
 
     /// One ps's `PullRows`, over shared memory when it can; the answer's

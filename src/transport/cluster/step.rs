@@ -210,23 +210,10 @@ impl Cluster {
         // another, still connecting to its restarted ps, was dropped: the
         // worker then waited for a step that lacked its gradient, and every
         // other worker with it (chaos seed 4).
-        let mut answers = Vec::with_capacity(self.num_ps());
-        let (mut failed, mut already) = (None, None);
-        for r in futures::future::join_all(pushes).await {
-            match r {
-                Ok(r) => answers.push((r.global_step, r.complete)),
-                Err(e) if e.status.code() == tonic::Code::AlreadyExists => {
-                    already.get_or_insert(e);
-                }
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        match failed.or(already) {
-            Some(e) => Err(e),
-            None => Ok(Progress::of(answers.into_iter())),
-        }
+        let answers = super::settle(futures::future::join_all(pushes).await)?;
+        Ok(Progress::of(
+            answers.into_iter().map(|r| (r.global_step, r.complete)),
+        ))
     }
 
     /// Views of ps `ps`'s variables over its region: the values to read
