@@ -42,6 +42,70 @@ pub struct Rows {
     pub slots: Vec<Vec<f32>>,
 }
 
+impl Rows {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Rows `range` (a page of these rows).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Rows {
+        let dim = self.values.len().checked_div(self.ids.len()).unwrap_or(0);
+        let floats = |a: &[f32]| match a.is_empty() {
+            true => Vec::new(),
+            false => a[range.start * dim..range.end * dim].to_vec(),
+        };
+        Rows {
+            ids: self.ids[range.clone()].to_vec(),
+            values: floats(&self.values),
+            shadows: floats(&self.shadows),
+            slots: self.slots.iter().map(|s| floats(s)).collect(),
+        }
+    }
+
+    /// Bytes a row takes on the wire: its id and every array's floats.
+    pub fn row_bytes(&self) -> usize {
+        let floats =
+            self.values.len() + self.shadows.len() + self.slots.iter().map(Vec::len).sum::<usize>();
+        8 + 4 * floats.checked_div(self.ids.len()).unwrap_or(0)
+    }
+
+    /// Appends `more` (a next page of the same table). Pages must agree on
+    /// what they carry: shadows or none, and as many slot arrays.
+    ///
+    /// Errors: a description of the disagreement; nothing appended.
+    pub fn append(&mut self, more: Rows) -> Result<(), String> {
+        if self.ids.is_empty() {
+            *self = more;
+            return Ok(());
+        }
+        if more.ids.is_empty() {
+            return Ok(());
+        }
+        if self.shadows.is_empty() != more.shadows.is_empty()
+            || self.slots.len() != more.slots.len()
+        {
+            return Err(format!(
+                "a page with {} shadows and {} slot arrays follows one with {} and {}",
+                more.shadows.len(),
+                more.slots.len(),
+                self.shadows.len(),
+                self.slots.len()
+            ));
+        }
+        self.ids.extend_from_slice(&more.ids);
+        self.values.extend_from_slice(&more.values);
+        self.shadows.extend_from_slice(&more.shadows);
+        for (s, m) in self.slots.iter_mut().zip(more.slots) {
+            s.extend_from_slice(&m);
+        }
+        Ok(())
+    }
+}
+
 /// What a row holds when it is created.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum TableInit {
@@ -156,6 +220,29 @@ mod tests {
         };
         other.init_row(42, &mut c);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn pages_sliced_and_appended_give_the_rows_back() {
+        let rows = Rows {
+            ids: vec![1, 2, 3],
+            values: vec![1.0, 1.5, 2.0, 2.5, 3.0, 3.5],
+            shadows: vec![],
+            slots: vec![vec![0.1; 6]],
+        };
+        assert_eq!(rows.row_bytes(), 8 + 4 * 4);
+        let mut back = Rows::default();
+        for r in [0..2, 2..2, 2..3] {
+            back.append(rows.slice(r)).unwrap();
+        }
+        assert_eq!(back, rows);
+        // A page that carries shadows cannot follow one that does not.
+        let other = Rows {
+            shadows: vec![0.0; 2],
+            ..rows.slice(0..1)
+        };
+        assert!(back.append(other).is_err());
+        assert_eq!(back, rows, "nothing appended");
     }
 
     #[test]

@@ -228,6 +228,8 @@ impl PsService {
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());
         }
+        // Taken whatever comes next: staged rows never outlive the call.
+        let tables = self.take_staged(req.staged)?;
         if req.adopt {
             let held = match req.snapshot_step {
                 0 => req.global_step,
@@ -260,7 +262,7 @@ impl PsService {
         // The rows with the values, checked first: a malformed table
         // changes nothing. Only when the values are taken.
         if !s.is_initialized() || req.force {
-            self.replace_tables(req.tables)?;
+            self.replace_tables(tables)?;
         }
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {

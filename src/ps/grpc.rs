@@ -4,7 +4,9 @@
 
 use super::{PsService, admission, conn, limits};
 use crate::auth::Credentials;
-use crate::transport::call::{Complete, Initialize, Push, PushRows, TableRows, TensorView};
+use crate::transport::call::{
+    Complete, Initialize, Push, PushRows, TableRows, TableState, TensorView,
+};
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::transport::{proto as rpc, tcp};
@@ -35,8 +37,7 @@ impl PsService {
         // Out of the lock: the copies become the wire's tensors (moved, not
         // copied). A snapshot (a checkpoint's) is always exact.
         let variables = wire.pulled(rpc::to_pb(variables), req.with_shadows || req.with_slots);
-        let mut answer = answer.into_pb((variables, rpc::to_pb(shadows), rpc::to_pb(slots)));
-        answer.tables = self.tables_pb(req.with_tables);
+        let answer = answer.into_pb((variables, rpc::to_pb(shadows), rpc::to_pb(slots)));
         Ok((answer, reserved))
     }
 
@@ -208,6 +209,21 @@ impl ParameterServer for PsService {
     ) -> Result<Response<pb::PushRowsResponse>, Status> {
         Ok(Response::new(self.push_rows_pb(req.get_ref())?))
     }
+
+    async fn read_rows(
+        &self,
+        req: Request<pb::ReadRowsRequest>,
+    ) -> Result<Response<pb::ReadRowsResponse>, Status> {
+        Ok(Response::new(self.read_rows_pb(req.get_ref())?))
+    }
+
+    async fn stage_rows(
+        &self,
+        req: Request<pb::StageRowsRequest>,
+    ) -> Result<Response<pb::StageRowsResponse>, Status> {
+        self.stage_rows_pb(req.get_ref())?;
+        Ok(Response::new(pb::StageRowsResponse {}))
+    }
 }
 
 impl PsService {
@@ -242,17 +258,22 @@ impl PsService {
         Ok(self.push_rows(PushRows::from(req), &grads)?.into())
     }
 
-    /// A snapshot pull's tables (`PullRequest.with_tables`, both
-    /// transports): every table's rows, each copied under its own lock
-    /// after the shard's tensors.
-    pub(super) fn tables_pb(&self, with_tables: bool) -> Vec<pb::TableRows> {
-        if !with_tables {
-            return Vec::new();
-        }
-        self.table_states()
-            .iter()
-            .map(pb::TableRows::from)
-            .collect()
+    /// `ReadRows` from and to the wire's types (both transports).
+    pub(super) fn read_rows_pb(
+        &self,
+        req: &pb::ReadRowsRequest,
+    ) -> Result<pb::ReadRowsResponse, Status> {
+        let page = self.read_rows(&req.table, req.start, req.max_rows)?;
+        Ok(pb::ReadRowsResponse::from(&page))
+    }
+
+    /// `StageRows` from the wire's types (both transports).
+    pub(super) fn stage_rows_pb(&self, req: &pb::StageRowsRequest) -> Result<(), Status> {
+        let rows = req
+            .rows
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("StageRows without rows"))?;
+        self.stage_rows(req.token, TableState::try_from(rows)?)
     }
 }
 

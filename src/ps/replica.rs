@@ -98,6 +98,8 @@ pub(super) struct Ring {
     /// The latest kept copy could not be written (a full disk): the WARN
     /// is logged once per run of failures, and an INFO when one is again.
     keep_failing: std::sync::atomic::AtomicBool,
+    /// This shard's snapshots outgrew a ring copy (said once).
+    too_large: std::sync::atomic::AtomicBool,
 }
 
 /// Whose copies a ps keeps, and how they must look.
@@ -141,7 +143,8 @@ impl Ring {
         let variables = Mlp::new(&config.model.layers)?.variables();
         let specs = |t: usize| crate::placement::shard(config, &variables, t);
         let optimizer = config.train.optimizer();
-        let tables = !crate::placement::tables(config).is_empty();
+        // A ring copy travels in one message: its rows are bounded so.
+        let rows = snapshot::rows_bound(!crate::placement::tables(config).is_empty(), true);
         let (next, keeps) = match (on, own) {
             (true, Some(own)) => {
                 let prev = (task + n - 1) % n;
@@ -149,7 +152,7 @@ impl Ring {
                 let kept = Kept {
                     task: prev,
                     identity: snapshot::identity(config, prev, &specs(prev)),
-                    bound: snapshot::size_bound(&specs(prev), &optimizer, tables),
+                    bound: snapshot::size_bound(&specs(prev), &optimizer, rows),
                     dir: own.join(format!("replica-ps-{prev}")),
                 };
                 // What a writer killed mid-copy left (only this task writes there).
@@ -162,19 +165,36 @@ impl Ring {
             task,
             next,
             keeps,
-            own_bound: snapshot::size_bound(&specs(task), &optimizer, tables),
+            own_bound: snapshot::size_bound(&specs(task), &optimizer, rows),
             outbox: watch::channel(None).0,
             written: Default::default(),
             reading: Default::default(),
             stats: Mutex::new(Stats::default()),
             fetching: std::sync::atomic::AtomicBool::new(false),
             keep_failing: std::sync::atomic::AtomicBool::new(false),
+            too_large: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// A snapshot was written: the sender hands it to the neighbour (the
     /// newest only, when it is behind).
     pub(super) fn offer(&self, step: u64, bytes: Vec<u8>) {
+        if self.next.is_some() && bytes.len() as u64 > self.own_bound {
+            // Its neighbour would refuse it: said once, kept on this disk.
+            if !self
+                .too_large
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                warn!(
+                    ps = self.task,
+                    bytes = bytes.len(),
+                    bound = self.own_bound,
+                    "This shard's snapshot is larger than a ring copy may be (its tables' rows \
+                     pass transport::TABLE_BYTES): it is kept on this ps's own disk only."
+                );
+            }
+            return;
+        }
         if self.next.is_some() {
             self.outbox.send_replace(Some((step, bytes.into())));
         }

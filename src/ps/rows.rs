@@ -7,7 +7,9 @@
 use super::PsService;
 use super::table::{Outcome, Table, TableError};
 use crate::config::{Config, Mode};
-use crate::transport::call::{PushRows, RowsPushed, TableRows, TableState};
+use crate::model::table::Rows;
+use crate::transport::PAGE_BYTES;
+use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
 use std::sync::{Mutex, MutexGuard};
 use tonic::Status;
 use tracing::warn;
@@ -18,6 +20,15 @@ pub(super) struct Tables {
     list: Vec<Mutex<Table>>,
     /// Their names, same order (read without locking).
     names: Vec<String>,
+    /// Rows staged for the next `Initialize` ([`PsService::stage_rows`]).
+    staged: Mutex<Staged>,
+}
+
+/// Rows staged under one token, table by table.
+#[derive(Default)]
+struct Staged {
+    token: u64,
+    tables: Vec<TableState>,
 }
 
 impl Tables {
@@ -47,7 +58,11 @@ impl Tables {
                 .map(Mutex::new)
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { list, names })
+        Ok(Self {
+            list,
+            names,
+            staged: Mutex::default(),
+        })
     }
 
     /// The tables' names, in order.
@@ -60,6 +75,31 @@ impl Tables {
         // A panic under the lock would be a bug in Table; its rows are
         // still the best there are.
         self.list[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Table `i`'s rows, sorted by id, copied a page ([`PAGE_BYTES`]) at a
+    /// time: the lock is left between pages, so pushes go on meanwhile and
+    /// each row is as new as when its page was copied. A restore between
+    /// two pages starts the copy again.
+    fn copy(&self, i: usize) -> Rows {
+        'again: loop {
+            let (mut pages, mut generation) = (Vec::new(), None);
+            loop {
+                let t = self.lock(i);
+                if generation.is_some_and(|g| g != t.generation()) {
+                    continue 'again;
+                }
+                generation = Some(t.generation());
+                let start = pages.iter().map(Rows::len).sum();
+                let page = t.page(start, (PAGE_BYTES / t.row_bytes()).max(1));
+                let done = start + page.len() >= t.len();
+                drop(t);
+                pages.push(page);
+                if done {
+                    return crate::placement::merge_rows(&pages);
+                }
+            }
+        }
     }
 
     /// The index of table `name`, or [`TableError::UnknownTable`].
@@ -167,18 +207,108 @@ impl PsService {
         })
     }
 
-    /// Every table's rows, each copied under its own lock: what snapshots
-    /// and checkpoints save.
+    /// Every table's rows, sorted by id, each copied a page at a time
+    /// under its lock ([`PAGE_BYTES`]): what the ps's snapshots save.
     pub fn table_states(&self) -> Vec<TableState> {
-        (0..self.inner.tables.names().len())
-            .map(|i| {
-                let t = self.inner.tables.lock(i);
-                TableState {
-                    table: t.name().to_owned(),
-                    rows: t.rows(),
-                }
+        let tables = &self.inner.tables;
+        (0..tables.names().len())
+            .map(|i| TableState {
+                table: tables.names()[i].clone(),
+                rows: tables.copy(i),
             })
             .collect()
+    }
+
+    /// `ReadRows` on either transport: rows `start..` of `table` (at most
+    /// `max_rows`, and at most [`PAGE_BYTES`]; 0: as many as that), with
+    /// their shadows and slots, in the order this ps created them.
+    ///
+    /// Errors: `UNAVAILABLE` while the ps stops, `NOT_FOUND` for a table
+    /// this ps does not hold.
+    pub fn read_rows(&self, table: &str, start: u64, max_rows: u32) -> Result<RowsPage, Status> {
+        self.serving()?;
+        let i = self.inner.tables.find(self.inner.task, table)?;
+        let t = self.inner.tables.lock(i);
+        let bound = (PAGE_BYTES / t.row_bytes()).max(1);
+        let rows = match max_rows {
+            0 => bound,
+            n => (n as usize).min(bound),
+        };
+        Ok(RowsPage {
+            state: TableState {
+                table: table.to_owned(),
+                rows: t.page(usize::try_from(start).unwrap_or(usize::MAX), rows),
+            },
+            total: t.len() as u64,
+            generation: t.generation(),
+            incarnation: self.inner.incarnation,
+        })
+    }
+
+    /// `StageRows` on either transport: `state`'s rows (a page of a table
+    /// this ps owns, with shadows and slots) kept for the `Initialize`
+    /// whose `staged` is `token`, after those staged under it before; a
+    /// new token first discards what an older one staged.
+    ///
+    /// Errors: `UNAVAILABLE` while the ps stops, `NOT_FOUND` for a table
+    /// this ps does not hold, `INVALID_ARGUMENT` for token 0, rows not the
+    /// table's width or not finite, a page unlike the ones before it, or
+    /// more rows than a table can index; nothing staged then.
+    pub fn stage_rows(&self, token: u64, state: TableState) -> Result<(), Status> {
+        self.serving()?;
+        if token == 0 {
+            return Err(Status::invalid_argument(
+                "StageRows: token 0 names no Initialize",
+            ));
+        }
+        let tables = &self.inner.tables;
+        let i = tables.find(self.inner.task, &state.table)?;
+        tables.lock(i).check(&state.rows)?;
+        let mut staged = tables.staged.lock().unwrap_or_else(|e| e.into_inner());
+        if staged.token != token {
+            *staged = Staged {
+                token,
+                tables: Vec::new(),
+            };
+        }
+        let Some(held) = staged.tables.iter_mut().find(|t| t.table == state.table) else {
+            staged.tables.push(state);
+            return Ok(());
+        };
+        if held.rows.len() + state.rows.len() > u32::MAX as usize {
+            return Err(Status::invalid_argument(format!(
+                "StageRows: table {:?} would hold more than {} rows on one ps",
+                state.table,
+                u32::MAX
+            )));
+        }
+        held.rows.append(state.rows).map_err(|e| {
+            Status::invalid_argument(format!("StageRows: table {:?}: {e}", state.table))
+        })
+    }
+
+    /// The rows staged under `token` for this `Initialize` (none for 0),
+    /// taken: staging starts empty again.
+    ///
+    /// Errors: `FAILED_PRECONDITION` when what is staged is another
+    /// token's (this ps restarted since, or another chief staged after).
+    pub(super) fn take_staged(&self, token: u64) -> Result<Vec<TableState>, Status> {
+        let mut staged = self
+            .inner
+            .tables
+            .staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let held = std::mem::take(&mut *staged);
+        match token {
+            0 => Ok(Vec::new()),
+            t if t == held.token => Ok(held.tables),
+            t => Err(Status::failed_precondition(format!(
+                "ps:{}: the rows staged for this Initialize (token {t:#x}) are not here: \
+                 the ps restarted or another chief staged rows since; seed again",
+                self.inner.task
+            ))),
+        }
     }
 
     /// Replaces the rows of the tables named in `states` (a restore); a

@@ -364,9 +364,7 @@ async fn call(
                     }
                 })
                 .await?;
-            let mut answer = answer.into_pb((Vec::new(), Vec::new(), rpc::to_pb(slots)));
-            // The tables, like the slots, travel in the message.
-            answer.tables = service.tables_pb(req.with_tables);
+            let answer = answer.into_pb((Vec::new(), Vec::new(), rpc::to_pb(slots)));
             Ok(answer.encode_to_vec())
         }
         kind::PUSH => {
@@ -404,6 +402,11 @@ async fn call(
         }
         kind::PULL_ROWS => Ok(service.pull_rows_pb(&decode(body)?)?.encode_to_vec()),
         kind::PUSH_ROWS => Ok(service.push_rows_pb(&decode(body)?)?.encode_to_vec()),
+        kind::READ_ROWS => Ok(service.read_rows_pb(&decode(body)?)?.encode_to_vec()),
+        kind::STAGE_ROWS => {
+            service.stage_rows_pb(&decode(body)?)?;
+            Ok(pb::StageRowsResponse {}.encode_to_vec())
+        }
         kind::COMPLETE => {
             let req: pb::CompleteRequest = decode(body)?;
             service.complete_run(Complete::from(&req))?;

@@ -353,27 +353,33 @@ pub struct Restored {
 }
 
 /// The largest file a snapshot of a shard of `specs` may be: its tensors
-/// (values, shadows, `optimizer`'s slots and non-slot scalars), with
-/// `tables` the rows of at most [`crate::transport::TABLE_BYTES`] (the
-/// most a ring copy's message carries: rows are made as ids arrive, so
-/// nothing tells their number before the file is read), and a header of
+/// (values, shadows, `optimizer`'s slots and non-slot scalars), `rows`
+/// bytes of table rows (rows are made as ids arrive, so nothing tells
+/// their number before the file is read: [`rows_bound`]), and a header of
 /// at most [`MAX_HEADER_BYTES`].
 pub(super) fn size_bound(
     specs: &[VarSpec],
     optimizer: &crate::optimizer::Optimizer,
-    tables: bool,
+    rows: u64,
 ) -> u64 {
     let floats: u64 = specs
         .iter()
         .map(|s| s.shape.iter().product::<usize>() as u64)
         .sum();
     let copies = 2 + optimizer.slot_names().len() as u64;
-    let rows = if tables {
-        crate::transport::TABLE_BYTES as u64
-    } else {
-        0
-    };
     4 * (floats * copies + optimizer.non_slot_names().len() as u64) + rows + 8 + MAX_HEADER_BYTES
+}
+
+/// The bytes of table rows a snapshot may hold: none without tables; as
+/// many as a checkpoint may ([`crate::checkpoint::MAX_FILE_BYTES`]) in the
+/// ps's own directory (`ring` false); as many as one message carries
+/// ([`crate::transport::TABLE_BYTES`]) in a ring copy.
+pub(super) fn rows_bound(tables: bool, ring: bool) -> u64 {
+    match (tables, ring) {
+        (false, _) => 0,
+        (true, false) => crate::checkpoint::MAX_FILE_BYTES,
+        (true, true) => crate::transport::TABLE_BYTES as u64,
+    }
 }
 
 /// A snapshot file's bytes, checked: every tensor as read, its step and run.
@@ -478,7 +484,8 @@ pub fn load(
     identity: &str,
     tables: &[TableSpec],
 ) -> Result<Restored, SnapshotError> {
-    let bound = size_bound(shard.specs(), &shard.optimizer(), !tables.is_empty());
+    let rows = rows_bound(!tables.is_empty(), false);
+    let bound = size_bound(shard.specs(), &shard.optimizer(), rows);
     let bytes = read_regular(path, bound)?;
     let Checked {
         tensors, step, run, ..

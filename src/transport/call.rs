@@ -82,9 +82,11 @@ pub struct Initialize<'a> {
     pub adopt: bool,
     /// With `adopt`: the step of that snapshot (0: `global_step`).
     pub snapshot_step: u64,
-    /// The rows of every table this ps owns; a table not named starts
-    /// empty (ignored with `adopt`: the snapshot has its own).
-    pub tables: Vec<TableState>,
+    /// The rows of every table this ps owns are those staged under this
+    /// token ([`crate::ps::PsService::stage_rows`]); a table not staged
+    /// starts empty. 0: none staged, every table empty (ignored with
+    /// `adopt`: the snapshot has its own).
+    pub staged: u64,
 }
 
 /// What `Initialize` answers.
@@ -192,4 +194,18 @@ pub struct TableState {
     pub table: String,
     /// Its rows.
     pub rows: crate::model::table::Rows,
+}
+
+/// A page of one table's rows on one ps ([`crate::ps::PsService::read_rows`]):
+/// rows `start..` in the order the ps created them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowsPage {
+    /// The rows, with shadows and slots.
+    pub state: TableState,
+    /// Rows the table holds now: the reader goes on until it has read them.
+    pub total: u64,
+    /// Which rows the row numbers refer to (changes when a restore replaces them).
+    pub generation: u64,
+    /// The ps process.
+    pub incarnation: u64,
 }

@@ -77,6 +77,8 @@ pub struct Cluster {
     wire: Arc<ClientWire>,
     /// gRPC message bytes sent to and received from each ps over TCP.
     bytes: Arc<Vec<[AtomicU64; 2]>>,
+    /// The embedding tables' names, in the model's order.
+    tables: Vec<String>,
 }
 
 /// What crossed one ps link, for reports (`/metrics`, `dtf status`).
@@ -271,6 +273,10 @@ impl Cluster {
             values_in,
             wire,
             bytes,
+            tables: crate::placement::tables(config)
+                .into_iter()
+                .map(|t| t.name)
+                .collect(),
         })
     }
 
@@ -461,9 +467,6 @@ impl Cluster {
             with_shadows: shadows.is_some(),
             min_step,
             with_slots,
-            // Slots are asked for by the chief's snapshot alone: the
-            // tables go with it (never on a training step).
-            with_tables: with_slots,
         };
         if let Some((link, mut conn)) = self.shm(ps).await {
             // Values from shared memory: no TCP answer names what the arrays hold.

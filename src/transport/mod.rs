@@ -73,13 +73,22 @@ pub fn message_limit(config: &Config) -> usize {
 }
 
 /// The most bytes of embedding rows (ids, values, shadows, slots) one
-/// message carries: a ps's whole tables in the chief's snapshot and its
-/// seeding, and in the ps's snapshot file its ring neighbour takes. Rows
-/// are made as ids arrive, so no config gives their size; 1 GiB a ps
-/// (some 5 million rows of 16 floats with Adagrad) keeps a message well
-/// below protobuf's 2 GiB. Beyond it the snapshot is refused, saying so
-/// (sending tables in chunks would lift it).
+/// message carries: those of the ps's snapshot file its ring neighbour
+/// takes (the chief's reads and seeding go a page at a time,
+/// [`PAGE_BYTES`]). Rows are made as ids arrive, so no config gives their
+/// size; 1 GiB a ps (some 5 million rows of 16 floats with Adagrad) keeps
+/// a message well below protobuf's 2 GiB. A larger snapshot stays on its
+/// ps's own disk, and the ps says so once (ring copies in pages would
+/// lift it).
 pub const TABLE_BYTES: usize = 1 << 30;
+
+/// The most bytes of embedding rows one page carries: the chief reads a
+/// ps's tables ([`cluster::Cluster::snapshot`]) and seeds them
+/// ([`cluster::Cluster::initialize`]) a page at a time, and a ps copies a
+/// table for its snapshot a page at a time under the table's lock
+/// (`ps::PsService::read_rows`), so no message and no lock grows with the
+/// table.
+pub const PAGE_BYTES: usize = 32 << 20;
 
 /// The shipped units' runtime directory (`RuntimeDirectory=dtf`).
 const UNITS_RUNTIME_DIR: &str = "/run/dtf";

@@ -5,9 +5,7 @@ mod rows;
 
 pub use rows::RowsError;
 
-use super::call::{
-    Complete, Initialize, Initialized, Pulled, Push, Pushed, TableState, Tensor, TensorView,
-};
+use super::call::{Complete, Initialize, Initialized, Pulled, Push, Pushed, Tensor, TensorView};
 use crate::transport::pb;
 use bytes::{BufMut, Bytes};
 use ndarray::{ArrayBase, Data, DataMut, IxDyn};
@@ -456,7 +454,6 @@ impl Pulled {
             complete: self.complete,
             membership_epoch: self.membership_epoch,
             run: self.run,
-            tables: Vec::new(),
         }
     }
 }
@@ -475,11 +472,7 @@ impl<'a> TryFrom<&'a pb::InitializeRequest> for Initialize<'a> {
             run: r.run,
             adopt: r.adopt,
             snapshot_step: r.snapshot_step,
-            tables: r
-                .tables
-                .iter()
-                .map(TableState::try_from)
-                .collect::<Result<_, _>>()?,
+            staged: r.staged,
         })
     }
 }
@@ -607,7 +600,6 @@ mod tests {
             slots: vec![encode("w/Momentum", &a)],
             membership_epoch: 2,
             run: 5,
-            tables: vec![],
         };
         let (chunks, len) = chunked(msg.clone());
         let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();

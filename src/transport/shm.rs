@@ -53,6 +53,10 @@ pub mod kind {
     pub const PULL_ROWS: u8 = 7;
     /// `PushRowsRequest`, its gradient rows in the message.
     pub const PUSH_ROWS: u8 = 8;
+    /// `ReadRowsRequest`: a page of a table's rows in the answer message.
+    pub const READ_ROWS: u8 = 9;
+    /// `StageRowsRequest`, its rows in the message.
+    pub const STAGE_ROWS: u8 = 10;
     /// The call's answer message.
     pub const OK: u8 = 0x80;
     /// `i32` status code (little-endian), then a UTF-8 message.

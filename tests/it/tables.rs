@@ -413,3 +413,134 @@ async fn a_ps_killed_during_row_pushes_comes_back_with_its_rows_from_its_snapsho
     let now = client.snapshot().await.unwrap().tables;
     assert_eq!(owned(&now, 0, 2), owned(history.last().unwrap(), 0, 2));
 }
+
+/// Tables far larger than a page ([`dtf::transport::PAGE_BYTES`]) move a
+/// page at a time: the chief's snapshot reads every row of them and its
+/// seeding stages them, onto another ps count, on both transports.
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_of_several_pages_are_read_and_seeded_whole() {
+    for transport in [Transport::Tcp, Transport::Auto] {
+        let (c1, client) = tables_cluster(1, Mode::Async, transport).await;
+        // deep/embeddings 4 wide with Adagrad: 8 + 4 × 12 bytes a row.
+        let per_page = dtf::transport::PAGE_BYTES / (8 + 4 * 12);
+        let ids = some_ids(2 * per_page as u64 + 1000);
+        client
+            .pull_rows(&[(EMBEDDINGS, &ids)], false)
+            .await
+            .unwrap();
+        let pushed = &ids[ids.len() - 3..];
+        client
+            .push_rows(&[(EMBEDDINGS, pushed, &[0.5; 12])], 0.1, 7, 0)
+            .await
+            .unwrap();
+        let snap = client.snapshot().await.unwrap();
+        let tables = snap.tables.clone();
+        let emb = &tables[0].1;
+        assert_eq!(
+            emb.ids.len(),
+            ids.len(),
+            "{transport:?}: every row, three pages"
+        );
+        assert!(emb.ids.windows(2).all(|w| w[0] < w[1]), "sorted by id");
+        let ckpt = checkpoint_of(&c1, snap, &c1.dir.path().join("ckpt"));
+        drop((client, c1));
+
+        let c2 = start_tables_cluster(2, Mode::Async, transport);
+        let client = ps_client(&c2, TOKEN);
+        seed(&client, &Seed::from(ckpt)).await;
+        assert_eq!(
+            client.snapshot().await.unwrap().tables,
+            tables,
+            "{transport:?}"
+        );
+        let rows = client
+            .pull_rows(&[(EMBEDDINGS, pushed)], false)
+            .await
+            .unwrap();
+        let at = emb.ids.binary_search(&pushed[0]).unwrap();
+        assert_eq!(
+            rows[0],
+            emb.values[at * 4..(at + 3) * 4].to_vec(),
+            "{transport:?}"
+        );
+    }
+}
+
+/// Staged rows that are not the chief's — token 0, rows of another width,
+/// NaN, an unknown table, or an `Initialize` naming a token nothing was
+/// staged under — get a clear status, and the ps keeps its rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_staged_rows_are_refused_and_change_nothing() {
+    use dtf::transport::pb;
+    use tonic::Code;
+    let (c, client) = tables_cluster(1, Mode::Async, Transport::Tcp).await;
+    let ids = some_ids(5);
+    client
+        .pull_rows(&[(EMBEDDINGS, &ids)], false)
+        .await
+        .unwrap();
+    let before = client.snapshot().await.unwrap().tables;
+    let mut raw = c.client(0, Some(TOKEN)).await;
+    let rows = |table: &str, values: Vec<f32>| pb::TableRows {
+        table: table.into(),
+        ids: vec![1, 2],
+        values: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ..Default::default()
+    };
+    let cases = [
+        (
+            0,
+            rows(EMBEDDINGS, vec![0.5; 8]),
+            Code::InvalidArgument,
+            "token 0",
+        ),
+        (
+            9,
+            rows(EMBEDDINGS, vec![0.5; 6]),
+            Code::InvalidArgument,
+            "values",
+        ),
+        (
+            9,
+            rows(EMBEDDINGS, vec![f32::NAN; 8]),
+            Code::InvalidArgument,
+            "non-finite",
+        ),
+        (
+            9,
+            rows("deep/nothing", vec![0.5; 8]),
+            Code::NotFound,
+            "deep/nothing",
+        ),
+    ];
+    for (token, rows, code, says) in cases {
+        let e = raw
+            .stage_rows(pb::StageRowsRequest {
+                token,
+                rows: Some(rows),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains(says), "{e:?}");
+    }
+    // Staged under 9, initialized naming 10: refused, nothing replaced.
+    raw.stage_rows(pb::StageRowsRequest {
+        token: 9,
+        rows: Some(rows(EMBEDDINGS, vec![0.5; 8])),
+    })
+    .await
+    .unwrap();
+    let e = raw
+        .initialize(pb::InitializeRequest {
+            force: true,
+            staged: 10,
+            global_step: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("staged"), "{e:?}");
+    assert_eq!(client.snapshot().await.unwrap().tables, before);
+}

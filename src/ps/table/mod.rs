@@ -126,6 +126,9 @@ pub struct Table {
     sync: update::Sync,
     /// For `State`.
     counters: TableCounters,
+    /// Bumped when [`Table::load`] replaces the rows: row `r` of one
+    /// generation is not row `r` of another ([`Table::page`]).
+    generation: u64,
 }
 
 impl Table {
@@ -157,6 +160,7 @@ impl Table {
             ema: moving_average_decay,
             sync: update::Sync::new(rule),
             counters: TableCounters::default(),
+            generation: 0,
         })
     }
 
@@ -266,19 +270,40 @@ impl Table {
         Ok(())
     }
 
-    /// Every row, sorted by id: what snapshots and checkpoints save.
+    /// Every row, sorted by id (a test's view; snapshots and checkpoints
+    /// read [`Table::page`]s, which leave the lock between them).
     pub fn rows(&self) -> Rows {
+        crate::placement::merge_rows(&[self.page(0, self.len())])
+    }
+
+    /// Which rows [`Table::page`]'s row numbers refer to: it changes when
+    /// [`Table::load`] replaces them.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes a row takes in a [`Table::page`]: its id, value, shadow and slots.
+    pub fn row_bytes(&self) -> usize {
+        8 + 4 * self.stride
+    }
+
+    /// Rows `start..start + max_rows` (fewer at the end) with their shadows
+    /// and slots, in the order they were created: a reader that goes on
+    /// from `start + rows` until it reaches [`Table::len`] has every row,
+    /// those created meanwhile included, as long as the
+    /// [`Table::generation`] stays the same.
+    pub fn page(&self, start: usize, max_rows: usize) -> Rows {
         let dim = self.spec.dim;
-        let mut order: Vec<usize> = (0..self.ids.len()).collect();
-        order.sort_unstable_by_key(|&r| self.ids[r]);
+        let end = start.saturating_add(max_rows).min(self.ids.len());
+        let start = start.min(end);
+        let n = end - start;
         let mut out = Rows {
-            ids: order.iter().map(|&r| self.ids[r]).collect(),
-            values: Vec::with_capacity(order.len() * dim),
-            shadows: Vec::with_capacity(order.len() * dim),
-            slots: vec![Vec::with_capacity(order.len() * dim); self.slots],
+            ids: self.ids[start..end].to_vec(),
+            values: Vec::with_capacity(n * dim),
+            shadows: Vec::with_capacity(n * dim),
+            slots: vec![Vec::with_capacity(n * dim); self.slots],
         };
-        for &r in &order {
-            let row = &self.arena[r * self.stride..(r + 1) * self.stride];
+        for row in self.arena[start * self.stride..end * self.stride].chunks_exact(self.stride) {
             out.values.extend_from_slice(&row[..dim]);
             out.shadows.extend_from_slice(&row[dim..2 * dim]);
             for (k, s) in out.slots.iter_mut().enumerate() {
@@ -329,6 +354,7 @@ impl Table {
         self.ids.clear();
         self.arena.clear();
         self.sync.clear();
+        self.generation += 1;
         for (i, &id) in rows.ids.iter().enumerate() {
             let r = self.row(id);
             let row = &mut self.arena[r * self.stride..(r + 1) * self.stride];

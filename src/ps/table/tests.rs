@@ -244,3 +244,34 @@ fn a_row_costs_at_most_twice_its_value_and_slots() {
     eprintln!("deep/embeddings, dim 16, Adagrad: {per_row:.1} bytes per row");
     assert!(per_row <= 2.0 * 128.0, "{per_row} bytes per row");
 }
+
+#[test]
+fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() {
+    let mut t = table(2, ADAGRAD, Rule::Async);
+    pulled(&mut t, &[30, 10, 20, 50, 40]);
+    t.push(&[10, 40], &[1.0; 4], 0.1, 0, 0, false).unwrap();
+    assert_eq!(t.row_bytes(), 8 + 4 * 3 * 2);
+    // Two rows a page: 30 10 | 20 50 | 40, as created.
+    let pages: Vec<Rows> = [0, 2, 4, 6].iter().map(|&s| t.page(s, 2)).collect();
+    assert_eq!(pages[0].ids, vec![30, 10]);
+    assert_eq!(pages[2].ids, vec![40]);
+    assert!(pages[3].is_empty(), "past the end: no rows");
+    assert_eq!(pages[0].slots.len(), 1, "the slot travels with its row");
+    let mut whole = Rows::default();
+    for p in pages {
+        whole.append(p).unwrap();
+    }
+    assert_eq!(crate::placement::merge_rows(&[whole]), t.rows());
+    // A page far past the end, or of absurd length, is empty or clipped.
+    assert!(t.page(usize::MAX, usize::MAX).is_empty());
+    assert_eq!(t.page(3, usize::MAX).ids, vec![50, 40]);
+    let g = t.generation();
+    let rows = t.rows();
+    t.load(&rows).unwrap();
+    assert_ne!(t.generation(), g, "a restore renumbers the rows");
+    assert_eq!(
+        t.page(0, 5).ids,
+        vec![10, 20, 30, 40, 50],
+        "loaded in id order"
+    );
+}

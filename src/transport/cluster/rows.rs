@@ -6,8 +6,10 @@
 //! number; the region's fixed areas hold the dense shard).
 
 use super::{Cluster, call};
+use crate::model::table::Rows;
 use crate::placement::table_owner;
-use crate::transport::call::{RowsPushed, TableRows};
+use crate::transport::PAGE_BYTES;
+use crate::transport::call::{RowsPage, RowsPushed, TableRows, TableState};
 use crate::transport::pb;
 use crate::transport::proto::RowsError;
 use crate::transport::shm::kind;
@@ -222,5 +224,117 @@ impl Cluster {
             }
         };
         Ok(RowsPushed::from(&answer))
+    }
+
+    /// Every table whole, from every ps, in the model's order: each ps's
+    /// rows read a page at a time ([`PAGE_BYTES`]; tables far larger than
+    /// a message), merged and sorted by id. Each row is as new as its page:
+    /// in async mode a table read while training goes on is not one
+    /// moment's, as TensorFlow's `Saver` reads variables while they train.
+    ///
+    /// Errors: the first ps that failed; `ABORTED` when a ps's table was
+    /// replaced (a restore) between two pages, `INTERNAL` for pages that
+    /// do not fit together.
+    pub(super) async fn read_tables(&self) -> Result<Vec<(String, Rows)>, PsCallError> {
+        let mut out = Vec::with_capacity(self.tables.len());
+        for table in &self.tables {
+            let parts = try_join_all(
+                (0..self.num_ps())
+                    .map(|ps| async move { self.read_table(ps, table).await.map_err(call(ps)) }),
+            )
+            .await?;
+            out.push((table.clone(), crate::placement::merge_rows(&parts)));
+        }
+        Ok(out)
+    }
+
+    /// Table `table`'s rows on ps `ps`, page by page until the last page
+    /// reaches the rows the table holds then.
+    async fn read_table(&self, ps: usize, table: &str) -> Result<Rows, Status> {
+        let bad = |why: String| Status::internal(format!("ps:{ps} table {table:?}: {why}"));
+        let (mut rows, mut generation) = (Rows::default(), None);
+        loop {
+            let req = pb::ReadRowsRequest {
+                table: table.to_owned(),
+                start: rows.len() as u64,
+                max_rows: 0,
+            };
+            let answer: pb::ReadRowsResponse = match self.shm(ps).await {
+                Some((link, mut conn)) => link.call(&mut conn, kind::READ_ROWS, &req).await?,
+                None => {
+                    self.took(ps, Via::Tcp);
+                    let sent = req.encoded_len();
+                    let r = self.clients[ps].clone().read_rows(req).await?.into_inner();
+                    self.count(ps, sent, r.encoded_len());
+                    r
+                }
+            };
+            let page = RowsPage::try_from(&answer).map_err(|e| bad(e.to_string()))?;
+            if page.state.table != table {
+                return Err(bad(format!("answered with table {:?}", page.state.table)));
+            }
+            let now = (page.generation, page.incarnation);
+            if generation.is_some_and(|g| g != now) {
+                return Err(Status::aborted(format!(
+                    "ps:{ps} replaced table {table:?}'s rows (a restore) while they were read"
+                )));
+            }
+            generation = Some(now);
+            let got = page.state.rows.len();
+            rows.append(page.state.rows).map_err(bad)?;
+            if rows.len() as u64 >= page.total {
+                return Ok(rows);
+            }
+            if got == 0 {
+                return Err(bad(format!(
+                    "an empty page at row {} of {}",
+                    rows.len(),
+                    page.total
+                )));
+            }
+        }
+    }
+
+    /// Stages `tables` (this ps's rows of each) on ps `ps` under `token`
+    /// for its next `Initialize`, a page ([`PAGE_BYTES`]) at a time.
+    pub(super) async fn stage(
+        &self,
+        ps: usize,
+        token: u64,
+        tables: &[TableState],
+    ) -> Result<(), Status> {
+        for t in tables {
+            let per_page = (PAGE_BYTES / t.rows.row_bytes()).max(1);
+            let mut start = 0;
+            // An empty table too: the ps then knows it is staged, empty.
+            loop {
+                let end = (start + per_page).min(t.rows.len());
+                let page = TableState {
+                    table: t.table.clone(),
+                    rows: t.rows.slice(start..end),
+                };
+                let req = pb::StageRowsRequest {
+                    token,
+                    rows: Some(pb::TableRows::from(&page)),
+                };
+                match self.shm(ps).await {
+                    Some((link, mut conn)) => {
+                        link.call::<pb::StageRowsResponse>(&mut conn, kind::STAGE_ROWS, &req)
+                            .await?;
+                    }
+                    None => {
+                        self.took(ps, Via::Tcp);
+                        let sent = req.encoded_len();
+                        self.clients[ps].clone().stage_rows(req).await?;
+                        self.count(ps, sent, 0);
+                    }
+                }
+                start = end;
+                if start >= t.rows.len() {
+                    break;
+                }
+            }
+        }
+        Ok(())
     }
 }

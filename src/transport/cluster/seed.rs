@@ -4,33 +4,8 @@
 
 use super::*;
 use crate::model::table::Rows;
-use crate::placement::{merge_rows, split_rows};
+use crate::placement::split_rows;
 use crate::transport::call::TableState;
-
-/// Every table whole from every shard's snapshot answer: each ps's rows
-/// (a table named in the order the answers first name it: the model's)
-/// merged, sorted by id ([`merge_rows`]).
-///
-/// Errors: `INTERNAL` naming the ps whose rows are malformed.
-fn gather_tables(replies: &[pb::PullResponse]) -> Result<Vec<(String, Rows)>, PsCallError> {
-    let mut tables: Vec<(String, Vec<Rows>)> = Vec::new();
-    for (ps, r) in replies.iter().enumerate() {
-        for t in &r.tables {
-            let state = TableState::try_from(t).map_err(|e| PsCallError {
-                ps,
-                status: Status::internal(format!("ps:{ps} sent table {:?}: {e}", t.table)),
-            })?;
-            match tables.iter_mut().find(|(name, _)| *name == state.table) {
-                Some((_, parts)) => parts.push(state.rows),
-                None => tables.push((state.table, vec![state.rows])),
-            }
-        }
-    }
-    Ok(tables
-        .into_iter()
-        .map(|(name, parts)| (name, merge_rows(&parts)))
-        .collect())
-}
 
 impl Cluster {
     /// Initializes the shards of the ps tasks in `only` from `values` (model
@@ -54,17 +29,28 @@ impl Cluster {
         // Whole variables in, each ps's parts out (views: the copy is the encoding).
         let values = self.layout.views(values);
         let shadows = shadows.map(|s| self.layout.views(s));
-        // Whole tables in, each ps's rows out (placement::table_owner).
-        let mut rows: Vec<Vec<pb::TableRows>> = vec![Vec::new(); self.num_ps()];
+        // Whole tables in, each ps's rows out (placement::table_owner),
+        // staged a page at a time; the Initialize then names the token.
+        let mut rows: Vec<Vec<TableState>> = vec![Vec::new(); self.num_ps()];
         for (table, whole) in tables {
             for (ps, part) in split_rows(whole, self.num_ps()).into_iter().enumerate() {
-                let state = TableState {
+                rows[ps].push(TableState {
                     table: table.clone(),
                     rows: part,
-                };
-                rows[ps].push(pb::TableRows::from(&state));
+                });
             }
         }
+        let tokens: Vec<u64> = (0..self.num_ps())
+            .map(|ps| match rows[ps].is_empty() {
+                true => 0,
+                false => rand::random::<u64>() | 1,
+            })
+            .collect();
+        try_join_all(only.iter().map(|&ps| {
+            let (rows, token) = (&rows[ps], tokens[ps]);
+            async move { self.stage(ps, token, rows).await.map_err(call(ps)) }
+        }))
+        .await?;
         let requests = only.iter().map(|&ps| {
             let enc = |src: &[ArrayViewD<f32>]| {
                 self.by_ps[ps]
@@ -91,7 +77,7 @@ impl Cluster {
                 force,
                 slots,
                 run,
-                tables: std::mem::take(&mut rows[ps]),
+                staged: tokens[ps],
                 ..Default::default()
             };
             (ps, req)
@@ -173,7 +159,8 @@ impl Cluster {
         let run = replies.first().map_or(0, |r| r.run);
         let shard_steps = replies.iter().map(|r| r.global_step).collect();
         let slots = self.gather_slots(&replies)?;
-        let tables = gather_tables(&replies)?;
+        // After the shards' tensors, a page at a time.
+        let tables = self.read_tables().await?;
         Ok(Snapshot {
             run,
             shard_steps,

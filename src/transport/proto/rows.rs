@@ -3,7 +3,7 @@
 //! f32 bytes, each length checked here, once.
 
 use crate::model::table::Rows;
-use crate::transport::call::{PushRows, RowsPushed, TableRows, TableState};
+use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
 use crate::transport::pb;
 
 /// Rows that arrived malformed.
@@ -117,6 +117,35 @@ impl From<&TableState> for pb::TableRows {
             shadows: bytes(&t.rows.shadows),
             slots: t.rows.slots.iter().map(|s| bytes(s)).collect(),
         }
+    }
+}
+
+impl From<&RowsPage> for pb::ReadRowsResponse {
+    fn from(p: &RowsPage) -> Self {
+        Self {
+            rows: Some(pb::TableRows::from(&p.state)),
+            total: p.total,
+            generation: p.generation,
+            incarnation: p.incarnation,
+        }
+    }
+}
+
+impl TryFrom<&pb::ReadRowsResponse> for RowsPage {
+    type Error = RowsError;
+
+    fn try_from(r: &pb::ReadRowsResponse) -> Result<Self, RowsError> {
+        Ok(Self {
+            state: r
+                .rows
+                .as_ref()
+                .map(TableState::try_from)
+                .transpose()?
+                .unwrap_or_default(),
+            total: r.total,
+            generation: r.generation,
+            incarnation: r.incarnation,
+        })
     }
 }
 
