@@ -2,7 +2,8 @@
 # Embedding tables at two sizes (issue 40's targets): the same wide & deep
 # run over TCP on synthetic data whose ids are uniform over 10^4 ids and over
 # 10^7, so that the ps's tables end ~10^4 and ~10^7 rows while every batch
-# touches about as many ids. Prints, per size: steps/s, TCP bytes per worker
+# touches about as many ids. Both sets have 2,500,000 rows, so the workers'
+# resident data is the same and their RSS compares the tables alone. Prints, per size: steps/s, TCP bytes per worker
 # step (both ways, from the workers' "Worker done." lines), the tables' rows
 # (dtf inspect of the final checkpoint), and the peak RSS of the workers and
 # the ps (VmHWM, sampled).
@@ -14,7 +15,7 @@ DTF=${DTF:-target/release/dtf}
 steps=${1:-10000}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$DTF" synth --out "$work/small" --rows 300000 --fields 8 --cardinality 1250 --exponent 0 >/dev/null
+"$DTF" synth --out "$work/small" --rows 2500000 --fields 8 --cardinality 1250 --exponent 0 >/dev/null
 "$DTF" synth --out "$work/large" --rows 2500000 --fields 8 --cardinality 1250000 --exponent 0 >/dev/null
 peak() { # peak VmHWM (kB) of $2's children named $1 while $2 (dtf local) lives
     local max=0 v

@@ -90,16 +90,45 @@ pub fn score(
     ema: bool,
     test: &Dataset,
 ) -> Result<Binary, BinaryMetricsError> {
-    let (x, y) = test.all();
-    let categorical = test
+    let logits = logits(model, params, tables, ema, test);
+    let y = test.labels();
+    let probabilities: Vec<f32> = logits.iter().map(|&z| sigmoid(z)).collect();
+    let right = probabilities
+        .iter()
+        .zip(y)
+        .filter(|&(&p, &l)| (p >= 0.5) == (l == 1))
+        .count();
+    Ok(Binary {
+        auc: binary_metrics::auc(&logits, y)? as f32,
+        log_loss: binary_metrics::log_loss(&probabilities, y)? as f32,
+        accuracy: right as f32 / y.len().max(1) as f32,
+    })
+}
+
+/// The logit of every example of `data` (preprocessed as the checkpoint
+/// says) under `params` and `tables`, with the rows' EMA shadows when `ema`:
+/// what [`score`] ranks and `dtf predict` prints through the sigmoid.
+///
+/// Panics when `data` has no categorical fields (the caller checked them
+/// against the model's).
+pub fn logits(
+    model: &WideDeep,
+    params: &[ArrayD<f32>],
+    tables: &[Table; 2],
+    ema: bool,
+    data: &Dataset,
+) -> Vec<f32> {
+    let (x, _) = data.all();
+    let categorical = data
         .categorical()
         .expect("a wide & deep test split has categorical fields");
     let dim = model.dim();
-    let mut logits = Vec::with_capacity(y.len());
+    let len = data.len();
+    let mut logits = Vec::with_capacity(len);
     let (mut dedup, mut ws) = (Dedup::default(), wide_deep::Workspace::default());
     let fields = categorical.width();
-    for start in (0..y.len()).step_by(CHUNK) {
-        let end = (start + CHUNK).min(y.len());
+    for start in (0..len).step_by(CHUNK) {
+        let end = (start + CHUNK).min(len);
         let first = categorical.offsets[start * fields] as usize;
         let last = categorical.offsets[end * fields] as usize;
         dedup.run(&categorical.ids[first..last]);
@@ -133,15 +162,5 @@ pub fn score(
             &mut ws,
         ));
     }
-    let probabilities: Vec<f32> = logits.iter().map(|&z| sigmoid(z)).collect();
-    let right = probabilities
-        .iter()
-        .zip(&y)
-        .filter(|&(&p, &l)| (p >= 0.5) == (l == 1))
-        .count();
-    Ok(Binary {
-        auc: binary_metrics::auc(&logits, &y)? as f32,
-        log_loss: binary_metrics::log_loss(&probabilities, &y)? as f32,
-        accuracy: right as f32 / y.len().max(1) as f32,
-    })
+    logits
 }
