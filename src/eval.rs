@@ -5,7 +5,7 @@ pub mod binary;
 
 use crate::config::DataConfig;
 use crate::data::{self, Split};
-use crate::model::{Mlp, WideDeep};
+use crate::model::Mlp;
 use crate::predict::{PredictError, Trained};
 use ndarray::{ArrayD, ArrayView2};
 use serde::Serialize;
@@ -225,8 +225,8 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
     }
     test.check_labels(model.meta.classes)?;
     test.set_preprocessing(model.meta.preprocessing.clone())?;
-    if let Some(wd) = &model.meta.wide_deep {
-        return evaluate_wide_deep(&model, wd, &test);
+    if model.meta.wide_deep.is_some() {
+        return evaluate_wide_deep(&model, &test);
     }
     let (x, y) = test.all();
     let scores = score(
@@ -252,31 +252,14 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
 ///
 /// Errors: [`EvalError::Model`] when the test split's categorical fields
 /// are not the checkpoint's, or its labels cannot be scored (one class).
-fn evaluate_wide_deep(
-    model: &Trained,
-    meta: &crate::checkpoint::WideDeepMeta,
-    test: &data::Dataset,
-) -> Result<Evaluation, EvalError> {
+fn evaluate_wide_deep(model: &Trained, test: &data::Dataset) -> Result<Evaluation, EvalError> {
     let problem = |problem: String| {
         EvalError::Model(PredictError::Model {
             path: model.file.clone(),
             problem,
         })
     };
-    let fields = test
-        .categorical()
-        .map(|c| c.fields.as_slice())
-        .unwrap_or(&[]);
-    if fields != meta.fields.as_slice() {
-        return Err(problem(format!(
-            "the model embeds the fields {:?}, the test data {} has {fields:?}",
-            meta.fields,
-            test.path().display()
-        )));
-    }
-    let hidden = &model.meta.layers[1..model.meta.layers.len() - 1];
-    let wd = WideDeep::new(fields.len(), test.features(), meta.embedding_dim, hidden)
-        .map_err(|e| problem(e.to_string()))?;
+    let wd = model.wide_deep(test)?;
     let tables = binary::tables(&wd, &model.tables);
     let score = |ema: bool| {
         binary::score(&wd, model.params(ema), &tables, ema, test)

@@ -4,7 +4,8 @@
 //! moving averages.
 
 use crate::checkpoint::{self, ModelMeta};
-use crate::data::{self, DataError, Features, npz};
+use crate::data::{self, DataError, Dataset, Features, npz};
+use crate::model::wide_deep::WideDeep;
 use crate::model::{Mlp, argmax};
 use ndarray::{Array2, ArrayD};
 use serde::Serialize;
@@ -127,6 +128,42 @@ impl Trained {
         }
     }
 
+    /// The wide & deep network of this checkpoint, for `data`.
+    ///
+    /// Errors: [`PredictError::Model`] when this is not a wide & deep
+    /// model, or `data`'s categorical fields or dense width are not the
+    /// model's.
+    pub fn wide_deep(&self, data: &Dataset) -> Result<WideDeep, PredictError> {
+        let problem = |problem: String| PredictError::Model {
+            path: self.file.clone(),
+            problem,
+        };
+        let Some(meta) = &self.meta.wide_deep else {
+            return Err(problem("not a wide & deep model".into()));
+        };
+        let fields = data
+            .categorical()
+            .map(|c| c.fields.as_slice())
+            .unwrap_or(&[]);
+        if fields != meta.fields.as_slice() {
+            return Err(problem(format!(
+                "the model embeds the fields {:?}, the data {} has {fields:?}",
+                meta.fields,
+                data.path().display()
+            )));
+        }
+        if data.features() != self.meta.dense_inputs() {
+            return Err(PredictError::Width {
+                path: data.path().to_path_buf(),
+                found: data.features(),
+                expected: self.meta.dense_inputs(),
+            });
+        }
+        let hidden = &self.meta.layers[1..self.meta.layers.len() - 1];
+        WideDeep::new(fields.len(), data.features(), meta.embedding_dim, hidden)
+            .map_err(|e| problem(e.to_string()))
+    }
+
     /// The EMA shadows (`ema`) or the trained variables.
     pub fn params(&self, ema: bool) -> &[ArrayD<f32>] {
         if ema { &self.ema } else { &self.raw }
@@ -217,6 +254,68 @@ pub fn read_input(
     };
     Array2::from_shape_vec((n, width.max(1)), floats)
         .map_err(|e| input_error(format!("shape {shape:?}: {e}")))
+}
+
+/// The examples of a wide & deep model (`model`) in `path`, preprocessed
+/// as its checkpoint says: a CSV file with a header (its columns matched by
+/// name, the categorical ones those the model embeds; the `label` column
+/// may be absent), RecBole atomic files (a `.inter` file or a directory, as
+/// [`data::recbole::read_all`]) or Criteo's layout (`.txt`, `.tsv`).
+/// Labels absent read as 0.
+///
+/// Errors: [`PredictError::Data`] for an unreadable or malformed file,
+/// [`PredictError::Input`] for another kind of file.
+pub fn read_examples(path: &Path, model: &Trained, label: &str) -> Result<Dataset, PredictError> {
+    let fields = model
+        .meta
+        .wide_deep
+        .as_ref()
+        .map(|w| w.fields.as_slice())
+        .unwrap_or(&[]);
+    let mut cfg = model.meta.training_data.clone().unwrap_or_default();
+    cfg.label = label.to_owned();
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let mut examples = match ext.as_deref() {
+        Some("csv") => {
+            let rows = data::csv::read_with(
+                path,
+                &data::csv::Options {
+                    label: Some(label),
+                    require_label: false,
+                    names: model.meta.features.as_deref(),
+                    categorical: data::csv::CategoricalColumns::Exactly(fields),
+                    threshold: cfg.threshold,
+                },
+            )?;
+            let categorical = rows
+                .categorical
+                .unwrap_or_else(|| crate::data::Categorical::new(Vec::new()));
+            let n = rows
+                .values
+                .len()
+                .checked_div(rows.features)
+                .unwrap_or(categorical.len());
+            let labels = rows.labels.unwrap_or_else(|| vec![0; n]);
+            Dataset::with_categorical(rows.values, labels, rows.features, categorical, path)?
+        }
+        Some("txt" | "tsv") => data::criteo::read(path)?,
+        _ if path.is_dir() || ext.as_deref() == Some("inter") => {
+            data::recbole::read_all(path, &cfg)?
+        }
+        _ => {
+            return Err(PredictError::Input {
+                path: path.to_path_buf(),
+                problem: "a wide & deep model reads a .csv file, RecBole atomic files \
+                          (a .inter file or their directory) or Criteo's layout (.txt, .tsv)"
+                    .into(),
+            });
+        }
+    };
+    examples.set_preprocessing(model.meta.preprocessing.clone())?;
+    Ok(examples)
 }
 
 /// One row's prediction, for `--json`.

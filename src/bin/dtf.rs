@@ -192,10 +192,12 @@ impl SynthArgs {
 struct PredictArgs {
     /// A model.ckpt-N.safetensors file or a checkpoint directory (its newest).
     checkpoint: PathBuf,
-    /// The rows: a .npy array [N, …], a .npz with array x, or a .csv with a header.
+    /// The rows: a .npy array [N, …], a .npz with array x, or a .csv with a header; for a
+    /// wide & deep model a .csv, RecBole atomic files (.inter or their directory) or
+    /// Criteo's .txt/.tsv.
     #[arg(long)]
     input: PathBuf,
-    /// A CSV column to leave out (default: the checkpoint's label column, else "label").
+    /// The label column to leave out (default: the one the checkpoint was trained with, else "label").
     #[arg(long)]
     label: Option<String>,
     /// The trained weights instead of their moving averages (EMA).

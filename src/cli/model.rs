@@ -73,14 +73,28 @@ pub fn predict(
 ) -> Result<ExitCode> {
     use std::io::Write;
     let model = crate::predict::Trained::load(checkpoint)?;
-    model.refuse_wide_deep(
-        "dtf predict reads dense rows; score a wide & deep model's test split with dtf eval",
-    )?;
     let label = label
         .or_else(|| model.meta.label.clone())
+        .or_else(|| model.meta.training_data.as_ref().map(|d| d.label.clone()))
         .unwrap_or_else(|| "label".into());
-    let x = crate::predict::read_input(input, &label, model.meta.features.as_deref())?;
-    let probabilities = model.probabilities(x, !raw, input)?;
+    let probabilities = if model.meta.wide_deep.is_some() {
+        // P(0), P(1) from the logit of each example, as dtf eval scores it.
+        let examples = crate::predict::read_examples(input, &model, &label)?;
+        let net = model.wide_deep(&examples)?;
+        let tables = crate::eval::binary::tables(&net, &model.tables);
+        let logits =
+            crate::eval::binary::logits(&net, model.params(!raw), &tables, !raw, &examples);
+        let mut p = ndarray::Array2::zeros((logits.len(), 2));
+        for (mut row, z) in p.rows_mut().into_iter().zip(logits) {
+            let one = crate::model::wide_deep::sigmoid(z);
+            row[0] = 1.0 - one;
+            row[1] = one;
+        }
+        p
+    } else {
+        let x = crate::predict::read_input(input, &label, model.meta.features.as_deref())?;
+        model.probabilities(x, !raw, input)?
+    };
     let predictions = crate::predict::predictions(&probabilities);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -178,6 +178,40 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
     }
 }
 
+/// Every example of one interaction file (`dtf predict`; the label column
+/// may be absent, its labels then 0): `path` is a
+/// `NAME.inter` (or `NAME.train.inter`, `NAME.test.inter`) file, joined
+/// with `NAME.user` and `NAME.item` beside it, or a directory: its one
+/// `NAME.inter`, or its `NAME.test.inter` when the data set is split.
+///
+/// Errors: as [`load_both`].
+pub fn read_all(path: &Path, cfg: &DataConfig) -> Result<Dataset, DataError> {
+    let (inter, files) = if path.is_dir() {
+        let files = find(path)?;
+        let inter = match &files.inter {
+            Inter::One(whole) => whole.clone(),
+            Inter::Split { test, .. } => test.clone(),
+        };
+        (inter, files)
+    } else {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let file = path.file_name().unwrap_or_default().to_string_lossy();
+        let stem = file.strip_suffix(".inter").unwrap_or(&file);
+        let name = [".train", ".test", ".valid"]
+            .iter()
+            .find_map(|s| stem.strip_suffix(s))
+            .unwrap_or(stem);
+        let beside = |ext: &str| Some(dir.join(format!("{name}.{ext}"))).filter(|p| p.exists());
+        let files = Files {
+            inter: Inter::One(path.to_path_buf()),
+            user: beside("user"),
+            item: beside("item"),
+        };
+        (path.to_path_buf(), files)
+    };
+    read_inter_with(&inter, &Joins::read(&files)?, cfg, false)
+}
+
 /// Both splits of the data set in `cfg.dir`, each file read once.
 ///
 /// Errors: [`DataError::Format`] naming the file, line and column of a row
@@ -386,17 +420,29 @@ impl Joins {
 ///
 /// Errors: as [`load_both`].
 fn read_inter(path: &Path, joins: &Joins, cfg: &DataConfig) -> Result<Dataset, DataError> {
+    read_inter_with(path, joins, cfg, true)
+}
+
+/// [`read_inter`]; without `require_label`, a file without the label
+/// column reads with every label 0 (examples to predict).
+fn read_inter_with(
+    path: &Path,
+    joins: &Joins,
+    cfg: &DataConfig,
+    require_label: bool,
+) -> Result<Dataset, DataError> {
     let inter = Atomic::read(path)?;
-    let label_at = inter.position(&cfg.label).ok_or_else(|| {
-        format_error(
+    let label_at = inter.position(&cfg.label);
+    if label_at.is_none() && require_label {
+        return Err(format_error(
             path,
             format!(
                 "line 1: no label column {} among {}: set data.label",
                 quote(&cfg.label),
                 inter.names()
             ),
-        )
-    })?;
+        ));
+    }
     // (side, its column) of every feature: side None is the inter file.
     let mut dense: Vec<(Option<usize>, usize)> = Vec::new();
     let mut cats: Vec<(Option<usize>, usize)> = Vec::new();
@@ -424,7 +470,7 @@ fn read_inter(path: &Path, joins: &Joins, cfg: &DataConfig) -> Result<Dataset, D
         }
         Ok(())
     };
-    add(None, &inter, label_at)?;
+    add(None, &inter, label_at.unwrap_or(usize::MAX))?;
     for (s, side) in joins.sides.iter().enumerate() {
         let at = inter.position(side.key).ok_or_else(|| {
             format_error(
@@ -453,13 +499,10 @@ fn read_inter(path: &Path, joins: &Joins, cfg: &DataConfig) -> Result<Dataset, D
     let mut labels = Vec::with_capacity(inter.rows.len());
     let mut row_of = vec![None; joins.sides.len()];
     for (line, cells) in &inter.rows {
-        labels.push(parse_label(
-            path,
-            *line as u64,
-            &cfg.label,
-            &cells[label_at],
-            cfg.threshold,
-        )?);
+        labels.push(match label_at {
+            Some(at) => parse_label(path, *line as u64, &cfg.label, &cells[at], cfg.threshold)?,
+            None => 0,
+        });
         for (s, side) in joins.sides.iter().enumerate() {
             row_of[s] = side.index.get(&cells[keys_at[s]]).copied();
         }

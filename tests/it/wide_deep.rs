@@ -112,7 +112,7 @@ fn wide_deep_learns_movielens_in_both_modes_and_over_both_transports() {
 }
 
 #[test]
-fn wide_deep_refuses_ratings_without_a_threshold_and_onnx_export() {
+fn wide_deep_refuses_ratings_without_a_threshold_and_onnx_export_and_predicts_atomic_files() {
     let Some(data) = ml100k() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dtf_output(&[
@@ -147,4 +147,157 @@ fn wide_deep_refuses_ratings_without_a_threshold_and_onnx_export() {
         "{stderr}"
     );
     assert!(!onnx.exists());
+    // dtf predict reads the atomic files themselves: one line per interaction.
+    let inter = data.join("ml-100k.inter");
+    let out = dtf_output(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        "--input",
+        inter.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(lines, 1 + 100_000);
+}
+
+/// AUC of `scores` against 0/1 `labels`, ties counted half.
+fn auc(scores: &[f64], labels: &[u8]) -> f64 {
+    let (mut wins, mut pairs) = (0.0, 0.0);
+    for (i, &si) in scores.iter().enumerate() {
+        for (j, &sj) in scores.iter().enumerate() {
+            if labels[i] == 1 && labels[j] == 0 {
+                pairs += 1.0;
+                wins += if si > sj {
+                    1.0
+                } else if si == sj {
+                    0.5
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+    wins / pairs
+}
+
+/// The `p1` column of `dtf predict`'s CSV output, checking the rest.
+fn p1_of(out: &std::process::Output) -> Vec<f64> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "dtf predict failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("class,p0,p1"), "{stdout}");
+    lines
+        .map(|l| {
+            let cells: Vec<f64> = l.split(',').map(|c| c.parse().unwrap()).collect();
+            assert_eq!(cells.len(), 3, "{l}");
+            assert!((cells[1] + cells[2] - 1.0).abs() < 1e-6, "{l}");
+            assert_eq!(cells[0], if cells[2] >= 0.5 { 1.0 } else { 0.0 }, "{l}");
+            cells[2]
+        })
+        .collect()
+}
+
+#[test]
+fn wide_deep_predicts_per_example_what_eval_scores() {
+    // A CSV with categorical columns (wide & deep, picked by dtf local):
+    // the label is 1 for two of four colours, and for one shop in five.
+    let dir = tempfile::tempdir().unwrap();
+    let colours = ["red", "green", "blue", "black"];
+    let row = |i: usize| {
+        let colour = colours[(i * 7 + i / 3) % 4];
+        let shop = format!("s{}", (i * 13) % 25);
+        let x = ((i * 31) % 100) as f64 / 10.0;
+        let label = u8::from(colour == "red" || colour == "green" || (i * 13) % 25 < 5);
+        (colour, shop, x, label)
+    };
+    let write = |name: &str, rows: std::ops::Range<usize>, with_label: bool| {
+        let mut text = String::from(if with_label {
+            "colour,shop,x,label\n"
+        } else {
+            // Another column order: dtf matches columns by name.
+            "x,shop,colour\n"
+        });
+        for i in rows {
+            let (c, s, x, l) = row(i);
+            text += &if with_label {
+                format!("{c},{s},{x},{l}\n")
+            } else {
+                format!("{x},{s},{c}\n")
+            };
+        }
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let train = write("shop_train.csv", 0..2000, true);
+    write("shop_test.csv", 2000..2400, true);
+    let unlabelled = write("new.csv", 2000..2400, false);
+    let labels: Vec<u8> = (2000..2400).map(|i| row(i).3).collect();
+    let ckpt = dir.path().join("ckpt");
+    let out = dtf_output(&[
+        "local",
+        "--data",
+        train.to_str().unwrap(),
+        "--ps",
+        "1",
+        "--workers",
+        "1",
+        "--steps",
+        "300",
+        "--learning-rate",
+        "0.2",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dtf local:\n{stderr}");
+    assert!(stderr.contains("model wide_deep"), "{stderr}");
+    let out = dtf_output(&["eval", ckpt.to_str().unwrap(), "--json"]);
+    let ev: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("dtf eval: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let (ema_auc, raw_auc) = (ev["ema_auc"].as_f64().unwrap(), ev["auc"].as_f64().unwrap());
+    assert!(ema_auc > 0.8, "the model learned the colours: {ev}");
+    // Without a label column, in another column order: the EMA weights by
+    // default, the trained ones with --raw; their ranking is eval's AUC.
+    let ckpt_arg = ckpt.to_str().unwrap();
+    let input = unlabelled.to_str().unwrap();
+    let ema = p1_of(&dtf_output(&["predict", ckpt_arg, "--input", input]));
+    let raw = p1_of(&dtf_output(&[
+        "predict", ckpt_arg, "--input", input, "--raw",
+    ]));
+    assert_eq!(ema.len(), 400);
+    assert!((auc(&ema, &labels) - ema_auc).abs() < 1e-4, "{ev}");
+    assert!((auc(&raw, &labels) - raw_auc).abs() < 1e-4, "{ev}");
+    assert_ne!(ema, raw);
+    // --json: one object per example.
+    let out = dtf_output(&["predict", ckpt_arg, "--input", input, "--json"]);
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["probabilities"].as_array().unwrap().len(),
+        2,
+        "{first}"
+    );
+    // A file without a field the model embeds: an error naming it, no output.
+    let missing = dir.path().join("no_shop.csv");
+    std::fs::write(&missing, "colour,x\nred,1\n").unwrap();
+    let out = dtf_output(&["predict", ckpt_arg, "--input", missing.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("shop"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    // Dense rows (.npy) are not a wide & deep model's input.
+    let npy = dir.path().join("x.npy");
+    std::fs::write(&npy, b"").unwrap();
+    let out = dtf_output(&["predict", ckpt_arg, "--input", npy.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(".csv"), "{stderr}");
 }

@@ -311,3 +311,34 @@ fn wide_deep_takes_its_input_width_from_the_fields_and_wants_binary_labels() {
         .to_string();
     assert!(msg.contains("data.threshold"), "{msg}");
 }
+
+#[test]
+fn read_all_takes_a_file_or_a_directory_with_or_without_the_label() {
+    let unlabelled = "user_id:token\titem_id:token\ttimestamp:float\n1\t11\t500\n9\t10\t600\n";
+    let d = dir(&[
+        ("toy.train.inter", INTER),
+        ("toy.test.inter", INTER),
+        ("toy.valid.inter", unlabelled),
+        ("toy.user", USER),
+        ("toy.item", ITEM),
+    ]);
+    let c = cfg(&d, Some(4.0));
+    // The directory of a split data set: its test file, labelled.
+    let test = read_all(d.path(), &c).unwrap();
+    assert_eq!(test.labels(), [1, 0, 1, 0]);
+    // One file, joined with NAME.user and NAME.item beside it; no label
+    // column: every label 0, the features as a labelled file has them.
+    let new = read_all(&d.path().join("toy.valid.inter"), &c).unwrap();
+    assert_eq!(new.labels(), [0, 0]);
+    assert_eq!(new.names().unwrap(), test.names().unwrap());
+    let cat = new.categorical().unwrap();
+    assert_eq!(cat.fields, test.categorical().unwrap().fields);
+    assert_eq!(cat.get(0, 2), [id("age", "24")], "user 1 joined");
+    // Training still requires the label.
+    let err = read_inter(
+        &d.path().join("toy.valid.inter"),
+        &Joins { sides: vec![] },
+        &c,
+    );
+    assert!(err.unwrap_err().to_string().contains("no label column"));
+}
