@@ -289,7 +289,12 @@ impl Layout {
 /// not) as one whole table sorted by id: what a checkpoint holds, whatever
 /// the ps count. Every part carries the same slots (a part without shadows
 /// gives its values as shadows).
-pub fn merge_rows(parts: &[Rows]) -> Rows {
+///
+/// The parts are consumed one kind of array at a time (values, then
+/// shadows, then each slot), each freed once gathered: a table of
+/// millions of rows takes its own size plus one array's, not twice its
+/// size, while it is merged (the chief's checkpoint of a large table).
+pub fn merge_rows(mut parts: Vec<Rows>) -> Rows {
     let dim = parts
         .iter()
         .find(|p| !p.ids.is_empty())
@@ -301,27 +306,39 @@ pub fn merge_rows(parts: &[Rows]) -> Rows {
         .flat_map(|(p, rows)| rows.ids.iter().enumerate().map(move |(i, &id)| (id, p, i)))
         .collect();
     order.sort_unstable_by_key(|&(id, ..)| id);
-    let mut out = Rows {
-        ids: Vec::with_capacity(order.len()),
-        values: Vec::with_capacity(order.len() * dim),
-        shadows: Vec::with_capacity(order.len() * dim),
-        slots: vec![Vec::with_capacity(order.len() * dim); slots],
+    for p in &mut parts {
+        p.ids = Vec::new();
+    }
+    // Gathers one array of every part in id order, freeing each part's.
+    let gather = |parts: &mut [Rows], array: &dyn Fn(&mut Rows) -> &mut Vec<f32>| {
+        let mut out = Vec::with_capacity(order.len() * dim);
+        for &(_, p, i) in &order {
+            let from = &array(&mut parts[p]);
+            out.extend_from_slice(&from[i * dim..(i + 1) * dim]);
+        }
+        for p in parts.iter_mut() {
+            *array(p) = Vec::new();
+        }
+        out
     };
-    for (id, p, i) in order {
-        let (part, r) = (&parts[p], i * dim..(i + 1) * dim);
-        out.ids.push(id);
-        out.values.extend_from_slice(&part.values[r.clone()]);
-        let shadows = if part.shadows.is_empty() {
-            &part.values
-        } else {
-            &part.shadows
-        };
-        out.shadows.extend_from_slice(&shadows[r.clone()]);
-        for (k, s) in out.slots.iter_mut().enumerate() {
-            s.extend_from_slice(&part.slots[k][r.clone()]);
+    let ids = order.iter().map(|&(id, ..)| id).collect();
+    // A part without shadows gives its values: copied before they go.
+    for p in &mut parts {
+        if p.shadows.is_empty() {
+            p.shadows = p.values.clone();
         }
     }
-    out
+    let values = gather(&mut parts, &|r| &mut r.values);
+    let shadows = gather(&mut parts, &|r| &mut r.shadows);
+    let slots = (0..slots)
+        .map(|k| gather(&mut parts, &|r| &mut r.slots[k]))
+        .collect();
+    Rows {
+        ids,
+        values,
+        shadows,
+        slots,
+    }
 }
 
 /// A whole table's rows (sorted by id) split by [`table_owner`] onto
@@ -402,6 +419,27 @@ mod tests {
     }
 
     #[test]
+    fn merged_parts_without_shadows_give_their_values() {
+        let with = Rows {
+            ids: vec![5, 1],
+            values: vec![5.0, 5.5, 1.0, 1.5],
+            shadows: vec![-5.0, -5.5, -1.0, -1.5],
+            slots: vec![vec![50.0, 55.0, 10.0, 15.0]],
+        };
+        let without = Rows {
+            ids: vec![3],
+            values: vec![3.0, 3.5],
+            shadows: Vec::new(),
+            slots: vec![vec![30.0, 35.0]],
+        };
+        let whole = merge_rows(vec![with, without]);
+        assert_eq!(whole.ids, [1, 3, 5]);
+        assert_eq!(whole.values, [1.0, 1.5, 3.0, 3.5, 5.0, 5.5]);
+        assert_eq!(whole.shadows, [-1.0, -1.5, 3.0, 3.5, -5.0, -5.5]);
+        assert_eq!(whole.slots, [vec![10.0, 15.0, 30.0, 35.0, 50.0, 55.0]]);
+    }
+
+    #[test]
     fn table_rows_spread_over_1_2_3_ps_by_hash() {
         for num_ps in 1..=3 {
             let mut count = vec![0usize; num_ps];
@@ -443,14 +481,14 @@ mod tests {
             assert!(part.ids.is_sorted());
         }
         // Saved from 3 ps (their parts in any order), restored onto 1 or 4.
-        let saved = merge_rows(&[on3[2].clone(), on3[0].clone(), on3[1].clone()]);
+        let saved = merge_rows(vec![on3[2].clone(), on3[0].clone(), on3[1].clone()]);
         assert_eq!(saved, whole);
         for n in [1, 4] {
             let parts = split_rows(&saved, n);
             assert_eq!(parts.iter().map(|p| p.ids.len()).sum::<usize>(), 500);
-            assert_eq!(merge_rows(&parts), whole, "via {n} ps");
+            assert_eq!(merge_rows(parts), whole, "via {n} ps");
         }
-        assert_eq!(merge_rows(&[]), Rows::default());
+        assert_eq!(merge_rows(Vec::new()), Rows::default());
     }
 
     #[test]

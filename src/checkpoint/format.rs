@@ -1,6 +1,7 @@
 //! The file format: encoding a [`Checkpoint`] to two safetensors files, and
 //! decoding and verifying them.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
@@ -80,8 +81,9 @@ pub(super) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u8>), String> {
     encode_with(ckpt, &BTreeMap::new())
 }
 
-/// A tensor as it is written: name, dtype, shape, little-endian bytes.
-type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+/// A tensor as it is written: name, dtype, shape, little-endian bytes (a
+/// table's borrowed: a table of millions of rows is not copied to be saved).
+type Tensor<'a> = (String, Dtype, Vec<usize>, Cow<'a, [u8]>);
 
 /// [`encode`] with `extra` metadata in the model file.
 fn encode_with(
@@ -92,21 +94,30 @@ fn encode_with(
     let mut model: Vec<Tensor> = ckpt
         .variables
         .iter()
-        .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a)))
+        .map(|(n, a)| {
+            (
+                n.clone(),
+                Dtype::F32,
+                a.shape().to_vec(),
+                f32_bytes(a).into(),
+            )
+        })
         .collect();
     let step_i64 = i64::try_from(ckpt.global_step).map_err(|e| e.to_string())?;
     model.push((
         GLOBAL_STEP.to_string(),
         Dtype::I64,
         Vec::new(),
-        step_i64.to_le_bytes().to_vec(),
+        step_i64.to_le_bytes().to_vec().into(),
     ));
-    model.extend(
-        ckpt.slots
-            .tensors
-            .iter()
-            .map(|(n, a)| (n.clone(), Dtype::F32, a.shape().to_vec(), f32_bytes(a))),
-    );
+    model.extend(ckpt.slots.tensors.iter().map(|(n, a)| {
+        (
+            n.clone(),
+            Dtype::F32,
+            a.shape().to_vec(),
+            f32_bytes(a).into(),
+        )
+    }));
     let slot_names = ckpt.slots.optimizer.slot_names();
     let mut table_shadows = Vec::with_capacity(ckpt.tables.len());
     for (name, rows) in &ckpt.tables {
@@ -114,7 +125,7 @@ fn encode_with(
         model.extend(
             tensors
                 .into_iter()
-                .map(|(n, d, s, b)| (n, d, s, b.to_vec())),
+                .map(|(n, d, s, b)| (n, d, s, Cow::Borrowed(b))),
         );
         table_shadows.push(shadows);
     }
@@ -131,13 +142,13 @@ fn encode_with(
                 format!("{n}{EMA_SUFFIX}"),
                 Dtype::F32,
                 a.shape().to_vec(),
-                f32_bytes(a),
+                f32_bytes(a).into(),
             )
         })
         .chain(
             table_shadows
                 .into_iter()
-                .map(|(n, d, s, b)| (n, d, s, b.to_vec())),
+                .map(|(n, d, s, b)| (n, d, s, Cow::Borrowed(b))),
         )
         .collect();
     let ema_meta = HashMap::from([

@@ -73,6 +73,20 @@ impl Rows {
         8 + 4 * floats.checked_div(self.ids.len()).unwrap_or(0)
     }
 
+    /// Room for `more` rows like those held (a table read page by page, its
+    /// size known from the first: no doubling past it).
+    pub fn reserve(&mut self, more: usize) {
+        let per_row = |a: &Vec<f32>| a.len().checked_div(self.ids.len()).unwrap_or(0) * more;
+        let (values, shadows) = (per_row(&self.values), per_row(&self.shadows));
+        let slots: Vec<usize> = self.slots.iter().map(per_row).collect();
+        self.ids.reserve_exact(more);
+        self.values.reserve_exact(values);
+        self.shadows.reserve_exact(shadows);
+        for (s, n) in self.slots.iter_mut().zip(slots) {
+            s.reserve_exact(n);
+        }
+    }
+
     /// Appends `more` (a next page of the same table). Pages must agree on
     /// what they carry: shadows or none, and as many slot arrays.
     ///

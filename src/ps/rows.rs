@@ -96,7 +96,7 @@ impl Tables {
                 drop(t);
                 pages.push(page);
                 if done {
-                    return crate::placement::merge_rows(&pages);
+                    return crate::placement::merge_rows(pages);
                 }
             }
         }

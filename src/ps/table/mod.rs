@@ -273,7 +273,7 @@ impl Table {
     /// Every row, sorted by id (a test's view; snapshots and checkpoints
     /// read [`Table::page`]s, which leave the lock between them).
     pub fn rows(&self) -> Rows {
-        crate::placement::merge_rows(&[self.page(0, self.len())])
+        crate::placement::merge_rows(vec![self.page(0, self.len())])
     }
 
     /// Which rows [`Table::page`]'s row numbers refer to: it changes when

@@ -261,7 +261,7 @@ fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() 
     for p in pages {
         whole.append(p).unwrap();
     }
-    assert_eq!(crate::placement::merge_rows(&[whole]), t.rows());
+    assert_eq!(crate::placement::merge_rows(vec![whole]), t.rows());
     // A page far past the end, or of absurd length, is empty or clipped.
     assert!(t.page(usize::MAX, usize::MAX).is_empty());
     assert_eq!(t.page(3, usize::MAX).ids, vec![50, 40]);

@@ -243,7 +243,7 @@ impl Cluster {
                     .map(|ps| async move { self.read_table(ps, table).await.map_err(call(ps)) }),
             )
             .await?;
-            out.push((table.clone(), crate::placement::merge_rows(&parts)));
+            out.push((table.clone(), crate::placement::merge_rows(parts)));
         }
         Ok(out)
     }
@@ -282,6 +282,14 @@ impl Cluster {
             generation = Some(now);
             let got = page.state.rows.len();
             rows.append(page.state.rows).map_err(bad)?;
+            if got > 0 && rows.len() == got {
+                // After the first page: room for the rest, once (at most 64
+                // pages' worth, whatever total a ps claims; past it, growth).
+                let rest = usize::try_from(page.total)
+                    .unwrap_or(usize::MAX)
+                    .saturating_sub(got);
+                rows.reserve(rest.min(got * 64));
+            }
             if rows.len() as u64 >= page.total {
                 return Ok(rows);
             }
