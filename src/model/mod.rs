@@ -313,6 +313,26 @@ fn init_values(specs: Vec<VarSpec>, seed: u64) -> Vec<ArrayD<f32>> {
         .collect()
 }
 
+/// Fresh values for `specs`: matrices Glorot (Xavier) uniform — each value
+/// uniform in ±√(6 / (fan_in + fan_out)), TensorFlow's default for
+/// `tf.compat.v1.layers.dense` and Keras's `Dense` — vectors zero, from one
+/// generator seeded with `seed`, drawn in order.
+fn glorot_uniform_values(specs: Vec<VarSpec>, seed: u64) -> Vec<ArrayD<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    specs
+        .into_iter()
+        .map(|spec| match spec.shape[..] {
+            [fan_in, fan_out] => {
+                let limit = (6.0 / (fan_in + fan_out) as f32).sqrt();
+                let uniform = rand_distr::Uniform::new_inclusive(-limit, limit)
+                    .expect("a finite limit above 0");
+                ArrayD::from_shape_simple_fn(spec.shape, || uniform.sample(&mut rng))
+            }
+            _ => ArrayD::zeros(spec.shape),
+        })
+        .collect()
+}
+
 /// The hidden layers' activation.
 fn relu(v: f32) -> f32 {
     if v > 0.0 { v } else { 0.0 }

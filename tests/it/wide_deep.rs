@@ -75,8 +75,6 @@ fn wide_deep_learns_movielens_in_both_modes_and_over_both_transports() {
                 mode,
                 "--transport",
                 transport,
-                "--learning-rate",
-                "0.2",
             ],
         );
         assert!(
@@ -91,11 +89,12 @@ fn wide_deep_learns_movielens_in_both_modes_and_over_both_transports() {
         );
         let auc = report["test_auc"].as_f64().unwrap();
         let logloss = report["test_logloss"].as_f64().unwrap();
-        // A model that learned nothing scores 0.5 and ln 2 = 0.693 (at this
-        // learning rate dtf reaches 0.78 at 3000 steps: docs/benchmarks.md).
-        assert!(auc > 0.70, "{mode}/{transport}: test AUC {auc}: {report}");
+        // A model that learned nothing scores 0.5 and ln 2 = 0.693; at the
+        // defaults (Adagrad 0.05) dtf reaches 0.76-0.78 at 1500 steps and
+        // 0.78 at 3000 (docs/benchmarks.md).
+        assert!(auc > 0.73, "{mode}/{transport}: test AUC {auc}: {report}");
         assert!(
-            logloss < 0.66,
+            logloss < 0.62,
             "{mode}/{transport}: test log loss {logloss}: {report}"
         );
         assert!(

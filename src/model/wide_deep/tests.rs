@@ -208,3 +208,30 @@ fn bad_shapes_are_refused() {
     assert_eq!(m.variables().len(), 6);
     assert_eq!(m.tables(), [(EMBEDDINGS, 16), (WIDE, 1)]);
 }
+
+#[test]
+fn dense_layers_start_glorot_uniform_biases_zero() {
+    let m = WideDeep::new(9, 1, 16, &[64, 32]).unwrap();
+    let values = m.init(7);
+    assert_eq!(values, m.init(7), "deterministic in the seed");
+    assert_ne!(values, m.init(8));
+    for (spec, v) in m.variables().iter().zip(&values) {
+        assert_eq!(v.shape(), spec.shape.as_slice());
+        match spec.shape[..] {
+            [fan_in, fan_out] => {
+                let limit = (6.0 / (fan_in + fan_out) as f32).sqrt();
+                assert!(v.iter().all(|x| x.abs() <= limit), "{}", spec.name);
+                // Uniform on ±limit: variance limit² / 3.
+                let var = v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32;
+                let want = limit * limit / 3.0;
+                let tolerance = if v.len() > 1000 { 0.1 } else { 0.5 };
+                assert!(
+                    (var / want - 1.0).abs() < tolerance,
+                    "{}: {var} vs {want}",
+                    spec.name
+                );
+            }
+            _ => assert!(v.iter().all(|&x| x == 0.0), "{}", spec.name),
+        }
+    }
+}
