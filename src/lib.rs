@@ -21,8 +21,8 @@
 //!   forever), the batch a model consumes (`Batch`, `Categorical`), preprocessing,
 //!   mini-batches (`batches`), the seeded split.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
-//!   retention, the index), `format` (encode, decode, verify; `saveable`: what may be
-//!   saved), `restore` (load, the
+//!   retention, the index), `format` (decode, verify; `encode`: the two files' bytes;
+//!   `saveable`: what may be saved), `restore` (load, the
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
@@ -64,7 +64,7 @@
 //!   local`, `dtf eval`, the evaluator).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
-//!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored.
+//!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored; `ranking`: the best set.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
 //! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
 //! - [`files`] — only regular files are read from outside (non-blocking, type

@@ -40,10 +40,11 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::warn;
 
+mod periodic;
 mod restore;
+pub(super) use periodic::run;
 pub(super) use restore::{Restore, restore};
 
 /// The `format` metadata of a snapshot file (a checkpoint's is `dtf-1`).
@@ -564,137 +565,6 @@ pub(super) fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotE
             format!("it is {size} bytes, more than the {limit} a snapshot of this shard can take"),
         ),
     })
-}
-
-/// The snapshot loop of a ps: every `ps.snapshot_secs` a copy under the
-/// lock, written off it; a last one when `stop` is cancelled (a graceful
-/// stop then loses nothing). A write that fails is counted, and logged at
-/// ERROR once until one succeeds again; training goes on.
-pub(super) async fn run(service: PsService, every: Duration, stop: CancellationToken) {
-    let mut image = Image::default();
-    let layout = {
-        let shard = service.lock();
-        let specs = shard.specs().to_vec();
-        let slots = shard.optimizer().slot_specs(&specs);
-        std::sync::Arc::new((specs, slots, shard.optimizer().slot_names()))
-    };
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let last = tokio::select! {
-            _ = ticks.tick() => false,
-            _ = stop.cancelled() => true,
-        };
-        let once = take(&service, &mut image, &layout);
-        if last {
-            let _ = tokio::time::timeout(FINAL_WRITE, once).await;
-            return;
-        }
-        let started = tokio::time::Instant::now();
-        once.await;
-        // Large tables make a snapshot long (every row copied under its
-        // table's lock, sorted, written): the next waits until this one
-        // took at most 1/SNAPSHOT_PACE of the time between them, so that
-        // snapshots never cost the ps more than that share — 5 million
-        // rows took seconds each, and back to back they stalled training.
-        let rest = started
-            .elapsed()
-            .saturating_mul(SNAPSHOT_PACE)
-            .saturating_sub(every);
-        if !rest.is_zero() {
-            tokio::select! {
-                _ = tokio::time::sleep(rest) => {}
-                _ = stop.cancelled() => {}
-            }
-        }
-    }
-}
-
-/// A snapshot may take at most 1/this of the time from one to the next.
-const SNAPSHOT_PACE: u32 = 20;
-
-/// What [`take`] writes: the shard's variables, their slots, and the
-/// tables' slot names.
-type Layout = (Vec<VarSpec>, Vec<SlotSpec>, &'static [&'static str]);
-
-/// One snapshot: the copy (timed: what pushes waited), then the write on a
-/// blocking thread. Nothing is written while neither the shard nor its
-/// tables have moved since the last one.
-async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<Layout>) {
-    let snap = &service.inner.snapshots;
-    let Some(dir) = snap.dir.clone() else { return };
-    let copied = {
-        let shard = service.lock();
-        let started = Instant::now();
-        // Rows move without the step (async pushes of rows alone).
-        let tables = service.tables_version();
-        let unchanged = {
-            let stats = snap.stats();
-            stats.last.is_some_and(|(s, _)| s == shard.step()) && stats.tables_version == tables
-        };
-        if unchanged {
-            // Nothing new: the snapshot on disk is current.
-            let mut stats = snap.stats();
-            if let Some(last) = &mut stats.last {
-                last.1 = Instant::now();
-            }
-            return;
-        }
-        let copied = image.copy_from(&shard);
-        (copied, started.elapsed(), tables)
-    };
-    let (true, copy_took, tables_version) = copied else {
-        return;
-    };
-    // The rows, each table under its own lock, after the shard's: dense
-    // pushes do not wait for them (docs/design.md, "Sparse variables").
-    image.tables = service.table_states();
-    let at = Instant::now() - copy_took;
-    let (layout, identity) = (layout.clone(), snap.identity.clone());
-    let keep = snap.stats().written.clone();
-    let img = std::mem::take(image);
-    let started = Instant::now();
-    let step = img.step;
-    let (img, result) = tokio::task::spawn_blocking(move || {
-        let result = img
-            .encode(&layout.0, &layout.1, layout.2, &identity)
-            .map_err(|why| SnapshotError::invalid(&dir, why))
-            .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes)));
-        (img, result)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        let e = SnapshotError::invalid(Path::new(""), format!("the writing task failed: {e}"));
-        (Image::default(), Err(e))
-    });
-    *image = img;
-    let took = started.elapsed();
-    let mut stats = snap.stats();
-    stats.copy_secs = copy_took.as_secs_f64();
-    match result {
-        Ok((path, bytes)) => {
-            let len = bytes.len();
-            // Its ring neighbour keeps a copy (the ring: `ps/replica.rs`).
-            service.inner.ring.offer(step, bytes);
-            if stats.failing {
-                info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");
-            }
-            debug!(ps = service.inner.task, step, path = %path.display(), bytes = len, millis = took.as_millis() as u64, "Snapshot written.");
-            stats.failing = false;
-            stats.last = Some((step, at));
-            stats.tables_version = tables_version;
-            stats.written = Some(path);
-            stats.bytes = len as u64;
-            stats.write_secs = took.as_secs_f64();
-        }
-        Err(e) => {
-            stats.failures += 1;
-            if !stats.failing {
-                error!(ps = service.inner.task, step, error = %e, "Snapshot not written; training goes on, and a crash of this ps would go back further (the previous snapshot, or the newest checkpoint).");
-            }
-            stats.failing = true;
-        }
-    }
 }
 
 /// A ps's snapshots: where, whose, and how they have gone.

@@ -2,8 +2,10 @@
 
 use super::super::fixtures::*;
 use super::*;
+use crate::checkpoint::MAX_HEADER_BYTES;
 use crate::model::table::Rows;
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 fn valid_pair() -> (Vec<u8>, Vec<u8>) {
     to_bytes(&sample(77, &SMALL), &BTreeMap::new()).unwrap()
