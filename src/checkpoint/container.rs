@@ -88,6 +88,29 @@ pub fn encode<'a>(
     safetensors::serialize(views, Some(meta)).map_err(EncodeError::File)
 }
 
+/// A tensor as the writers hold it: name, dtype, shape, little-endian bytes.
+pub type Named<B> = (String, Dtype, Vec<usize>, B);
+
+/// [`encode`] of `tensors` held as [`Named`] tuples, its error one line.
+///
+/// Errors: which tensor does not fit its dtype and shape, or what the
+/// encoder refused.
+pub fn encode_named<B: AsRef<[u8]>>(
+    tensors: &[Named<B>],
+    meta: HashMap<String, String>,
+) -> Result<Vec<u8>, String> {
+    let entries = tensors.iter().map(|(name, dtype, shape, bytes)| Entry {
+        name,
+        dtype: *dtype,
+        shape,
+        bytes: bytes.as_ref(),
+    });
+    encode(entries, meta).map_err(|e| match e {
+        EncodeError::Tensor { name, source } => format!("cannot encode tensor {name:?}: {source}"),
+        EncodeError::File(e) => e.to_string(),
+    })
+}
+
 /// The header length a safetensors file declares (its first 8 bytes, little
 /// endian), if it has 8 bytes.
 pub fn header_len(bytes: &[u8]) -> Option<u64> {

@@ -214,7 +214,7 @@ impl Mlp {
     /// One generator is drawn from in creation order, row-major within each
     /// matrix, so the same seed and layers always give the same values.
     pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
-        init_values(self.variables(), seed)
+        init_values(self.variables(), WeightInit::TruncatedNormal, seed)
     }
 
     /// Views `params` as (weights, biases) per layer.
@@ -295,34 +295,30 @@ fn layer_variables(layers: &[usize]) -> Vec<VarSpec> {
         .collect()
 }
 
-/// Fresh values for `specs`: matrices truncated normal ([`INIT_STDDEV`]),
-/// vectors zero, from one generator seeded with `seed`, drawn in order.
-fn init_values(specs: Vec<VarSpec>, seed: u64) -> Vec<ArrayD<f32>> {
+/// How a dense layer's weights start.
+#[derive(Debug, Clone, Copy)]
+enum WeightInit {
+    /// Truncated normal ([`INIT_STDDEV`]): the MLP's reference program.
+    TruncatedNormal,
+    /// Glorot (Xavier) uniform — each value uniform in
+    /// ±√(6 / (fan_in + fan_out)) — TensorFlow's default for
+    /// `tf.compat.v1.layers.dense` and Keras's `Dense`.
+    GlorotUniform,
+}
+
+/// Fresh values for `specs`: matrices as `init` says, vectors zero, from one
+/// generator seeded with `seed`, drawn in order.
+fn init_values(specs: Vec<VarSpec>, init: WeightInit, seed: u64) -> Vec<ArrayD<f32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     specs
         .into_iter()
-        .map(|spec| {
-            if spec.shape.len() == 2 {
+        .map(|spec| match (init, &spec.shape[..]) {
+            (WeightInit::TruncatedNormal, [_, _]) => {
                 ArrayD::from_shape_simple_fn(spec.shape, || {
                     truncated_normal(&mut rng) * INIT_STDDEV
                 })
-            } else {
-                ArrayD::zeros(spec.shape)
             }
-        })
-        .collect()
-}
-
-/// Fresh values for `specs`: matrices Glorot (Xavier) uniform — each value
-/// uniform in ±√(6 / (fan_in + fan_out)), TensorFlow's default for
-/// `tf.compat.v1.layers.dense` and Keras's `Dense` — vectors zero, from one
-/// generator seeded with `seed`, drawn in order.
-fn glorot_uniform_values(specs: Vec<VarSpec>, seed: u64) -> Vec<ArrayD<f32>> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    specs
-        .into_iter()
-        .map(|spec| match spec.shape[..] {
-            [fan_in, fan_out] => {
+            (WeightInit::GlorotUniform, &[fan_in, fan_out]) => {
                 let limit = (6.0 / (fan_in + fan_out) as f32).sqrt();
                 let uniform = rand_distr::Uniform::new_inclusive(-limit, limit)
                     .expect("a finite limit above 0");

@@ -12,7 +12,7 @@
 //! per pulled row — what moves on the wire grows with the ids a batch
 //! touches, never with the tables.
 
-use super::{VarSpec, glorot_uniform_values, layer_variables, relu};
+use super::{VarSpec, WeightInit, init_values, layer_variables, relu};
 use crate::kernel::{self, Precision};
 use ndarray::{
     Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn,
@@ -187,7 +187,7 @@ impl WideDeep {
     /// to AUC 0.728 at 3000 steps where Glorot reaches 0.781), biases zero;
     /// deterministic in `seed`.
     pub fn init(&self, seed: u64) -> Vec<ArrayD<f32>> {
-        glorot_uniform_values(self.variables(), seed)
+        init_values(self.variables(), WeightInit::GlorotUniform, seed)
     }
 
     /// Views `params` as (weights, biases) per layer; panics on a count or

@@ -26,7 +26,7 @@
 use super::PsService;
 use super::shard::{Shard, Slots};
 use crate::checkpoint::EMA_SUFFIX;
-use crate::checkpoint::container::{self, EncodeError, MAX_HEADER_BYTES, ParseError};
+use crate::checkpoint::container::{self, MAX_HEADER_BYTES, ParseError};
 use crate::config::Config;
 use crate::model::{TableSpec, VarSpec};
 use crate::optimizer::SlotSpec;
@@ -222,18 +222,7 @@ impl Image {
             (STEP.to_owned(), self.step.to_string()),
             (RUN.to_owned(), self.run.to_string()),
         ]);
-        let entries = tensors
-            .iter()
-            .map(|(name, dtype, shape, bytes)| container::Entry {
-                name,
-                dtype: *dtype,
-                shape,
-                bytes,
-            });
-        container::encode(entries, meta).map_err(|e| match e {
-            EncodeError::Tensor { name, source } => format!("tensor {name:?}: {source}"),
-            EncodeError::File(e) => e.to_string(),
-        })
+        container::encode_named(&tensors, meta)
     }
 }
 

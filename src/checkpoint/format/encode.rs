@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use ndarray::ArrayD;
 use safetensors::Dtype;
 
-use super::super::container::{self, EncodeError};
+use super::super::container;
 use super::super::{CRC_PREFIX, Checkpoint, EMA_SUFFIX, FORMAT, GLOBAL_STEP, MAX_HEADER_BYTES};
 use super::{OPTIMIZER_KEY, RUN_KEY, SHARD_STEPS_KEY, SLOTS_KEY, TABLES_KEY, check_saveable};
 
@@ -49,7 +49,7 @@ pub(in crate::checkpoint) fn encode(ckpt: &Checkpoint) -> Result<(Vec<u8>, Vec<u
 
 /// A tensor as it is written: name, dtype, shape, little-endian bytes (a
 /// table's borrowed: a table of millions of rows is not copied to be saved).
-type Tensor<'a> = (String, Dtype, Vec<usize>, Cow<'a, [u8]>);
+type Tensor<'a> = container::Named<Cow<'a, [u8]>>;
 
 /// [`encode`] with `extra` metadata in the model file.
 fn encode_with(
@@ -182,16 +182,5 @@ fn model_metadata(
 /// One safetensors file of `tensors` with `meta` ([`container::encode`]: a
 /// `crc32:<name>` per tensor added).
 fn encode_file(tensors: &[Tensor], meta: HashMap<String, String>) -> Result<Vec<u8>, String> {
-    let entries = tensors
-        .iter()
-        .map(|(name, dtype, shape, bytes)| container::Entry {
-            name,
-            dtype: *dtype,
-            shape,
-            bytes,
-        });
-    container::encode(entries, meta).map_err(|e| match e {
-        EncodeError::Tensor { name, source } => format!("cannot encode tensor {name:?}: {source}"),
-        EncodeError::File(e) => e.to_string(),
-    })
+    container::encode_named(tensors, meta)
 }

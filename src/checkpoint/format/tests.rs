@@ -264,15 +264,7 @@ fn with_tensor(bytes: &[u8], name: &str, dtype: Dtype, shape: &[usize], data: &[
             ),
         })
         .collect();
-    let entries = owned
-        .iter()
-        .map(|(name, dtype, shape, bytes)| container::Entry {
-            name,
-            dtype: *dtype,
-            shape,
-            bytes,
-        });
-    container::encode(entries, meta).unwrap()
+    container::encode_named(&owned, meta).unwrap()
 }
 
 #[test]
