@@ -37,15 +37,24 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
         }
         let started = tokio::time::Instant::now();
         once.await;
-        // Large tables make a snapshot long (every row copied under its
-        // table's lock, sorted, written): the next waits until this one
-        // took at most 1/SNAPSHOT_PACE of the time between them, so that
-        // snapshots never cost the ps more than that share — 5 million
-        // rows took seconds each, and back to back they stalled training.
-        let rest = started
-            .elapsed()
-            .saturating_mul(SNAPSHOT_PACE)
-            .saturating_sub(every);
+        // Large tables make a snapshot long (every row copied a page at a
+        // time, sorted, written): the next waits until this one took at
+        // most 1/SNAPSHOT_PACE of the time between them, so that snapshots
+        // never cost the ps more than that share — 5 million rows took
+        // seconds each, and back to back they stalled training. A shard
+        // without table rows is not paced: its snapshot is a memcpy and a
+        // write, and on a loaded machine pacing it by its fsync stretched
+        // the time between snapshots past what a ps kill may lose (the
+        // chaos harness's step-monotonic bound, `ps.snapshot_secs` + 1 s).
+        let rows = image.tables.iter().any(|t| !t.rows.is_empty());
+        let rest = if rows {
+            started
+                .elapsed()
+                .saturating_mul(SNAPSHOT_PACE)
+                .saturating_sub(every)
+        } else {
+            Duration::ZERO
+        };
         if !rest.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(rest) => {}
