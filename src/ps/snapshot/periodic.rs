@@ -37,24 +37,8 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
         }
         let started = tokio::time::Instant::now();
         once.await;
-        // Large tables make a snapshot long (every row copied a page at a
-        // time, sorted, written): the next waits until this one took at
-        // most 1/SNAPSHOT_PACE of the time between them, so that snapshots
-        // never cost the ps more than that share — 5 million rows took
-        // seconds each, and back to back they stalled training. A shard
-        // without table rows is not paced: its snapshot is a memcpy and a
-        // write, and on a loaded machine pacing it by its fsync stretched
-        // the time between snapshots past what a ps kill may lose (the
-        // chaos harness's step-monotonic bound, `ps.snapshot_secs` + 1 s).
         let rows = image.tables.iter().any(|t| !t.rows.is_empty());
-        let rest = if rows {
-            started
-                .elapsed()
-                .saturating_mul(SNAPSHOT_PACE)
-                .saturating_sub(every)
-        } else {
-            Duration::ZERO
-        };
+        let rest = pause(started.elapsed(), every, rows);
         if !rest.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(rest) => {}
@@ -66,6 +50,26 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
 
 /// A snapshot may take at most 1/this of the time from one to the next.
 const SNAPSHOT_PACE: u32 = 20;
+
+/// How long to wait, beyond the next tick, after a snapshot that `took`
+/// this long, taken every `every`, of a shard holding table rows (`rows`).
+///
+/// Large tables make a snapshot long (every row copied a page at a time,
+/// sorted, written): the next waits until this one took at most
+/// 1/[`SNAPSHOT_PACE`] of the time between them, so that snapshots never
+/// cost the ps more than that share — 5 million rows took seconds each,
+/// and back to back they stalled training. A shard without table rows is
+/// not paced: its snapshot is a memcpy and a write, and on a loaded machine
+/// pacing it by its fsync stretched the time between snapshots past what a
+/// ps kill may lose (`ps.snapshot_secs` + 1 s; the chaos harness's
+/// step-monotonic check caught it).
+fn pause(took: Duration, every: Duration, rows: bool) -> Duration {
+    if rows {
+        took.saturating_mul(SNAPSHOT_PACE).saturating_sub(every)
+    } else {
+        Duration::ZERO
+    }
+}
 
 /// What [`take`] writes: the shard's variables, their slots, and the
 /// tables' slot names.
@@ -148,5 +152,23 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
             }
             stats.failing = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_shard_with_table_rows_is_paced() {
+        let (ms, every) = (Duration::from_millis, Duration::from_secs(1));
+        // A dense shard whose write took long (a loaded disk): the next
+        // snapshot comes at the next tick, whatever the write took.
+        assert_eq!(pause(ms(300), every, false), Duration::ZERO);
+        assert_eq!(pause(Duration::MAX, every, false), Duration::ZERO);
+        // Tables: at most 1/20 of the time between two snapshots.
+        assert_eq!(pause(ms(30), every, true), Duration::ZERO);
+        assert_eq!(pause(ms(300), every, true), ms(5000));
+        assert_eq!(pause(Duration::MAX, every, true), Duration::MAX - every);
     }
 }
