@@ -146,10 +146,17 @@ impl Trained {
             .map(|c| c.fields.as_slice())
             .unwrap_or(&[]);
         if fields != meta.fields.as_slice() {
+            let inter = data.path().extension().is_some_and(|e| e == "inter");
             return Err(problem(format!(
-                "the model embeds the fields {:?}, the data {} has {fields:?}",
+                "the model embeds the fields {:?}, the data {} has {fields:?}{}",
                 meta.fields,
-                data.path().display()
+                data.path().display(),
+                if inter {
+                    " (a NAME.inter file is joined with the NAME.user and NAME.item files \
+                     beside it, where they exist)"
+                } else {
+                    ""
+                }
             )));
         }
         if data.features() != self.meta.dense_inputs() {

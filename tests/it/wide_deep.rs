@@ -161,6 +161,21 @@ fn wide_deep_refuses_ratings_without_a_threshold_and_onnx_export_and_predicts_at
     );
     let lines = String::from_utf8_lossy(&out.stdout).lines().count();
     assert_eq!(lines, 1 + 100_000);
+    // The same file alone, without its .user and .item: fields missing,
+    // said with what would join them.
+    let alone = dir.path().join("alone.inter");
+    std::fs::copy(&inter, &alone).unwrap();
+    let out = dtf_output(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        "--input",
+        alone.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("age") && stderr.contains("NAME.user"),
+        "{stderr}"
+    );
 }
 
 /// AUC of `scores` against 0/1 `labels`, ties counted half.
