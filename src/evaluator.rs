@@ -405,7 +405,7 @@ impl Evaluator {
 }
 
 fn score_of(e: &Entry, metric: Metric) -> f32 {
-    e.scores().get(metric)
+    e.scores.get(metric)
 }
 
 /// The model and the test split in the form its scoring takes.

@@ -39,60 +39,19 @@ pub const DIR: &str = "best";
 pub const INDEX: &str = "index.json";
 
 /// One kept checkpoint and its scores.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     /// Its model file's name in the directory (`model.ckpt-N.safetensors`).
     pub file: String,
     /// Its step.
     pub global_step: u64,
-    /// Test accuracy of the raw variables.
-    #[serde(deserialize_with = "crate::eval::nan_if_null")]
-    pub accuracy: f32,
-    /// Test accuracy of the EMA shadows.
-    #[serde(deserialize_with = "crate::eval::nan_if_null")]
-    pub ema_accuracy: f32,
-    /// Test cross-entropy of the raw variables.
-    #[serde(deserialize_with = "crate::eval::nan_if_null")]
-    pub loss: f32,
-    /// Test AUC of the raw variables (wide & deep); NaN for the MLP, not
-    /// written then, and NaN when an index of before AUCs lacks it.
-    #[serde(
-        default = "crate::eval::nan",
-        deserialize_with = "crate::eval::nan_if_null",
-        skip_serializing_if = "crate::eval::is_nan"
-    )]
-    pub auc: f32,
-    /// Test AUC of the EMA shadows, as `auc`.
-    #[serde(
-        default = "crate::eval::nan",
-        deserialize_with = "crate::eval::nan_if_null",
-        skip_serializing_if = "crate::eval::is_nan"
-    )]
-    pub ema_auc: f32,
-}
-
-/// Scores compare as [`crate::eval::Scores`] do (NaN equals NaN): an MLP
-/// entry, whose AUCs are NaN, equals itself read back, so reopening does
-/// not rewrite an unchanged index.
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.file == other.file
-            && self.global_step == other.global_step
-            && self.scores() == other.scores()
-    }
-}
-
-impl Entry {
-    /// The scores it was ranked by.
-    pub fn scores(&self) -> crate::eval::Scores {
-        crate::eval::Scores {
-            accuracy: self.accuracy,
-            ema_accuracy: self.ema_accuracy,
-            loss: self.loss,
-            auc: self.auc,
-            ema_auc: self.ema_auc,
-        }
-    }
+    /// What it was ranked by, beside the two above in the index's JSON
+    /// (`accuracy`, `ema_accuracy`, `loss`, and `auc`, `ema_auc` for a
+    /// binary model). They compare as [`crate::eval::Scores`] do (NaN
+    /// equals NaN): an MLP entry, whose AUCs are NaN, equals itself read
+    /// back, so reopening does not rewrite an unchanged index.
+    #[serde(flatten)]
+    pub scores: crate::eval::Scores,
 }
 
 /// `index.json`.
@@ -354,11 +313,13 @@ mod tests {
         Entry {
             file: model_file_name(step),
             global_step: step,
-            accuracy: 0.5,
-            ema_accuracy,
-            loss: 1.0,
-            auc: f32::NAN,
-            ema_auc: f32::NAN,
+            scores: crate::eval::Scores {
+                accuracy: 0.5,
+                ema_accuracy,
+                loss: 1.0,
+                auc: f32::NAN,
+                ema_auc: f32::NAN,
+            },
         }
     }
 
@@ -510,9 +471,9 @@ mod tests {
             checkpoints: vec![entry(100, 0.9)],
             pending: vec![],
         };
-        index.checkpoints[0].loss = f32::NAN;
+        index.checkpoints[0].scores.loss = f32::NAN;
         fs::write(tmp.path().join(INDEX), serde_json::to_vec(&index).unwrap()).unwrap();
         let read = read_index(tmp.path()).unwrap();
-        assert!(read.checkpoints[0].loss.is_nan());
+        assert!(read.checkpoints[0].scores.loss.is_nan());
     }
 }

@@ -50,7 +50,7 @@ impl Best {
     /// (kept, steps of the rest).
     fn rank(&self, mut entries: Vec<Entry>) -> (Vec<Entry>, Vec<u64>) {
         let metric = self.metric;
-        let score = |e: &Entry| e.scores().get(metric);
+        let score = |e: &Entry| e.scores.get(metric);
         entries.sort_by(|a, b| {
             let (x, y) = (score(a), score(b));
             let order = if metric.better(x, y) {
@@ -128,11 +128,7 @@ impl Best {
         entries.push(Entry {
             file: checkpoint::model_file_name(step),
             global_step: step,
-            accuracy: scores.accuracy,
-            ema_accuracy: scores.ema_accuracy,
-            loss: scores.loss,
-            auc: scores.auc,
-            ema_auc: scores.ema_auc,
+            scores,
         });
         let (kept, removed) = self.rank(entries);
         if !kept.iter().any(|e| e.global_step == step) {

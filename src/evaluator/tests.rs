@@ -289,7 +289,7 @@ fn auc_ranks_higher_first_and_a_checkpoint_without_one_is_never_kept() {
     );
     let again = Best::open(&dir, Metric::EmaAuc, 2).unwrap();
     assert_eq!(steps(&again), [3, 4]);
-    assert_eq!(again.entries()[0].ema_auc, 0.80);
+    assert_eq!(again.entries()[0].scores.ema_auc, 0.80);
     // Ranked by raw AUC after a config change: 4 beats 3.
     let by_auc = Best::open(&dir, Metric::Auc, 2).unwrap();
     assert_eq!(steps(&by_auc), [4, 3]);
@@ -316,6 +316,6 @@ fn an_index_of_before_aucs_reopens() {
     let best = Best::open(&dir, Metric::EmaAccuracy, 2).unwrap();
     let steps: Vec<u64> = best.entries().iter().map(|e| e.global_step).collect();
     assert_eq!(steps, [20, 10]);
-    assert!(best.entries()[0].auc.is_nan());
+    assert!(best.entries()[0].scores.auc.is_nan());
     assert!(dir.join("model.ckpt-10.safetensors").is_file());
 }

@@ -234,7 +234,7 @@ fn best_of(cfg: &Config) -> Option<Best> {
         checkpoint: index.best_file(&dir)?,
         global_step: first.global_step,
         metric: index.metric.clone(),
-        score: first.scores().get(cfg.eval.metric),
+        score: first.scores.get(cfg.eval.metric),
         scored,
     })
 }
