@@ -21,7 +21,7 @@ fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
 
 /// Serializes a checkpoint to (model file bytes, EMA file bytes).
 /// `extra` is more metadata for the model file (the model's description,
-/// [`super::meta`]); it may not replace a key this module writes.
+/// `checkpoint/meta.rs`); it may not replace a key this module writes.
 pub(in crate::checkpoint) fn to_bytes(
     ckpt: &Checkpoint,
     extra: &BTreeMap<String, String>,
