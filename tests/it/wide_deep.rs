@@ -44,12 +44,15 @@ fn local(
         "--json",
     ];
     args.extend_from_slice(extra);
-    let out = dtf_output(&args);
+    run_local(&args)
+}
+
+/// `dtf` with `args` (a `dtf local … --json`), which must succeed; the
+/// summary's JSON and stderr.
+fn run_local(args: &[&str]) -> (serde_json::Value, String) {
+    let out = dtf_output(args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "dtf local {extra:?} failed:\n{stderr}"
-    );
+    assert!(out.status.success(), "dtf {args:?} failed:\n{stderr}");
     let report = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}); stderr:\n{stderr}"));
     (report, stderr)
@@ -256,7 +259,7 @@ fn wide_deep_predicts_per_example_what_eval_scores() {
     let unlabelled = write("new.csv", 2000..2400, false);
     let labels: Vec<u8> = (2000..2400).map(|i| row(i).3).collect();
     let ckpt = dir.path().join("ckpt");
-    let out = dtf_output(&[
+    let (_, stderr) = run_local(&[
         "local",
         "--data",
         train.to_str().unwrap(),
@@ -272,8 +275,6 @@ fn wide_deep_predicts_per_example_what_eval_scores() {
         ckpt.to_str().unwrap(),
         "--json",
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "dtf local:\n{stderr}");
     assert!(stderr.contains("model wide_deep"), "{stderr}");
     let out = dtf_output(&["eval", ckpt.to_str().unwrap(), "--json"]);
     let ev: serde_json::Value = serde_json::from_slice(&out.stdout)
