@@ -190,6 +190,25 @@ pub struct Shard {
     last_step: u64,
     /// The run the state belongs to (the chief's run id; 0: unknown).
     run: u64,
+    /// Whether an update's parts run on several threads at once
+    /// ([`parallel`]).
+    parallel: bool,
+}
+
+/// Elements a part needs to be worth a thread of its own: below it, handing
+/// the pass to another core costs more than the pass (tens of microseconds).
+const PARALLEL_MIN: usize = 16 * 1024;
+
+/// Whether a shard of `specs` applies its parts in parallel: with at least
+/// two parts of [`PARALLEL_MIN`] elements, on a ps given more than one core
+/// (rayon's pool, sized by `available_parallelism`: the CPU affinity and
+/// cgroup quota systemd sets are respected).
+fn parallel(specs: &[VarSpec]) -> bool {
+    let big = specs
+        .iter()
+        .filter(|s| s.shape.iter().product::<usize>() >= PARALLEL_MIN)
+        .count();
+    big >= 2 && rayon::current_num_threads() > 1
 }
 
 impl Shard {
@@ -217,6 +236,7 @@ impl Shard {
             .collect();
         Self {
             ps,
+            parallel: parallel(&specs),
             specs,
             values: None,
             shadows: Vec::new(),
@@ -246,6 +266,13 @@ impl Shard {
     /// The step no update goes past (`train.last_step`, live: a reload may move it).
     pub fn set_last_step(&mut self, last_step: u64) {
         self.last_step = last_step;
+    }
+
+    /// Whether updates run their parts in parallel ([`parallel`]); tests
+    /// compare both ways.
+    #[cfg(test)]
+    pub(super) fn set_parallel(&mut self, on: bool) {
+        self.parallel = on;
     }
 
     pub fn specs(&self) -> &[VarSpec] {

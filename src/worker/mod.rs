@@ -14,6 +14,7 @@ mod checkpoints;
 mod chief;
 mod error;
 mod rate;
+mod replay;
 mod startup;
 mod sync;
 
@@ -83,6 +84,9 @@ struct Worker {
     /// `cluster.ps` as this process started with it: the placement its
     /// [`Cluster`] follows. A reload that changes it re-shards.
     ps: Vec<String>,
+    /// The ps load benchmark's compute-free steps ([`replay`]); `None`
+    /// when training.
+    replay: Option<replay::Replay>,
 }
 
 /// Runs worker `task` until `last_step`, a complete run, or `shutdown`.
@@ -169,7 +173,15 @@ pub async fn run(
         shutdown,
         refused_since: None,
         ps: cfg.cluster.ps.clone(),
+        replay: replay::Replay::from_env(),
     };
+    if w.replay.is_some() {
+        warn!(
+            worker = task,
+            "{}=1: this worker pushes its first gradient at every step (the ps load benchmark); it does not train.",
+            replay::ENV
+        );
+    }
     match w.train(reporter).await {
         Err(WorkerError::Interrupted) => {
             info!(worker = task, "Stopped while waiting for the ps tasks.");
@@ -388,14 +400,21 @@ impl Worker {
                 self.train.batch(idx, &mut buf.x, &mut buf.y);
                 let (x, y, ws) = (buf.x.view(), &buf.y, &mut buf.ws);
                 let reg = cfg.train.regularization_rate;
+                let replay = &mut self.replay;
                 self.cluster
                     .step(
                         &mut buf.params,
                         &mut buf.grads,
                         |params, grads| {
                             tokio::task::block_in_place(|| {
+                                if let Some(loss) = replay.as_ref().and_then(|r| r.write(grads)) {
+                                    return loss;
+                                }
                                 let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
                                 crate::metrics::global().computed_here();
+                                if let Some(r) = replay {
+                                    r.save(grads, loss);
+                                }
                                 loss
                             })
                         },

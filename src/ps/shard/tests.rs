@@ -536,3 +536,109 @@ fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
         }
     }
 }
+
+/// Four parts of [`PARALLEL_MIN`] elements or more and a small one, as a
+/// split `layer1/weights` and a bias sit on one ps; values from `seed`.
+fn parted(optimizer: Optimizer, rule: Rule, parallel: bool) -> Shard {
+    let shapes = [
+        vec![130, 128],
+        vec![130, 128],
+        vec![129, 128],
+        vec![129, 128],
+        vec![10],
+    ];
+    let specs: Vec<VarSpec> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| VarSpec {
+            name: format!("w/part_{i}"),
+            shape: shape.clone(),
+        })
+        .collect();
+    let mut s = Shard::new(0, specs.clone(), rule, 0.99, optimizer);
+    s.set_parallel(parallel);
+    assert!(s.initialize(random(&specs, 1), None, None, 0, false));
+    s
+}
+
+/// Values in [-1, 1) for each of `specs`, the same for the same `seed`.
+fn random(specs: &[VarSpec], seed: u64) -> Vec<ArrayD<f32>> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    specs
+        .iter()
+        .map(|s| ArrayD::from_shape_fn(IxDyn(&s.shape), |_| rng.random_range(-1.0..1.0)))
+        .collect()
+}
+
+#[test]
+fn parts_applied_in_parallel_give_the_serial_bits() {
+    let rules = [
+        Rule::Async,
+        Rule::Sync {
+            replicas: 2,
+            total: 2,
+        },
+    ];
+    let optimizers = [
+        Optimizer::Sgd,
+        Optimizer::Momentum {
+            momentum: 0.9,
+            use_nesterov: true,
+        },
+        ADAM,
+        Optimizer::Adagrad {
+            initial_accumulator_value: 0.1,
+        },
+    ];
+    for rule in rules {
+        for optimizer in optimizers {
+            let mut par = parted(optimizer, rule, true);
+            let mut ser = parted(optimizer, rule, false);
+            assert!(par.parallel && !ser.parallel);
+            for step in 0..6u64 {
+                let grads = random(par.specs(), 100 + step);
+                let (at, worker) = match rule {
+                    Rule::Async => (step, 0),
+                    Rule::Sync { .. } => (step / 2, (step % 2) as u32),
+                };
+                let a = par.push(grads.clone(), 0.05, at, worker, 1.0);
+                let b = ser.push(grads, 0.05, at, worker, 1.0);
+                assert_eq!(a, b, "{rule:?} {optimizer:?} step {step}");
+            }
+            let what = format!("{rule:?} {optimizer:?}");
+            assert_eq!(par.step(), ser.step(), "{what}");
+            assert_eq!(par.values().unwrap(), ser.values().unwrap(), "{what}");
+            assert_eq!(par.shadows().unwrap(), ser.shadows().unwrap(), "{what}");
+            assert_eq!(par.slots().unwrap(), ser.slots().unwrap(), "{what}");
+        }
+    }
+}
+
+#[test]
+fn a_parallel_update_that_overflows_in_one_part_changes_no_part() {
+    let mut s = parted(Optimizer::Sgd, Rule::Async, true);
+    let before = (
+        s.values().unwrap().to_vec(),
+        s.shadows().unwrap().to_vec(),
+        s.step(),
+    );
+    // Finite everywhere; only part 2's last element overflows (lr · g = -inf).
+    let mut grads: Vec<ArrayD<f32>> = s
+        .specs()
+        .iter()
+        .map(|v| ArrayD::zeros(IxDyn(&v.shape)))
+        .collect();
+    *grads[2].iter_mut().last().unwrap() = 3.0;
+    let err = s.push(grads, 3e38, 0, 0, 1.0).unwrap_err();
+    assert_eq!(
+        err,
+        ShardError::Overflow {
+            lr: 3e38,
+            name: "w/part_2".into()
+        }
+    );
+    assert_eq!(s.values().unwrap(), &before.0[..]);
+    assert_eq!(s.shadows().unwrap(), &before.1[..]);
+    assert_eq!(s.step(), before.2);
+}

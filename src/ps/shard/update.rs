@@ -200,29 +200,51 @@ impl Shard {
             alpha,
             rate,
         };
-        for i in 0..values.len() {
-            let (w, sh, g) = (
-                values[i].as_slice().expect(contiguous),
-                self.shadows[i].as_slice().expect(contiguous),
-                grads[i],
-            );
-            let (nw, ns) = (
-                new_w[i].as_slice_mut().expect(contiguous),
-                new_s[i].as_slice_mut().expect(contiguous),
-            );
-            let (slots, next) = (&self.slots.per_var[i], &mut self.scratch_slots[i]);
-            // One pass per rule, compiled for AVX-512 where the CPU has it
-            // (the same IEEE operations lane by lane: the same bits).
-            let bad = kernel::simd(
+        // One job per part: its pass reads and writes only its own arrays.
+        let outs = (new_w.iter_mut().zip(new_s.iter_mut())).zip(self.scratch_slots.iter_mut());
+        let jobs: Vec<Job<'_>> = outs
+            .enumerate()
+            .map(|(i, ((nw, ns), next))| Job {
+                w: values[i].as_slice().expect(contiguous),
+                sh: self.shadows[i].as_slice().expect(contiguous),
+                g: grads[i],
+                slots: &self.slots.per_var[i],
+                next,
+                nw: nw.as_slice_mut().expect(contiguous),
+                ns: ns.as_slice_mut().expect(contiguous),
+            })
+            .collect();
+        // One pass per rule, compiled for AVX-512 where the CPU has it
+        // (the same IEEE operations lane by lane: the same bits).
+        let run = |j: Job<'_>| {
+            kernel::simd(
                 #[inline(always)]
-                || pass(&consts, w, sh, g, slots, next, nw, ns),
-            );
-            if bad {
-                return Err(ShardError::Overflow {
-                    lr,
-                    name: self.specs[i].name.clone(),
-                });
-            }
+                || pass(&consts, j.w, j.sh, j.g, j.slots, j.next, j.nw, j.ns),
+            )
+        };
+        // The parts on the ps's cores at once; each part's values come out
+        // the same whichever thread computes them.
+        let mut bad = vec![false; jobs.len()];
+        let mut each = jobs.into_iter().zip(bad.iter_mut());
+        if self.parallel {
+            // The calling thread takes the first part itself.
+            let first = each.next();
+            rayon::in_place_scope(|s| {
+                for (j, b) in each {
+                    s.spawn(move |_| *b = run(j));
+                }
+                if let Some((j, b)) = first {
+                    *b = run(j);
+                }
+            });
+        } else {
+            each.for_each(|(j, b)| *b = run(j));
+        }
+        if let Some(i) = bad.iter().position(|&b| b) {
+            return Err(ShardError::Overflow {
+                lr,
+                name: self.specs[i].name.clone(),
+            });
         }
         std::mem::swap(values, new_w);
         std::mem::swap(&mut self.shadows, new_s);
@@ -237,6 +259,17 @@ impl Shard {
         self.step += 1;
         Ok(())
     }
+}
+
+/// One part's arrays for an update's [`pass`].
+struct Job<'a> {
+    w: &'a [f32],
+    sh: &'a [f32],
+    g: &'a [u8],
+    slots: &'a [ArrayD<f32>],
+    next: &'a mut [ArrayD<f32>],
+    nw: &'a mut [f32],
+    ns: &'a mut [f32],
 }
 
 /// What an update's pass needs besides the arrays: the rule and the
