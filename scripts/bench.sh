@@ -45,6 +45,30 @@ for t in auto tcp; do
     cluster --ps 1 --workers 4 --steps "$STEPS" --transport "$t"
     cluster --ps 2 --workers 4 --steps "$STEPS" --transport "$t"
 done
+# The ps's capacity (issue 44), on any machine: compute-free workers
+# (DTF_BENCH_REPLAY=1: each pushes its first gradient at every step, so a
+# step costs the worker only its side of the push) against 1 ps holding the
+# reference model whole, 1 ps holding layer1/weights in 4 parts (applied on
+# its cores at once), and 2 ps (min_size: layer1/weights in 2), on both
+# transports, interleaved. "steps_per_sec" is pushes/s; cpu_ms_per_global_step
+# the ps's CPU per push.
+parts=$(mktemp -d)
+printf '[model]\npartitioner = "none"\n' > "$parts/none.toml"
+printf '[model]\npartitioner = "fixed"\npartitions = 4\n' > "$parts/fixed4.toml"
+psload() {
+    DTF_BENCH_REPLAY=1 python3 scripts/bench_cluster.py --dtf "$DTF" --data "$DATA" --steps $((STEPS * 5)) "$@" |
+        sed 's/^{/{"bench":"ps_load",/' | emit
+}
+for _ in $(seq "$REPEAT"); do
+    for t in auto tcp; do
+        for w in 1 2; do
+            psload --transport "$t" --workers "$w" --ps 1 --config "$parts/none.toml"
+            psload --transport "$t" --workers "$w" --ps 1 --config "$parts/fixed4.toml"
+            psload --transport "$t" --workers "$w" --ps 2
+        done
+    done
+done
+rm -r "$parts"
 # EMA accuracy at 8000 steps, both transports.
 for t in auto tcp; do cluster --ps 1 --workers 2 --steps 8000 --transport "$t"; done
 # Scaling with the number of workers (2 cores: beyond 2 they share them).

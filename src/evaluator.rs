@@ -27,6 +27,23 @@
 //! - It exits 0 once it has scored a checkpoint at or past `train.last_step`
 //!   and has nothing left to score: the run is over.
 
+/// A log event carrying a checkpoint's [`Scores`] as fields (`accuracy`,
+/// `ema_accuracy`, `loss`, `auc`, `ema_auc`), then the event's own fields
+/// and message: `scores_event!(info, scores, step, "Checkpoint scored.")`.
+macro_rules! scores_event {
+    ($level:ident, $scores:expr, $($rest:tt)+) => {{
+        let s = &$scores;
+        tracing::$level!(
+            accuracy = s.accuracy,
+            ema_accuracy = s.ema_accuracy,
+            loss = s.loss,
+            auc = s.auc,
+            ema_auc = s.ema_auc,
+            $($rest)+
+        )
+    }};
+}
+
 mod ledger;
 mod ranking;
 
@@ -322,13 +339,10 @@ impl Evaluator {
             scores,
             best.map(|b| score_of(b, self.best.metric)),
         );
-        info!(
+        scores_event!(
+            info,
+            scores,
             step,
-            accuracy = scores.accuracy,
-            ema_accuracy = scores.ema_accuracy,
-            loss = scores.loss,
-            auc = scores.auc,
-            ema_auc = scores.ema_auc,
             best = kept,
             millis = started.elapsed().as_millis() as u64,
             "Checkpoint scored."

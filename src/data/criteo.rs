@@ -12,7 +12,7 @@
 //! (`split_rows`); Kaggle's `test.txt` has no labels and is not a test split.
 
 use super::csv::quote;
-use super::{Categorical, DataError, Dataset, Features, Split, format_error, id, split_rows};
+use super::{Categorical, DataError, Dataset, Split, format_error, id, split_rows};
 use crate::config::DataConfig;
 use std::io::BufRead;
 use std::path::Path;
@@ -130,15 +130,7 @@ pub fn read(path: &Path) -> Result<Dataset, DataError> {
                 .map_err(|what| format_error(path, what))?;
         }
     }
-    let mut ds = Dataset::with_categorical(
-        Features::Floats(values),
-        labels,
-        INTEGERS,
-        categorical,
-        path,
-    )?;
-    ds.set_names(names);
-    Ok(ds)
+    Dataset::with_named_columns(values, labels, names, categorical, path)
 }
 
 /// DLRM's transform of an integer feature: `ln(1 + x)`, 0 for a negative or

@@ -481,6 +481,29 @@ impl Dataset {
         })
     }
 
+    /// [`Dataset::with_categorical`] whose dense features are the float
+    /// columns `names` (row-major in `values`), which the data set keeps.
+    ///
+    /// Errors: as [`Dataset::with_categorical`].
+    pub(crate) fn with_named_columns(
+        values: Vec<f32>,
+        labels: Vec<u8>,
+        names: Vec<String>,
+        categorical: Categorical,
+        path: &Path,
+    ) -> Result<Self, DataError> {
+        let features = names.len();
+        let mut ds = Self::with_categorical(
+            Features::Floats(values),
+            labels,
+            features,
+            categorical,
+            path,
+        )?;
+        ds.set_names(names);
+        Ok(ds)
+    }
+
     /// [`Dataset::new`] with categorical features, one example each per
     /// label; the dense features may then be 0 wide.
     ///

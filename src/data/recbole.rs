@@ -31,7 +31,7 @@
 //! column must hold class indices 0–255.
 
 use super::csv::{parse_label, quote};
-use super::{Categorical, DataError, Dataset, Features, Split, format_error, id, split_rows};
+use super::{Categorical, DataError, Dataset, Split, format_error, id, split_rows};
 use crate::config::DataConfig;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -540,16 +540,7 @@ fn read_inter_with(
                 .map_err(|what| format_error(path, what))?;
         }
     }
-    let features = names.len();
-    let mut ds = Dataset::with_categorical(
-        Features::Floats(values),
-        labels,
-        features,
-        categorical,
-        path,
-    )?;
-    ds.set_names(names);
-    Ok(ds)
+    Dataset::with_named_columns(values, labels, names, categorical, path)
 }
 
 /// A dense cell: a finite number.

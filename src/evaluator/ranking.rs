@@ -7,7 +7,6 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::config::Metric;
 use crate::eval::Scores;
 use std::path::Path;
-use tracing::warn;
 
 /// The best checkpoints: the ranking, and the directory that holds them.
 pub struct Best {
@@ -108,13 +107,10 @@ impl Best {
         ema: &[u8],
     ) -> Result<bool, CheckpointError> {
         if !scores.finite() || !scores.get(self.metric).is_finite() {
-            warn!(
+            scores_event!(
+                warn,
+                scores,
                 step,
-                accuracy = scores.accuracy,
-                ema_accuracy = scores.ema_accuracy,
-                loss = scores.loss,
-                auc = scores.auc,
-                ema_auc = scores.ema_auc,
                 "Checkpoint not kept among the best: a score is not a finite number."
             );
             return Ok(false);

@@ -1,9 +1,9 @@
 //! The training step: the batch's loss and its gradient with respect to
 //! every variable, written into buffers kept across steps ([`Workspace`]).
 
-use super::{Mlp, relu};
+use super::Mlp;
 use crate::kernel;
-use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, Ix2, IxDyn};
+use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, IxDyn};
 
 /// Reusable buffers for [`Mlp::loss_and_grads_into`]: one training step's
 /// activations and backpropagated deltas, kept across steps so the hot path
@@ -111,20 +111,8 @@ impl Mlp {
         let last = layers.len() - 1;
 
         // Forward. outs[l] is layer l's output (post-ReLU for hidden layers;
-        // the logits for the last). Each row starts as the bias, then the
-        // product is accumulated onto it: z = b + a·W in one GEMM.
-        for (l, (w, b)) in layers.iter().enumerate() {
-            let (done, rest) = ws.outs.split_at_mut(l);
-            let z = &mut rest[0];
-            for mut row in z.rows_mut() {
-                row.assign(b);
-            }
-            let input = if l == 0 { x } else { done[l - 1].view() };
-            kernel::gemm(self.precision, &input, w, 1.0, &mut z.view_mut());
-            if l != last {
-                z.mapv_inplace(relu);
-            }
-        }
+        // the logits for the last).
+        super::dense_forward(self.precision, x, &layers, &mut ws.outs);
 
         // Softmax cross-entropy, in place: the logits become
         // dz = (softmax − onehot) / n. log-sum-exp with the row max
@@ -160,14 +148,7 @@ impl Mlp {
         // above) and deltas[l] for hidden ones.
         for l in (0..layers.len()).rev() {
             let (w, _) = layers[l];
-            let (gw, gb) = {
-                let (a, b) = grads[2 * l..2 * l + 2].split_at_mut(1);
-                (&mut a[0], &mut b[0])
-            };
-            let mut dw = gw
-                .view_mut()
-                .into_dimensionality::<Ix2>()
-                .expect("checked shape");
+            let (mut dw, db) = super::layer_grads(grads, l);
             let dz = if l == last {
                 &ws.outs[l]
             } else {
@@ -190,9 +171,6 @@ impl Mlp {
             let input = if l == 0 { x } else { ws.outs[l - 1].view() };
             kernel::gemm(self.precision, &input.t(), &dz.view(), beta, &mut dw);
             // db = Σ_rows dz, accumulated row by row (contiguous, vectorizes).
-            let db = gb
-                .as_slice_mut()
-                .expect("arrays built by dtf are contiguous");
             db.fill(0.0);
             for row in dz.rows() {
                 let row = row.to_slice().expect("workspace rows are contiguous");

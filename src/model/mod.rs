@@ -31,6 +31,101 @@ mod gradient;
 mod inference;
 mod schedule;
 pub mod table;
+
+/// The dense layers' forward pass into `outs` (one array per layer, shaped
+/// `rows × width` already): each row starts as the bias, then the product
+/// is accumulated onto it, `z = b + input·W` in one GEMM; ReLU on every
+/// layer but the last (the logits).
+fn dense_forward(
+    precision: Precision,
+    x: ArrayView2<f32>,
+    layers: &[(ArrayView2<f32>, ArrayView1<f32>)],
+    outs: &mut [ndarray::Array2<f32>],
+) {
+    let last = layers.len() - 1;
+    for (l, (w, b)) in layers.iter().enumerate() {
+        let (done, rest) = outs.split_at_mut(l);
+        let z = &mut rest[0];
+        for mut row in z.rows_mut() {
+            row.assign(b);
+        }
+        let input = if l == 0 { x } else { done[l - 1].view() };
+        crate::kernel::gemm(precision, &input, w, 1.0, &mut z.view_mut());
+        if l != last {
+            z.mapv_inplace(relu);
+        }
+    }
+}
+
+/// Layer `l`'s gradients in `grads` (weights and biases, layer by layer):
+/// dW as a matrix and db as a slice, both to be written.
+fn layer_grads<G: ndarray::DataMut<Elem = f32>>(
+    grads: &mut [ArrayBase<G, IxDyn>],
+    l: usize,
+) -> (ndarray::ArrayViewMut2<'_, f32>, &mut [f32]) {
+    let (a, b) = grads[2 * l..2 * l + 2].split_at_mut(1);
+    let dw = a[0]
+        .view_mut()
+        .into_dimensionality::<Ix2>()
+        .expect("weights are rank 2");
+    let db = b[0]
+        .as_slice_mut()
+        .expect("arrays built by dtf are contiguous");
+    (dw, db)
+}
+
+/// Views `params` as (weights, biases) per layer of widths `layers` (input
+/// first): the MLP's layers, or wide & deep's deep part.
+///
+/// Panics (with the variable's name) when the count or a shape is not what
+/// the model's `variables()` says: callers receive parameters that the ps or
+/// the checkpoint reader has already validated against the same specs, so a
+/// mismatch here is a bug, not bad input.
+fn layer_views<'a, S: Data<Elem = f32>>(
+    layers: &[usize],
+    params: &'a [ArrayBase<S, IxDyn>],
+) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
+    // Checked without building `variables()`: this runs every step.
+    assert_eq!(
+        params.len(),
+        2 * (layers.len() - 1),
+        "expected {} parameter arrays for layers {:?}, got {}",
+        2 * (layers.len() - 1),
+        layers,
+        params.len()
+    );
+    for (l, (pair, w)) in params.chunks_exact(2).zip(layers.windows(2)).enumerate() {
+        assert_eq!(
+            pair[0].shape(),
+            w,
+            "layer{}/weights: expected shape {w:?}",
+            l + 1
+        );
+        assert_eq!(
+            pair[1].shape(),
+            &w[1..],
+            "layer{}/biases: expected shape {:?}",
+            l + 1,
+            &w[1..]
+        );
+    }
+    params
+        .chunks_exact(2)
+        .map(|pair| {
+            // Shapes were checked above, so the conversions cannot fail.
+            let w = pair[0]
+                .view()
+                .into_dimensionality::<Ix2>()
+                .expect("checked rank 2");
+            let b = pair[1]
+                .view()
+                .into_dimensionality::<Ix1>()
+                .expect("checked rank 1");
+            (w, b)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;
 pub mod wide_deep;
@@ -217,59 +312,12 @@ impl Mlp {
         init_values(self.variables(), WeightInit::TruncatedNormal, seed)
     }
 
-    /// Views `params` as (weights, biases) per layer.
-    ///
-    /// Panics (with the variable's name) when the count or a shape is not what
-    /// [`Mlp::variables`] says: callers receive parameters that the ps or the
-    /// checkpoint reader has already validated against the same specs, so a
-    /// mismatch here is a bug, not bad input.
+    /// Views `params` as (weights, biases) per layer ([`layer_views`]).
     fn layer_views<'a, S: Data<Elem = f32>>(
         &self,
         params: &'a [ArrayBase<S, IxDyn>],
     ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
-        // Checked without building `variables()`: this runs every step.
-        assert_eq!(
-            params.len(),
-            2 * (self.layers.len() - 1),
-            "expected {} parameter arrays for layers {:?}, got {}",
-            2 * (self.layers.len() - 1),
-            self.layers,
-            params.len()
-        );
-        for (l, (pair, w)) in params
-            .chunks_exact(2)
-            .zip(self.layers.windows(2))
-            .enumerate()
-        {
-            assert_eq!(
-                pair[0].shape(),
-                w,
-                "layer{}/weights: expected shape {w:?}",
-                l + 1
-            );
-            assert_eq!(
-                pair[1].shape(),
-                &w[1..],
-                "layer{}/biases: expected shape {:?}",
-                l + 1,
-                &w[1..]
-            );
-        }
-        params
-            .chunks_exact(2)
-            .map(|pair| {
-                // Shapes were checked above, so the conversions cannot fail.
-                let w = pair[0]
-                    .view()
-                    .into_dimensionality::<Ix2>()
-                    .expect("checked rank 2");
-                let b = pair[1]
-                    .view()
-                    .into_dimensionality::<Ix1>()
-                    .expect("checked rank 1");
-                (w, b)
-            })
-            .collect()
+        layer_views(&self.layers, params)
     }
 }
 

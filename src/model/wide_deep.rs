@@ -12,11 +12,9 @@
 //! per pulled row — what moves on the wire grows with the ids a batch
 //! touches, never with the tables.
 
-use super::{VarSpec, WeightInit, init_values, layer_variables, relu};
+use super::{VarSpec, WeightInit, init_values, layer_variables};
 use crate::kernel::{self, Precision};
-use ndarray::{
-    Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, Ix1, Ix2, IxDyn,
-};
+use ndarray::{Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, IxDyn};
 
 pub use super::table::{EMBEDDING_STDDEV, EMBEDDINGS, WIDE};
 
@@ -190,36 +188,13 @@ impl WideDeep {
         init_values(self.variables(), WeightInit::GlorotUniform, seed)
     }
 
-    /// Views `params` as (weights, biases) per layer; panics on a count or
-    /// shape that is not [`WideDeep::variables`]' (validated upstream).
+    /// Views `params` as (weights, biases) per layer of the deep part
+    /// ([`super::layer_views`]).
     fn layer_views<'a, S: Data<Elem = f32>>(
         &self,
         params: &'a [ArrayBase<S, IxDyn>],
     ) -> Vec<(ArrayView2<'a, f32>, ArrayView1<'a, f32>)> {
-        assert_eq!(
-            params.len(),
-            2 * (self.layers.len() - 1),
-            "expected {} parameter arrays for the deep part {:?}",
-            2 * (self.layers.len() - 1),
-            self.layers
-        );
-        params
-            .chunks_exact(2)
-            .zip(self.layers.windows(2))
-            .map(|(pair, w)| {
-                let weights = pair[0]
-                    .view()
-                    .into_dimensionality::<Ix2>()
-                    .expect("weights are rank 2");
-                let biases = pair[1]
-                    .view()
-                    .into_dimensionality::<Ix1>()
-                    .expect("biases are rank 1");
-                assert_eq!(weights.dim(), (w[0], w[1]), "weights shape");
-                assert_eq!(biases.len(), w[1], "biases shape");
-                (weights, biases)
-            })
-            .collect()
+        super::layer_views(&self.layers, params)
     }
 
     /// Checks a batch's arrays against the model; panics on a mismatch (the
@@ -308,23 +283,8 @@ impl WideDeep {
                 .map(|&w| Array2::zeros((n, w)))
                 .collect();
         }
+        super::dense_forward(self.precision, ws.input.view(), layers, &mut ws.outs);
         let last = layers.len() - 1;
-        for (l, (w, b)) in layers.iter().enumerate() {
-            let (done, rest) = ws.outs.split_at_mut(l);
-            let z = &mut rest[0];
-            for mut row in z.rows_mut() {
-                row.assign(b);
-            }
-            let input = if l == 0 {
-                ws.input.view()
-            } else {
-                done[l - 1].view()
-            };
-            kernel::gemm(self.precision, &input, w, 1.0, &mut z.view_mut());
-            if l != last {
-                z.mapv_inplace(relu);
-            }
-        }
         for (z, &w) in ws.outs[last].iter_mut().zip(&ws.wide) {
             *z += w;
         }
@@ -372,14 +332,7 @@ impl WideDeep {
         // one (l = 0) being the gradient of the gathered input.
         for l in (0..layers.len()).rev() {
             let (w, _) = layers[l];
-            let (gw, gb) = {
-                let (a, b) = grads[2 * l..2 * l + 2].split_at_mut(1);
-                (&mut a[0], &mut b[0])
-            };
-            let mut dw = gw
-                .view_mut()
-                .into_dimensionality::<Ix2>()
-                .expect("weights are rank 2");
+            let (mut dw, db) = super::layer_grads(grads, l);
             let (outs, deltas) = (&ws.outs, &mut ws.deltas);
             let dz = if l == last { &outs[l] } else { &deltas[l + 1] };
             let input = if l == 0 {
@@ -388,10 +341,7 @@ impl WideDeep {
                 outs[l - 1].view()
             };
             kernel::gemm(self.precision, &input.t(), &dz.view(), 0.0, &mut dw);
-            let mut db = gb
-                .view_mut()
-                .into_dimensionality::<Ix1>()
-                .expect("biases are rank 1");
+            let mut db = ndarray::aview_mut1(db);
             db.fill(0.0);
             for row in dz.rows() {
                 db += &row;

@@ -6,6 +6,8 @@
 use crate::util::*;
 use dtf::checkpoint::Checkpoint;
 use dtf::config::{Mode, OptimizerKind, Partitioner};
+use dtf::transport::pb;
+use dtf::transport::proto as rpc;
 use std::time::Duration;
 
 const RUN: Duration = Duration::from_secs(180);
@@ -151,4 +153,95 @@ async fn a_checkpoint_of_four_parts_on_three_ps_restores_onto_any_partitioning()
         .map(|t| t["parameters"].as_u64().unwrap())
         .collect();
     assert_eq!(params, [p0 as u64, p1 as u64], "{text}");
+}
+
+/// Eight clients push at once, twenty times each, to one ps holding
+/// `layer1/weights` in four parts (each big enough to be applied on a core
+/// of its own): every update is in, none lost or applied twice. The
+/// gradients are multiples of 1/64 and the values start at zero, so SGD's
+/// sums are exact in f32 in any order: the result must equal the serial
+/// reference bit for bit.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_pushes_to_the_parts_of_one_ps_all_apply() {
+    const CLIENTS: usize = 8;
+    const PUSHES: usize = 20;
+    const LR: f32 = 0.25;
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    // layer1/weights: 4 parts of [16, 2048], 32,768 values each.
+    c.cfg.model.layers = vec![SIDE * SIDE, 2048, CLASSES];
+    c.cfg.model.partitioner = Partitioner::Fixed;
+    c.cfg.model.partitions = 4;
+    c.write_config();
+    c.start("ps", 0);
+    let specs = dtf::model::Mlp::new(&c.cfg.model.layers)
+        .unwrap()
+        .variables();
+    let parts = dtf::placement::Layout::new(&c.cfg, specs).shard(0);
+    assert_eq!(parts.len(), 16, "every variable in 4 parts: {parts:?}");
+    assert_eq!(parts[0].name, "layer1/weights/part_0");
+    assert_eq!(parts[0].shape, [16, 2048]);
+    let zeros = |p: &dtf::model::VarSpec| ndarray::ArrayD::<f32>::zeros(p.shape.as_slice());
+    let mut ps = c.client(0, Some(TOKEN)).await;
+    let init = pb::InitializeRequest {
+        variables: parts
+            .iter()
+            .map(|p| rpc::encode(&p.name, &zeros(p)))
+            .collect(),
+        ..Default::default()
+    };
+    assert!(ps.initialize(init).await.unwrap().into_inner().applied);
+    // Client k's gradient: element e of every part is ((e % 7) + 1 + k) / 64.
+    let grad = |p: &dtf::model::VarSpec, k: usize| {
+        let mut a = zeros(p);
+        for (e, v) in a.iter_mut().enumerate() {
+            *v = ((e % 7) + 1 + k) as f32 / 64.0;
+        }
+        a
+    };
+    let clients = (0..CLIENTS).map(|k| {
+        let (c, parts) = (&c, &parts);
+        async move {
+            let mut ps = c.client(0, Some(TOKEN)).await;
+            let gradients: Vec<pb::Tensor> = parts
+                .iter()
+                .map(|p| rpc::encode(&p.name, &grad(p, k)))
+                .collect();
+            for step in 0..PUSHES {
+                ps.push(pb::PushRequest {
+                    gradients: gradients.clone(),
+                    learning_rate: LR,
+                    step: step as u64,
+                    worker: 0,
+                    loss: 1.0,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        }
+    });
+    futures::future::join_all(clients).await;
+    let pulled = ps
+        .pull(pb::PullRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pulled.global_step, (CLIENTS * PUSHES) as u64);
+    // The serial reference: every push applied one after the other.
+    for (p, t) in parts.iter().zip(&pulled.variables) {
+        let mut want = zeros(p);
+        for k in 0..CLIENTS {
+            let g = grad(p, k);
+            for _ in 0..PUSHES {
+                want.zip_mut_with(&g, |w, g| *w -= LR * g);
+            }
+        }
+        assert!(
+            *t == rpc::encode(&p.name, &want),
+            "{}: an update lost or applied twice",
+            p.name
+        );
+    }
+    let state = c.state(0).await.unwrap();
+    assert_eq!(state.pushes_applied, (CLIENTS * PUSHES) as u64);
 }

@@ -1,5 +1,5 @@
 use super::*;
-use ndarray::{Array2, array};
+use ndarray::{Array2, Ix2, array};
 
 /// Two examples, two fields (the second multi-valued), one dense feature.
 struct Case {

@@ -49,6 +49,19 @@ const ADAM: Optimizer = Optimizer::Adam {
     epsilon: 1e-8,
 };
 
+/// One of each rule, with Nesterov and Adagrad's accumulator set.
+const OPTIMIZERS: [Optimizer; 4] = [
+    Optimizer::Sgd,
+    Optimizer::Momentum {
+        momentum: 0.9,
+        use_nesterov: true,
+    },
+    ADAM,
+    Optimizer::Adagrad {
+        initial_accumulator_value: 0.1,
+    },
+];
+
 /// β1 and β2 as f32, as the shard (and TensorFlow) hold them.
 const B1: f64 = 0.9f32 as f64;
 const B2: f64 = 0.999f32 as f64;
@@ -397,23 +410,12 @@ fn initialize_does_not_clobber_unless_forced() {
 
 #[test]
 fn a_non_finite_gradient_is_refused_by_every_rule_and_changes_nothing() {
-    let optimizers = [
-        Optimizer::Sgd,
-        Optimizer::Momentum {
-            momentum: 0.9,
-            use_nesterov: true,
-        },
-        ADAM,
-        Optimizer::Adagrad {
-            initial_accumulator_value: 0.1,
-        },
-    ];
     let sync = Rule::Sync {
         replicas: 2,
         total: 2,
     };
     for rule in [Rule::Async, sync] {
-        for optimizer in optimizers {
+        for optimizer in OPTIMIZERS {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut s = shard_with(rule, optimizer);
                 let before = (
@@ -458,21 +460,12 @@ fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(28);
     let n = 1000 + 13;
-    let optimizers = [
-        Optimizer::Sgd,
-        Optimizer::Momentum {
-            momentum: 0.9,
-            use_nesterov: false,
-        },
-        Optimizer::Momentum {
-            momentum: 0.9,
-            use_nesterov: true,
-        },
-        ADAM,
-        Optimizer::Adagrad {
-            initial_accumulator_value: 0.1,
-        },
-    ];
+    // Momentum without Nesterov too: its own branch of the rule.
+    let plain = Optimizer::Momentum {
+        momentum: 0.9,
+        use_nesterov: false,
+    };
+    let optimizers = OPTIMIZERS.into_iter().chain([plain]);
     for optimizer in optimizers {
         let mut rand_vec =
             |lo: f32, hi: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(lo..hi)).collect() };
@@ -580,19 +573,8 @@ fn parts_applied_in_parallel_give_the_serial_bits() {
             total: 2,
         },
     ];
-    let optimizers = [
-        Optimizer::Sgd,
-        Optimizer::Momentum {
-            momentum: 0.9,
-            use_nesterov: true,
-        },
-        ADAM,
-        Optimizer::Adagrad {
-            initial_accumulator_value: 0.1,
-        },
-    ];
     for rule in rules {
-        for optimizer in optimizers {
+        for optimizer in OPTIMIZERS {
             let mut par = parted(optimizer, rule, true);
             let mut ser = parted(optimizer, rule, false);
             assert!(par.parallel && !ser.parallel);
