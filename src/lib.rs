@@ -34,7 +34,8 @@
 //! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
 //!   (the functions every call runs, on domain types), `serve` (its background tasks),
 //!   `follow` (membership and re-shard), its `shard` (the state and the checks on what
-//!   comes in; `shard::update`: pushes into updates, the optimizer's pass), the gRPC
+//!   comes in; `shard::update`: pushes into updates, the optimizer's pass, a push's parts on the ps's
+//!   cores at once), the gRPC
 //!   service (`grpc`) and the shared-memory server (`shm`) — the two adapters that see the
 //!   wire —, `snapshot` (each ps's own snapshots of its shard: its recovery after a crash),
 //!   `replica` (the ring's copies), `table` (an embedding table's rows: storage, sparse
@@ -45,7 +46,7 @@
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `startup`,
 //!   `sync`, `rate`, `error`; `chief` (worker 0's duties: init or restore, summaries, the end
 //!   of the run, re-shard — `Chief` owns what they need), `checkpoints` (the chief's saver
-//!   and timer), `backoff`.
+//!   and timer), `backoff`, `replay` (the ps load benchmark's compute-free worker).
 //! - [`transport`] — the wire, and the only home of its generated types (`pb`): `call` and
 //!   `state` (the domain types the ps, worker, chief, status and metrics speak), `proto`
 //!   (the conversion between the two), `cluster::Cluster` (the client of every ps, shared by
