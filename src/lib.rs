@@ -18,7 +18,8 @@
 //!   their slots' names (the slots themselves live in the ps's shard).
 //! - [`data`] — data sets in five formats (`idx`, `npz`, `csv`, `recbole`, `criteo`), the
 //!   synthetic CTR generator (`synthetic`), categorical ids (`ids`: `data::id`, stable
-//!   forever), the batch a model consumes (`Batch`, `Categorical`), preprocessing,
+//!   forever), the batch a model consumes (`Batch`, `Categorical`), `build` (a data set's
+//!   constructors and their checks), preprocessing,
 //!   mini-batches (`batches`), the seeded split.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (decode, verify; `encode`: the two files' bytes;

@@ -112,6 +112,10 @@ fn main() -> ExitCode {
 
 /// One small function per subcommand (ripgrep's `main → try_main → mode`).
 fn run(cli: Cli) -> Result<ExitCode> {
+    // These talk to no socket: their output may go to a pipe that closes.
+    if !matches!(cli.command, Command::Local(_) | Command::Status { .. }) {
+        dtf::cli::end_on_closed_pipe();
+    }
     match cli.command {
         Command::Local(args) => match args.overrides() {
             Ok(overrides) => {

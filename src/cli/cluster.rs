@@ -17,6 +17,8 @@ pub fn status(config: &Path, json: bool) -> Result<ExitCode> {
     })?;
     let credentials = crate::auth::Credentials::load(&cfg)?;
     let status = tokio::runtime::Runtime::new()?.block_on(crate::status::query(&cfg, &credentials));
+    // The runtime is gone, and its connections with it.
+    super::end_on_closed_pipe();
     if json {
         println!("{}", serde_json::to_string(&status)?);
     } else {

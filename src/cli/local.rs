@@ -72,6 +72,9 @@ pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
     )
     .build()?;
     let outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
+    // Every task has exited and every connection closes with the runtime.
+    drop(rt);
+    super::end_on_closed_pipe();
     let code = summary(&outcome, json);
     if json {
         println!("{}", serde_json::to_string(&outcome)?);

@@ -9,7 +9,7 @@
 //! - `local` — [`local`]: a whole cluster of local processes.
 //! - `synth` — [`synth`]: synthetic click-through data with a known best AUC.
 //! - here — [`bench`], and what they share: the error type and how it
-//!   prints ([`chain`]).
+//!   prints ([`chain`]), and [`end_on_closed_pipe`].
 
 mod cluster;
 mod local;
@@ -63,6 +63,18 @@ impl std::fmt::Display for Context {
 impl std::error::Error for Context {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.source)
+    }
+}
+
+/// From here on a closed output pipe (`dtf inspect … | head`) ends the
+/// process as it ends `cat`: by SIGPIPE, quietly (the shell shows 141),
+/// not with a panic in `println!`. Rust ignores SIGPIPE so that a socket
+/// whose peer left is an error to handle; so only a subcommand that talks
+/// to no socket calls this, or one whose sockets are all closed.
+pub fn end_on_closed_pipe() {
+    // SAFETY: sets the signal's disposition to the default; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

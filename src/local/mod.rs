@@ -465,10 +465,19 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
     let setup = async {
         let signals = StopSignals::install()?;
         let (config_path, cfg) = prepare(opts, planned, run_dir)?;
-        let resumed = stop::newest_checkpoint(&cfg).ok().flatten();
-        let resumed = resumed.map_or(0, |(_, step)| step);
+        // Checkpoints none of which fits this model (another --hidden, say)
+        // are refused here, naming both shapes, before any task exists:
+        // the chief would only fail on them once the cluster is up.
+        let newest = stop::newest_checkpoint(&cfg)?;
+        let resumed = newest.as_ref().map_or(0, |(_, step)| *step);
         if resumed >= cfg.train.last_step {
             return Ok((signals, cfg, Vec::new(), resumed));
+        }
+        if let Some((path, step)) = &newest {
+            eprintln!(
+                "dtf local: resumed from step {step} (checkpoint {})",
+                path.display()
+            );
         }
         // The tasks inherit it: a ps holds a descriptor per connection, and a
         // fresh shell's soft limit (1024) is below what the units give it.

@@ -81,6 +81,12 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     );
     let second = sole_json(&out);
     assert_eq!(second["global_step"], 200, "{second}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = format!("resumed from step 100 (checkpoint {ckpt_s}/model.ckpt-100.safetensors)");
+    assert!(
+        stderr.contains(&said),
+        "the console should say {said:?}:\n{stderr}"
+    );
     let run_dir = second["run_dir"].as_str().unwrap();
     let chief = std::fs::read_to_string(format!("{run_dir}/logs/worker-0.log")).unwrap();
     assert!(
@@ -507,4 +513,110 @@ fn a_second_ctrl_c_kills_every_local_task_at_once() {
     assert_eq!(json["forced"], true, "{json}");
     let left = processes_with(run_dir.join("dtf.toml").to_str().unwrap());
     assert!(left.is_empty(), "tasks outlived dtf local: {left:?}");
+}
+
+/// A resume whose model differs from its checkpoints' (another hidden
+/// width) is refused before any task starts: both shapes named, nothing
+/// left behind, and the checkpoints untouched.
+#[test]
+fn a_resume_with_another_model_is_refused_before_anything_starts() {
+    let c = Cluster::new(1, 1, 30, Mode::Async);
+    let ckpt = c.dir.path().join("kept");
+    let (config, ckpt_s) = (c.config_path.to_str().unwrap(), ckpt.to_str().unwrap());
+    let run = |layers: &str| {
+        dtf_output(&[
+            "local",
+            "--config",
+            config,
+            "--ps",
+            "1",
+            "--workers",
+            "1",
+            "--steps",
+            "30",
+            "--checkpoint-dir",
+            ckpt_s,
+            "--set",
+            layers,
+            "--json",
+        ])
+    };
+    let trained = format!("model.layers=[{}, 16, {CLASSES}]", SIDE * SIDE);
+    let out = run(&trained);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = checkpoint_steps(&ckpt);
+    let other = format!("model.layers=[{}, 8, {CLASSES}]", SIDE * SIDE);
+    let out = run(&other);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let shapes = format!(
+        "shape [{}, 16], the model expects [{}, 8]",
+        SIDE * SIDE,
+        SIDE * SIDE
+    );
+    assert!(
+        stderr.contains(&shapes),
+        "both shapes should be named:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("failed ("),
+        "refused before any task started, not by a failing task:\n{stderr}"
+    );
+    let run_dir = stderr
+        .split("run directory ")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .expect("the run directory is named");
+    assert!(
+        !std::path::Path::new(run_dir).exists(),
+        "nothing ran, so nothing is kept: {run_dir}"
+    );
+    assert_eq!(checkpoint_steps(&ckpt), before);
+}
+
+/// `dtf inspect … | head`: output to a pipe whose reader has gone ends the
+/// tools by SIGPIPE, as it ends `cat`, and never with a panic.
+#[test]
+fn a_closed_output_pipe_ends_the_tools_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let c = Cluster::new(1, 1, 30, Mode::Async);
+    let file = write_checkpoint(&c.cfg, 7);
+    let (file, data) = (file.to_str().unwrap(), c.cfg.data.dir.to_str().unwrap());
+    for args in [
+        vec!["inspect", file],
+        vec!["inspect", file, "--json"],
+        vec!["eval", file, "--data", data],
+    ] {
+        // No reader from the start: the first write fails, whatever the timing.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = Command::new(bin("dtf"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = until(Duration::from_secs(60), "dtf to exit", || {
+            child.try_wait().unwrap()
+        });
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {status:?}\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
+    }
 }
