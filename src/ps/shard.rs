@@ -190,25 +190,34 @@ pub struct Shard {
     last_step: u64,
     /// The run the state belongs to (the chief's run id; 0: unknown).
     run: u64,
-    /// Whether an update's parts run on several threads at once
-    /// ([`parallel`]).
-    parallel: bool,
+    /// Values per job of an update ([`chunk`]); `usize::MAX`: one job
+    /// per part, all on the calling thread.
+    chunk: usize,
 }
 
-/// Elements a part needs to be worth a thread of its own: below it, handing
-/// the pass to another core costs more than the pass (tens of microseconds).
+/// The fewest values worth a job on another core: below it, the hand-off
+/// costs more than the pass (tens of microseconds).
 const PARALLEL_MIN: usize = 16 * 1024;
 
-/// Whether a shard of `specs` applies its parts in parallel: with at least
-/// two parts of [`PARALLEL_MIN`] elements, on a ps given more than one core
-/// (rayon's pool, sized by `available_parallelism`: the CPU affinity and
-/// cgroup quota systemd sets are respected).
-fn parallel(specs: &[VarSpec]) -> bool {
-    let big = specs
+/// The fewest cores on which a ps applies in parallel. Measured on 2 cores
+/// (docs/benchmarks.md, issue 44): there the ps shares its cores with the
+/// workers, no core is idle to take a job, and the hand-off only added
+/// CPU (0.1–0.3 ms a push); `RAYON_NUM_THREADS` overrides the count.
+const PARALLEL_CORES: usize = 4;
+
+/// Values per job for an update of `specs` on `threads` cores: the values
+/// spread evenly over the cores, at least [`PARALLEL_MIN`] a job; or
+/// `usize::MAX` (serial) below [`PARALLEL_CORES`] or with too few values
+/// for two jobs.
+fn chunk(specs: &[VarSpec], threads: usize) -> usize {
+    let values: usize = specs
         .iter()
-        .filter(|s| s.shape.iter().product::<usize>() >= PARALLEL_MIN)
-        .count();
-    big >= 2 && rayon::current_num_threads() > 1
+        .map(|s| s.shape.iter().product::<usize>())
+        .sum();
+    if threads < PARALLEL_CORES || values < 2 * PARALLEL_MIN {
+        return usize::MAX;
+    }
+    values.div_ceil(threads).max(PARALLEL_MIN)
 }
 
 impl Shard {
@@ -236,7 +245,9 @@ impl Shard {
             .collect();
         Self {
             ps,
-            parallel: parallel(&specs),
+            // rayon's pool: `available_parallelism` threads, which respects
+            // the CPU affinity and cgroup quota systemd sets.
+            chunk: chunk(&specs, rayon::current_num_threads()),
             specs,
             values: None,
             shadows: Vec::new(),
@@ -268,11 +279,11 @@ impl Shard {
         self.last_step = last_step;
     }
 
-    /// Whether updates run their parts in parallel ([`parallel`]); tests
-    /// compare both ways.
+    /// Whether updates run in parallel, in jobs of [`PARALLEL_MIN`] values
+    /// (whatever the cores); tests compare both ways.
     #[cfg(test)]
     pub(super) fn set_parallel(&mut self, on: bool) {
-        self.parallel = on;
+        self.chunk = if on { PARALLEL_MIN } else { usize::MAX };
     }
 
     pub fn specs(&self) -> &[VarSpec] {

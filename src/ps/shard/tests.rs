@@ -495,19 +495,20 @@ fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
         };
         let run = |c: &Consts, g: &[f32], vectorized: bool| {
             let g: &[u8] = bytemuck::cast_slice(g);
-            let mut next: Vec<ArrayD<f32>> = slots.iter().map(|s| s.clone() * 0.0).collect();
+            let mut next: Vec<Vec<f32>> = slots.iter().map(|s| vec![0.0; s.len()]).collect();
+            let mut outs: Vec<&mut [f32]> = next.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let ins: Vec<&[f32]> = slots.iter().map(|s| s.as_slice().unwrap()).collect();
             let (mut nw, mut ns) = (vec![0.0f32; n], vec![0.0f32; n]);
             let bad = if vectorized {
                 crate::kernel::simd(
                     #[inline(always)]
-                    || pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns),
+                    || pass(c, &w, &sh, g, &ins, &mut outs, &mut nw, &mut ns),
                 )
             } else {
-                pass(c, &w, &sh, g, &slots, &mut next, &mut nw, &mut ns)
+                pass(c, &w, &sh, g, &ins, &mut outs, &mut nw, &mut ns)
             };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let slot_bits: Vec<Vec<u32>> =
-                next.iter().map(|s| bits(s.as_slice().unwrap())).collect();
+            let slot_bits: Vec<Vec<u32>> = next.iter().map(|s| bits(s)).collect();
             (bad, bits(&nw), bits(&ns), slot_bits)
         };
         let c = consts(0.01);
@@ -530,8 +531,9 @@ fn the_vectorized_pass_equals_the_baseline_bit_for_bit() {
     }
 }
 
-/// Four parts of [`PARALLEL_MIN`] elements or more and a small one, as a
-/// split `layer1/weights` and a bias sit on one ps; values from `seed`.
+/// Four parts of [`PARALLEL_MIN`] elements or more (each cut in two jobs,
+/// one short) and a small one, as a split `layer1/weights` and a bias sit
+/// on one ps.
 fn parted(optimizer: Optimizer, rule: Rule, parallel: bool) -> Shard {
     let shapes = [
         vec![130, 128],
@@ -577,7 +579,7 @@ fn parts_applied_in_parallel_give_the_serial_bits() {
         for optimizer in OPTIMIZERS {
             let mut par = parted(optimizer, rule, true);
             let mut ser = parted(optimizer, rule, false);
-            assert!(par.parallel && !ser.parallel);
+            assert!(par.chunk == PARALLEL_MIN && ser.chunk == usize::MAX);
             for step in 0..6u64 {
                 let grads = random(par.specs(), 100 + step);
                 let (at, worker) = match rule {
@@ -623,4 +625,23 @@ fn a_parallel_update_that_overflows_in_one_part_changes_no_part() {
     assert_eq!(s.values().unwrap(), &before.0[..]);
     assert_eq!(s.shadows().unwrap(), &before.1[..]);
     assert_eq!(s.step(), before.2);
+}
+
+#[test]
+fn a_ps_applies_in_parallel_only_with_cores_and_values_to_spare() {
+    let specs = |n: usize| {
+        vec![VarSpec {
+            name: "w".into(),
+            shape: vec![n],
+        }]
+    };
+    // The reference model's 397,510 values: serial on 2 cores, spread on 16.
+    assert_eq!(chunk(&specs(397_510), 2), usize::MAX);
+    assert_eq!(chunk(&specs(397_510), 3), usize::MAX);
+    assert_eq!(chunk(&specs(397_510), 4), 99_378);
+    assert_eq!(chunk(&specs(397_510), 16), 24_845);
+    // Never jobs below PARALLEL_MIN values, and none for too few values.
+    assert_eq!(chunk(&specs(100_000), 16), PARALLEL_MIN);
+    assert_eq!(chunk(&specs(2 * PARALLEL_MIN - 1), 16), usize::MAX);
+    assert_eq!(chunk(&specs(0), 16), usize::MAX);
 }

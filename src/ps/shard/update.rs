@@ -6,14 +6,13 @@ use super::{Pushed, Rule, Shard, ShardError, le_f32};
 use crate::kernel;
 use crate::model;
 use crate::optimizer::{self, Optimizer};
-use ndarray::ArrayD;
 
 impl Shard {
     /// [`Shard::push_bytes`] from arrays, for the tests below.
     #[cfg(test)]
     pub(super) fn push(
         &mut self,
-        grads: Vec<ArrayD<f32>>,
+        grads: Vec<ndarray::ArrayD<f32>>,
         lr: f32,
         step: u64,
         worker: u32,
@@ -200,34 +199,55 @@ impl Shard {
             alpha,
             rate,
         };
-        // One job per part: its pass reads and writes only its own arrays.
+        // Jobs of at most `chunk` values: a range of one part, whose pass
+        // reads and writes only that range of its arrays (every rule is
+        // elementwise).
+        let chunk = self.chunk.max(1);
+        let mut jobs: Vec<Job<'_>> = Vec::new();
         let outs = (new_w.iter_mut().zip(new_s.iter_mut())).zip(self.scratch_slots.iter_mut());
-        let jobs: Vec<Job<'_>> = outs
-            .enumerate()
-            .map(|(i, ((nw, ns), next))| Job {
-                w: values[i].as_slice().expect(contiguous),
-                sh: self.shadows[i].as_slice().expect(contiguous),
-                g: grads[i],
-                slots: &self.slots.per_var[i],
-                next,
-                nw: nw.as_slice_mut().expect(contiguous),
-                ns: ns.as_slice_mut().expect(contiguous),
-            })
-            .collect();
+        for (part, ((nw, ns), next)) in outs.enumerate() {
+            let w = values[part].as_slice().expect(contiguous);
+            let sh = self.shadows[part].as_slice().expect(contiguous);
+            let slots: Vec<&[f32]> = self.slots.per_var[part]
+                .iter()
+                .map(|a| a.as_slice().expect(contiguous))
+                .collect();
+            let mut nw = nw.as_slice_mut().expect(contiguous);
+            let mut ns = ns.as_slice_mut().expect(contiguous);
+            let mut next: Vec<&mut [f32]> = next
+                .iter_mut()
+                .map(|a| a.as_slice_mut().expect(contiguous))
+                .collect();
+            for at in (0..w.len()).step_by(chunk) {
+                let end = (at + chunk).min(w.len());
+                let len = end - at;
+                jobs.push(Job {
+                    part,
+                    w: &w[at..end],
+                    sh: &sh[at..end],
+                    g: &grads[part][4 * at..4 * end],
+                    slots: slots.iter().map(|a| &a[at..end]).collect(),
+                    nw: take(&mut nw, len),
+                    ns: take(&mut ns, len),
+                    next: next.iter_mut().map(|rest| take(rest, len)).collect(),
+                });
+            }
+        }
         // One pass per rule, compiled for AVX-512 where the CPU has it
         // (the same IEEE operations lane by lane: the same bits).
-        let run = |j: Job<'_>| {
+        let run = |mut j: Job<'_>| {
             kernel::simd(
                 #[inline(always)]
-                || pass(&consts, j.w, j.sh, j.g, j.slots, j.next, j.nw, j.ns),
+                || pass(&consts, j.w, j.sh, j.g, &j.slots, &mut j.next, j.nw, j.ns),
             )
         };
-        // The parts on the ps's cores at once; each part's values come out
-        // the same whichever thread computes them.
+        // The jobs on the ps's cores at once; each value comes out the same
+        // whichever thread computes it.
+        let parts: Vec<usize> = jobs.iter().map(|j| j.part).collect();
         let mut bad = vec![false; jobs.len()];
         let mut each = jobs.into_iter().zip(bad.iter_mut());
-        if self.parallel {
-            // The calling thread takes the first part itself.
+        if self.chunk != usize::MAX {
+            // The calling thread takes the first job itself.
             let first = each.next();
             rayon::in_place_scope(|s| {
                 for (j, b) in each {
@@ -243,7 +263,7 @@ impl Shard {
         if let Some(i) = bad.iter().position(|&b| b) {
             return Err(ShardError::Overflow {
                 lr,
-                name: self.specs[i].name.clone(),
+                name: self.specs[parts[i]].name.clone(),
             });
         }
         std::mem::swap(values, new_w);
@@ -261,13 +281,22 @@ impl Shard {
     }
 }
 
-/// One part's arrays for an update's [`pass`].
+/// The first `len` values of `rest`, which keeps the others.
+fn take<'a>(rest: &mut &'a mut [f32], len: usize) -> &'a mut [f32] {
+    let (head, tail) = std::mem::take(rest).split_at_mut(len);
+    *rest = tail;
+    head
+}
+
+/// A range of one part's arrays, for an update's [`pass`].
 struct Job<'a> {
+    /// Which part (model order).
+    part: usize,
     w: &'a [f32],
     sh: &'a [f32],
     g: &'a [u8],
-    slots: &'a [ArrayD<f32>],
-    next: &'a mut [ArrayD<f32>],
+    slots: Vec<&'a [f32]>,
+    next: Vec<&'a mut [f32]>,
     nw: &'a mut [f32],
     ns: &'a mut [f32],
 }
@@ -301,8 +330,8 @@ pub(super) fn pass(
     w: &[f32],
     sh: &[f32],
     g: &[u8],
-    slots: &[ArrayD<f32>],
-    next: &mut [ArrayD<f32>],
+    slots: &[&[f32]],
+    next: &mut [&mut [f32]],
     nw: &mut [f32],
     ns: &mut [f32],
 ) -> bool {
@@ -360,22 +389,21 @@ fn lanes<const K: usize>(
     w: &[f32],
     s: &[f32],
     g: &[u8],
-    slots: &[ArrayD<f32>],
-    next: &mut [ArrayD<f32>],
+    slots: &[&[f32]],
+    next: &mut [&mut [f32]],
     nw: &mut [f32],
     ns: &mut [f32],
     rate: f32,
     rule: impl Fn(f32, f32, [f32; K]) -> (f32, [f32; K]),
 ) -> bool {
     const EXP: u32 = 0x7f80_0000;
-    let contiguous = "arrays built by dtf are contiguous";
     let n = w.len();
     let (s, g, nw, ns) = (&s[..n], &g[..4 * n], &mut nw[..n], &mut ns[..n]);
-    let slots: [&[f32]; K] = std::array::from_fn(|k| &slots[k].as_slice().expect(contiguous)[..n]);
+    let slots: [&[f32]; K] = std::array::from_fn(|k| &slots[k][..n]);
     let mut outs = next.iter_mut();
     let next: [&mut [f32]; K] = std::array::from_fn(|_| {
         let out = outs.next().expect("one scratch array per slot");
-        &mut out.as_slice_mut().expect(contiguous)[..n]
+        &mut out[..n]
     });
     let mut bad = 0u32;
     // Set once per pass, not per block: each block writes the first `len`
