@@ -195,10 +195,7 @@ enum Pass {
 /// allowed). In `Detect` mode a cell that is not a number adds its column
 /// and the pass goes on classifying only.
 fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass, DataError> {
-    let file = super::open_file(path)?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(std::io::BufReader::new(file));
+    let mut reader = reader(path)?;
     let (headers, label_at) = read_header(&mut reader, path, opts.label, opts.require_label)?;
     let cat_at = categorical_columns(path, &headers, label_at, cat)?;
     let detect = matches!(opts.categorical, CategoricalColumns::Detect(_));
@@ -373,15 +370,51 @@ fn categorical_columns(
     Ok(at)
 }
 
+/// A reader of the delimited file at `path`, its header first, with the
+/// delimiter its header line uses: a comma, a tab or a semicolon, whichever
+/// it holds most of (a comma when it holds none: one column). A TSV export
+/// or a European spreadsheet's CSV is then read as it comes.
+///
+/// Errors: as [`super::open_file`]; [`DataError::Io`] reading the header.
+pub(crate) fn reader(
+    path: &Path,
+) -> Result<::csv::Reader<std::io::BufReader<std::fs::File>>, DataError> {
+    use std::io::{BufRead, Seek};
+    let io = |source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::io::BufReader::new(super::open_file(path)?);
+    // The header line alone, bounded: a file without newlines is not read whole here.
+    let mut first = Vec::new();
+    std::io::Read::take(&mut file, 1 << 20)
+        .read_until(b'\n', &mut first)
+        .map_err(io)?;
+    file.rewind().map_err(io)?;
+    Ok(::csv::ReaderBuilder::new()
+        .has_headers(true)
+        .delimiter(delimiter(&first))
+        .from_reader(file))
+}
+
+/// The delimiter of a header line: [`reader`]'s rule.
+fn delimiter(line: &[u8]) -> u8 {
+    let count = |d: u8| line.iter().filter(|&&b| b == d).count();
+    let mut best = b',';
+    for d in [b'\t', b';'] {
+        if count(d) > count(best) {
+            best = d;
+        }
+    }
+    best
+}
+
 /// The feature columns' names of the CSV file at `path` (its header
 /// without the column `label`), reading the header alone.
 ///
 /// Errors: as [`load`], for the header.
 pub fn header_names(path: &Path, label: &str) -> Result<Vec<String>, DataError> {
-    let file = super::open_file(path)?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(std::io::BufReader::new(file));
+    let mut reader = reader(path)?;
     let (headers, label_at) = read_header(&mut reader, path, Some(label), false)?;
     Ok(feature_columns(path, &headers, label_at, &[], None)?
         .into_iter()
@@ -481,8 +514,8 @@ fn read_header<R: std::io::Read>(
         return Err(format_error(
             path,
             format!(
-                "line 1: no column {} among {} columns (first {}): set data.label to the \
-                 label column's name",
+                "line 1: no column {} among {} columns (first {}): name the label column \
+                 with --label (dtf local, eval, predict) or data.label (dtf.toml)",
                 quote(label.unwrap_or_default()),
                 headers.len(),
                 quote(headers.first().map(String::as_str).unwrap_or_default())

@@ -437,7 +437,7 @@ fn read_inter_with(
         return Err(format_error(
             path,
             format!(
-                "line 1: no label column {} among {}: set data.label",
+                "line 1: no label column {} among {}: name it with --label (dtf local, eval, predict) or data.label (dtf.toml)",
                 quote(&cfg.label),
                 inter.names()
             ),

@@ -140,10 +140,7 @@ fn infer_label(path: &Path) -> Result<String, LocalError> {
 ///
 /// Errors: [`data::DataError`] naming the file.
 fn csv_header(path: &Path) -> Result<Vec<String>, data::DataError> {
-    let file = data::open_file(path)?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(std::io::BufReader::new(file));
+    let mut reader = data::csv::reader(path)?;
     let headers = reader.headers().map_err(|e| data::DataError::Format {
         path: path.to_path_buf(),
         what: format!("line 1: {e}"),

@@ -153,3 +153,32 @@ fn categorical_bad_input_is_refused() {
         .to_string();
     assert!(msg.contains("\"nan\" is not a finite number"), "{msg}");
 }
+
+#[test]
+fn tabs_and_semicolons_are_read_as_the_header_line_uses_them() {
+    let want = |ds: &Dataset| {
+        assert_eq!(ds.values, Features::Floats(vec![1.0, 2.5, 3.0, -4.0]));
+        assert_eq!(ds.labels(), &[0, 1]);
+        assert_eq!(ds.names().unwrap(), ["a", "b"]);
+    };
+    // A TSV export, and a spreadsheet's CSV where the comma is the decimal
+    // point's neighbour: the header line's delimiter wins.
+    for text in [
+        "a\tb\tlabel\n1\t2.5\t0\n3\t-4\t1\n",
+        "a;b;label\n1;2.5;0\n3;-4;1\n",
+        "a,b,label\n1,2.5,0\n3,-4,1\n",
+    ] {
+        let (_d, path) = write(text);
+        want(&load(&path, "label").unwrap());
+        assert_eq!(header_names(&path, "label").unwrap(), ["a", "b"]);
+    }
+    // A label column that is not there: the flag to fix it, not only the key.
+    let (_d, path) = write("user_id\titem_id\tlabel\n1\t2\t0\n");
+    let err = load(&path, "rating").unwrap_err().to_string();
+    assert!(err.contains("no column \"rating\" among 3 columns"), "{err}");
+    assert!(err.contains("--label"), "{err}");
+    // One column: no delimiter at all.
+    assert_eq!(delimiter(b"label\n"), b',');
+    // A tab-separated header whose names hold a comma stays tab-separated.
+    assert_eq!(delimiter(b"price, eur\tqty\tlabel\n"), b'\t');
+}
