@@ -128,7 +128,45 @@ fn find_file(dir: &Path, name: &str) -> Result<PathBuf, DataError> {
             }
         }
     }
-    Err(DataError::Missing { path: gz, alt: raw })
+    Err(DataError::Missing {
+        path: gz,
+        alt: raw,
+        advice: missing_advice(dir),
+    })
+}
+
+/// What to do about a directory without the IDX files: install the
+/// reference data set when it holds nothing, or else say which formats dtf
+/// reads, naming a few of the files it does hold — they are the user's own
+/// data, and installing a package would not help.
+pub(super) fn missing_advice(dir: &Path) -> String {
+    const INSTALL: &str = "install the data set with `apt install dataset-fashion-mnist` \
+        (Debian package dataset-fashion-mnist) or set data.dir (--data) to a directory \
+        holding MNIST-format IDX files";
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return INSTALL.to_owned();
+    };
+    let mut held: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if held.is_empty() {
+        return INSTALL.to_owned();
+    }
+    held.sort();
+    let shown: Vec<&str> = held.iter().take(3).map(String::as_str).collect();
+    let more = match held.len() - shown.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "{} holds {}{more}, no MNIST-format IDX files; dtf reads a directory of IDX files \
+         (train-images-idx3-ubyte[.gz], …) or of RecBole atomic files (NAME.inter), \
+         or one file given with --data: a CSV with a header (its test file with --test), \
+         a .npz (x_train, y_train, x_test, y_test), or a Criteo .txt/.tsv",
+        dir.display(),
+        shown.join(", ")
+    )
 }
 
 /// Reads a whole IDX file (decompressing it if it starts with the gzip magic)
@@ -487,5 +525,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("t10k-labels-idx1-ubyte"), "{msg}");
+        // A directory of the user's own files: the formats dtf reads, not
+        // the reference data set's package.
+        let own = tempfile::tempdir().unwrap();
+        for f in ["ratings.csv", "users.csv"] {
+            std::fs::write(own.path().join(f), "a,b\n1,2\n").unwrap();
+        }
+        let msg = Dataset::load(own.path(), Split::Train)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("holds ratings.csv, users.csv, no MNIST-format IDX files"),
+            "{msg}"
+        );
+        assert!(msg.contains("a CSV with a header"), "{msg}");
+        assert!(!msg.contains("apt install"), "{msg}");
     }
 }

@@ -84,16 +84,16 @@ pub enum DataError {
         what: String,
     },
     /// Neither `<name>.gz` nor `<name>` exists in the data directory.
-    #[error(
-        "{path}: no such file (nor {alt}); install the data set with \
-         `apt install dataset-fashion-mnist` (Debian package dataset-fashion-mnist) \
-         or set data.dir to a directory holding MNIST-format IDX files"
-    )]
+    #[error("{path}: no such file (nor {alt}); {advice}")]
     Missing {
         /// The gzipped name, tried first.
         path: PathBuf,
         /// The raw name, tried second.
         alt: PathBuf,
+        /// What to do: install the reference data set when the directory
+        /// is empty or absent; name the formats dtf reads when it holds
+        /// the user's own files ([`idx::missing_advice`]).
+        advice: String,
     },
     /// A file is larger than this machine could hold in memory.
     #[error(

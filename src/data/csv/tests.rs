@@ -175,7 +175,10 @@ fn tabs_and_semicolons_are_read_as_the_header_line_uses_them() {
     // A label column that is not there: the flag to fix it, not only the key.
     let (_d, path) = write("user_id\titem_id\tlabel\n1\t2\t0\n");
     let err = load(&path, "rating").unwrap_err().to_string();
-    assert!(err.contains("no column \"rating\" among 3 columns"), "{err}");
+    assert!(
+        err.contains("no column \"rating\" among 3 columns"),
+        "{err}"
+    );
     assert!(err.contains("--label"), "{err}");
     // One column: no delimiter at all.
     assert_eq!(delimiter(b"label\n"), b',');
