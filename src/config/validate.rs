@@ -397,7 +397,8 @@ impl Config {
         let needed: &[(&str, &Option<std::path::PathBuf>)] = match d.format {
             DataFormat::Idx => &[],
             DataFormat::Npz => &[("data.path", &d.path)],
-            DataFormat::Csv => &[("data.train", &d.train), ("data.test", &d.test)],
+            // No data.test: the seeded data.test_fraction split of data.train.
+            DataFormat::Csv => &[("data.train", &d.train)],
             DataFormat::Recbole => &[],
             DataFormat::Criteo => &[("data.path", &d.path)],
         };

@@ -45,15 +45,12 @@ pub fn config_for_path(
     } else if ext.as_deref() == Some("csv") {
         cfg.format = DataFormat::Csv;
         cfg.train = Some(path.to_path_buf());
-        cfg.test = Some(match test {
-            Some(t) => t.to_path_buf(),
-            None => beside(path).ok_or_else(|| DataError::Format {
-                path: path.to_path_buf(),
-                what: "the file name has no \"train\" to replace by \"test\": \
-                       give the test file with --test"
-                    .into(),
-            })?,
-        });
+        // The test file given, or the one beside it named with "test"
+        // for "train"; with neither, the seeded data.test_fraction split.
+        cfg.test = match test {
+            Some(t) => Some(t.to_path_buf()),
+            None => beside(path).filter(|t| t.exists()),
+        };
     } else {
         return Err(DataError::UnknownFormat {
             path: path.to_path_buf(),

@@ -210,6 +210,7 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
             })?;
             npz::load(path, split)
         }
+        DataFormat::Csv if cfg.test.is_none() => Ok(csv_split(cfg)?.take(split)),
         DataFormat::Csv => {
             let (key, path) = match split {
                 Split::Train => ("data.train", cfg.train.as_deref()),
@@ -223,6 +224,33 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
     }
 }
 
+/// Both splits of a CSV training file with no test file: the seeded
+/// `data.test_fraction` split of its rows ([`split_rows`]), the same on every
+/// task, as RecBole's and Criteo's.
+///
+/// Errors: as [`csv::load_config`]; `Unset` without `data.train`.
+fn csv_split(cfg: &DataConfig) -> Result<Both, DataError> {
+    let path = cfg.train.as_deref().ok_or(DataError::Unset {
+        key: "data.train",
+        format: "csv",
+    })?;
+    let all = csv::load_config(path, cfg, None)?;
+    let (train, test) = split_rows(all.len(), cfg.test_fraction);
+    Ok(Both(all.select(&train), all.select(&test)))
+}
+
+/// A training and a test split.
+struct Both(Dataset, Dataset);
+
+impl Both {
+    fn take(self, split: Split) -> Dataset {
+        match split {
+            Split::Train => self.0,
+            Split::Test => self.1,
+        }
+    }
+}
+
 /// Loads both splits and the preprocessing the training split implies
 /// (standardization when `cfg.standardize`), applied to both.
 ///
@@ -232,6 +260,10 @@ pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
         // One file holds both splits: read it once.
         DataFormat::Recbole => recbole::load_both(cfg)?,
         DataFormat::Criteo => criteo::load_both(cfg)?,
+        DataFormat::Csv if cfg.test.is_none() => {
+            let both = csv_split(cfg)?;
+            (both.0, both.1)
+        }
         _ => {
             let train = load(cfg, Split::Train)?;
             // A CSV test file's columns are matched to the training file's by
@@ -304,6 +336,11 @@ pub fn describe(cfg: &DataConfig) -> String {
     match cfg.format {
         DataFormat::Idx => cfg.dir.display().to_string(),
         DataFormat::Npz => show(&cfg.path),
+        DataFormat::Csv if cfg.test.is_none() => format!(
+            "{} (its seeded {} % test split)",
+            show(&cfg.train),
+            100.0 * cfg.test_fraction
+        ),
         DataFormat::Csv => format!("{} and {}", show(&cfg.train), show(&cfg.test)),
         DataFormat::Recbole => cfg.dir.display().to_string(),
         DataFormat::Criteo => show(&cfg.path),

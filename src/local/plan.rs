@@ -66,6 +66,14 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
     // read the data for it, and a model that does not fit fails now.
     let shape = data::resolve_model(&mut cfg)?;
     cfg.model.hidden = None;
+    if cfg.data.format == DataFormat::Csv && cfg.data.test.is_none() {
+        notes.push(format!(
+            "no test file: testing on {}, training on the other {} examples \
+             (data.test_fraction; --test names a test file)",
+            data::describe(&cfg.data),
+            shape.examples
+        ));
+    }
     if cfg.train.batch_size > shape.examples {
         return Err(cfg
             .bad(

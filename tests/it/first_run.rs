@@ -442,3 +442,49 @@ fn a_sync_stall_names_the_missing_worker() {
     );
     assert!(log.contains("worker:1 (never seen)"), "{log}");
 }
+
+/// One CSV of one's own, tab-separated, with no test file: dtf local tests
+/// on the seeded `data.test_fraction` split of its rows and says so, and
+/// the two runs on the same file agree on that split.
+#[test]
+fn a_lone_tab_separated_file_is_split_for_its_test_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let blobs = std::fs::read_to_string(blobs(dir.path())).unwrap();
+    let all = dir.path().join("mine.csv");
+    std::fs::write(&all, blobs.replace(',', "\t")).unwrap();
+    let args = [
+        "local",
+        "--data",
+        all.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "20",
+        "--steps",
+        "300",
+        "--json",
+    ];
+    let out = dtf_in(&tmp, &args, &[]);
+    assert!(out.status.success(), "dtf local failed:\n{}", out.stderr);
+    let report = json(&out);
+    assert_eq!(report["layers"], serde_json::json!([4, 8, 3]), "{report}");
+    assert!(
+        report["test_accuracy"].as_f64().unwrap() > 0.9,
+        "the blobs are separable: {report}"
+    );
+    let said = format!(
+        "no test file: testing on {} (its seeded 20 % test split), training on the other 480 examples",
+        all.display()
+    );
+    assert!(out.stderr.contains(&said), "no {said:?} in:\n{}", out.stderr);
+    // dtf eval on the run's checkpoint with the same file scores the same
+    // test rows: the split is a function of the file alone.
+    let ckpt = format!("{}/checkpoints", report["run_dir"].as_str().unwrap());
+    let eval = dtf_in(&tmp, &["eval", &ckpt, "--json"], &[]);
+    assert!(eval.status.success(), "{}", eval.stderr);
+    assert_eq!(json(&eval)["accuracy"], report["test_accuracy"], "{}", eval.stdout);
+}

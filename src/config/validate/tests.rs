@@ -342,7 +342,9 @@ fn hidden_widths_take_the_data_shape_and_layers_must_fit_it() {
 #[test]
 fn each_data_format_needs_its_paths() {
     error_for("[data]\nformat = \"npz\"\n", "data.path");
-    error_for("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "data.test");
+    error_for("[data]\nformat = \"csv\"\ntest = \"a.csv\"\n", "data.train");
+    // A CSV without data.test is split (data.test_fraction).
+    Config::from_toml_str("[data]\nformat = \"csv\"\ntrain = \"a.csv\"\n", "f").unwrap();
     error_for(
         "[data]\nformat = \"csv\"\ntrain = \"a\"\ntest = \"b\"\nlabel = \"\"\n",
         "data.label",
