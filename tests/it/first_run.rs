@@ -480,11 +480,20 @@ fn a_lone_tab_separated_file_is_split_for_its_test_set() {
         "no test file: testing on {} (its seeded 20 % test split), training on the other 480 examples",
         all.display()
     );
-    assert!(out.stderr.contains(&said), "no {said:?} in:\n{}", out.stderr);
+    assert!(
+        out.stderr.contains(&said),
+        "no {said:?} in:\n{}",
+        out.stderr
+    );
     // dtf eval on the run's checkpoint with the same file scores the same
     // test rows: the split is a function of the file alone.
     let ckpt = format!("{}/checkpoints", report["run_dir"].as_str().unwrap());
     let eval = dtf_in(&tmp, &["eval", &ckpt, "--json"], &[]);
     assert!(eval.status.success(), "{}", eval.stderr);
-    assert_eq!(json(&eval)["accuracy"], report["test_accuracy"], "{}", eval.stdout);
+    assert_eq!(
+        json(&eval)["accuracy"],
+        report["test_accuracy"],
+        "{}",
+        eval.stdout
+    );
 }
