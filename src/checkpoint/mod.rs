@@ -282,6 +282,13 @@ pub(crate) fn ema_path(path: &Path) -> PathBuf {
     restore::ema_sibling(path).map_or_else(|_| path.to_path_buf(), |(ema, _)| ema)
 }
 
+/// The highest step a model file in `dir` is named with, reading no file:
+/// a cheap look before [`restore_latest`] loads one. `None` when `dir`
+/// holds none or cannot be listed.
+pub fn newest_named_step(dir: &Path) -> Option<u64> {
+    layout::scan_steps(dir).ok()?.model.into_iter().max()
+}
+
 pub(crate) fn model_file_name(step: u64) -> String {
     format!("{PREFIX}{step}{MODEL_EXT}")
 }

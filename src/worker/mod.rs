@@ -641,6 +641,7 @@ impl Worker {
         min_steps: Option<&[u64]>,
     ) -> Result<Progress, WorkerError> {
         let mut backoff = Backoff::new();
+        let mut looked: Option<Instant> = None;
         loop {
             let pulled_at = Instant::now();
             match self.cluster.pull(params, min_steps).await {
@@ -652,6 +653,32 @@ impl Worker {
                 Err(e) if e.is_unavailable() => {
                     if self.resharding() {
                         return Err(WorkerError::Reshard);
+                    }
+                    // The ps tasks exit once the run is complete: a worker
+                    // that missed the end (cut off when it came) finds the
+                    // final checkpoint, where it can see the checkpoint
+                    // directory, and ends too. Its file names are looked at
+                    // now and then; a file is read only once one is named
+                    // at the last step.
+                    if looked.is_none_or(|t| t.elapsed() >= WAIT_LOG_EVERY) {
+                        looked = Some(Instant::now());
+                        let cfg = self.cfg();
+                        let named = checkpoint::newest_named_step(&cfg.checkpoint.dir);
+                        let done = named
+                            .is_some_and(|s| s >= cfg.train.last_step)
+                            .then(|| completed_run(&cfg))
+                            .flatten();
+                        if let Some(step) = done {
+                            info!(
+                                worker = self.task,
+                                global_step = step,
+                                "The ps tasks are gone and the final checkpoint is written: the run is complete."
+                            );
+                            return Ok(Progress {
+                                steps: vec![step; self.cluster.num_ps()],
+                                complete: true,
+                            });
+                        }
                     }
                     backoff.wait(&e.to_string(), &self.shutdown).await?
                 }

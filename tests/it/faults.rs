@@ -160,3 +160,35 @@ async fn sigkill_of_every_role_at_random_moments_still_reaches_last_step(transpo
     c.assert_transport(transport);
 }
 }
+
+/// A worker that misses the end of the run (stopped while it came) finds
+/// the ps tasks gone when it resumes: it reads the final checkpoint and
+/// ends too, rather than waiting for them for ever (a partition test once
+/// left a worker so after it healed a moment before the run's end).
+#[test]
+fn a_worker_that_missed_the_end_of_the_run_finds_the_final_checkpoint_and_exits() {
+    // Long enough for worker 1 to be stopped while it trains (the tiny
+    // model makes thousands of steps a second).
+    const LAST: u64 = 20_000;
+    let mut c = Cluster::new(1, 2, LAST, Mode::Async);
+    c.start_all();
+    c.wait_log("worker:1", "Training.", 1, Duration::from_secs(120));
+    c.signal("worker:1", libc::SIGSTOP);
+    for task in ["worker:0", "ps:0"] {
+        let s = c.wait(task, Duration::from_secs(180));
+        assert!(s.success(), "{task} exited with {s}; log:\n{}", c.log(task));
+    }
+    assert!(checkpoint_steps(&c.cfg.checkpoint.dir).last() >= Some(&LAST));
+    c.signal("worker:1", libc::SIGCONT);
+    let s = c.wait("worker:1", Duration::from_secs(60));
+    assert!(
+        s.success(),
+        "worker:1 exited with {s}; log:\n{}",
+        c.log("worker:1")
+    );
+    let log = c.log("worker:1");
+    assert!(
+        log.contains("the final checkpoint is written: the run is complete"),
+        "{log}"
+    );
+}
