@@ -27,28 +27,29 @@ fn last_json(out: &std::process::Output) -> serde_json::Value {
     })
 }
 
+/// `dtf local --config <c's> --ps 1 --checkpoint-dir CKPT --json ARGS`.
+fn local_json(c: &Cluster, ckpt: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec![
+        "local",
+        "--config",
+        c.config_path.to_str().unwrap(),
+        "--ps",
+        "1",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--json",
+    ];
+    all.extend_from_slice(args);
+    dtf_output(&all)
+}
+
 #[test]
 fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     // The tiny data set and model, through a base config.
     let c = Cluster::new(1, 2, 100, Mode::Async);
     let ckpt = c.dir.path().join("kept");
-    let (config, ckpt_s) = (c.config_path.to_str().unwrap(), ckpt.to_str().unwrap());
-    let run = |steps: &str| {
-        dtf_output(&[
-            "local",
-            "--config",
-            config,
-            "--ps",
-            "1",
-            "--workers",
-            "2",
-            "--steps",
-            steps,
-            "--checkpoint-dir",
-            ckpt_s,
-            "--json",
-        ])
-    };
+    let ckpt_s = ckpt.to_str().unwrap();
+    let run = |steps: &str| local_json(&c, &ckpt, &["--workers", "2", "--steps", steps]);
 
     let out = run("100");
     assert!(
@@ -522,24 +523,12 @@ fn a_second_ctrl_c_kills_every_local_task_at_once() {
 fn a_resume_with_another_model_is_refused_before_anything_starts() {
     let c = Cluster::new(1, 1, 30, Mode::Async);
     let ckpt = c.dir.path().join("kept");
-    let (config, ckpt_s) = (c.config_path.to_str().unwrap(), ckpt.to_str().unwrap());
     let run = |layers: &str| {
-        dtf_output(&[
-            "local",
-            "--config",
-            config,
-            "--ps",
-            "1",
-            "--workers",
-            "1",
-            "--steps",
-            "30",
-            "--checkpoint-dir",
-            ckpt_s,
-            "--set",
-            layers,
-            "--json",
-        ])
+        local_json(
+            &c,
+            &ckpt,
+            &["--workers", "1", "--steps", "30", "--set", layers],
+        )
     };
     let trained = format!("model.layers=[{}, 16, {CLASSES}]", SIDE * SIDE);
     let out = run(&trained);
