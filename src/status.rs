@@ -37,7 +37,8 @@ pub struct TaskStatus {
     pub address: String,
     /// Whether it answered; `None` for workers, which do not listen.
     pub reachable: Option<bool>,
-    /// Workers: `live`, `stale` or `never seen` (see [`STALE_AFTER`]); the
+    /// Workers: `live`, `stale` or `never seen` (see [`STALE_AFTER`]), `finished` once the
+    /// run is complete; the
     /// evaluator: `scored N` or `nothing scored`.
     pub contact: Option<String>,
     /// Workers: seconds since a ps last had a push from it; the evaluator:
@@ -255,6 +256,9 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             .as_ref()
             .and_then(|c| c.global_step)
             .is_some_and(|s| s >= config.train.last_step);
+    if complete {
+        at_the_end(&mut tasks);
+    }
     Status {
         tasks,
         global_step,
@@ -263,6 +267,20 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
         checkpoint,
         checkpoint_error,
         all_ps_reachable,
+    }
+}
+
+/// After the end of the run nothing trains: a worker the ps tasks heard from has finished
+/// (its last push was the run's end, not a sign of life), and every rate is 0 — a ps's
+/// window would otherwise go on showing the last seconds' examples/s.
+fn at_the_end(tasks: &mut [TaskStatus]) {
+    for t in tasks.iter_mut().filter(|t| t.role != "evaluator") {
+        if t.examples_per_sec.is_some() {
+            t.examples_per_sec = Some(0.0);
+        }
+        if matches!(t.contact.as_deref(), Some("live" | "stale")) {
+            t.contact = Some("finished".into());
+        }
     }
 }
 
@@ -584,5 +602,43 @@ mod tests {
         assert_eq!((w5.member, w5.refused), (Some(false), Some(4)));
         let line = row(&w5).join(" ");
         assert!(line.contains("NOT A MEMBER, 4 pushes refused"), "{line}");
+    }
+
+    /// Once the run is complete, workers the ps heard from a moment ago read `finished`, not
+    /// `live`, and no task shows a rate (the ps's window still held the last seconds').
+    #[test]
+    fn after_the_end_workers_are_finished_and_rates_are_zero() {
+        let contact = |task, since: f64| WorkerContact {
+            task,
+            step: 20000,
+            since: Duration::from_secs_f64(since),
+            examples_per_sec: 9000.0,
+            member: true,
+            ..Default::default()
+        };
+        let heard = [contact(0, 1.8), contact(1, 30.0)];
+        let mut tasks = vec![
+            TaskStatus {
+                task: "ps:0".into(),
+                role: "ps".into(),
+                reachable: Some(true),
+                examples_per_sec: Some(19135.0),
+                complete: Some(true),
+                ..Default::default()
+            },
+            worker_status(0, "h:1", 3, &heard),
+            worker_status(1, "h:2", 3, &heard),
+            worker_status(2, "h:3", 3, &heard),
+        ];
+        assert_eq!(tasks[1].contact.as_deref(), Some("live"));
+        at_the_end(&mut tasks);
+        let contacts: Vec<_> = tasks.iter().map(|t| t.contact.as_deref()).collect();
+        assert_eq!(
+            contacts,
+            [None, Some("finished"), Some("finished"), Some("never seen")]
+        );
+        let rates: Vec<_> = tasks.iter().map(|t| t.examples_per_sec).collect();
+        assert_eq!(rates, [Some(0.0), Some(0.0), Some(0.0), None]);
+        assert!(row(&tasks[1]).join(" ").contains("finished (1.8 s ago)"));
     }
 }

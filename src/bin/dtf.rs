@@ -225,19 +225,24 @@ struct ExportArgs {
     raw: bool,
 }
 
+/// The most tasks of one role `dtf local` starts on this machine: each is a process with its
+/// own port, and past this a typo (`--workers 10000`) is likelier than a plan.
+const MAX_LOCAL_TASKS: i64 = 1000;
+
 /// `dtf local`'s options, as given on the command line. Each key flag
 /// stands for its `dtf.toml` key (see [`LocalArgs::overrides`]); unset, the
 /// key is the config file's, the environment's (`DTF_…`) or the default.
 #[derive(clap::Args)]
 struct LocalArgs {
-    /// Number of ps tasks.
-    #[arg(long, default_value_t = 1)]
-    ps: usize,
-    /// Number of worker tasks (worker 0 is the chief).
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
-    /// Train until this global step (train.last_step; default 20000).
-    #[arg(long)]
+    /// Number of ps tasks (1–1000).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_LOCAL_TASKS))]
+    ps: u16,
+    /// Number of worker tasks, 1–1000 (worker 0 is the chief).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=MAX_LOCAL_TASKS))]
+    workers: u16,
+    /// Train until this global step (train.last_step; default 20000; at most 2⁶³ − 1, TOML's
+    /// largest integer).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
     steps: Option<u64>,
     /// async or sync (train.mode).
     #[arg(long, value_enum)]
@@ -329,8 +334,8 @@ impl LocalArgs {
     /// The run this command line asks for, with its keys `overrides`.
     fn into_local(self, overrides: Vec<config::Override>) -> dtf::local::Options {
         dtf::local::Options {
-            ps: self.ps,
-            workers: self.workers,
+            ps: self.ps.into(),
+            workers: self.workers.into(),
             data: self.data,
             test: self.test,
             checkpoint_dir: self.checkpoint_dir,
@@ -444,5 +449,29 @@ mod tests {
             Command::Local(a) => assert_eq!((a.ps, a.workers, a.steps), (1, 3, Some(500))),
             _ => panic!("not dtf local"),
         }
+    }
+
+    /// Counts no daemon accepts are usage errors (exit 2) before anything is created, not a
+    /// cluster that fails to start: `--steps` past TOML's largest integer, no ps, a port each
+    /// for ten thousand workers.
+    #[test]
+    fn absurd_counts_are_usage_errors() {
+        for args in [
+            &["--steps", "18446744073709551615"][..],
+            &["--steps", "9223372036854775808"],
+            &["--ps", "0"],
+            &["--workers", "0"],
+            &["--workers", "100000"],
+            &["--ps=-1"],
+        ] {
+            let e = Cli::try_parse_from(["dtf", "local"].iter().chain(args))
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
+            let flag = args[0].split('=').next().unwrap_or_default();
+            assert!(e.to_string().contains(flag), "{args:?}: {e}");
+        }
+        let ok = Cli::try_parse_from(["dtf", "local", "--steps", "9223372036854775807"]);
+        assert!(ok.is_ok(), "TOML's largest integer is a valid last_step");
     }
 }

@@ -204,9 +204,15 @@ impl Config {
             ("train.last_step", t.last_step),
             ("train.log_step_count_steps", t.log_step_count_steps),
             ("train.save_summaries_steps", t.save_summaries_steps),
+            ("train.seed", t.seed.max(1)),
+            ("checkpoint.save_steps", self.checkpoint.save_steps.max(1)),
         ] {
-            if value < 1 {
-                return Err(self.bad(key, invalid(value, "a positive integer")));
+            // A dtf.toml holds TOML's integers, i64: `dtf local` writes one for its tasks.
+            if !(1..=TOML_MAX).contains(&value) {
+                return Err(self.bad(
+                    key,
+                    invalid(value, "a positive integer of at most 2^63 - 1"),
+                ));
             }
         }
         Ok(())
@@ -644,6 +650,9 @@ pub const MAX_LEARNING_RATE: f32 = 10.0;
 /// The largest `train.regularization_rate` (the reference uses 1e-4): at 1,
 /// the L2 term already outweighs any cross-entropy gradient.
 pub const MAX_REGULARIZATION_RATE: f32 = 1.0;
+
+/// The largest integer a TOML file holds (an i64), so the largest a dtf.toml can say.
+const TOML_MAX: u64 = i64::MAX as u64;
 
 /// The longest `ps.snapshot_secs`: a day. Beyond it a snapshot would be
 /// older than any checkpoint, which the ps then prefers anyway.

@@ -281,8 +281,10 @@ async fn serve_calls(
         };
         let (k, body) = match frame {
             Ok(f) => f,
-            Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                debug!(ps = task, pid, "Shared-memory connection closed.");
+            // A task that exits closes its socket, or resets it when our answer to its
+            // last call was still unread: either is the normal end of a connection.
+            Err(FrameError::Io(e)) if peer_left(&e) => {
+                debug!(ps = task, pid, error = %e, "Shared-memory connection closed.");
                 return;
             }
             Err(e) => {
@@ -302,6 +304,12 @@ async fn serve_calls(
             return;
         }
     }
+}
+
+/// How a read ends when the task at the other end exited (not a fault of the connection).
+fn peer_left(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), UnexpectedEof | ConnectionReset | BrokenPipe)
 }
 
 /// A request message, or `INVALID_ARGUMENT` as gRPC's codec says it.

@@ -1,6 +1,7 @@
 //! Validation's unit tests: each section's bad values and the messages they get.
 
 use super::*;
+use crate::config::Override;
 use crate::config::test_util::*;
 
 #[test]
@@ -424,4 +425,18 @@ fn wide_deep_ranks_by_ema_auc_unless_told_and_the_mlp_refuses_an_auc() {
             "{err}"
         );
     }
+}
+
+/// `--set` reaches past TOML's integers (an i64), which a dtf.toml written for the tasks
+/// could not hold: refused here, naming the key, not by a ps that cannot read its file.
+#[test]
+fn integers_a_dtf_toml_cannot_hold_are_errors() {
+    for key in ["train.last_step", "train.seed", "checkpoint.save_steps"] {
+        let o = Override::parse_set(&format!("{key}=9223372036854775808"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = Config::load_with(None, &[o]).expect_err(key).to_string();
+        assert!(e.contains(key) && e.contains("2^63"), "{key}: {e}");
+    }
+    let o = Override::parse_set("train.last_step=9223372036854775807").unwrap();
+    Config::load_with(None, &[o]).expect("TOML's largest integer");
 }
