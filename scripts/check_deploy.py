@@ -36,6 +36,7 @@ catch, and fails if one is not caught.
 """
 
 import copy
+import functools
 import json
 import os
 import re
@@ -84,9 +85,17 @@ class Failure(Exception):
     pass
 
 
+# libyaml's loader where PyYAML has it: the vendored CRD takes seconds in
+# pure Python, and every self-test case loads it.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# kubernetes_validate reads a kind's schema and the 2 MB of definitions from
+# disk on every call; they do not change during a run (nothing mutates them).
+kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
+
+
 def load_docs(path):
     with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
+        return [d for d in yaml.load_all(f, Loader=YAML_LOADER) if d is not None]
 
 
 def validate_k8s(doc, where):
@@ -294,6 +303,7 @@ def normalized(objs):
 # --- the checks ------------------------------------------------------------
 
 
+@functools.cache
 def crd_schema():
     crd = load_docs(CRD)[0]
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
@@ -478,7 +488,8 @@ def admits(policies, src, dst, port, namespace, src_namespace=None):
                 return True
             for peer in peers:
                 if "ipBlock" in peer:
-                    continue
+                    # Pod addresses are not known here: any pod's may be in it.
+                    return True
                 ns = peer.get("namespaceSelector")
                 in_ns = (src_namespace == namespace) if ns is None else \
                     selects(ns, {"kubernetes.io/metadata.name": src_namespace})
