@@ -6,7 +6,8 @@
 #   scripts/make-tls-cert.sh [--namespace NS] [--ps N] [--cluster-domain D]
 #                            [--days N] [DIR]
 #
-# DIR (default deploy/kubernetes/secrets, where kustomization.yaml's
+# Defaults: namespace dtf, 1 ps, cluster domain cluster.local, 365 days (the
+# CA: 10 years). DIR (default deploy/kubernetes/secrets, where kustomization.yaml's
 # secretGenerator reads them) gets ca.crt, tls.crt, tls.key, and ca.key,
 # which signs and stays out of the cluster. A CA already in DIR (ca.crt and
 # ca.key) is kept, so a new certificate (more ps tasks) is trusted by pods
@@ -17,7 +18,7 @@
 # dtf-ps-<i>.dtf-ps.<NS>.svc and dtf-ps-<i>.dtf-ps.<NS>.svc.<D>, for i in
 # 0..N-1: a worker (or ps, or dtf status) checks that the ps's certificate
 # names the host it dialled. A wildcard (*.dtf-ps) would not do: rustls, as
-# browsers, takes a wildcard only with two labels after it. Give N above
+# browsers, takes a wildcard only with at least two labels after it. Give N above
 # the ps tasks you run to scale without a new certificate. The ps checks no
 # client name, only the chain to the CA: the chief's and the workers' own
 # names need no entry. Extended key usage serverAuth and clientAuth: each
@@ -26,9 +27,14 @@
 set -eu
 
 namespace=dtf ps=1 domain=cluster.local days=365 dir=
+# usage STATUS: the synopsis above, on stderr unless STATUS is 0.
 usage() {
-	sed -n '/^#   scripts/,/^#  *\[--days/p' "$0" | sed 's/^# *//' >&2
-	exit 2
+	if [ "$1" = 0 ]; then
+		sed -n '/^#   scripts/,/^#  *\[--days/p' "$0" | sed 's/^#   //'
+	else
+		sed -n '/^#   scripts/,/^#  *\[--days/p' "$0" | sed '1s/^#   /usage: /; 2,$s/^#   /       /' >&2
+	fi
+	exit "$1"
 }
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -36,9 +42,9 @@ while [ $# -gt 0 ]; do
 	--ps) ps=${2:?}; shift 2 ;;
 	--cluster-domain) domain=${2:?}; shift 2 ;;
 	--days) days=${2:?}; shift 2 ;;
-	-h | --help) usage ;;
-	-*) echo "make-tls-cert: unknown option $1" >&2; usage ;;
-	*) [ -z "$dir" ] || usage; dir=$1; shift ;;
+	-h | --help) usage 0 ;;
+	-*) echo "make-tls-cert: unknown option $1" >&2; usage 2 ;;
+	*) [ -z "$dir" ] || usage 2; dir=$1; shift ;;
 	esac
 done
 case $ps in '' | *[!0-9]* | 0) echo "make-tls-cert: --ps $ps: expected a count of ps tasks, 1 or more" >&2; exit 2 ;; esac
@@ -57,6 +63,11 @@ trap 'rm -rf "$work"' EXIT
 
 if [ -f "$dir/ca.crt" ] && [ -f "$dir/ca.key" ]; then
 	echo "make-tls-cert: keeping the CA in $dir"
+elif [ -f "$dir/ca.crt" ] || [ -f "$dir/ca.key" ]; then
+	# A new CA would leave the pods that trust the old one refusing this
+	# certificate; one half of a CA cannot sign.
+	echo "make-tls-cert: $dir holds only one of ca.crt and ca.key: give both (to keep the CA) or neither (for a new one)" >&2
+	exit 1
 else
 	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
 		-subj "/CN=dtf CA ($namespace)" \
