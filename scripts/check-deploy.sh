@@ -4,13 +4,17 @@
 #   scripts/check-deploy.sh
 #
 # 1. scripts/check_deploy.py --self-test: every manifest in deploy/kubernetes
-#    and what its kustomizations render, against Kubernetes' schemas
-#    (kubernetes-validate, strict), the TFJob against the vendored Training
-#    Operator CRD, the StatefulSets against dtf.toml's cluster; first, each
-#    of those checks must catch a mistake made on purpose.
+#    and what its kustomizations render (as they come, with the TLS patches,
+#    with the data patch), against Kubernetes' schemas (kubernetes-validate,
+#    strict) from the oldest version the manifests claim, 1.27, and its
+#    feature gates, the TFJob against the vendored Training Operator CRD,
+#    the StatefulSets, their volumes and the NetworkPolicy against dtf.toml,
+#    and scripts/make-tls-cert.sh's certificate with openssl; first, each of
+#    those checks must catch a mistake made on purpose.
 # 2. dtf's own checks of both dtf.toml files, as the daemons run them
-#    (`dtf-ps check-config`, ...): the StatefulSets' with --task, the
-#    TFJob's with a TF_CONFIG as the Training Operator writes it.
+#    (`dtf-ps check-config`, ...): the StatefulSets' with --task, plain and
+#    with a certificate of scripts/make-tls-cert.sh, the TFJob's with a
+#    TF_CONFIG as the Training Operator writes it.
 #
 # The Python tools go into a virtual environment under the cache directory
 # ($DTF_CHECK_DEPLOY_VENV, default ${XDG_CACHE_HOME:-~/.cache}/dtf/check-deploy-venv),
@@ -73,13 +77,22 @@ check() {
 		out=$(env -u TF_CONFIG "$bin/dtf-$role" -c "$config" --task "$task" check-config 2>&1) ||
 			{ echo "$out"; fail "dtf-$role --task $task check-config -c $config"; }
 	fi
-	echo "ok: dtf-$role task $task: $config${tf:+ (TF_CONFIG)}"
+	echo "ok: dtf-$role task $task: $config${tf:+ (TF_CONFIG)}${DTF_SECURITY__TLS_CERT:+ (TLS: scripts/make-tls-cert.sh)}"
 }
 k=deploy/kubernetes
 check ps 0 $k/dtf.toml
 check worker 0 $k/dtf.toml
 check worker 1 $k/dtf.toml
 check evaluator 0 $k/dtf.toml
+# Mutual TLS with scripts/make-tls-cert.sh's certificate: dtf checks it as
+# the other tasks' handshakes will (dates, the chain to the CA, a client
+# certificate's usage) and that the key is the certificate's.
+scripts/make-tls-cert.sh --ps 1 "$tmp/tls" >/dev/null || fail "scripts/make-tls-cert.sh"
+export DTF_SECURITY__TLS_CERT="$tmp/tls/tls.crt" DTF_SECURITY__TLS_KEY="$tmp/tls/tls.key" \
+	DTF_SECURITY__TLS_CA="$tmp/tls/ca.crt"
+check ps 0 $k/dtf.toml
+check worker 0 $k/dtf.toml
+unset DTF_SECURITY__TLS_CERT DTF_SECURITY__TLS_KEY DTF_SECURITY__TLS_CA
 # As the Training Operator writes it (pkg/controller.v1/tensorflow/tensorflow.go):
 # every replica type's list, the task, and "environment".
 cluster='"cluster":{"ps":["dtf-ps-0.dtf.svc:2222"],"chief":["dtf-chief-0.dtf.svc:2222"],"worker":["dtf-worker-0.dtf.svc:2222"],"evaluator":["dtf-evaluator-0.dtf.svc:2222"]}'
