@@ -34,7 +34,7 @@ peak() { # "task:kB ..." peak VmHWM of $2's children named $1 (by --task) while 
 for size in small large; do
     ckpt=$work/ckpt-$size
     "$DTF" local --data "$work/$size" --label label --ps 1 --workers 2 --steps "$steps" \
-        --transport tcp --checkpoint-dir "$ckpt" --json >"$work/$size.json" 2>"$work/$size.err" &
+        --transport tcp --checkpoint-dir "$ckpt" --keep-run-dir --json >"$work/$size.json" 2>"$work/$size.err" &
     pid=$!
     peak dtf-worker "$pid" >"$work/$size.wrss" &
     peak dtf-ps "$pid" >"$work/$size.prss" &

@@ -296,6 +296,10 @@ struct LocalArgs {
     /// Hyperparameters from this config file (cluster and paths are replaced).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Keep the run directory (config, token, logs) after a finished run whose checkpoints
+    /// went to --checkpoint-dir; it is removed otherwise (kept when a run fails or stops).
+    #[arg(long)]
+    keep_run_dir: bool,
     /// Also run dtf-evaluator: every checkpoint scored into CHECKPOINT_DIR/eval, the best kept in CHECKPOINT_DIR/best.
     #[arg(long)]
     evaluator: bool,
@@ -342,6 +346,7 @@ impl LocalArgs {
             config: self.config,
             overrides,
             evaluator: self.evaluator,
+            keep_run_dir: self.keep_run_dir,
             ..Default::default()
         }
     }

@@ -8,7 +8,8 @@
 //! 2. the new pair is written beside the others (temp file, fsync, rename);
 //! 3. the index is replaced with the new ranking, the steps that dropped
 //!    out under `pending` (temp file, fsync, rename, fsync the directory);
-//! 4. the pairs that dropped out are deleted.
+//! 4. the pairs that dropped out are deleted, and the index rewritten without them under
+//!    `pending` (those that could not be deleted stay there).
 //!
 //! So the index only ever names files that are complete, and a crash leaves
 //! at worst a pair the index lists as pending, which [`BestDir::open`]
@@ -259,10 +260,25 @@ impl BestDir {
             }
             return Err(e);
         }
+        let mut left = Vec::new();
         for &step in removed {
             // Not in the index any more: removed at the next open.
             for (path, e) in remove_pair(&self.dir, step) {
-                tracing::warn!(path = %path.display(), error = %e, "Cannot delete a checkpoint that dropped out of the best.")
+                tracing::warn!(path = %path.display(), error = %e, "Cannot delete a checkpoint that dropped out of the best.");
+                left.push(step);
+            }
+        }
+        left.dedup();
+        if left != self.current.pending {
+            // Gone: the index stops naming them, so it says what the directory holds. A
+            // failure here loses nothing (the next open clears what is pending).
+            let mut index = self.current.clone();
+            index.pending = left;
+            match self.write_index(&index) {
+                Ok(()) => self.current = index,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot rewrite the best checkpoints' index after a removal.")
+                }
             }
         }
         Ok(())
@@ -366,6 +382,8 @@ mod tests {
             pending: vec![],
         };
         best.replace(&dropped, None, &[200]).unwrap();
+        // Its pair deleted, the index on disk no longer names step 200 as pending.
+        assert_eq!(read_index(&dir).unwrap(), dropped);
         let (_, index) = BestDir::open(&dir).unwrap();
         assert_eq!(index.unwrap(), dropped);
         let mut names: Vec<String> = fs::read_dir(&dir)

@@ -71,9 +71,25 @@ pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
         planned.train.flush_denormals,
     )
     .build()?;
-    let outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
+    let mut outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
     // Every task has exited and every connection closes with the runtime.
     drop(rt);
+    // A finished run whose checkpoints went elsewhere leaves nothing behind: the run
+    // directory holds only its config, token, logs and the ps tasks' snapshots. A failed
+    // or stopped run keeps it (its logs say why; its resume command reads its config).
+    if let crate::local::Outcome::Trained(report) = &mut outcome
+        && !opts.keep_run_dir
+        && opts.checkpoint_dir.is_some()
+        && !report.checkpoint_dir.starts_with(&run_dir)
+    {
+        match std::fs::remove_dir_all(&run_dir) {
+            Ok(()) => report.run_dir = None,
+            Err(e) => eprintln!(
+                "dtf local: cannot remove the run directory {}: {e}",
+                run_dir.display()
+            ),
+        }
+    }
     super::end_on_closed_pipe();
     let code = summary(&outcome, json);
     if json {

@@ -169,8 +169,10 @@ struct FileJson<'a> {
     path: &'a std::path::Path,
     /// Its size in bytes.
     bytes: u64,
-    /// Its metadata (strings, as the file has them: `global_step` included).
-    metadata: &'a std::collections::BTreeMap<String, String>,
+    /// Its metadata: the file's strings, except that those holding a JSON object or array
+    /// (`hyperparameters`, `optimizer`, `layers`) are that object or array, for `jq` to reach
+    /// into; numbers stay strings (`run` is a 64-bit id a double would round).
+    metadata: std::collections::BTreeMap<&'a str, serde_json::Value>,
     /// Its tensors, sorted by name.
     tensors: Vec<TensorJson<'a>>,
 }
@@ -191,7 +193,11 @@ impl<'a> From<&'a crate::checkpoint::InspectedFile> for FileJson<'a> {
         FileJson {
             path: &f.path,
             bytes: f.bytes,
-            metadata: &f.metadata,
+            metadata: f
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), metadata_value(v)))
+                .collect(),
             tensors: f
                 .tensors
                 .iter()
@@ -202,6 +208,14 @@ impl<'a> From<&'a crate::checkpoint::InspectedFile> for FileJson<'a> {
                 })
                 .collect(),
         }
+    }
+}
+
+/// A metadata string as JSON: the object or array it holds, else the string itself.
+fn metadata_value(text: &str) -> serde_json::Value {
+    match serde_json::from_str(text) {
+        Ok(v @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => v,
+        _ => serde_json::Value::String(text.to_owned()),
     }
 }
 

@@ -64,6 +64,10 @@ pub struct Options {
     pub overrides: Vec<crate::config::Override>,
     /// Run `dtf-evaluator` beside the cluster (`dtf local --evaluator`).
     pub evaluator: bool,
+    /// Keep the run directory after a finished run whose checkpoints went to
+    /// `checkpoint_dir` (`--keep-run-dir`); without it, only a run that failed, was stopped,
+    /// or keeps its checkpoints inside it leaves it behind.
+    pub keep_run_dir: bool,
     /// Where `dtf-ps`, `dtf-worker` and `dtf-evaluator` are; this and the
     /// next two are the process's, filled in by `cli::local`.
     pub bin_dir: PathBuf,
@@ -184,8 +188,9 @@ pub struct Report {
     pub seconds: f64,
     /// Where the checkpoints are.
     pub checkpoint_dir: PathBuf,
-    /// Where the configuration and the tasks' logs are.
-    pub run_dir: PathBuf,
+    /// Where the configuration and the tasks' logs are; `None` once removed (a finished
+    /// run whose checkpoints went to `--checkpoint-dir`, without `--keep-run-dir`).
+    pub run_dir: Option<PathBuf>,
     /// With `--evaluator`: the best checkpoint it kept, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub best: Option<Best>,
@@ -571,7 +576,7 @@ pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Out
         seconds: started.elapsed().as_secs_f64(),
         best: opts.evaluator.then(|| best_of(&cfg)).flatten(),
         checkpoint_dir: cfg.checkpoint.dir,
-        run_dir: run_dir.to_path_buf(),
+        run_dir: Some(run_dir.to_path_buf()),
     }))
 }
 

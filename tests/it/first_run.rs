@@ -93,6 +93,7 @@ fn a_csv_of_ones_own_trains_evaluates_and_predicts_with_no_config_file() {
         "400",
         "--checkpoint-dir",
         ckpt.to_str().unwrap(),
+        "--keep-run-dir",
         "--evaluator",
         "--json",
     ];

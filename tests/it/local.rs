@@ -49,9 +49,17 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
     let c = Cluster::new(1, 2, 100, Mode::Async);
     let ckpt = c.dir.path().join("kept");
     let ckpt_s = ckpt.to_str().unwrap();
-    let run = |steps: &str| local_json(&c, &ckpt, &["--workers", "2", "--steps", steps]);
+    let run = |steps: &str| {
+        local_json(
+            &c,
+            &ckpt,
+            &["--workers", "2", "--steps", steps, "--keep-run-dir"],
+        )
+    };
 
-    let out = run("100");
+    // Without --keep-run-dir, a finished run whose checkpoints went elsewhere removes its
+    // run directory (config, token, logs, snapshots): nothing is left in /tmp.
+    let out = local_json(&c, &ckpt, &["--workers", "2", "--steps", "100"]);
     assert!(
         out.status.success(),
         "dtf local failed: {}",
@@ -72,6 +80,19 @@ fn local_run_resumes_from_its_checkpoints_and_eval_matches_numpy() {
         assert!(first.get(key).is_some(), "{key} missing from {first}");
     }
     assert_eq!(first["global_step"], 100, "{first}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let announced = stderr
+        .lines()
+        .find_map(|l| l.rsplit_once("; run directory "))
+        .map(|(_, d)| std::path::PathBuf::from(d.trim()))
+        .unwrap_or_else(|| panic!("no run directory announced:\n{stderr}"));
+    assert!(first["run_dir"].is_null(), "{first}");
+    assert!(
+        !announced.exists(),
+        "{} was left behind",
+        announced.display()
+    );
+    assert!(ckpt.join("model.ckpt-100.safetensors").is_file());
 
     // A second run on the same directory continues where the first stopped.
     let out = run("200");
@@ -241,6 +262,12 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
             "{log} should serve metrics on port {port}:\n{text}"
         );
         assert!(!text.contains("Cannot serve metrics"), "{log}:\n{text}");
+        // A normal finish warns of nothing (the workers' shared-memory connections closing
+        // as they exit once read as "dropped").
+        assert!(
+            !text.contains(" WARN "),
+            "{log} warns on a normal finish:\n{text}"
+        );
     }
 }
 

@@ -169,6 +169,7 @@ fn local(c: &Cluster, steps: &str, dir: &str) -> serde_json::Value {
         steps,
         "--checkpoint-dir",
         dir,
+        "--keep-run-dir",
         "--json",
     ]);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
