@@ -4,12 +4,13 @@
 //! The graph (opset 13) takes `input`, float32 `[batch, features]` in the
 //! data's own units (pixels 0–255, or the CSV's numbers), applies the
 //! checkpoint's preprocessing (`Div` by 255, or `Sub` the mean and `Div` by
-//! the std), then per layer `MatMul`, `Add` and `Relu` (none after the last),
+//! the std), then per layer `MatMul`, `Add` and the activation (none after the last),
 //! and ends in `Softmax` over the classes: output `probabilities`, float32
 //! `[batch, classes]`. The weights are the EMA shadows unless `raw`. The
 //! protobuf types come from `proto/onnx/onnx.proto`, a subset of ONNX's own.
 
 use crate::data::Preprocessing;
+use crate::model::Activation;
 use crate::predict::Trained;
 use prost::Message;
 use std::path::Path;
@@ -88,8 +89,34 @@ pub fn onnx_model(model: &Trained, ema: bool) -> pb::ModelProto {
     }
 }
 
-/// The graph: preprocessing, then each layer's MatMul, Add and Relu, then
-/// Softmax.
+/// Hidden layer `layer`'s activation of `x`: one node (Relu, Tanh, Sigmoid), or GELU
+/// from opset 13's operators, `x/2 · (1 + Erf(x/√2))` as `tf.nn.gelu` computes it.
+fn activation(g: &mut Graph, act: Activation, layer: &str, x: &str) -> String {
+    let op = match act {
+        Activation::Relu => "Relu",
+        Activation::Tanh => "Tanh",
+        Activation::Sigmoid => "Sigmoid",
+        Activation::Gelu => {
+            let name = |part: &str| format!("{layer}/gelu/{part}");
+            let c = g.constant(
+                &name("one_over_sqrt2"),
+                &[],
+                vec![std::f32::consts::FRAC_1_SQRT_2],
+            );
+            let one = g.constant(&name("one"), &[], vec![1.0]);
+            let half = g.constant(&name("one_half"), &[], vec![0.5]);
+            let t = g.node("Mul", &name("scaled"), &[x, &c]);
+            let e = g.node("Erf", &name("erf"), &[&t]);
+            let s = g.node("Add", &name("one_plus_erf"), &[&e, &one]);
+            let h = g.node("Mul", &name("times_x"), &[x, &s]);
+            return g.node("Mul", &name("out"), &[&h, &half]);
+        }
+    };
+    g.node(op, &format!("{layer}/{}", act.name()), &[x])
+}
+
+/// The graph: preprocessing, then each layer's MatMul, Add and activation,
+/// then Softmax.
 fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
     let mut g = Graph::default();
     let features = model.mlp.inputs() as i64;
@@ -121,7 +148,7 @@ fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
         let z = g.node("MatMul", &format!("{layer}/matmul"), &[&x, &w]);
         x = g.node("Add", &format!("{layer}/add"), &[&z, &b]);
         if l + 1 < layers {
-            x = g.node("Relu", &format!("{layer}/relu"), &[&x]);
+            x = activation(&mut g, model.mlp.hidden().activation, layer, &x);
         }
     }
     g.nodes.push(pb::NodeProto {

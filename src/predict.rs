@@ -86,7 +86,12 @@ impl Trained {
         let widths = checkpoint::widths(&ckpt).map_err(model_error)?;
         let metadata = checkpoint::read_metadata(&file)?;
         let meta = ModelMeta::from_metadata(&metadata, &widths).map_err(model_error)?;
-        let mlp = Mlp::new(&meta.layers).map_err(|e| model_error(e.to_string()))?;
+        let mlp = Mlp::new(&meta.layers)
+            .map_err(|e| model_error(e.to_string()))?
+            .with_hidden(crate::model::Hidden {
+                activation: meta.activation,
+                dropout: 0.0,
+            });
         let expected = mlp.variables();
         // Names and shapes, of the shadows too: the widths above come from
         // the weights alone, and a mismatch would otherwise reach the matrix code.
@@ -168,6 +173,12 @@ impl Trained {
         }
         let hidden = &self.meta.layers[1..self.meta.layers.len() - 1];
         WideDeep::new(fields.len(), data.features(), meta.embedding_dim, hidden)
+            .map(|m| {
+                m.with_hidden(crate::model::Hidden {
+                    activation: self.meta.activation,
+                    dropout: 0.0,
+                })
+            })
             .map_err(|e| problem(e.to_string()))
     }
 

@@ -280,6 +280,15 @@ struct LocalArgs {
     /// The seed of init and shuffling (train.seed).
     #[arg(long)]
     seed: Option<String>,
+    /// The hidden layers' activation: relu, tanh, sigmoid or gelu (model.activation).
+    #[arg(long)]
+    activation: Option<String>,
+    /// tf.nn.dropout's rate on the hidden layers while training, in [0, 1) (model.dropout).
+    #[arg(long)]
+    dropout: Option<String>,
+    /// Scale each step's gradients to this global norm when above it (train.clip_norm).
+    #[arg(long)]
+    clip_norm: Option<String>,
     /// Keep checkpoints here (default: a fresh directory, printed at the end).
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
@@ -360,7 +369,7 @@ impl LocalArgs {
             .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
-        let flags: [(&str, &str, Option<String>); 14] = [
+        let flags: [(&str, &str, Option<String>); 17] = [
             (
                 "--steps",
                 "train.last_step",
@@ -377,6 +386,9 @@ impl LocalArgs {
             ),
             ("--batch-size", "train.batch_size", self.batch_size.clone()),
             ("--hidden", "model.hidden", hidden),
+            ("--activation", "model.activation", self.activation.clone()),
+            ("--dropout", "model.dropout", self.dropout.clone()),
+            ("--clip-norm", "train.clip_norm", self.clip_norm.clone()),
             ("--seed", "train.seed", self.seed.clone()),
             (
                 "--save-secs",

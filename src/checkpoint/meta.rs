@@ -6,7 +6,8 @@
 //! | key | value |
 //! | --- | --- |
 //! | `layers` | JSON widths, input first: `[784,500,10]` |
-//! | `activation` | `relu` (hidden layers; the output is `softmax`) |
+//! | `activation` | `relu`, `tanh`, `sigmoid` or `gelu` (hidden layers; the output is `softmax`) |
+//! | `dropout` | the rate training dropped hidden values at (`model.dropout`), when not 0; inference drops nothing |
 //! | `classes` | the class count, the last width |
 //! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
 //! | `label` | the CSV label column, when the data was CSV |
@@ -30,17 +31,16 @@ use crate::data::Preprocessing;
 /// Metadata key of the training run's `[data]` table.
 pub const TRAINING_DATA: &str = "training_data";
 
-/// The only hidden activation dtf trains.
-pub const ACTIVATION: &str = "relu";
-
 /// A checkpoint's model, as its metadata (or, for an older checkpoint, its
 /// weights) describes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelMeta {
     /// Widths, input first, classes last.
     pub layers: Vec<usize>,
-    /// The hidden layers' activation (`relu`).
-    pub activation: String,
+    /// The hidden layers' activation (`model.activation`; absent in older files: ReLU).
+    pub activation: crate::model::Activation,
+    /// The dropout rate training used (`model.dropout`); inference ignores it.
+    pub dropout: f32,
     /// The number of classes (the last width).
     pub classes: usize,
     /// How raw features become the model's input.
@@ -90,10 +90,13 @@ impl ModelMeta {
     pub fn to_metadata(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::from([
             ("layers".to_owned(), json(&self.layers)),
-            ("activation".to_owned(), self.activation.clone()),
+            ("activation".to_owned(), self.activation.name().to_owned()),
             ("classes".to_owned(), self.classes.to_string()),
             ("preprocessing".to_owned(), json(&self.preprocessing)),
         ]);
+        if self.dropout > 0.0 {
+            out.insert("dropout".to_owned(), self.dropout.to_string());
+        }
         if let Some(label) = &self.label {
             out.insert("label".to_owned(), label.clone());
         }
@@ -133,12 +136,15 @@ impl ModelMeta {
                 "metadata layers {layers:?} disagree with the weights' widths {weights:?}"
             ));
         }
-        let activation = get("activation").unwrap_or(ACTIVATION).to_owned();
-        if activation != ACTIVATION {
-            return Err(format!(
-                "metadata activation {activation:?}: only {ACTIVATION:?} is known"
-            ));
-        }
+        let activation = match get("activation") {
+            None => crate::model::Activation::Relu,
+            Some(name) => crate::model::Activation::from_name(name).ok_or_else(|| {
+                format!(
+                    "metadata activation {name:?}: expected one of {}",
+                    crate::model::Activation::ALL.map(|a| a.name()).join(", ")
+                )
+            })?,
+        };
         let wide_deep: Option<WideDeepMeta> = get("wide_deep")
             .map(serde_json::from_str)
             .transpose()
@@ -207,9 +213,18 @@ impl ModelMeta {
                 f.len(),
             ));
         }
+        let dropout = match get("dropout") {
+            None => 0.0,
+            Some(d) => d
+                .parse::<f32>()
+                .ok()
+                .filter(|d| (0.0..1.0).contains(d))
+                .ok_or_else(|| format!("metadata dropout {d:?} is not a rate in [0, 1)"))?,
+        };
         Ok(ModelMeta {
             layers,
             activation,
+            dropout,
             classes,
             preprocessing,
             label: get("label").map(str::to_owned),
@@ -310,7 +325,8 @@ mod tests {
     fn round_trips_and_defaults_for_old_checkpoints() {
         let m = ModelMeta {
             layers: vec![3, 4, 2],
-            activation: ACTIVATION.into(),
+            activation: crate::model::Activation::Relu,
+            dropout: 0.0,
             classes: 2,
             preprocessing: Preprocessing::Standardize {
                 mean: vec![0.5, 1.0, -2.0],

@@ -148,8 +148,29 @@ pub struct TrainConfig {
     pub batch_size: usize,
     /// Base learning rate (reloadable).
     pub learning_rate: f32,
-    /// Decay per epoch (`decay_steps = train_examples / batch_size`) (reloadable).
+    /// `exponential_decay`: the decay per `learning_rate_decay_steps` (reloadable).
     pub learning_rate_decay: f32,
+    /// The learning rate's schedule, TensorFlow's: `exponential_decay` (the reference
+    /// program's), `piecewise_constant` or `cosine_decay` (reloadable).
+    pub lr_schedule: LrSchedule,
+    /// `exponential_decay` and `cosine_decay`'s `decay_steps`; 0: one epoch
+    /// (`train_examples / batch_size`) for `exponential_decay`, the steps after warmup to
+    /// `last_step` for `cosine_decay` (reloadable).
+    pub learning_rate_decay_steps: u64,
+    /// `exponential_decay`: decay in whole steps of `decay_steps` (reloadable).
+    pub staircase: bool,
+    /// `piecewise_constant`: the steps where the rate changes, increasing (reloadable).
+    pub lr_boundaries: Vec<u64>,
+    /// `piecewise_constant`: the rates, one more than `lr_boundaries` (reloadable).
+    pub lr_values: Vec<f32>,
+    /// `cosine_decay`: the fraction of `learning_rate` it ends at (TF's `alpha`) (reloadable).
+    pub cosine_alpha: f32,
+    /// Steps of linear warmup up to the schedule's first rate (`1/warmup_steps` of it at
+    /// step 0), before any schedule (reloadable).
+    pub warmup_steps: u64,
+    /// Each worker scales a step's gradients to this global norm when they exceed it
+    /// (`tf.clip_by_global_norm`); 0: no clipping (reloadable).
+    pub clip_norm: f32,
     /// L2 weight on the weight matrices (`Σ‖W‖²/2`).
     pub regularization_rate: f32,
     /// Upper bound of the EMA decay of the shadow variables.
@@ -216,6 +237,18 @@ impl TrainConfig {
     }
 }
 
+/// `train.lr_schedule`: TensorFlow's learning-rate schedules by their names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// `learning_rate · learning_rate_decay^(step / decay_steps)`, floored with `staircase`.
+    ExponentialDecay,
+    /// `lr_values[i]` for steps in `(lr_boundaries[i−1], lr_boundaries[i]]`.
+    PiecewiseConstant,
+    /// From `learning_rate` down a half cosine to `cosine_alpha · learning_rate`.
+    CosineDecay,
+}
+
 /// `[model]`: the MLP's shape. Not reloadable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -239,6 +272,11 @@ pub struct ModelConfig {
     pub min_shard_bytes: usize,
     /// `min_size`: the most parts of one variable; 0: the ps count.
     pub max_shards: usize,
+    /// The hidden layers' activation: `relu`, `tanh`, `sigmoid` or `gelu`.
+    pub activation: crate::model::Activation,
+    /// The probability that training drops a hidden layer's value (`tf.nn.dropout`'s
+    /// `rate`); evaluation and prediction drop nothing. 0: no dropout.
+    pub dropout: f32,
 }
 
 /// Which model (`model.kind`).
@@ -496,6 +534,14 @@ impl Default for TrainConfig {
             batch_size: 100,
             learning_rate: 0.01,
             learning_rate_decay: 0.99,
+            lr_schedule: LrSchedule::ExponentialDecay,
+            learning_rate_decay_steps: 0,
+            staircase: false,
+            lr_boundaries: Vec::new(),
+            lr_values: Vec::new(),
+            cosine_alpha: 0.0,
+            warmup_steps: 0,
+            clip_norm: 0.0,
             regularization_rate: 0.0001,
             moving_average_decay: 0.99,
             last_step: 20000,
@@ -530,6 +576,8 @@ impl Default for ModelConfig {
             partitions: 0,
             min_shard_bytes: 256 << 10,
             max_shards: 0,
+            activation: crate::model::Activation::Relu,
+            dropout: 0.0,
         }
     }
 }

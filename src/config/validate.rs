@@ -4,7 +4,8 @@
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, DataFormat, Metric, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner,
+    Config, DataFormat, LrSchedule, Metric, Mode, ModelConfig, ModelKind, OptimizerKind,
+    Partitioner,
 };
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
@@ -23,6 +24,7 @@ impl Config {
         self.validate_cluster()?;
         self.validate_train()?;
         self.validate_optimizer()?;
+        self.validate_schedule()?;
         self.validate_sync()?;
         self.validate_model()?;
         self.check_fits(memory_bytes())?;
@@ -331,7 +333,79 @@ impl Config {
     }
 
     /// `[model]`: at least two widths, none zero; `hidden` only without `layers`.
+    /// The learning-rate schedule's keys, each checked whichever schedule is chosen (a bad
+    /// value is a mistake even where it is not used yet), and the gradients' clip norm.
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        if let Some(i) = t.lr_boundaries.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(self.bad(
+                &format!("train.lr_boundaries[{}]", i + 1),
+                invalid(t.lr_boundaries[i + 1], "steps in increasing order"),
+            ));
+        }
+        if let Some(i) = t
+            .lr_values
+            .iter()
+            .position(|&v| !(v > 0.0 && v <= MAX_LEARNING_RATE))
+        {
+            return Err(self.bad(
+                &format!("train.lr_values[{i}]"),
+                invalid(
+                    t.lr_values[i],
+                    &format!("a number in (0, {MAX_LEARNING_RATE}]"),
+                ),
+            ));
+        }
+        let piecewise = t.lr_schedule == LrSchedule::PiecewiseConstant;
+        if (piecewise || !t.lr_values.is_empty()) && t.lr_values.len() != t.lr_boundaries.len() + 1
+        {
+            return Err(self.bad(
+                "train.lr_values",
+                format!(
+                    "has {} rates for {} train.lr_boundaries: piecewise_constant needs one \
+                     rate more than boundaries, e.g. lr_boundaries = [1000, 2000], \
+                     lr_values = [0.1, 0.01, 0.001]",
+                    t.lr_values.len(),
+                    t.lr_boundaries.len()
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&t.cosine_alpha) {
+            return Err(self.bad(
+                "train.cosine_alpha",
+                invalid(t.cosine_alpha, "a number in [0, 1]"),
+            ));
+        }
+        if !(t.clip_norm >= 0.0 && t.clip_norm.is_finite()) {
+            return Err(self.bad(
+                "train.clip_norm",
+                invalid(t.clip_norm, "a finite number >= 0 (0: no clipping)"),
+            ));
+        }
+        for (key, value) in [
+            (
+                "train.learning_rate_decay_steps",
+                t.learning_rate_decay_steps,
+            ),
+            ("train.warmup_steps", t.warmup_steps),
+        ] {
+            if value > TOML_MAX {
+                return Err(self.bad(key, invalid(value, "an integer of at most 2^63 - 1")));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_model(&self) -> Result<(), ConfigError> {
+        if !(0.0..1.0).contains(&self.model.dropout) {
+            return Err(self.bad(
+                "model.dropout",
+                invalid(
+                    self.model.dropout,
+                    "a probability in [0, 1) (tf.nn.dropout's rate; 0: none)",
+                ),
+            ));
+        }
         if let Some(hidden) = &self.model.hidden {
             if self.model.layers != ModelConfig::default().layers {
                 return Err(self.bad(

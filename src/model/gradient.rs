@@ -1,7 +1,7 @@
 //! The training step: the batch's loss and its gradient with respect to
 //! every variable, written into buffers kept across steps ([`Workspace`]).
 
-use super::Mlp;
+use super::{HiddenBuffers, Mlp};
 use crate::kernel;
 use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, IxDyn};
 
@@ -10,14 +10,24 @@ use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, IxDyn};
 /// allocates nothing. Starts empty; sized by the first step.
 #[derive(Debug, Default)]
 pub struct Workspace {
-    /// `outs[l]`: layer l's output, `n × width[l+1]` (post-ReLU; the last
+    /// `outs[l]`: layer l's output, `n × width[l+1]` (post-activation; the last
     /// holds the logits, then the output delta).
     outs: Vec<Array2<f32>>,
     /// `deltas[l]`: ∂loss/∂z of hidden layer l, `n × width[l+1]`.
     deltas: Vec<Array2<f32>>,
+    /// What the hidden layers keep for the backward pass (dropout's masks, GELU's inputs).
+    hidden: HiddenBuffers,
 }
 
 impl Workspace {
+    /// A workspace whose dropout masks come from `seed` (a worker's: the run's seed and its
+    /// index, so workers drop different values).
+    pub fn seeded(seed: u64) -> Self {
+        let mut ws = Self::default();
+        ws.hidden.seed(seed);
+        ws
+    }
+
     /// Makes the buffers fit a batch of `n` rows of a model with `layers`.
     fn fit(&mut self, n: usize, layers: &[usize]) {
         let fits = self.outs.len() == layers.len() - 1
@@ -112,7 +122,14 @@ impl Mlp {
 
         // Forward. outs[l] is layer l's output (post-ReLU for hidden layers;
         // the logits for the last).
-        super::dense_forward(self.precision, x, &layers, &mut ws.outs);
+        super::dense_forward(
+            self.precision,
+            &self.hidden,
+            Some(&mut ws.hidden),
+            x,
+            &layers,
+            &mut ws.outs,
+        );
 
         // Softmax cross-entropy, in place: the logits become
         // dz = (softmax − onehot) / n. log-sum-exp with the row max
@@ -179,8 +196,7 @@ impl Mlp {
                 }
             }
             if l > 0 {
-                // Gradient through the previous layer's ReLU: zero where it
-                // was inactive (TF's ReluGrad uses the output > 0 as the mask).
+                // Gradient through the previous layer's activation and dropout.
                 let (lower, upper) = ws.deltas.split_at_mut(l);
                 let dz = if l == last { &ws.outs[l] } else { &upper[0] };
                 let da = &mut lower[l - 1];
@@ -189,12 +205,60 @@ impl Mlp {
                 let a = ws.outs[l - 1]
                     .as_slice()
                     .expect("workspace arrays are contiguous");
-                for (g, &a) in da.iter_mut().zip(a) {
-                    // A select, not a branch: the loop vectorizes.
-                    *g = if a > 0.0 { *g } else { 0.0 };
-                }
+                self.hidden.backward(l - 1, da, a, &ws.hidden);
             }
         }
         loss as f32
+    }
+}
+
+/// An array's values, row-major: the step's arrays are contiguous (built by dtf, or views
+/// of a ps's shared region).
+pub fn values_mut<G: DataMut<Elem = f32>>(a: &mut ArrayBase<G, IxDyn>) -> &mut [f32] {
+    a.as_slice_mut()
+        .expect("arrays built by dtf are contiguous")
+}
+
+/// `tf.clip_by_global_norm`: when the global norm of `grads` (the L2 norm of all their
+/// values together) exceeds `clip_norm`, scales every gradient by `clip_norm / norm`;
+/// `clip_norm` 0 clips nothing. Returns the norm before clipping (0 when not computed).
+pub fn clip_by_global_norm(grads: &mut [&mut [f32]], clip_norm: f32) -> f64 {
+    if clip_norm <= 0.0 {
+        return 0.0;
+    }
+    let norm = grads
+        .iter()
+        .map(|g| g.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>())
+        .sum::<f64>()
+        .sqrt();
+    if norm > f64::from(clip_norm) {
+        // TF: t * clip_norm / max(global_norm, clip_norm).
+        let scale = (f64::from(clip_norm) / norm) as f32;
+        for g in grads.iter_mut() {
+            g.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+    norm
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::clip_by_global_norm;
+
+    #[test]
+    fn gradients_over_the_norm_are_scaled_to_it_together() {
+        let (mut a, mut b) = (vec![3.0f32, 0.0], vec![4.0f32]);
+        let norm = clip_by_global_norm(&mut [&mut a, &mut b], 1.0);
+        assert_eq!(norm, 5.0);
+        assert_eq!((a, b), (vec![0.6, 0.0], vec![0.8]));
+        let (mut a, mut b) = (vec![3.0f32, 0.0], vec![4.0f32]);
+        clip_by_global_norm(&mut [&mut a, &mut b], 10.0);
+        assert_eq!(
+            (&a, &b),
+            (&vec![3.0, 0.0], &vec![4.0]),
+            "under the norm: unchanged"
+        );
+        clip_by_global_norm(&mut [&mut a, &mut b], 0.0);
+        assert_eq!((a, b), (vec![3.0, 0.0], vec![4.0]), "0: no clipping");
     }
 }

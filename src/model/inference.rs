@@ -2,7 +2,7 @@
 //! the test loss, computed in f32 in chunks of [`EVAL_CHUNK`] rows so
 //! memory stays bounded whatever the data set's size.
 
-use super::{Mlp, argmax, relu};
+use super::{Hidden, Mlp, argmax};
 use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2, s};
 
 /// Rows per forward pass in [`Mlp::accuracy`]: bounds the activations' memory
@@ -11,7 +11,11 @@ const EVAL_CHUNK: usize = 1000;
 
 impl Mlp {
     /// Logits of a batch, `x.nrows() × classes`.
-    fn logits(layers: &[(ArrayView2<f32>, ArrayView1<f32>)], x: ArrayView2<f32>) -> Array2<f32> {
+    fn logits(
+        hidden: &Hidden,
+        layers: &[(ArrayView2<f32>, ArrayView1<f32>)],
+        x: ArrayView2<f32>,
+    ) -> Array2<f32> {
         let last = layers.len() - 1;
         let mut a: Option<Array2<f32>> = None;
         for (l, (w, b)) in layers.iter().enumerate() {
@@ -21,7 +25,8 @@ impl Mlp {
             };
             z += b;
             if l != last {
-                z.mapv_inplace(relu);
+                // No dropout: evaluation and prediction use every value.
+                hidden.forward(l, &mut z, None);
             }
             a = Some(z);
         }
@@ -42,7 +47,7 @@ impl Mlp {
         let mut start = 0;
         while start < x.nrows() {
             let end = (start + EVAL_CHUNK).min(x.nrows());
-            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            let logits = Self::logits(&self.hidden, &layers, x.slice(s![start..end, ..]));
             for (mut o, z) in out
                 .slice_mut(s![start..end, ..])
                 .rows_mut()
@@ -78,7 +83,7 @@ impl Mlp {
         let mut start = 0;
         while start < x.nrows() {
             let end = (start + EVAL_CHUNK).min(x.nrows());
-            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            let logits = Self::logits(&self.hidden, &layers, x.slice(s![start..end, ..]));
             for (row, &label) in logits.rows().into_iter().zip(&labels[start..end]) {
                 if argmax(row) == usize::from(label) {
                     correct += 1;
@@ -113,7 +118,7 @@ impl Mlp {
         let mut start = 0;
         while start < x.nrows() {
             let end = (start + EVAL_CHUNK).min(x.nrows());
-            let logits = Self::logits(&layers, x.slice(s![start..end, ..]));
+            let logits = Self::logits(&self.hidden, &layers, x.slice(s![start..end, ..]));
             for (row, &label) in logits.rows().into_iter().zip(&labels[start..end]) {
                 let best = argmax(row);
                 if best == usize::from(label) {

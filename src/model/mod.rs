@@ -28,16 +28,20 @@
 
 mod ema;
 mod gradient;
+mod hidden;
 mod inference;
 mod schedule;
 pub mod table;
 
 /// The dense layers' forward pass into `outs` (one array per layer, shaped
 /// `rows × width` already): each row starts as the bias, then the product
-/// is accumulated onto it, `z = b + input·W` in one GEMM; ReLU on every
-/// layer but the last (the logits).
+/// is accumulated onto it, `z = b + input·W` in one GEMM; `hidden`'s
+/// activation (and in training, with `buffers`, its dropout) on every layer
+/// but the last (the logits).
 fn dense_forward(
     precision: Precision,
+    hidden: &Hidden,
+    mut buffers: Option<&mut HiddenBuffers>,
     x: ArrayView2<f32>,
     layers: &[(ArrayView2<f32>, ArrayView1<f32>)],
     outs: &mut [ndarray::Array2<f32>],
@@ -52,7 +56,7 @@ fn dense_forward(
         let input = if l == 0 { x } else { done[l - 1].view() };
         crate::kernel::gemm(precision, &input, w, 1.0, &mut z.view_mut());
         if l != last {
-            z.mapv_inplace(relu);
+            hidden.forward(l, z, buffers.as_deref_mut());
         }
     }
 }
@@ -131,7 +135,8 @@ mod tests;
 pub mod wide_deep;
 
 pub use ema::{ema_decay, ema_step};
-pub use gradient::Workspace;
+pub use gradient::{Workspace, clip_by_global_norm, values_mut};
+pub use hidden::{Activation, Hidden, HiddenBuffers};
 pub use schedule::learning_rate;
 pub use table::TableSpec;
 pub use wide_deep::WideDeep;
@@ -186,19 +191,25 @@ impl Model {
         precision: Precision,
     ) -> Result<Self, ModelError> {
         let layers = &cfg.layers;
+        let hidden = Hidden {
+            activation: cfg.activation,
+            dropout: cfg.dropout,
+        };
         match cfg.kind {
-            crate::config::ModelKind::Mlp => {
-                Ok(Model::Mlp(Mlp::new(layers)?.with_precision(precision)))
-            }
+            crate::config::ModelKind::Mlp => Ok(Model::Mlp(
+                Mlp::new(layers)?
+                    .with_precision(precision)
+                    .with_hidden(hidden),
+            )),
             crate::config::ModelKind::WideDeep => {
                 let embedded = fields * cfg.embedding_dim;
                 let bad = || ModelError::BadLayers(layers.to_vec());
                 if layers.len() < 2 || layers[0] < embedded || layers[layers.len() - 1] != 1 {
                     return Err(bad());
                 }
-                let hidden = &layers[1..layers.len() - 1];
-                WideDeep::new(fields, layers[0] - embedded, cfg.embedding_dim, hidden)
-                    .map(|m| Model::WideDeep(m.with_precision(precision)))
+                let widths = &layers[1..layers.len() - 1];
+                WideDeep::new(fields, layers[0] - embedded, cfg.embedding_dim, widths)
+                    .map(|m| Model::WideDeep(m.with_precision(precision).with_hidden(hidden)))
                     .map_err(|_| bad())
             }
         }
@@ -247,11 +258,14 @@ impl Model {
     }
 }
 
-/// A multi-layer perceptron: ReLU hidden layers, linear logits.
+/// A multi-layer perceptron: hidden layers (ReLU unless `model.activation`
+/// says otherwise), linear logits.
 #[derive(Debug, Clone)]
 pub struct Mlp {
     /// Widths, input first, classes last.
     layers: Vec<usize>,
+    /// The hidden layers' activation and dropout.
+    hidden: Hidden,
     /// The training step's GEMMs' number format ([`Mlp::loss_and_grads_into`]);
     /// evaluation and prediction always compute in f32.
     precision: Precision,
@@ -268,8 +282,20 @@ impl Mlp {
         }
         Ok(Mlp {
             layers: layers.to_vec(),
+            hidden: Hidden::default(),
             precision: Precision::Float32,
         })
+    }
+
+    /// The same model with `hidden`'s activation and dropout.
+    pub fn with_hidden(mut self, hidden: Hidden) -> Self {
+        self.hidden = hidden;
+        self
+    }
+
+    /// The hidden layers' activation and dropout.
+    pub fn hidden(&self) -> Hidden {
+        self.hidden
     }
 
     /// The same model, training with `precision`'s GEMMs.
@@ -375,11 +401,6 @@ fn init_values(specs: Vec<VarSpec>, init: WeightInit, seed: u64) -> Vec<ArrayD<f
             _ => ArrayD::zeros(spec.shape),
         })
         .collect()
-}
-
-/// The hidden layers' activation.
-fn relu(v: f32) -> f32 {
-    if v > 0.0 { v } else { 0.0 }
 }
 
 /// Index of the first maximum.

@@ -12,7 +12,7 @@
 //! per pulled row — what moves on the wire grows with the ids a batch
 //! touches, never with the tables.
 
-use super::{VarSpec, WeightInit, init_values, layer_variables};
+use super::{Hidden, HiddenBuffers, VarSpec, WeightInit, init_values, layer_variables};
 use crate::kernel::{self, Precision};
 use ndarray::{Array1, Array2, ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, DataMut, IxDyn};
 
@@ -29,6 +29,8 @@ pub struct WideDeep {
     dim: usize,
     /// The deep part's widths, input (`fields · dim + dense`) first, 1 last.
     layers: Vec<usize>,
+    /// The deep part's hidden layers' activation and dropout.
+    hidden: Hidden,
     /// The training step's GEMMs' number format.
     precision: Precision,
 }
@@ -110,6 +112,17 @@ pub struct Workspace {
     deltas: Vec<Array2<f32>>,
     /// Each example's wide sum.
     wide: Vec<f32>,
+    /// What the hidden layers keep for the backward pass.
+    hidden: HiddenBuffers,
+}
+
+impl Workspace {
+    /// A workspace whose dropout masks come from `seed`.
+    pub fn seeded(seed: u64) -> Self {
+        let mut ws = Self::default();
+        ws.hidden.seed(seed);
+        ws
+    }
 }
 
 impl WideDeep {
@@ -138,8 +151,15 @@ impl WideDeep {
             dense,
             dim,
             layers,
+            hidden: Hidden::default(),
             precision: Precision::Float32,
         })
+    }
+
+    /// The same model with `hidden`'s activation and dropout in its deep part.
+    pub fn with_hidden(mut self, hidden: Hidden) -> Self {
+        self.hidden = hidden;
+        self
     }
 
     /// The same model, training with `precision`'s GEMMs.
@@ -265,7 +285,12 @@ impl WideDeep {
 
     /// Runs the deep part forward from `ws.input`; `ws.outs[last]` ends
     /// holding each example's full logit (deep + wide).
-    fn forward(&self, layers: &[(ArrayView2<f32>, ArrayView1<f32>)], ws: &mut Workspace) {
+    fn forward(
+        &self,
+        layers: &[(ArrayView2<f32>, ArrayView1<f32>)],
+        ws: &mut Workspace,
+        training: bool,
+    ) {
         let n = ws.input.nrows();
         let fits = ws.outs.len() == self.layers.len() - 1
             && ws
@@ -283,7 +308,14 @@ impl WideDeep {
                 .map(|&w| Array2::zeros((n, w)))
                 .collect();
         }
-        super::dense_forward(self.precision, ws.input.view(), layers, &mut ws.outs);
+        super::dense_forward(
+            self.precision,
+            &self.hidden,
+            training.then_some(&mut ws.hidden),
+            ws.input.view(),
+            layers,
+            &mut ws.outs,
+        );
         let last = layers.len() - 1;
         for (z, &w) in ws.outs[last].iter_mut().zip(&ws.wide) {
             *z += w;
@@ -312,7 +344,7 @@ impl WideDeep {
         self.check(x, lookup, rows);
         let layers = self.layer_views(params);
         self.gather(x, lookup, rows, ws);
-        self.forward(&layers, ws);
+        self.forward(&layers, ws, true);
         let last = layers.len() - 1;
 
         // Sigmoid cross-entropy in the form TensorFlow computes it
@@ -351,10 +383,12 @@ impl WideDeep {
             let da = &mut lower[l];
             kernel::gemm(self.precision, &dz.view(), &w.t(), 0.0, &mut da.view_mut());
             if l > 0 {
-                // Through the previous layer's ReLU (its output > 0 as the mask).
-                for (g, &a) in da.iter_mut().zip(outs[l - 1].iter()) {
-                    *g = if a > 0.0 { *g } else { 0.0 };
-                }
+                // Through the previous layer's activation and dropout.
+                let da = da.as_slice_mut().expect("workspace arrays are contiguous");
+                let a = outs[l - 1]
+                    .as_slice()
+                    .expect("workspace arrays are contiguous");
+                self.hidden.backward(l - 1, da, a, &ws.hidden);
             }
         }
 
@@ -407,7 +441,7 @@ impl WideDeep {
         self.check(x, lookup, rows);
         let layers = self.layer_views(params);
         self.gather(x, lookup, rows, ws);
-        self.forward(&layers, ws);
+        self.forward(&layers, ws, false);
         ws.outs[layers.len() - 1].iter().copied().collect()
     }
 }
@@ -418,15 +452,7 @@ fn segment<'a>(lookup: Lookup<'a>, fields: usize, e: usize, f: usize) -> &'a [u3
     &lookup.rows[lookup.offsets[i] as usize..lookup.offsets[i + 1] as usize]
 }
 
-/// The logistic function, computed without overflow for either sign.
-pub fn sigmoid(z: f32) -> f32 {
-    if z >= 0.0 {
-        1.0 / (1.0 + (-z).exp())
-    } else {
-        let e = z.exp();
-        e / (1.0 + e)
-    }
-}
+pub use super::hidden::sigmoid;
 
 #[cfg(test)]
 mod tests;

@@ -33,7 +33,8 @@ impl Checkpoints {
     ) -> Self {
         let meta = ModelMeta {
             layers: model.layers().to_vec(),
-            activation: checkpoint::ACTIVATION.into(),
+            activation: cfg.model.activation,
+            dropout: cfg.model.dropout,
             classes: model.classes(),
             preprocessing: preprocessing.clone(),
             label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),

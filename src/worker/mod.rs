@@ -15,6 +15,7 @@ mod chief;
 mod error;
 mod rate;
 mod replay;
+mod sparse;
 mod startup;
 mod sync;
 
@@ -25,13 +26,12 @@ use crate::auth::Credentials;
 use crate::checkpoint;
 use crate::config::{Config, Mode};
 use crate::data::{self, Batches, Dataset, Split};
-use crate::model::wide_deep::{self, EMBEDDINGS, WIDE};
 use crate::model::{self, Mlp, Model};
 use crate::ps::workers::Refused;
 use crate::transport::{Cluster, Progress, PsCallError, PsState, WorkerContact};
 use backoff::{Backoff, WAIT_LOG_EVERY};
 use chief::Chief;
-use ndarray::{Array2, ArrayD, ArrayView1, ArrayView2};
+use ndarray::{Array2, ArrayD};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -71,7 +71,7 @@ struct Worker {
     /// Training data.
     train: Dataset,
     /// `train_examples / batch_size`.
-    decay_steps: f64,
+    epoch_steps: f64,
     /// Each shard's step as this worker last saw it: what a ps that
     /// restarts had reached, at least (the chief logs the steps lost).
     seen: Vec<u64>,
@@ -149,7 +149,7 @@ pub async fn run(
     // so all of them (and the chief's checkpoints) agree on it.
     let preprocessing = train.fitted_preprocessing(cfg.data.standardize);
     train.set_preprocessing(preprocessing.clone())?;
-    let decay_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
+    let epoch_steps = (train.len() as f64 / cfg.train.batch_size as f64).max(1.0);
     let chief = (task == 0).then(|| {
         let (config, cluster) = (config.clone(), cluster.clone());
         Chief::new(
@@ -167,7 +167,7 @@ pub async fn run(
         model,
         cluster,
         train,
-        decay_steps,
+        epoch_steps,
         seen: Vec::new(),
         chief,
         shutdown,
@@ -325,12 +325,7 @@ impl Worker {
                 // The chief's `finish` writes the re-shard checkpoint.
                 break Outcome::Reshard { global_step: step };
             }
-            let lr = model::learning_rate(
-                cfg.train.learning_rate,
-                cfg.train.learning_rate_decay,
-                step,
-                self.decay_steps,
-            );
+            let lr = model::learning_rate(&cfg.train, step, self.epoch_steps);
             let tags = progress.steps.clone();
             // The shards' processes the parameters were read from.
             let read_from = self.cluster.incarnations().to_vec();
@@ -399,7 +394,7 @@ impl Worker {
             Model::Mlp(mlp) => {
                 self.train.batch(idx, &mut buf.x, &mut buf.y);
                 let (x, y, ws) = (buf.x.view(), &buf.y, &mut buf.ws);
-                let reg = cfg.train.regularization_rate;
+                let (reg, clip) = (cfg.train.regularization_rate, cfg.train.clip_norm);
                 let replay = &mut self.replay;
                 self.cluster
                     .step(
@@ -411,6 +406,13 @@ impl Worker {
                                     return loss;
                                 }
                                 let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
+                                model::clip_by_global_norm(
+                                    &mut grads
+                                        .iter_mut()
+                                        .map(model::values_mut)
+                                        .collect::<Vec<_>>(),
+                                    clip,
+                                );
                                 crate::metrics::global().computed_here();
                                 if let Some(r) = replay {
                                     r.save(grads, loss);
@@ -426,7 +428,10 @@ impl Worker {
             }
             Model::WideDeep(wd) => {
                 self.train.fill_batch(idx, &mut buf.batch);
-                match self.sparse_step(wd, buf, lr, tags).await {
+                match self
+                    .sparse_step(wd, buf, lr, cfg.train.clip_norm, tags)
+                    .await
+                {
                     (Some(loss), Ok(())) => {
                         // The dense part, computed already: its gradients
                         // are in `buf.grads`.
@@ -483,98 +488,6 @@ impl Worker {
             Err(e) => return Err(e.into()),
         };
         Ok(Some((loss, progress)))
-    }
-
-    /// Wide & deep's sparse half of a step: the batch's ids deduplicated,
-    /// their rows pulled from the ps tasks that own them, the loss and every
-    /// gradient computed (the dense ones into `buf.grads`, from the values
-    /// the last pull left in `buf.params`), and the rows' gradients pushed —
-    /// before the dense push, so that a sync step has them when its dense
-    /// update lets the next step start.
-    ///
-    /// Returns the loss (`None`: nothing was computed, because a ps cannot
-    /// give its rows now — down, or not initialized yet — and the caller
-    /// pulls; or an error) and the pull's or the push's error, which the
-    /// caller handles as a dense push's.
-    async fn sparse_step(
-        &self,
-        wd: &model::WideDeep,
-        buf: &mut StepBuffers,
-        lr: f32,
-        tags: &[u64],
-    ) -> (Option<f32>, Result<(), PsCallError>) {
-        let sparse = &mut buf.sparse;
-        sparse.dedup.run(&buf.batch.categorical.ids);
-        let unique = sparse.dedup.unique.as_slice();
-        let rows = match self
-            .cluster
-            .pull_rows(&[(EMBEDDINGS, unique), (WIDE, unique)], false)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(e) if e.is_unavailable() || e.needs_pull() => {
-                debug!(error = %e, "Rows not pulled; pulling again.");
-                return (None, Ok(()));
-            }
-            Err(e) => return (None, Err(e)),
-        };
-        let bad = |what: &str| PsCallError {
-            ps: 0,
-            status: tonic::Status::internal(format!(
-                "the pulled rows of {what} do not fit the batch"
-            )),
-        };
-        let Ok(embeddings) = ArrayView2::from_shape((unique.len(), wd.dim()), &rows[0]) else {
-            return (None, Err(bad(EMBEDDINGS)));
-        };
-        if rows[1].len() != unique.len() {
-            return (None, Err(bad(WIDE)));
-        }
-        let lookup = wide_deep::Lookup {
-            offsets: &buf.batch.categorical.offsets,
-            rows: &sparse.dedup.rows,
-        };
-        let pulled = wide_deep::Rows {
-            embeddings,
-            wide: ArrayView1::from(rows[1].as_slice()),
-        };
-        let (x, y) = (buf.batch.x.view(), buf.batch.y.as_slice());
-        let loss = tokio::task::block_in_place(|| {
-            let loss = wd.loss_and_grads_into(
-                &buf.params,
-                x,
-                y,
-                lookup,
-                pulled,
-                &mut sparse.ws,
-                &mut buf.grads,
-                &mut sparse.row_grads,
-            );
-            crate::metrics::global().computed_here();
-            loss
-        });
-        let g = &sparse.row_grads;
-        let (emb, wide) = (
-            g.embeddings
-                .as_slice()
-                .expect("row gradients are contiguous"),
-            g.wide.as_slice().expect("row gradients are contiguous"),
-        );
-        let pushed = self
-            .cluster
-            .push_rows(
-                &[(EMBEDDINGS, unique, emb), (WIDE, unique, wide)],
-                lr,
-                tags[0],
-                self.task as u32,
-            )
-            .await;
-        match pushed {
-            // Sync, a retry of the step: its rows are in already (they go
-            // before the dense push, which is still to make).
-            Err(e) if e.status.code() == tonic::Code::AlreadyExists => (Some(loss), Ok(())),
-            pushed => (Some(loss), pushed.map(|_| ())),
-        }
     }
 
     /// A ps refused a push: the cluster re-shards. No more steps — a sync

@@ -29,6 +29,8 @@ pub(super) struct StepBuffers {
 impl StepBuffers {
     pub(super) fn new(w: &Worker, cfg: &Config) -> Self {
         let batch = cfg.train.batch_size;
+        // Dropout's masks: each worker its own, apart from its shuffling's.
+        let dropout_seed = cfg.train.seed ^ (0x6472_6f70_0000_0000 | w.task as u64);
         let params: Vec<ArrayD<f32>> = w
             .model
             .variables()
@@ -46,9 +48,12 @@ impl StepBuffers {
             grads: params.clone(),
             params,
             epochs: vec![0; w.cluster.num_ps()],
-            ws: model::Workspace::default(),
+            ws: model::Workspace::seeded(dropout_seed),
             batch: data::Batch::default(),
-            sparse: SparseBuffers::default(),
+            sparse: SparseBuffers {
+                ws: model::wide_deep::Workspace::seeded(dropout_seed),
+                ..SparseBuffers::default()
+            },
         }
     }
 }

@@ -523,3 +523,73 @@ fn a_missing_data_path_is_named_with_its_reason_once() {
     assert!(line.contains(&missing.display().to_string()), "{line}");
     assert_eq!(line.matches("No such file").count(), 1, "{line}");
 }
+
+/// The model and schedule keys TensorFlow users reach for — GELU, dropout, a cosine
+/// schedule after a warmup, gradients clipped to a global norm — train, are kept in the
+/// checkpoint's metadata, and the model leaves with its activation: `dtf eval` and
+/// `dtf predict` agree, and onnxruntime computes what `dtf predict` does.
+#[test]
+fn tf_model_and_schedule_keys_train_and_leave_with_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let f = write_formats(dir);
+    let config = base_config(dir, "");
+    let npz = f.npz.to_str().unwrap();
+    let (acc, ema, ckpt) = train(
+        dir,
+        "gelu",
+        &config,
+        &[
+            "--data",
+            npz,
+            "--activation",
+            "gelu",
+            "--dropout",
+            "0.2",
+            "--clip-norm",
+            "5",
+            "--set",
+            "train.lr_schedule=cosine_decay",
+            "--set",
+            "train.warmup_steps=40",
+        ],
+    );
+    assert!(acc > 0.6, "a GELU model with dropout should learn: {acc}");
+
+    let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
+    let inspected: serde_json::Value = serde_json::from_str(&ok(&out, "dtf inspect")).unwrap();
+    let meta = &inspected["model"]["metadata"];
+    assert_eq!(meta["activation"], "gelu", "{meta}");
+    assert_eq!(meta["dropout"], "0.2", "{meta}");
+    let h = &meta["hyperparameters"];
+    assert_eq!(h["lr_schedule"], "cosine_decay", "{meta}");
+    assert_eq!(
+        (&h["warmup_steps"], &h["clip_norm"]),
+        (&40.into(), &5.0.into())
+    );
+
+    // Evaluation drops nothing: eval's EMA accuracy is dtf local's, and predict's.
+    let out = dtf_output(&["eval", ckpt.to_str().unwrap(), "--data", npz, "--json"]);
+    let ev: serde_json::Value = serde_json::from_str(&ok(&out, "dtf eval")).unwrap();
+    assert_eq!(ev["ema_accuracy"].as_f64().unwrap(), ema, "{ev}");
+    let predict_csv = dir.join("predict.csv");
+    let out = dtf_output(&["predict", ckpt.to_str().unwrap(), "--input", npz]);
+    std::fs::write(&predict_csv, ok(&out, "dtf predict")).unwrap();
+    let onnx = dir.join("gelu.onnx");
+    let out = dtf_output(&[
+        "export",
+        ckpt.to_str().unwrap(),
+        "--onnx",
+        onnx.to_str().unwrap(),
+    ]);
+    ok(&out, "dtf export");
+    let report = onnx_check(&onnx, &f.npz, &predict_csv);
+    assert!(
+        report["max_abs_diff"].as_f64().unwrap() < 1e-5,
+        "onnxruntime and dtf predict differ on a GELU model: {report}"
+    );
+    assert!(
+        (report["accuracy"].as_f64().unwrap() - ema).abs() <= 1.0 / TEST as f64,
+        "{report}"
+    );
+}

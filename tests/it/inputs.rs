@@ -174,7 +174,7 @@ fn messages_name_the_dtype_and_quote_a_bounded_part_of_a_cell() {
 /// A checkpoint of a 3-feature model whose metadata names its features
 /// `a`, `b`, `c` (as the chief writes it when it trained on a CSV file).
 fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
-    use dtf::checkpoint::{ACTIVATION, Checkpoint, ModelMeta, Saver};
+    use dtf::checkpoint::{Checkpoint, ModelMeta, Saver};
     let layers = vec![3, 5, 2];
     let mlp = dtf::model::Mlp::new(&layers).unwrap();
     let names: Vec<String> = mlp.variables().iter().map(|v| v.name.clone()).collect();
@@ -190,7 +190,8 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
     };
     let meta = ModelMeta {
         layers,
-        activation: ACTIVATION.into(),
+        activation: dtf::model::Activation::Relu,
+        dropout: 0.0,
         classes: 2,
         preprocessing: dtf::data::Preprocessing::Scale { divisor: 1.0 },
         label: Some("label".into()),
