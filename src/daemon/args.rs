@@ -189,7 +189,7 @@ pub fn check_job_name(role: Role, job_name: Option<&str>) -> Result<(), ConfigEr
         "ps" => "use dtf-ps for ps tasks".to_string(),
         "worker" => "use dtf-worker for worker tasks".to_string(),
         "evaluator" => "use dtf-evaluator for the evaluator".to_string(),
-        "chief" => "the chief is worker 0: dtf-worker --task 0".to_string(),
+        "chief" => "the chief is worker 0: dtf-worker --job_name=worker --task_index=0".to_string(),
         _ => "dtf's job names are ps, worker and evaluator".to_string(),
     };
     Err(ConfigError::Key {
@@ -469,7 +469,7 @@ mod tests {
                 &[PS, WORKERS, "--job_name=chief", "--task_index=0"],
                 &[
                     "--job_name chief",
-                    "the chief is worker 0: dtf-worker --task 0",
+                    "the chief is worker 0: dtf-worker --job_name=worker --task_index=0",
                 ],
             ),
             (
