@@ -6,7 +6,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -429,6 +429,11 @@ fn the_tf_launcher_flags_define_the_cluster() {
     assert!(out.stderr.contains("--ps_hosts=nonsense"), "{}", out.stderr);
 }
 
+/// `args` as a command line.
+fn os_args(args: &[String]) -> Vec<&OsStr> {
+    args.iter().map(OsStr::new).collect()
+}
+
 /// Issue 43: TensorFlow 1.x's launch line — `--ps_hosts`, `--worker_hosts`,
 /// `--job_name`, `--task_index` — with `--token-file` and no configuration
 /// file runs a cluster to the end (it exited 78 on the missing
@@ -466,16 +471,13 @@ fn tensorflow_flags_and_a_token_file_run_a_cluster_without_a_config_file() {
     ];
     let env_str: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let env_os: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
-    let os = |args: &[String]| -> Vec<OsString> { args.iter().map(OsString::from).collect() };
-    let refs =
-        |args: &[OsString]| -> Vec<&OsStr> { args.iter().map(OsString::as_os_str).collect() };
 
     // check-config takes the same command line, the flags on either side.
     let mut check: Vec<String> = vec!["check-config".to_owned()];
     check.extend(ps.iter().cloned());
     let out = run(
         "dtf-ps",
-        &refs(&os(&check)),
+        &os_args(&check),
         &env_str,
         Duration::from_secs(60),
     );
@@ -488,8 +490,8 @@ fn tensorflow_flags_and_a_token_file_run_a_cluster_without_a_config_file() {
         out.stdout
     );
 
-    c.start_args("ps:0", "ps", &refs(&os(&ps)), &env_os);
-    c.start_args("worker:0", "worker", &refs(&os(&worker)), &env_os);
+    c.start_args("ps:0", "ps", &os_args(&ps), &env_os);
+    c.start_args("worker:0", "worker", &os_args(&worker), &env_os);
     c.wait_all_success(Duration::from_secs(120));
     assert_eq!(
         checkpoint_steps(&c.cfg.checkpoint.dir).last(),
@@ -511,7 +513,7 @@ fn tensorflow_flags_and_a_token_file_run_a_cluster_without_a_config_file() {
     no_token.push("check-config".to_owned());
     let out = run(
         "dtf-worker",
-        &refs(&os(&no_token)),
+        &os_args(&no_token),
         &env_str,
         Duration::from_secs(60),
     );
