@@ -4,7 +4,8 @@
 //! Where things live:
 //!
 //! - [`config`] — `/etc/dtf/dtf.toml`, a folder: schema, the task (`Role`, `TaskId`), loading
-//!   and `TF_CONFIG` (and which task this is), each value's origin and figment's errors
+//!   and `TF_CONFIG` (which file a daemon reads, none when TensorFlow's flags give the cluster,
+//!   and which task this is), each value's origin and figment's errors
 //!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
 //!   keys, secret files, the file watcher (`config::watcher`).
 //! - [`model`] — the MLP's math, a folder: the model and its init, `gradient` (loss and
@@ -58,7 +59,8 @@
 //!   host), `compress` (`cluster.compression` on TCP links, a folder: `bf16`, `onebit`, the
 //!   error feedback).
 //! - [`daemon`] — the daemons' lifecycle (ps, worker, evaluator), a folder: the control loop
-//!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args`.
+//!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args` (the
+//!   command line, TensorFlow 1.x's flags included, and the configuration it names).
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
 //!   (signals, the ordered stop, how to resume).

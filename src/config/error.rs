@@ -81,8 +81,20 @@ pub enum ConfigError {
         /// The role of the daemon that was started.
         daemon: Role,
     },
+    /// A daemon's default configuration file does not exist, and neither
+    /// its command line nor `TF_CONFIG` gives the cluster.
+    #[error(
+        "{}: no such file: give the configuration file with --config FILE (or DTF_CONFIG=FILE), \
+         or launch the task as TensorFlow 1.x does, with --ps_hosts, --worker_hosts, --job_name \
+         and --task_index (no file needed: every other key takes its default)",
+        path.display()
+    )]
+    NoFile {
+        /// The default path, `/etc/dtf/dtf.toml`.
+        path: PathBuf,
+    },
     /// Neither `--task` nor `TF_CONFIG` says which task this process is.
-    #[error("no task index: pass --task N or set TF_CONFIG")]
+    #[error("no task index: pass --task N (TensorFlow's --task_index N) or set TF_CONFIG")]
     NoTask,
 }
 

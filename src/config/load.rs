@@ -1,6 +1,7 @@
 //! Where a configuration comes from: figment layering (built-in defaults →
-//! file → `DTF_…` environment → `TF_CONFIG`'s cluster), and which task this
-//! process is (`--task N`, or `TF_CONFIG`'s task).
+//! file → `DTF_…` environment → `TF_CONFIG`'s cluster → the daemon's command
+//! line), which file a daemon reads (none, launched TensorFlow's way), and
+//! which task this process is (`--task N`, or `TF_CONFIG`'s task).
 
 use super::error::{ConfigError, FileProblem};
 use super::origin::{ENV_PREFIX, Sources, TF_CONFIG, describe_origin, figment_error};
@@ -11,7 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 impl Config {
     /// Defaults → `path` → `DTF_<SECTION>__<KEY>` environment → `TF_CONFIG`'s
@@ -28,11 +29,32 @@ impl Config {
     /// `/dev/zero` never end) or is over [`MAX_CONFIG_FILE_BYTES`];
     /// [`ConfigError::Syntax`] if it is not TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Config::load_file(Some(path))
+    }
+
+    /// As [`Config::load`], the daemon's command line ([`set_command_line`])
+    /// last; `None`: no file at all (a task launched TensorFlow's way, see
+    /// [`daemon_file`]), every key the layers above leave unset at its
+    /// built-in default.
+    ///
+    /// Errors: as [`Config::load`].
+    pub fn load_file(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let command_line = COMMAND_LINE.get().map_or(&[][..], Vec::as_slice);
+        Config::load_layers(file, command_line)
+    }
+
+    /// Defaults → `file` → `DTF_…` environment → `TF_CONFIG`'s cluster →
+    /// `command_line`, then [`Config::validate`].
+    ///
+    /// Errors: as [`Config::load`].
+    fn load_layers(file: Option<&Path>, command_line: &[Override]) -> Result<Self, ConfigError> {
         // Read the file ourselves rather than with `Toml::file`: that one
         // treats a missing file as empty and searches parent directories for
         // a relative path, neither of which a daemon should do.
-        let text = read_config_text(path)?;
-        let origin = path.display().to_string();
+        let (text, origin) = match file {
+            Some(path) => (read_config_text(path)?, path.display().to_string()),
+            None => (String::new(), NO_FILE_ORIGIN.to_owned()),
+        };
         let tf_cluster = match std::env::var(TF_CONFIG) {
             Ok(json) => parse_tf_config(&json)?.cluster,
             Err(_) => None,
@@ -45,11 +67,7 @@ impl Config {
                     .split("__"),
             )
             .merge(TfConfigCluster(tf_cluster));
-        let figment = COMMAND_LINE
-            .get()
-            .into_iter()
-            .flatten()
-            .fold(figment, |f, o| f.merge(o));
+        let figment = command_line.iter().fold(figment, |f, o| f.merge(o));
         extract(&figment, &origin)
     }
 
@@ -89,19 +107,22 @@ impl Config {
         extract(&figment, origin)
     }
 
-    /// Loads `path` ([`Config::load`]) for the `role` daemon and resolves
-    /// which task this process is: `task` (the command line's `--task N`),
-    /// else `TF_CONFIG`'s task, which must be of `role`.
+    /// Loads `file` with the daemon's `command_line` over every other layer
+    /// (as [`Config::load_file`] does once [`set_command_line`] has them)
+    /// for the `role` daemon, and resolves which task this process is:
+    /// `task` (the command line's `--task N`), else `TF_CONFIG`'s task, which
+    /// must be of `role`.
     ///
     /// Errors: as [`Config::load`]; [`ConfigError::WrongRole`],
     /// [`ConfigError::NoTask`], or [`ConfigError::Task`] for an index
     /// outside the cluster.
     pub fn load_task(
-        path: &Path,
+        file: Option<&Path>,
+        command_line: &[Override],
         task: Option<usize>,
         role: Role,
     ) -> Result<(Config, TaskId), ConfigError> {
-        let cfg = Config::load(path)?;
+        let cfg = Config::load_layers(file, command_line)?;
         let index = match (task, task_from_env()?) {
             (Some(i), _) => i,
             (None, Some(t)) if t.role == role => t.index,
@@ -132,11 +153,63 @@ pub fn set_command_line(overrides: Vec<Override>) {
     let _ = COMMAND_LINE.set(overrides);
 }
 
+/// How errors name the configuration when there is no file: the keys not
+/// set elsewhere are the defaults of a task launched with flags alone.
+const NO_FILE_ORIGIN: &str = "the command line";
+
+/// The spelling of "no configuration file" for `--config` and
+/// `DTF_CONFIG`: the Unix idiom, and what a test uses to be sure no
+/// `/etc/dtf/dtf.toml` of the host is read.
+pub const NO_FILE: &str = "/dev/null";
+
+/// Which configuration file a daemon reads, `None` for none:
+///
+/// - the one `named` by `--config` or `DTF_CONFIG`, which must exist; [`NO_FILE`]
+///   names none;
+/// - else `default` (`/etc/dtf/dtf.toml`), unless it does not exist and the
+///   cluster comes from the `command_line` (`--ps_hosts`, `--worker_hosts`) or
+///   `TF_CONFIG`: TensorFlow's way of launching a task, where there is no
+///   file and every other key takes its default (or a `DTF_…` variable's value).
+///
+/// Only a file that does not exist is left out: one that cannot be read
+/// (permissions, a dangling link) is still read, and its error reported.
+///
+/// Errors: [`ConfigError::NoFile`] when `default` does not exist and nothing
+/// else gives the cluster.
+pub fn daemon_file(
+    named: Option<&Path>,
+    command_line: &[Override],
+    default: &Path,
+) -> Result<Option<PathBuf>, ConfigError> {
+    if let Some(path) = named {
+        return Ok((path != Path::new(NO_FILE)).then(|| path.to_owned()));
+    }
+    let absent = matches!(
+        default.symlink_metadata(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound
+    );
+    if !absent {
+        return Ok(Some(default.to_owned()));
+    }
+    let cluster_given = command_line.iter().any(|o| o.key.starts_with("cluster."))
+        || std::env::var_os(TF_CONFIG).is_some();
+    if cluster_given {
+        Ok(None)
+    } else {
+        Err(ConfigError::NoFile {
+            path: default.to_owned(),
+        })
+    }
+}
+
 /// The text of the configuration file at `path`: a regular file of at most
-/// [`MAX_CONFIG_FILE_BYTES`], UTF-8.
+/// [`MAX_CONFIG_FILE_BYTES`], UTF-8; [`NO_FILE`] reads as empty.
 ///
 /// Errors: [`ConfigError::Read`].
 fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+    if path == Path::new(NO_FILE) {
+        return Ok(String::new());
+    }
     read_regular(path, MAX_CONFIG_FILE_BYTES, false)
         .and_then(|bytes| {
             String::from_utf8(bytes).map_err(|e| FileProblem::Io {
@@ -182,6 +255,16 @@ impl Override {
             value: value.trim().to_owned(),
             flag: format!("--set {arg}"),
         })
+    }
+
+    /// `key` set to the string `value` by `flag` (a path, say): quoted, so a
+    /// value that looks like a number, a boolean or an array stays a string.
+    pub fn string(key: &str, value: &str, flag: String) -> Self {
+        Override {
+            key: key.to_owned(),
+            value: format!("{value:?}"),
+            flag,
+        }
     }
 
     /// What a shell reads back as this override: `--set key=value`.

@@ -6,7 +6,8 @@
 //!
 //! - `schema` — the sections and keys, with their defaults.
 //! - `task` — [`Role`] and [`TaskId`]: which task a process is.
-//! - `load` — figment layering, `TF_CONFIG`, and which task this process is.
+//! - `load` — figment layering, `TF_CONFIG`, which file a daemon reads (none,
+//!   launched with TensorFlow's flags) and which task this process is.
 //! - `origin` — where each value came from ([`Sources`], the `DTF_…` and
 //!   `TF_CONFIG` names), and figment's errors turned into ones that name the
 //!   key, its origin and what was expected.
@@ -29,7 +30,9 @@ mod validate;
 pub mod watcher;
 
 pub use error::{ConfigError, FileProblem};
-pub use load::{Override, set_command_line, task_from_env, task_from_tf_config};
+pub use load::{
+    NO_FILE, Override, daemon_file, set_command_line, task_from_env, task_from_tf_config,
+};
 pub use origin::{ENV_PREFIX, Sources, TF_CONFIG};
 pub use reload::{Applier, LIVE_KEYS, LiveKey, is_live};
 pub use schema::{
@@ -46,7 +49,7 @@ pub use validate::{MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_REGULARIZATION_RATE};
 /// What the unit tests of every room share: the environment lock, temp
 /// config files, and the check that an error names its key and file.
 #[cfg(test)]
-mod test_util {
+pub(crate) mod test_util {
     use super::Config;
     use std::path::PathBuf;
     use std::sync::{Mutex, MutexGuard};

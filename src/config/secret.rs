@@ -30,13 +30,19 @@ impl Config {
     pub fn read_token(&self) -> Result<String, ConfigError> {
         let key = "security.token_file";
         let path = &self.security.token_file;
-        let text = read_file(key, path, true)?;
-        let token = String::from_utf8_lossy(&text).trim().to_owned();
         let fail = |problem: String| ConfigError::File {
             key,
             path: path.clone(),
             problem,
         };
+        let text = match read_regular(path, MAX_SECRET_FILE_BYTES, true) {
+            Ok(text) => text,
+            Err(FileProblem::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(fail(no_token_file(path)));
+            }
+            Err(problem) => return Err(fail(problem.to_string())),
+        };
+        let token = String::from_utf8_lossy(&text).trim().to_owned();
         if token.is_empty() {
             return Err(fail(
                 "the file is empty: expected the cluster's shared token".into(),
@@ -50,6 +56,20 @@ impl Config {
         }
         Ok(token)
     }
+}
+
+/// What to do when the token file `path` does not exist: make one (the
+/// command the .deb's postinst runs, with the mode the token needs), or
+/// point at the cluster's own, in each of the three ways a task is told.
+fn no_token_file(path: &Path) -> String {
+    let path = path.display();
+    format!(
+        "no such file: every task of a cluster proves itself with the same token. Make one once \
+         with `(umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {path})` \
+         (mode 0640 or stricter: other users may not read it) and copy that file to every host \
+         of the cluster; or point at the cluster's token with --token-file FILE (dtf-ps, \
+         dtf-worker), DTF_SECURITY__TOKEN_FILE=FILE, or security.token_file in dtf.toml"
+    )
 }
 
 /// The content of `path` (named by `key`); if `secret`, refused when the
@@ -130,6 +150,51 @@ mod tests {
         config.security.token_file = dir.path().join("absent");
         let err = config.read_token().unwrap_err().to_string();
         assert!(err.contains("absent"), "{err}");
+    }
+
+    /// Issue 43: a missing token said only `No such file or directory`; the
+    /// error now says how to make one, and every way to point at another.
+    #[test]
+    fn a_missing_token_file_says_how_to_make_one_and_how_to_point_at_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("token");
+        let mut config = Config::default();
+        config.security.token_file = absent.clone();
+        let err = config.read_token().unwrap_err().to_string();
+        let make = format!(
+            "(umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {})",
+            absent.display()
+        );
+        assert!(err.contains(&make), "{err}");
+        for way in [
+            "--token-file FILE",
+            "DTF_SECURITY__TOKEN_FILE=FILE",
+            "security.token_file in dtf.toml",
+            "copy that file to every host",
+            "0640",
+        ] {
+            assert!(err.contains(way), "{way:?} not in {err}");
+        }
+        assert!(
+            err.starts_with(&format!(
+                "{} (security.token_file): no such file",
+                absent.display()
+            )),
+            "{err}"
+        );
+
+        // The command it gives makes a token the daemons accept.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&make)
+            .status()
+            .unwrap();
+        assert!(out.success());
+        let token = config.read_token().unwrap();
+        assert_eq!(token.len(), 64, "{token}");
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+        let mode = std::fs::metadata(&absent).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
     }
 
     /// A FIFO at `dir/name`.

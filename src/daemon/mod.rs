@@ -97,12 +97,13 @@ struct Controls {
     _watcher: Option<config::watcher::Watcher>,
 }
 
-/// Feeds [`Control`] from SIGTERM, SIGINT, SIGHUP and changes to `path`.
+/// Feeds [`Control`] from SIGTERM, SIGINT, SIGHUP and changes to `path`
+/// (`None`, no file: nothing to watch; a SIGHUP still reloads).
 ///
 /// Called before the task says `READY=1`: until the handlers are installed a
 /// SIGHUP would kill the process (its default action), and systemd may send
 /// one as soon as the unit is up.
-fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
+fn control_sources(path: Option<&Path>) -> Result<Controls, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = mpsc::unbounded_channel();
     let sig = |k: SignalKind| signal(k).map_err(DaemonError::Signals);
@@ -126,7 +127,9 @@ fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
     });
     Ok(Controls {
         rx,
-        _watcher: config::watcher::watch(path, move || tx.send(Control::Reload).is_ok()),
+        _watcher: path.and_then(|path| {
+            config::watcher::watch(path, move || tx.send(Control::Reload).is_ok())
+        }),
     })
 }
 
@@ -134,9 +137,14 @@ fn control_sources(path: &Path) -> Result<Controls, DaemonError> {
 /// applies it. An invalid file changes nothing and sends no RELOADING.
 /// Before the task is ready, the reload is applied silently: a `READY=1`
 /// after it would tell systemd the task is up when it is not.
-fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, notifier: &Notifier) {
+fn reload(
+    path: Option<&Path>,
+    current: &watch::Sender<Arc<Config>>,
+    log: &LogHandle,
+    notifier: &Notifier,
+) {
     let old = current.borrow().clone();
-    let new = match Config::load(path).and_then(|new| old.reload(new)) {
+    let new = match Config::load_file(path).and_then(|new| old.reload(new)) {
         Ok(new) => new,
         Err(e) => {
             crate::metrics::global().reloaded(false);
@@ -180,7 +188,7 @@ fn reload(path: &Path, current: &watch::Sender<Arc<Config>>, log: &LogHandle, no
 /// otherwise wait out the drain limit).
 async fn supervise<T>(
     controls: Controls,
-    path: &Path,
+    path: Option<&Path>,
     config: watch::Sender<Arc<Config>>,
     log: LogHandle,
     notifier: &Notifier,
@@ -251,14 +259,14 @@ fn announce_complete(notifier: &Notifier, task: TaskId, step: u64) {
 /// Errors: [`DaemonError`]: exit 78 for configuration, 1 for the rest.
 pub async fn run(
     role: Role,
-    path: PathBuf,
+    path: Option<PathBuf>,
     cfg: Config,
     task: TaskId,
     credentials: Credentials,
     log: LogHandle,
 ) -> Result<Next, DaemonError> {
     let notifier = Notifier::default();
-    let controls = control_sources(&path)?;
+    let controls = control_sources(path.as_deref())?;
     // Any task that can see the final checkpoint (the chief; others on its
     // host) knows the run is over without asking ps tasks that have exited.
     // Not the evaluator: the final checkpoint may be the one it has to score.
@@ -296,7 +304,16 @@ pub async fn run(
             }
         }
     };
-    let out = supervise(controls, &path, tx, log, &notifier, shutdown.clone(), job).await;
+    let out = supervise(
+        controls,
+        path.as_deref(),
+        tx,
+        log,
+        &notifier,
+        shutdown.clone(),
+        job,
+    )
+    .await;
     // A stop signal during the re-shard is a stop: systemd heard STOPPING=1.
     let out = match out {
         Some(Ok(Next::Restart)) if shutdown.is_cancelled() => Some(Ok(Next::Exit)),
@@ -463,14 +480,14 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     // Every load from here on, reloads included, sees the cluster the
     // command line gave: a reload of the file must not move it.
     config::set_command_line(args.overrides());
-    let loaded = check_job_name(role, args.job_name.as_deref())
-        .and_then(|()| Config::load_task(&args.config, args.task, role))
+    let loaded = args
+        .load(role)
         .map_err(ResolveError::from)
-        .and_then(|(mut c, t)| {
+        .and_then(|(file, mut c, t)| {
             let credentials = preflight(&mut c, role)?;
-            Ok((c, t, credentials))
+            Ok((file, c, t, credentials))
         });
-    let (cfg, task, credentials) = match loaded {
+    let (file, cfg, task, credentials) = match loaded {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
@@ -480,18 +497,34 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     let check_only = matches!(args.command, Some(DaemonCommand::CheckConfig));
     if check_only {
         // The effective values that most often come from elsewhere than the
-        // file (DTF_… variables, TF_CONFIG), so an operator sees what applies.
+        // file (DTF_… variables, TF_CONFIG, flags), so an operator sees what applies.
+        let source = match &file {
+            Some(path) => path.display().to_string(),
+            None => "the command line (no configuration file)".to_owned(),
+        };
         println!(
-            "{}: valid for {task} (cluster: {} ps, {} workers; train.mode = {}, train.last_step = {})",
-            args.config.display(),
+            "{source}: valid for {task} (cluster: {} ps, {} workers; train.mode = {}, train.last_step = {}; \
+             token: {})",
             cfg.cluster.ps.len(),
             cfg.cluster.worker.len(),
             cfg.train.mode,
-            cfg.train.last_step
+            cfg.train.last_step,
+            if role == Role::Evaluator {
+                "none needed".to_owned()
+            } else {
+                cfg.security.token_file.display().to_string()
+            }
         );
         return std::process::ExitCode::SUCCESS;
     }
     let log = init_logging(&cfg.log.level);
+    if file.is_none() {
+        info!(
+            ps = %cfg.cluster.ps.join(","),
+            worker = %cfg.cluster.worker.join(","),
+            "No configuration file: the cluster from the command line or TF_CONFIG, every other key from DTF_… variables or its default."
+        );
+    }
     // Every thread of the runtime computes (the worker's steps, the ps's
     // updates, the evaluator's scoring), so each flushes denormals.
     let rt = match crate::kernel::compute_threads(
@@ -508,7 +541,7 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(EX_FAILURE);
         }
     };
-    let result = rt.block_on(run(role, args.config, cfg, task, credentials, log));
+    let result = rt.block_on(run(role, file, cfg, task, credentials, log));
     match result {
         Ok(Next::Exit) => std::process::ExitCode::SUCCESS,
         // The job is done (a ps's last snapshot written, a chief's

@@ -6,6 +6,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -427,6 +428,104 @@ fn the_tf_launcher_flags_define_the_cluster() {
     );
     assert_eq!(out.status.code(), Some(78), "{}", out.stderr);
     assert!(out.stderr.contains("--ps_hosts=nonsense"), "{}", out.stderr);
+}
+
+/// `args` as a command line.
+fn os_args(args: &[String]) -> Vec<&OsStr> {
+    args.iter().map(OsStr::new).collect()
+}
+
+/// Issue 43: TensorFlow 1.x's launch line — `--ps_hosts`, `--worker_hosts`,
+/// `--job_name`, `--task_index` — with `--token-file` and no configuration
+/// file runs a cluster to the end (it exited 78 on the missing
+/// /etc/dtf/dtf.toml, then on /etc/dtf/token).
+#[test]
+fn tensorflow_flags_and_a_token_file_run_a_cluster_without_a_config_file() {
+    let mut c = Cluster::new(1, 1, 60, Mode::Async);
+    let flags = |job: &str| -> Vec<String> {
+        vec![
+            format!("--ps_hosts={}", c.cfg.cluster.ps.join(",")),
+            format!("--worker_hosts={}", c.cfg.cluster.worker.join(",")),
+            format!("--job_name={job}"),
+            "--task_index=0".to_owned(),
+            format!("--token-file={}", c.cfg.security.token_file.display()),
+        ]
+    };
+    let (ps, worker) = (flags("ps"), flags("worker"));
+    // What is not a TensorFlow flag comes from DTF_… variables, as a
+    // launch script sets them: this test's tiny data and directories, a
+    // short run. DTF_CONFIG=/dev/null: no file, even where the host has an
+    // /etc/dtf/dtf.toml (the default path's absence is the unit tests').
+    let dir = |p: &Path| p.display().to_string();
+    let env: Vec<(&str, String)> = vec![
+        ("DTF_CONFIG", "/dev/null".to_owned()),
+        ("DTF_DATA__DIR", dir(&c.cfg.data.dir)),
+        ("DTF_MODEL__LAYERS", format!("{:?}", c.cfg.model.layers)),
+        ("DTF_TRAIN__BATCH_SIZE", c.cfg.train.batch_size.to_string()),
+        ("DTF_TRAIN__LAST_STEP", c.cfg.train.last_step.to_string()),
+        ("DTF_CHECKPOINT__DIR", dir(&c.cfg.checkpoint.dir)),
+        (
+            "DTF_CLUSTER__RUNTIME_DIR",
+            c.cfg.cluster.runtime_dir.clone(),
+        ),
+        ("DTF_PS__SNAPSHOT_DIR", c.cfg.ps.snapshot_dir.clone()),
+    ];
+    let env_str: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env_os: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
+
+    // check-config takes the same command line, the flags on either side.
+    let mut check: Vec<String> = vec!["check-config".to_owned()];
+    check.extend(ps.iter().cloned());
+    let out = run(
+        "dtf-ps",
+        &os_args(&check),
+        &env_str,
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with(
+            "the command line (no configuration file): valid for ps:0 (cluster: 1 ps, 1 workers"
+        ),
+        "{}",
+        out.stdout
+    );
+
+    c.start_args("ps:0", "ps", &os_args(&ps), &env_os);
+    c.start_args("worker:0", "worker", &os_args(&worker), &env_os);
+    c.wait_all_success(Duration::from_secs(120));
+    assert_eq!(
+        checkpoint_steps(&c.cfg.checkpoint.dir).last(),
+        Some(&c.cfg.train.last_step),
+        "{}",
+        c.log("worker:0")
+    );
+    assert!(
+        c.log("worker:0").contains("No configuration file"),
+        "{}",
+        c.log("worker:0")
+    );
+
+    // Without the token file: exit 78, saying how to make one.
+    let absent = c.dir.path().join("no-token");
+    let mut no_token = worker.clone();
+    no_token.pop();
+    no_token.push(format!("--token-file={}", absent.display()));
+    no_token.push("check-config".to_owned());
+    let out = run(
+        "dtf-worker",
+        &os_args(&no_token),
+        &env_str,
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(78), "{}", out.stderr);
+    for part in [
+        "head -c 32 /dev/urandom",
+        "--token-file FILE",
+        "DTF_SECURITY__TOKEN_FILE",
+    ] {
+        assert!(out.stderr.contains(part), "{part:?} not in {}", out.stderr);
+    }
 }
 
 #[test]

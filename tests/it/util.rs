@@ -457,6 +457,39 @@ impl Cluster {
         env: &[(&str, &std::ffi::OsStr)],
         wrapper: &[&str],
     ) -> &mut Child {
+        let index = index.to_string();
+        let args = [
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--task".as_ref(),
+            index.as_ref(),
+        ];
+        self.spawn_args(name, role, &args, env, wrapper)
+    }
+
+    /// Starts `dtf-<role> ARGS` as process `name` (its log `name`.log) with
+    /// exactly these arguments, no `--config` or `--task` added: a task
+    /// launched with TensorFlow's flags.
+    pub fn start_args(
+        &mut self,
+        name: &str,
+        role: &str,
+        args: &[&std::ffi::OsStr],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> &mut Child {
+        self.spawn_args(name, role, args, env, &[])
+    }
+
+    /// Spawns `wrapper… dtf-<role> ARGS` as process `name`, its output
+    /// appended to `name`.log, replacing any process of that name.
+    fn spawn_args(
+        &mut self,
+        name: &str,
+        role: &str,
+        args: &[&std::ffi::OsStr],
+        env: &[(&str, &std::ffi::OsStr)],
+        wrapper: &[&str],
+    ) -> &mut Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -471,10 +504,7 @@ impl Cluster {
             }
             None => Command::new(daemon),
         };
-        cmd.arg("--config")
-            .arg(config)
-            .arg("--task")
-            .arg(index.to_string());
+        cmd.args(args);
         for var in INHERITED_CONTROL_VARS {
             cmd.env_remove(var);
         }
