@@ -80,13 +80,13 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
     other.checkpoint.dir = c.dir.path().join("other");
     let outside = write_checkpoint(&other, 500);
     std::fs::write(
-        dir.join("checkpoint"),
+        dir.join("checkpoint.dtf"),
         "model_checkpoint_path: \"../other/model.ckpt-500.safetensors\"\n",
     )
     .unwrap();
     assert_eval_step(&c, &dir, 100);
     std::fs::write(
-        dir.join("checkpoint"),
+        dir.join("checkpoint.dtf"),
         format!("model_checkpoint_path: \"{}\"\n", outside.display()),
     )
     .unwrap();

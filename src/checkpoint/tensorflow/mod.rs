@@ -531,6 +531,71 @@ mod tests {
         assert_eq!((w.offset, w.size), (8 + 12, 48));
     }
 
+    /// `tests/fixtures/tf-checkpoint`: written by TensorFlow 2.21's
+    /// `tf.compat.v1.train.Saver` (`scripts/check_tf_checkpoint.py write
+    /// DIR 64,16,4 40`).
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tf-checkpoint")
+    }
+
+    /// The fixture's values: element k of layer l's tensor is
+    /// (k − 500)/64 + l/8, its shadow that − 0.5 (exact in f32).
+    fn reference(n: usize, layer: usize) -> Vec<f32> {
+        (0..n)
+            .map(|k| (k as f32 - 500.0) / 64.0 + layer as f32 / 8.0)
+            .collect()
+    }
+
+    #[test]
+    fn reads_a_checkpoint_tensorflow_wrote() {
+        let dir = fixture();
+        let prefix = latest(&dir).unwrap().unwrap();
+        assert_eq!(prefix, dir.join("model.ckpt-40"));
+        let tensors = read(&prefix).unwrap();
+        let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "global_step",
+                "layer1/biases",
+                "layer1/biases/ExponentialMovingAverage",
+                "layer1/weights",
+                "layer1/weights/ExponentialMovingAverage",
+                "layer2/biases",
+                "layer2/biases/ExponentialMovingAverage",
+                "layer2/weights",
+                "layer2/weights/ExponentialMovingAverage"
+            ]
+        );
+        assert_eq!(tensors[0].to_i64().unwrap(), [40]);
+        assert!(tensors[0].shape.is_empty());
+        for t in &tensors[1..] {
+            assert_eq!(t.dtype, Dtype::F32, "{}", t.name);
+            let layer = if t.name.starts_with("layer1") { 1 } else { 2 };
+            let want_shape: &[u64] = match (layer, t.name.contains("weights")) {
+                (1, true) => &[64, 16],
+                (1, false) => &[16],
+                (_, true) => &[16, 4],
+                (_, false) => &[4],
+            };
+            assert_eq!(t.shape, want_shape, "{}", t.name);
+            let n = want_shape.iter().product::<u64>() as usize;
+            let shift = if t.name.ends_with("ExponentialMovingAverage") {
+                0.5
+            } else {
+                0.0
+            };
+            let want: Vec<f32> = reference(n, layer).iter().map(|v| v - shift).collect();
+            assert_eq!(t.to_f32().unwrap(), want, "{}", t.name);
+        }
+        // Written again by dtf: the data file is TensorFlow's, byte for
+        // byte, and so is every entry of the index (header and protos).
+        let (index, data) = encode(&tensors);
+        assert_eq!(data, std::fs::read(data_path(&prefix)).unwrap());
+        let theirs = table::parse(&std::fs::read(index_path(&prefix)).unwrap()).unwrap();
+        assert_eq!(table::parse(&index).unwrap(), theirs);
+    }
+
     #[test]
     fn damaged_files_are_refused_naming_the_file_and_the_damage() {
         let tmp = tempfile::tempdir().unwrap();
