@@ -39,7 +39,7 @@ model=$(ls "$work"/dtf/model.ckpt-*.safetensors | grep -v '\.ema\.' | sort -t- -
 layers=$("$DTF" inspect --json "$model" | python3 -c '
 import json, sys
 t = {x["name"]: x["shape"] for x in json.load(sys.stdin)["model"]["tensors"]}
-w = sorted(k for k in t if k.endswith("/weights"))
+w = sorted((k for k in t if k.endswith("/weights")), key=lambda k: int(k.split("/")[0][5:]))
 print(",".join(str(v) for v in [t[w[0]][0]] + [t[k][1] for k in w]))')
 "$PY" scripts/check_tf_checkpoint.py write "$work/from-tf" "$layers" 100
 "$DTF" local --data "$DATA" --hidden "$HIDDEN" --workers 1 --steps 300 \

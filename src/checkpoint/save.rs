@@ -82,7 +82,7 @@ impl Saver {
     }
 
     /// Writes `model.ckpt-<step>.ema.safetensors`, then
-    /// `model.ckpt-<step>.safetensors`, then the `checkpoint` index, each
+    /// `model.ckpt-<step>.safetensors`, then the `checkpoint.dtf` index (and removes an older dtf's `checkpoint` index), each
     /// atomically (temp file, fsync, rename, fsync the directory); then deletes
     /// both files of every checkpoint beyond the newest `max_to_keep` by step
     /// (the one just written is always kept). Returns the model file's path.

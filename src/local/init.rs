@@ -75,7 +75,7 @@ impl Seed {
                     .map_err(chk)?;
             (ckpt, taken.shadows, taken.slots)
         } else {
-            let ckpt = checkpoint::load(&source, Some(&specs)).map_err(chk)?;
+            let ckpt = checkpoint::load(&source, Some(specs.as_slice())).map_err(chk)?;
             let slots = !ckpt.slots.tensors.is_empty();
             (ckpt, specs.len(), slots)
         };

@@ -5,6 +5,7 @@
 
 use crate::util::*;
 use dtf::config::Mode;
+use std::ffi::OsStr;
 use std::path::Path;
 
 /// The TensorFlow-written fixture: model [64, 16, 4] (the tiny data's with
@@ -86,8 +87,8 @@ fn an_exported_checkpoint_starts_a_new_run_with_the_same_bits() {
     let original = write_checkpoint(&c.cfg, 30);
     let tf_dir = c.dir.path().join("tf");
     let ran = dtf_quick(&[
-        "export".as_ref(),
-        "--tf-checkpoint".as_ref(),
+        OsStr::new("export"),
+        OsStr::new("--tf-checkpoint"),
         tf_dir.as_os_str(),
         c.cfg.checkpoint.dir.as_os_str(),
     ]);
@@ -182,7 +183,7 @@ fn init_from_refuses_before_anything_is_created() {
 
 #[test]
 fn export_needs_an_output() {
-    let ran = dtf_quick(&["export".as_ref(), "/nonexistent".as_ref()]);
+    let ran = dtf_quick(&[OsStr::new("export"), OsStr::new("/nonexistent")]);
     assert_eq!(ran.status.code(), Some(2), "{}", ran.stderr);
     assert!(
         ran.stderr.contains("--onnx") && ran.stderr.contains("--tf-checkpoint"),

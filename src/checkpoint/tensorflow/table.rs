@@ -29,6 +29,13 @@ const RESTART_INTERVAL: usize = 16;
 /// A data block is closed once it holds this much (TensorFlow's
 /// `table::Options::block_size`, 256 KiB).
 const BLOCK_SIZE: usize = 256 << 10;
+/// The longest key read: a tensor's name (TensorFlow's are far shorter).
+const MAX_KEY_BYTES: u64 = 64 << 10;
+/// How many times its own size a table may grow to as its keys are
+/// expanded: prefix compression of names saves a few times at most, and a
+/// hostile table of ever longer shared prefixes must not make a file of
+/// megabytes into gigabytes of keys.
+const MAX_EXPANSION: u64 = 16;
 /// Added after rotating a CRC, so that a CRC of data holding CRCs is not
 /// itself trivially related to them (`crc32c::Mask`).
 const MASK_DELTA: u32 = 0xa282_ead8;
@@ -247,8 +254,13 @@ fn block<'a>(file: &'a [u8], (offset, size): (u64, u64), what: &str) -> Result<&
     Ok(contents)
 }
 
-/// The entries of one block, in order.
-fn entries(block: &[u8], what: &str) -> Result<Vec<(Vec<u8>, &[u8])>, String> {
+/// The entries of one block, in order; `budget`: the bytes of keys and
+/// values that may still be produced, less what these take.
+fn entries<'a>(
+    block: &'a [u8],
+    what: &str,
+    budget: &mut u64,
+) -> Result<Vec<(Vec<u8>, &'a [u8])>, String> {
     if block.len() < 4 {
         return Err(format!(
             "the {what} block has {} bytes, too few for its restart count",
@@ -280,9 +292,24 @@ fn entries(block: &[u8], what: &str) -> Result<Vec<(Vec<u8>, &[u8])>, String> {
                 key.len()
             ));
         }
+        if shared.saturating_add(unshared) > MAX_KEY_BYTES {
+            return Err(format!(
+                "the {what} block: a key of {} bytes, more than the {MAX_KEY_BYTES} a \
+                 tensor's name may have here",
+                shared.saturating_add(unshared)
+            ));
+        }
         key.truncate(shared as usize);
         key.extend_from_slice(cursor.take(unshared, what)?);
         let value = cursor.take(value_len, what)?;
+        *budget = budget
+            .checked_sub(key.len() as u64 + value.len() as u64)
+            .ok_or_else(|| {
+                format!(
+                    "the {what} block: its keys expand to more than {MAX_EXPANSION} times \
+                     the table's size (damaged or hostile)"
+                )
+            })?;
         if out.last().is_some_and(|(last, _)| *last >= key) {
             return Err(format!(
                 "the {what} block: its keys are not in ascending order"
@@ -323,14 +350,19 @@ pub fn parse(file: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
     let index_handle = handle(&mut cursor, "footer")?;
     // Nothing dtf needs is in the metaindex (TensorFlow puts no filter in a
     // checkpoint), but a damaged one is a damaged file.
-    entries(block(file, meta_handle, "metaindex")?, "metaindex")?;
+    let mut budget = (file.len() as u64).saturating_mul(MAX_EXPANSION);
+    entries(
+        block(file, meta_handle, "metaindex")?,
+        "metaindex",
+        &mut budget,
+    )?;
     let index = block(file, index_handle, "index")?;
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    for (separator, value) in entries(index, "index")? {
+    for (separator, value) in entries(index, "index", &mut budget)? {
         let mut cursor = Cursor { rest: value };
         let data_handle = handle(&mut cursor, "index")?;
         let data = block(file, data_handle, "data")?;
-        for (key, value) in entries(data, "data")? {
+        for (key, value) in entries(data, "data", &mut budget)? {
             if key > separator {
                 return Err(
                     "a data block holds a key past its index entry: the index is damaged".into(),
@@ -417,6 +449,32 @@ mod tests {
     }
 
     #[test]
+    fn ever_longer_shared_prefixes_are_refused_not_expanded() {
+        // Each entry shares the whole previous key and adds one byte: 4
+        // bytes in the file, a key as long as all before it in memory.
+        let mut block = BlockBuilder::new(usize::MAX);
+        let mut key = vec![b'a'; 4000];
+        for _ in 0..4000 {
+            key.push(b'a');
+            block.add(&key, b"");
+        }
+        let mut file = Vec::new();
+        let data = write_block(&mut file, &block.finish());
+        let mut index = BlockBuilder::new(1);
+        index.add(&key, &handle_bytes(data));
+        let meta = write_block(&mut file, &BlockBuilder::new(16).finish());
+        let idx = write_block(&mut file, &index.finish());
+        let mut footer = Vec::new();
+        put_handle(&mut footer, meta);
+        put_handle(&mut footer, idx);
+        footer.resize(FOOTER_LEN - 8, 0);
+        footer.extend_from_slice(&MAGIC.to_le_bytes());
+        file.extend_from_slice(&footer);
+        let err = parse(&file).unwrap_err();
+        assert!(err.contains("expand"), "{err}");
+    }
+
+    #[test]
     fn hostile_lengths_are_refused() {
         // An index handle claiming an exabyte, with the magic in place.
         let mut footer = Vec::new();
@@ -428,10 +486,10 @@ mod tests {
         assert!(err.contains("runs past"), "{err}");
         // A block claiming 2^32-1 restart points.
         let mut file = Vec::new();
+        let meta = write_block(&mut file, &BlockBuilder::new(16).finish());
         let idx = write_block(&mut file, &u32::MAX.to_le_bytes());
-        put_handle(&mut footer, (0, 0));
         let mut f = Vec::new();
-        put_handle(&mut f, (0, 0));
+        put_handle(&mut f, meta);
         put_handle(&mut f, idx);
         f.resize(FOOTER_LEN - 8, 0);
         f.extend_from_slice(&MAGIC.to_le_bytes());
