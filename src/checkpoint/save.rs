@@ -487,7 +487,7 @@ mod tests {
             ..good.clone()
         };
         let err = failing.save(&sample(200, &SMALL)).unwrap_err();
-        assert!(err.to_string().contains(".checkpoint.tmp-"), "{err}");
+        assert!(err.to_string().contains(".checkpoint.dtf.tmp-"), "{err}");
         assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
         // Nothing pruned before the index is written: both steps are there.
         assert_eq!(scan_steps(tmp.path()).unwrap().model, [100, 200]);

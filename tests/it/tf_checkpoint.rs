@@ -14,7 +14,8 @@ fn fixture() -> std::path::PathBuf {
     repo_file("tests/fixtures/tf-checkpoint")
 }
 
-/// `dtf local` on `c`'s tiny data with one worker, into `ckpt`.
+/// `dtf local` on `c`'s tiny data with one worker, into `ckpt`, keeping
+/// every checkpoint (the seed among them, to be read back).
 fn local(c: &Cluster, ckpt: &Path, args: &[&str]) -> std::process::Output {
     let mut all = vec![
         "local",
@@ -26,6 +27,8 @@ fn local(c: &Cluster, ckpt: &Path, args: &[&str]) -> std::process::Output {
         "1",
         "--checkpoint-dir",
         ckpt.to_str().unwrap(),
+        "--set",
+        "checkpoint.max_to_keep=0",
     ];
     all.extend_from_slice(args);
     dtf_output(&all)

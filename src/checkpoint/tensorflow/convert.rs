@@ -284,6 +284,43 @@ mod tests {
     }
 
     #[test]
+    fn a_dtf_checkpoint_goes_to_tensorflow_and_back_unchanged() {
+        use crate::checkpoint::fixtures::{ADAM, SMALL, sample_with_adam, saver, small_specs};
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = sample_with_adam(300, &SMALL);
+        let path = saver(tmp.path(), 5).save(&ckpt).unwrap();
+        let verbatim = crate::checkpoint::load_verbatim(&path, None).unwrap();
+        let tensors = from_dtf(&verbatim, &path).unwrap();
+        let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        for name in [
+            "global_step",
+            "layer1/weights",
+            "layer1/weights/Adam",
+            "layer1/weights/Adam_1",
+            "beta1_power",
+            "layer2/biases/ExponentialMovingAverage",
+        ] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+        let prefix = super::super::write(&tmp.path().join("tf"), 300, &tensors).unwrap();
+        let back = super::super::read(&prefix).unwrap();
+        assert_eq!(back.len(), tensors.len());
+        let (c, taken) = to_checkpoint(&back, &small_specs(), ADAM, &prefix).unwrap();
+        assert_eq!(
+            taken,
+            Taken {
+                global_step: 300,
+                shadows: 4,
+                variables: 4,
+                slots: true
+            }
+        );
+        assert_eq!(c.variables, ckpt.variables);
+        assert_eq!(c.shadows, ckpt.shadows);
+        assert_eq!(c.slots, ckpt.slots);
+    }
+
+    #[test]
     fn slots_are_taken_only_when_all_are_there() {
         let p = Path::new("x");
         let adagrad = Optimizer::Adagrad {
