@@ -6,7 +6,8 @@
       what `dtf export --tf-checkpoint TF_DIR DTF_MODEL_FILE` wrote; every
       tensor of the dtf checkpoint (its model file and its .ema. sibling, read
       with safetensors + numpy, not with dtf) must be there under the same
-      name, dtype and shape, bit for bit, and nothing else. Also checks that
+      name, dtype and shape, bit for bit, and nothing else; a graph-mode
+      tf.compat.v1.train.Saver restores them all. Also checks that
       tf.train.latest_checkpoint on the dtf checkpoint directory does not
       return a .safetensors file.
 
@@ -67,6 +68,22 @@ def read(model_file, tf_dir):
             problems.append(f"{name}: dtype {dtypes[name].name} vs {value.dtype}")
         if got.tobytes() != np.ascontiguousarray(value).tobytes():
             problems.append(f"{name}: values differ")
+    # And a graph-mode tf.compat.v1.train.Saver restores it, as the
+    # reference program's Saver.restore would.
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        var_list = {
+            name: tf1.Variable(tf.zeros(shapes[name], dtypes[name]), name=f"v{i}")
+            for i, name in enumerate(sorted(shapes))
+        }
+        saver = tf1.train.Saver(var_list)
+        with tf1.Session(graph=graph) as sess:
+            saver.restore(sess, prefix)
+            restored = sess.run(var_list)
+    for name, value in sorted(want.items()):
+        if name in restored and restored[name].tobytes() != np.ascontiguousarray(value).tobytes():
+            problems.append(f"{name}: Saver.restore gives other values")
     dtf_dir = os.path.dirname(os.path.abspath(model_file))
     dtf_latest = tf.train.latest_checkpoint(dtf_dir)
     if dtf_latest is not None and dtf_latest.endswith(".safetensors"):
@@ -79,6 +96,8 @@ def read(model_file, tf_dir):
         "tensorflow": tf.__version__,
         "prefix": prefix,
         "tensors": len(shapes),
+        "names": sorted(shapes),
+        "saver_restore": len(restored),
         "global_step": step,
         "dtf_dir_latest_checkpoint": dtf_latest,
         "ok": not problems,

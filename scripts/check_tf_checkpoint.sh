@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # TensorFlow itself checks dtf's TensorFlow checkpoints, both ways (issue 43):
-#   1. a short dtf local run; dtf export --tf-checkpoint; TensorFlow's
+#   1. a short dtf local run (Adam, so slots and beta powers are in it); dtf
+#      export --tf-checkpoint; TensorFlow's
 #      tf.train.latest_checkpoint + load_checkpoint read the export, and every
 #      tensor matches the dtf checkpoint (read with safetensors + numpy) bit
 #      for bit;
 #   2. TensorFlow's compat.v1 Saver writes a checkpoint of the reference
-#      program's variables; dtf local --init-from starts a run from it.
+#      program's variables; dtf local --init-from starts a run from it (its
+#      values are a pattern, not trained weights: what counts is the
+#      console line and that the run resumes at its step, not the accuracy).
 # Prints one JSON line per check (scripts/check_tf_checkpoint.py) and the
 # --init-from console line; exits non-zero on any failure.
 #
@@ -29,7 +32,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # 1. dtf → TensorFlow.
-"$DTF" local --data "$DATA" --hidden "$HIDDEN" --workers 1 --steps 200 \
+"$DTF" local --data "$DATA" --hidden "$HIDDEN" --workers 1 --steps 200 --optimizer adam \
 	--checkpoint-dir "$work/dtf" --json >/dev/null
 model=$(ls "$work"/dtf/model.ckpt-*.safetensors | grep -v '\.ema\.' | sort -t- -k2 -n | tail -n1)
 "$DTF" export --tf-checkpoint "$work/tf" "$model"
