@@ -120,9 +120,9 @@ fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
     let c = Cluster::new(1, 1, 1000, Mode::Async);
     let dir = c.cfg.checkpoint.dir.clone();
     write_checkpoint(&c.cfg, 100);
-    let index = std::fs::read(dir.join("checkpoint")).unwrap();
+    let index = std::fs::read(dir.join("checkpoint.dtf")).unwrap();
     write_checkpoint(&c.cfg, 200);
-    std::fs::write(dir.join("checkpoint"), index).unwrap();
+    std::fs::write(dir.join("checkpoint.dtf"), index).unwrap();
 
     assert_eval_step(&c, &dir, 200);
 

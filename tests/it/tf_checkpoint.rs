@@ -28,7 +28,7 @@ fn local(c: &Cluster, ckpt: &Path, args: &[&str]) -> std::process::Output {
         "--checkpoint-dir",
         ckpt.to_str().unwrap(),
         "--set",
-        "checkpoint.max_to_keep=0",
+        "checkpoint.max_to_keep=1000",
     ];
     all.extend_from_slice(args);
     dtf_output(&all)
