@@ -6,8 +6,10 @@
       what `dtf export --tf-checkpoint TF_DIR DTF_MODEL_FILE` wrote; every
       tensor of the dtf checkpoint (its model file and its .ema. sibling, read
       with safetensors + numpy, not with dtf) must be there under the same
-      name, dtype and shape, bit for bit, and nothing else; a graph-mode
-      tf.compat.v1.train.Saver restores them all. Also checks that
+      name, dtype and shape, bit for bit, and nothing else; and
+      tf.compat.v1.train.Saver() restores them into the reference program's
+      graph (its variables, global step, EMA and optimizer made as it makes
+      them), with the same values. Also checks that
       tf.train.latest_checkpoint on the dtf checkpoint directory does not
       return a .safetensors file.
 
@@ -68,19 +70,16 @@ def read(model_file, tf_dir):
             problems.append(f"{name}: dtype {dtypes[name].name} vs {value.dtype}")
         if got.tobytes() != np.ascontiguousarray(value).tobytes():
             problems.append(f"{name}: values differ")
-    # And a graph-mode tf.compat.v1.train.Saver restores it, as the
-    # reference program's Saver.restore would.
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default():
-        var_list = {
-            name: tf1.Variable(tf.zeros(shapes[name], dtypes[name]), name=f"v{i}")
-            for i, name in enumerate(sorted(shapes))
-        }
-        saver = tf1.train.Saver(var_list)
-        with tf1.Session(graph=graph) as sess:
-            saver.restore(sess, prefix)
-            restored = sess.run(var_list)
+    # And tf.compat.v1.train.Saver() restores it into the reference
+    # program's own graph: its variables made as it makes them
+    # (variable_scope layer<k>, get_variable, the global step, the
+    # ExponentialMovingAverage's shadows, the optimizer's slots).
+    restored = restore_into_reference_graph(prefix, shapes)
+    if set(restored) != set(want):
+        problems.append(
+            f"the reference graph's variables differ: only in the graph "
+            f"{sorted(set(restored) - set(want))}, only in dtf {sorted(set(want) - set(restored))}"
+        )
     for name, value in sorted(want.items()):
         if name in restored and restored[name].tobytes() != np.ascontiguousarray(value).tobytes():
             problems.append(f"{name}: Saver.restore gives other values")
@@ -97,7 +96,7 @@ def read(model_file, tf_dir):
         "prefix": prefix,
         "tensors": len(shapes),
         "names": sorted(shapes),
-        "saver_restore": len(restored),
+        "saver_restored_into_reference_graph": len(restored),
         "global_step": step,
         "dtf_dir_latest_checkpoint": dtf_latest,
         "ok": not problems,
@@ -105,6 +104,36 @@ def read(model_file, tf_dir):
     }
     print(json.dumps(report))
     return 0 if not problems else 1
+
+
+def restore_into_reference_graph(prefix, shapes):
+    tf1 = tf.compat.v1
+    layers = sorted(
+        (n for n in shapes if n.endswith("/weights")),
+        key=lambda n: int(n.split("/")[0][len("layer"):]),
+    )
+    widths = [shapes[layers[0]][0]] + [shapes[n][1] for n in layers]
+    graph = tf.Graph()
+    with graph.as_default():
+        global_step = tf1.train.get_or_create_global_step()
+        variables = []
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            with tf1.variable_scope(f"layer{i + 1}"):
+                variables.append(tf1.get_variable("weights", [a, b]))
+                variables.append(tf1.get_variable("biases", [b]))
+        tf1.train.ExponentialMovingAverage(0.99, global_step).apply(variables)
+        loss = tf.add_n([tf.reduce_sum(v) for v in variables])
+        if "beta1_power" in shapes:
+            tf1.train.AdamOptimizer(0.01).minimize(loss, global_step)
+        elif any(n.endswith("/Momentum") for n in shapes):
+            tf1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, global_step)
+        elif any(n.endswith("/Adagrad") for n in shapes):
+            tf1.train.AdagradOptimizer(0.01).minimize(loss, global_step)
+        saver = tf1.train.Saver()
+        names = {v.op.name: v for v in tf1.global_variables()}
+        with tf1.Session(graph=graph) as sess:
+            saver.restore(sess, prefix)
+            return sess.run(names)
 
 
 def reference_value(shape, layer):
