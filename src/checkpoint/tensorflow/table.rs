@@ -40,6 +40,12 @@ const MAX_EXPANSION: u64 = 16;
 /// itself trivially related to them (`crc32c::Mask`).
 const MASK_DELTA: u32 = 0xa282_ead8;
 
+/// One (key, value) of a table.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// One (key, value) of a block, the value still in the file's bytes.
+type BlockEntry<'a> = (Vec<u8>, &'a [u8]);
+
 /// TensorFlow's (and LevelDB's) masked CRC-32C.
 pub fn mask(crc: u32) -> u32 {
     crc.rotate_right(15).wrapping_add(MASK_DELTA)
@@ -136,7 +142,7 @@ fn put_handle(out: &mut Vec<u8>, (offset, size): (u64, u64)) {
 
 /// The table of `entries`, which must be sorted by key, strictly ascending
 /// (bytewise, as TensorFlow compares them).
-pub fn build(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+pub fn build(entries: &[Entry]) -> Vec<u8> {
     debug_assert!(entries.windows(2).all(|w| w[0].0 < w[1].0));
     let mut out = Vec::new();
     let mut data = BlockBuilder::new(RESTART_INTERVAL);
@@ -260,7 +266,7 @@ fn entries<'a>(
     block: &'a [u8],
     what: &str,
     budget: &mut u64,
-) -> Result<Vec<(Vec<u8>, &'a [u8])>, String> {
+) -> Result<Vec<BlockEntry<'a>>, String> {
     if block.len() < 4 {
         return Err(format!(
             "the {what} block has {} bytes, too few for its restart count",
@@ -280,7 +286,7 @@ fn entries<'a>(
     let mut cursor = Cursor {
         rest: &block[..data_len],
     };
-    let mut out: Vec<(Vec<u8>, &[u8])> = Vec::new();
+    let mut out: Vec<BlockEntry<'a>> = Vec::new();
     let mut key: Vec<u8> = Vec::new();
     while !cursor.rest.is_empty() {
         let shared = cursor.varint(what)?;
@@ -326,7 +332,7 @@ fn handle(cursor: &mut Cursor<'_>, what: &str) -> Result<(u64, u64), String> {
 
 /// Every (key, value) of the table `file`, in key order. The error says
 /// what is wrong, for the caller to name the file.
-pub fn parse(file: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+pub fn parse(file: &[u8]) -> Result<Vec<Entry>, String> {
     if file.len() < FOOTER_LEN {
         return Err(format!(
             "{} bytes, shorter than a table's {FOOTER_LEN}-byte footer (truncated?)",
@@ -357,7 +363,7 @@ pub fn parse(file: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
         &mut budget,
     )?;
     let index = block(file, index_handle, "index")?;
-    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut out: Vec<Entry> = Vec::new();
     for (separator, value) in entries(index, "index", &mut budget)? {
         let mut cursor = Cursor { rest: value };
         let data_handle = handle(&mut cursor, "index")?;
