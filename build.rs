@@ -1,5 +1,6 @@
-//! Compiles `proto/dtf/v1/*.proto` (gRPC) and `proto/tensorboard/event.proto`
-//! and `proto/onnx/onnx.proto` (messages only) with protox (pure Rust): no
+//! Compiles `proto/dtf/v1/*.proto` (gRPC) and `proto/tensorboard/event.proto`,
+//! `proto/onnx/onnx.proto` and `proto/tensorflow/tensor_bundle.proto`
+//! (messages only) with protox (pure Rust): no
 //! system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,7 +27,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(false)
         .compile_fds(fds)?;
-    for p in protos.iter().chain(&events).chain(&onnx) {
+    // TensorFlow's checkpoint index entries: `dtf export --tf-checkpoint`,
+    // `dtf local --init-from` (messages only).
+    let bundle = ["proto/tensorflow/tensor_bundle.proto"];
+    let fds = protox::compile(bundle, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_fds(fds)?;
+    for p in protos.iter().chain(&events).chain(&onnx).chain(&bundle) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

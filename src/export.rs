@@ -1,5 +1,6 @@
-//! `dtf export --onnx`: a checkpoint as an ONNX model that any ONNX runtime
-//! serves.
+//! `dtf export`: a checkpoint as an ONNX model that any ONNX runtime serves
+//! (`--onnx`), or as a TensorFlow V2 checkpoint (`--tf-checkpoint`,
+//! [`write_tf_checkpoint`]; the format is `checkpoint::tensorflow`'s).
 //!
 //! The graph (opset 13) takes `input`, float32 `[batch, features]` in the
 //! data's own units (pixels 0–255, or the CSV's numbers), applies the
@@ -30,9 +31,12 @@ pub const INPUT: &str = "input";
 /// The graph's output.
 pub const OUTPUT: &str = "probabilities";
 
-/// Errors writing an ONNX model.
+/// Errors writing an ONNX model or a TensorFlow checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
+    /// The checkpoint could not be read, or the TensorFlow one written.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// The file could not be written.
     #[error("{path}: cannot write: {source}")]
     Io {
@@ -191,6 +195,47 @@ pub fn write_onnx(model: &Trained, ema: bool, path: &Path) -> Result<(), ExportE
     crate::files::write_atomic(path, &bytes, 0o644).map_err(|source| ExportError::Io {
         path: path.to_path_buf(),
         source,
+    })
+}
+
+/// What [`write_tf_checkpoint`] wrote.
+#[derive(Debug, Clone)]
+pub struct TfWritten {
+    /// The dtf checkpoint's model file it was made from.
+    pub source: std::path::PathBuf,
+    /// `DIR/model.ckpt-N`.
+    pub prefix: std::path::PathBuf,
+    /// N.
+    pub global_step: u64,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Whether the optimizer's slots were among them.
+    pub slots: bool,
+}
+
+/// Writes the dtf checkpoint `checkpoint` (a model file, or a directory: its
+/// newest, as `dtf eval` picks it) into `dir` as the TensorFlow V2
+/// checkpoint `dir/model.ckpt-N` (N its global_step) with every tensor of
+/// both its files under its own name — which is TensorFlow's
+/// (`layer1/weights`, `global_step`, `<var>/ExponentialMovingAverage`,
+/// `<var>/Adam`, …) — bit for bit, and `dir/checkpoint` naming it. The
+/// checkpoint is verified first (CRCs, shapes), so a damaged one is never
+/// exported.
+///
+/// Errors: [`ExportError::Checkpoint`] (unreadable, damaged, or a write failed).
+pub fn write_tf_checkpoint(checkpoint: &Path, dir: &Path) -> Result<TfWritten, ExportError> {
+    use crate::checkpoint::{self, tensorflow};
+    let source = checkpoint::resolve(checkpoint)?;
+    let verbatim = checkpoint::load_verbatim(&source, None)?;
+    let tensors = tensorflow::from_dtf(&verbatim, &source)?;
+    let step = verbatim.checkpoint.global_step;
+    let prefix = tensorflow::write(dir, step, &tensors)?;
+    Ok(TfWritten {
+        source,
+        prefix,
+        global_step: step,
+        tensors: tensors.len(),
+        slots: !verbatim.checkpoint.slots.tensors.is_empty(),
     })
 }
 

@@ -28,7 +28,8 @@
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
 //!   reads and pair removal that save, restore and best share), `container` (the CRC'd safetensors
-//!   file that checkpoints and ps snapshots both are).
+//!   file that checkpoints and ps snapshots both are), `tensorflow` (TensorFlow's V2 checkpoints,
+//!   both ways: `table`, the LevelDB-format index; `convert`, to and from dtf's).
 //! - [`placement`] — how each variable splits into parts (`model.partitioner`, TensorFlow's
 //!   partitioners) and which ps task holds which part; `Layout`: views of whole arrays as parts.
 //!   Table rows: `table_owner` (a hash of the id), the model's tables (`tables`),
@@ -63,14 +64,16 @@
 //!   command line, TensorFlow 1.x's flags included, and the configuration it names).
 //! - [`auth`] — the cluster token on every RPC.
 //! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
-//!   (signals, the ordered stop, how to resume).
+//!   (signals, the ordered stop, how to resume); `init` (`--init-from`: a run seeded from a
+//!   TensorFlow or dtf checkpoint).
 //! - [`binary_metrics`] — AUC and log loss of a binary model, exact (one place for `dtf
 //!   local`, `dtf eval`, the evaluator).
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
 //!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored; `ranking`: the best set.
 //! - [`predict`] — a trained model from its checkpoint alone; `dtf predict`.
-//! - [`export`] — `dtf export --onnx`: the model as an ONNX graph.
+//! - [`export`] — `dtf export`: the model as an ONNX graph (`--onnx`), or as a TensorFlow
+//!   checkpoint (`--tf-checkpoint`).
 //! - [`files`] — only regular files are read from outside (non-blocking, type
 //!   checked), each bounded; every file written goes temp, fsync, rename (`write_atomic`,
 //!   or its steps `write_temp`, `rename_into_place`, `sync_dir`), temp names made once;

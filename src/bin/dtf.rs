@@ -131,7 +131,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             json,
         } => dtf::cli::eval(&path, data, label, json),
         Command::Predict(a) => dtf::cli::predict(&a.checkpoint, &a.input, a.label, a.raw, a.json),
-        Command::Export(a) => dtf::cli::export(&a.checkpoint, &a.onnx, a.raw),
+        Command::Export(a) => dtf::cli::export(
+            &a.checkpoint,
+            a.onnx.as_deref(),
+            a.tf_checkpoint.as_deref(),
+            a.raw,
+        ),
         Command::Bench {
             data,
             widths,
@@ -212,15 +217,20 @@ struct PredictArgs {
     json: bool,
 }
 
-/// `dtf export`'s options.
+/// `dtf export`'s options: at least one output.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("output").required(true).multiple(true).args(["onnx", "tf_checkpoint"])))]
 struct ExportArgs {
     /// A model.ckpt-N.safetensors file or a checkpoint directory (its newest).
     checkpoint: PathBuf,
     /// Write an ONNX model (opset 13: input "input", output "probabilities") here.
-    #[arg(long, required = true)]
-    onnx: PathBuf,
-    /// The trained weights instead of their moving averages (EMA).
+    #[arg(long)]
+    onnx: Option<PathBuf>,
+    /// Write a TensorFlow V2 checkpoint (DIR/model.ckpt-N.index and .data-00000-of-00001,
+    /// and DIR/checkpoint) of every tensor: variables, EMA shadows, slots, global_step.
+    #[arg(long, value_name = "DIR")]
+    tf_checkpoint: Option<PathBuf>,
+    /// The ONNX model's weights are the trained ones instead of their moving averages (EMA).
     #[arg(long)]
     raw: bool,
 }
@@ -292,6 +302,11 @@ struct LocalArgs {
     /// Keep checkpoints here (default: a fresh directory, printed at the end).
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
+    /// Start from this checkpoint: a TensorFlow V2 checkpoint (DIR/model.ckpt-N, or a
+    /// directory with its `checkpoint` file) or a dtf one; variables, EMA shadows, slots and
+    /// global_step carry over (as tf.train.Saver.restore). The checkpoint directory must be empty.
+    #[arg(long, value_name = "CKPT")]
+    init_from: Option<PathBuf>,
     /// Seconds between checkpoints (checkpoint.save_secs).
     #[arg(long)]
     save_secs: Option<String>,
@@ -352,6 +367,7 @@ impl LocalArgs {
             data: self.data,
             test: self.test,
             checkpoint_dir: self.checkpoint_dir,
+            init_from: self.init_from,
             config: self.config,
             overrides,
             evaluator: self.evaluator,

@@ -18,7 +18,7 @@ use crate::optimizer::MAX_SLOTS;
 /// The mode of every file a checkpoint, the index and `best/` write.
 pub(super) const FILE_MODE: u32 = 0o640;
 
-/// The most bytes of the `checkpoint` index read: about 60 bytes a line, so
+/// The most bytes of the `checkpoint.dtf` index read: about 60 bytes a line, so
 /// some 17,000 kept checkpoints (`max_to_keep = 0` keeps all).
 const MAX_INDEX_BYTES: u64 = 1 << 20;
 
@@ -96,7 +96,7 @@ impl Limit {
         allowed: "dtf reads as a checkpoint file when the model is not known",
     };
 
-    /// For the `checkpoint` index: a line per kept checkpoint.
+    /// For the `checkpoint.dtf` index: a line per kept checkpoint.
     pub(super) const INDEX: Limit = Limit {
         bytes: MAX_INDEX_BYTES,
         allowed: "a checkpoint index may have",

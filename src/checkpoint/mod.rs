@@ -31,11 +31,18 @@
 //! `best/` beside them, ranked by `best/index.json` ([`best`]); the
 //! chief's retention never looks into that directory.
 //!
-//! The `checkpoint` index names the newest and all kept checkpoints, in the
-//! spirit of TensorFlow's file of that name. It is a convenience for people
-//! and a hint, never an override: [`restore_latest`] and [`resolve`] both
-//! scan the directory and take the highest step that verifies, because a
-//! crash can leave the index stale (and anyone can edit it).
+//! The `checkpoint.dtf` index names the newest and all kept checkpoints, in
+//! the format of TensorFlow's `checkpoint` file but not under its name:
+//! `tf.train.latest_checkpoint` would return a `.safetensors` file that
+//! TensorFlow cannot load (a directory from before the rename has a
+//! `checkpoint` index: it is read where `checkpoint.dtf` is missing, and the
+//! next save removes it). It is a convenience for people and a hint, never
+//! an override: [`restore_latest`] and [`resolve`] both scan the directory
+//! and take the highest step that verifies, because a crash can leave the
+//! index stale (and anyone can edit it).
+//!
+//! [`tensorflow`] converts both ways with TensorFlow's own V2 checkpoints
+//! (`dtf export --tf-checkpoint`, `dtf local --init-from`).
 
 pub mod best;
 pub(crate) mod container;
@@ -45,6 +52,7 @@ mod layout;
 mod meta;
 mod restore;
 mod save;
+pub mod tensorflow;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -63,8 +71,15 @@ pub use save::Saver;
 
 /// Value of the `format` metadata key this module writes and accepts.
 pub const FORMAT: &str = "dtf-1";
-/// Name of the text index in a checkpoint directory.
-pub const INDEX_FILE: &str = "checkpoint";
+/// Name of the text index in a checkpoint directory. Not `checkpoint`:
+/// that name is TensorFlow's (`tf.train.latest_checkpoint` reads it), and
+/// its entries must be checkpoints TensorFlow can load, which a
+/// `.safetensors` file is not (issue 43).
+pub const INDEX_FILE: &str = "checkpoint.dtf";
+/// The index's name before dtf 0.43: still read where [`INDEX_FILE`] is
+/// missing, and removed by the next save when it names a `.safetensors`
+/// file (so that TensorFlow is no longer pointed at one).
+pub const LEGACY_INDEX_FILE: &str = "checkpoint";
 /// Name of the step tensor in the model file.
 pub const GLOBAL_STEP: &str = "global_step";
 /// Suffix of a shadow's tensor name in the EMA file (TensorFlow's naming).

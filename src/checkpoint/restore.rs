@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use super::format::{TABLES_KEY, parse};
 use super::layout::{Limit, read, scan_steps};
 use super::{
-    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, MODEL_EXT, model_file_name, parse_model_name,
+    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, LEGACY_INDEX_FILE, MODEL_EXT,
+    model_file_name, parse_model_name,
 };
 use crate::model::VarSpec;
 
@@ -210,9 +211,19 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
 }
 
 /// The index's `model_checkpoint_path` in `dir`, if the index is readable
-/// and the entry a plain file name.
+/// and the entry a plain file name: `checkpoint.dtf`, or where a directory
+/// from an older dtf has none, its `checkpoint` when that names a
+/// `.safetensors` file (a `checkpoint` of TensorFlow's own names its
+/// checkpoints, not dtf's).
 fn index_entry(dir: &Path) -> Option<String> {
-    let bytes = read(&dir.join(INDEX_FILE), Limit::INDEX).ok()?;
+    read_index(dir, INDEX_FILE)
+        .or_else(|| read_index(dir, LEGACY_INDEX_FILE).filter(|entry| entry.ends_with(MODEL_EXT)))
+}
+
+/// The `model_checkpoint_path` of the index `name` in `dir`, if readable
+/// and a plain file name.
+pub(super) fn read_index(dir: &Path, name: &str) -> Option<String> {
+    let bytes = read(&dir.join(name), Limit::INDEX).ok()?;
     let text = String::from_utf8(bytes).ok()?;
     let entry = index_newest(&text)?;
     index_entry_is_plain(dir, entry).then(|| entry.to_string())

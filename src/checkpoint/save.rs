@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use super::format::to_bytes;
 use super::layout::{FILE_MODE, Steps, remove_pair, scan_steps};
-use super::{Checkpoint, CheckpointError, INDEX_FILE, PREFIX, ema_file_name, model_file_name};
+use super::{
+    Checkpoint, CheckpointError, INDEX_FILE, LEGACY_INDEX_FILE, PREFIX, ema_file_name,
+    model_file_name,
+};
 use crate::files::{self, WriteFn, write_all};
 
 /// Writes checkpoints into one directory and keeps the newest few.
@@ -79,7 +82,7 @@ impl Saver {
     }
 
     /// Writes `model.ckpt-<step>.ema.safetensors`, then
-    /// `model.ckpt-<step>.safetensors`, then the `checkpoint` index, each
+    /// `model.ckpt-<step>.safetensors`, then the `checkpoint.dtf` index (and removes an older dtf's `checkpoint` index), each
     /// atomically (temp file, fsync, rename, fsync the directory); then deletes
     /// both files of every checkpoint beyond the newest `max_to_keep` by step
     /// (the one just written is always kept). Returns the model file's path.
@@ -129,6 +132,7 @@ impl Saver {
         let (kept, pruned) = retention(&steps, ckpt.global_step, self.max_to_keep);
         let index = index_text(&model_name, &kept);
         self.write_atomically(&self.dir.join(INDEX_FILE), index.as_bytes())?;
+        self.remove_legacy_index();
 
         for step in pruned {
             // The new checkpoint is safe; a file we could not prune is only a
@@ -139,6 +143,30 @@ impl Saver {
         }
         tracing::debug!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
         Ok(model_path)
+    }
+
+    /// Removes the `checkpoint` index an older dtf wrote, which points
+    /// `tf.train.latest_checkpoint` at a `.safetensors` file: only a regular
+    /// file whose newest entry is one (a `checkpoint` file of TensorFlow's
+    /// own, say from `dtf export --tf-checkpoint` into this directory, stays).
+    fn remove_legacy_index(&self) {
+        let path = self.dir.join(LEGACY_INDEX_FILE);
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            return;
+        };
+        let ours = meta.is_file()
+            && super::restore::read_index(&self.dir, LEGACY_INDEX_FILE)
+                .is_some_and(|entry| entry.ends_with(super::MODEL_EXT));
+        if ours {
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), index = INDEX_FILE, "Removed the old checkpoint index; dtf's index is now checkpoint.dtf.")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "Cannot remove the old checkpoint index.")
+                }
+            }
+        }
     }
 
     /// Writes `bytes` to a temp file beside `path`, synced; returns the temp path.
@@ -186,7 +214,8 @@ impl Saver {
 /// checkpoint file or the index.
 fn temp_owner(name: &str) -> Option<u32> {
     let (file, pid) = files::temp_parts(name)?;
-    if !(file.starts_with(PREFIX) || file.starts_with(INDEX_FILE)) {
+    // `checkpoint` covers `checkpoint.dtf` and the index's old name.
+    if !(file.starts_with(PREFIX) || file.starts_with(LEGACY_INDEX_FILE)) {
         return None;
     }
     pid.parse().ok()
@@ -310,6 +339,33 @@ mod tests {
     }
 
     #[test]
+    fn no_index_points_tensorflow_at_a_safetensors_file() {
+        // An older dtf's directory: its `checkpoint` index names a
+        // .safetensors file, which tf.train.latest_checkpoint would return.
+        let tmp = tempfile::tempdir().unwrap();
+        saved(tmp.path(), &[100]);
+        let legacy = tmp.path().join(LEGACY_INDEX_FILE);
+        fs::rename(tmp.path().join(INDEX_FILE), &legacy).unwrap();
+        // Still read for the hint where checkpoint.dtf is missing.
+        assert_eq!(
+            super::super::restore::read_index(tmp.path(), LEGACY_INDEX_FILE).as_deref(),
+            Some("model.ckpt-100.safetensors")
+        );
+        saver(tmp.path(), 5).save(&sample(200, &SMALL)).unwrap();
+        assert!(
+            !legacy.exists(),
+            "the old index is removed by the next save"
+        );
+        assert!(tmp.path().join(INDEX_FILE).is_file());
+        // A `checkpoint` of TensorFlow's own (an export into this
+        // directory) names a TF checkpoint: it stays.
+        let tf = "model_checkpoint_path: \"model.ckpt-200\"\n";
+        fs::write(&legacy, tf).unwrap();
+        saver(tmp.path(), 5).save(&sample(300, &SMALL)).unwrap();
+        assert_eq!(fs::read_to_string(&legacy).unwrap(), tf);
+    }
+
+    #[test]
     fn retention_keeps_newest_two_of_four() {
         let tmp = tempfile::tempdir().unwrap();
         let s = saver(tmp.path(), 2);
@@ -319,7 +375,7 @@ mod tests {
         assert_eq!(
             names_in(tmp.path()),
             [
-                "checkpoint",
+                "checkpoint.dtf",
                 "model.ckpt-30.ema.safetensors",
                 "model.ckpt-30.safetensors",
                 "model.ckpt-40.ema.safetensors",
@@ -344,7 +400,7 @@ mod tests {
         assert_eq!(
             names_in(tmp.path()),
             [
-                "checkpoint",
+                "checkpoint.dtf",
                 "model.ckpt-800.ema.safetensors",
                 "model.ckpt-800.safetensors"
             ]
@@ -379,7 +435,7 @@ mod tests {
             .unwrap()
             .to_str()
             .unwrap()
-            .starts_with(".checkpoint")
+            .starts_with(".checkpoint.dtf")
         {
             return Err(io::Error::from_raw_os_error(libc::EACCES));
         }
@@ -431,7 +487,7 @@ mod tests {
             ..good.clone()
         };
         let err = failing.save(&sample(200, &SMALL)).unwrap_err();
-        assert!(err.to_string().contains(".checkpoint.tmp-"), "{err}");
+        assert!(err.to_string().contains(".checkpoint.dtf.tmp-"), "{err}");
         assert_eq!(fs::read(tmp.path().join(INDEX_FILE)).unwrap(), index);
         // Nothing pruned before the index is written: both steps are there.
         assert_eq!(scan_steps(tmp.path()).unwrap().model, [100, 200]);

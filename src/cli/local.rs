@@ -27,6 +27,7 @@ pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
         &mut opts.test,
         &mut opts.checkpoint_dir,
         &mut opts.config,
+        &mut opts.init_from,
     ] {
         *path = path.as_deref().map(crate::local::absolute);
     }
@@ -37,6 +38,17 @@ pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
     let planned = match crate::local::plan(&opts, &mut notes) {
         Ok(cfg) => cfg,
         Err(e) => return Ok(usage(&chain(&e))),
+    };
+    // Checked against the model before anything is created: a checkpoint
+    // that does not fit is a command line that cannot run (exit 2).
+    let seed = match opts
+        .init_from
+        .as_deref()
+        .map(|p| crate::local::Seed::load(p, &planned, opts.checkpoint_dir.as_deref()))
+    {
+        None => None,
+        Some(Ok(seed)) => Some(seed),
+        Some(Err(e)) => return Ok(usage(&chain(&e))),
     };
     let run_dir = tempfile::Builder::new()
         .prefix("dtf-local-")
@@ -71,7 +83,7 @@ pub fn local(mut opts: crate::local::Options, json: bool) -> Result<ExitCode> {
         planned.train.flush_denormals,
     )
     .build()?;
-    let mut outcome = rt.block_on(crate::local::run(&opts, &planned, &run_dir))?;
+    let mut outcome = rt.block_on(crate::local::run(&opts, &planned, seed.as_ref(), &run_dir))?;
     // Every task has exited and every connection closes with the runtime.
     drop(rt);
     // A finished run whose checkpoints went elsewhere leaves nothing behind: the run

@@ -110,23 +110,48 @@ pub fn predict(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `dtf export --onnx`: the checkpoint as an ONNX model.
-pub fn export(checkpoint: &Path, onnx: &Path, raw: bool) -> Result<ExitCode> {
-    let model = crate::predict::Trained::load(checkpoint)?;
-    model.refuse_wide_deep(
-        "ONNX export covers the MLP: a wide & deep model's embedding tables are keyed by \
-         64-bit ids that need a hash table the exported graph would not have; serve it from \
-         its checkpoint (dtf eval scores it)",
-    )?;
-    crate::export::write_onnx(&model, !raw, onnx)?;
-    eprintln!(
-        "{}: ONNX model {:?} ({} weights) of {} (global step {})",
-        onnx.display(),
-        model.meta.layers,
-        if raw { "raw" } else { "EMA" },
-        model.file.display(),
-        model.global_step
-    );
+/// `dtf export`: the checkpoint as an ONNX model (`onnx`) and/or a
+/// TensorFlow V2 checkpoint in a directory (`tf`).
+pub fn export(
+    checkpoint: &Path,
+    onnx: Option<&Path>,
+    tf: Option<&Path>,
+    raw: bool,
+) -> Result<ExitCode> {
+    if let Some(onnx) = onnx {
+        let model = crate::predict::Trained::load(checkpoint)?;
+        model.refuse_wide_deep(
+            "ONNX export covers the MLP: a wide & deep model's embedding tables are keyed by \
+             64-bit ids that need a hash table the exported graph would not have; serve it from \
+             its checkpoint (dtf eval scores it)",
+        )?;
+        crate::export::write_onnx(&model, !raw, onnx)?;
+        eprintln!(
+            "{}: ONNX model {:?} ({} weights) of {} (global step {})",
+            onnx.display(),
+            model.meta.layers,
+            if raw { "raw" } else { "EMA" },
+            model.file.display(),
+            model.global_step
+        );
+    }
+    if let Some(dir) = tf {
+        let written = crate::export::write_tf_checkpoint(checkpoint, dir)?;
+        eprintln!(
+            "{}: TensorFlow checkpoint of {} (global step {}, {} tensors: variables, EMA \
+             shadows{}); tf.train.latest_checkpoint({}) names it",
+            written.prefix.display(),
+            written.source.display(),
+            written.global_step,
+            written.tensors,
+            if written.slots {
+                ", optimizer slots"
+            } else {
+                ""
+            },
+            dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

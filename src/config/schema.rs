@@ -347,7 +347,7 @@ pub struct DataConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
-    /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint` index.
+    /// Directory of `model.ckpt-<step>.safetensors` and the `checkpoint.dtf` index.
     pub dir: PathBuf,
     /// Seconds between saves (reloadable). Unset (`None`) means
     /// [`DEFAULT_SAVE_SECS`] when `save_steps` is 0 and no timed saves when

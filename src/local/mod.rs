@@ -22,10 +22,12 @@ use std::time::{Duration, Instant};
 use stop::{StopSignals, stop, stop_all};
 use tokio::process::{Child, Command};
 
+mod init;
 mod plan;
 mod progress;
 mod stop;
 
+pub use init::Seed;
 pub use plan::{absolute, plan};
 pub use stop::{SAME_SIGNAL_WINDOW, StopSignal, Stopped};
 
@@ -56,6 +58,9 @@ pub struct Options {
     pub test: Option<PathBuf>,
     /// Keep checkpoints here (default: a fresh directory under the run directory).
     pub checkpoint_dir: Option<PathBuf>,
+    /// Start from this checkpoint (`--init-from`: TensorFlow's or dtf's;
+    /// see [`Seed`]) instead of a fresh initialization.
+    pub init_from: Option<PathBuf>,
     /// A configuration file to start from (hyperparameters); cluster and
     /// paths are replaced.
     pub config: Option<PathBuf>,
@@ -129,6 +134,15 @@ pub enum LocalError {
     EvalTask(#[source] tokio::task::JoinError),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
+    /// `--init-from` names no checkpoint this run can start from; the
+    /// problem says why (and names the file or variable).
+    #[error("--init-from {path}: {problem}")]
+    InitFrom {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong and what would be right.
+        problem: String,
+    },
     /// Every task exited 0, yet the newest checkpoint is short of the last
     /// step: never report such a run as trained.
     #[error(
@@ -458,18 +472,29 @@ enum Watch {
 /// `run_dir` (a fresh directory, this run's) and evaluates the result, or
 /// stops it on SIGINT or SIGTERM (see [`stop`]) and says where it stopped.
 /// A checkpoint directory already at `last_step` is evaluated, not trained.
-/// When the run cannot start (no task was started), `run_dir` is removed.
+/// `seed` (`--init-from`, checked by [`Seed::load`]) is written into the
+/// run's checkpoint directory first. When the run cannot start (no task was started), `run_dir` is removed.
 ///
 /// Errors: [`LocalError::Task`] with the failing task's log when any task
 /// exits non-zero (the others are stopped); [`LocalError::Incomplete`] when
 /// every task exited 0 short of `last_step`; setup and evaluation errors.
-pub async fn run(opts: &Options, planned: &Config, run_dir: &Path) -> Result<Outcome, LocalError> {
+pub async fn run(
+    opts: &Options,
+    planned: &Config,
+    seed: Option<&Seed>,
+    run_dir: &Path,
+) -> Result<Outcome, LocalError> {
     let started = Instant::now();
     // Before any task exists: from here on a signal never kills dtf local
     // with its tasks left behind.
     let setup = async {
         let signals = StopSignals::install()?;
         let (config_path, cfg) = prepare(opts, planned, run_dir)?;
+        // `--init-from`: the chief restores the seed as any checkpoint.
+        if let Some(seed) = seed {
+            seed.plant(&cfg.checkpoint.dir)?;
+            eprintln!("{}", seed.describe());
+        }
         // Checkpoints none of which fits this model (another --hidden, say)
         // are refused here, naming both shapes, before any task exists:
         // the chief would only fail on them once the cluster is up.

@@ -80,13 +80,13 @@ fn an_index_pointing_outside_checkpoint_dir_is_not_followed_by_eval_or_inspect()
     other.checkpoint.dir = c.dir.path().join("other");
     let outside = write_checkpoint(&other, 500);
     std::fs::write(
-        dir.join("checkpoint"),
+        dir.join("checkpoint.dtf"),
         "model_checkpoint_path: \"../other/model.ckpt-500.safetensors\"\n",
     )
     .unwrap();
     assert_eval_step(&c, &dir, 100);
     std::fs::write(
-        dir.join("checkpoint"),
+        dir.join("checkpoint.dtf"),
         format!("model_checkpoint_path: \"{}\"\n", outside.display()),
     )
     .unwrap();
@@ -120,9 +120,9 @@ fn a_stale_index_does_not_make_eval_inspect_and_restore_disagree() {
     let c = Cluster::new(1, 1, 1000, Mode::Async);
     let dir = c.cfg.checkpoint.dir.clone();
     write_checkpoint(&c.cfg, 100);
-    let index = std::fs::read(dir.join("checkpoint")).unwrap();
+    let index = std::fs::read(dir.join("checkpoint.dtf")).unwrap();
     write_checkpoint(&c.cfg, 200);
-    std::fs::write(dir.join("checkpoint"), index).unwrap();
+    std::fs::write(dir.join("checkpoint.dtf"), index).unwrap();
 
     assert_eval_step(&c, &dir, 200);
 

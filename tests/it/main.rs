@@ -32,6 +32,7 @@ mod shm;
 mod snapshot;
 mod sync;
 mod tables;
+mod tf_checkpoint;
 mod tls;
 mod util;
 mod wide_deep;

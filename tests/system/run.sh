@@ -635,7 +635,7 @@ check "a final checkpoint at step >= $last (${final_ckpt:-none}; $ckpts)" \
 check "its EMA shadows: model.ckpt-${final_ckpt:-?}.ema.safetensors" \
 	in_ct test -s "/var/lib/dtf/checkpoints/model.ckpt-${final_ckpt:-x}.ema.safetensors"
 check "the checkpoint index names it" \
-	in_ct grep -q "model.ckpt-${final_ckpt:-x}" /var/lib/dtf/checkpoints/checkpoint
+	in_ct grep -q "model.ckpt-${final_ckpt:-x}" /var/lib/dtf/checkpoints/checkpoint.dtf
 eval_json=$(in_ct dtf eval /var/lib/dtf/checkpoints --json 2>&1 || true)
 acc=$(sed -n 's/.*"accuracy":\([0-9.eE+-]*\).*/\1/p' <<<"$eval_json")
 ema=$(sed -n 's/.*"ema_accuracy":\([0-9.eE+-]*\).*/\1/p' <<<"$eval_json")
