@@ -9,8 +9,8 @@
 //!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
 //!   keys, secret files, the file watcher (`config::watcher`).
 //! - [`model`] — the MLP's math, a folder: the model and its init, `gradient` (loss and
-//!   gradients, the training step), `inference` (evaluation, probabilities), `schedule` (LR),
-//!   `ema`.
+//!   gradients, the training step, `clip_by_global_norm`), `hidden` (activations, dropout),
+//!   `inference` (evaluation, probabilities), `schedule` (TF's LR schedules, warmup), `ema`.
 //! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
 //!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
 //!   f32), `DTF_KERNEL` to force a lower one; `bf16`: rounding and the packed layouts; `l2`:
@@ -49,7 +49,8 @@
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `startup`,
 //!   `sync`, `rate`, `error`; `chief` (worker 0's duties: init or restore, summaries, the end
 //!   of the run, re-shard — `Chief` owns what they need), `checkpoints` (the chief's saver
-//!   and timer), `backoff`, `replay` (the ps load benchmark's compute-free worker).
+//!   and timer), `backoff`, `replay` (the ps load benchmark's compute-free worker), `sparse`
+//!   (wide & deep's half of a step: rows pulled, pushed).
 //! - [`transport`] — the wire, and the only home of its generated types (`pb`): `call` and
 //!   `state` (the domain types the ps, worker, chief, status and metrics speak), `proto`
 //!   (the conversion between the two), `cluster::Cluster` (the client of every ps, shared by
