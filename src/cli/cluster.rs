@@ -39,11 +39,11 @@ pub fn check_config(config: &Path) -> Result<ExitCode> {
         .map_err(Error::from)
         .and_then(|mut cfg| {
             crate::daemon::preflight(&mut cfg, Role::Worker)?;
-            Ok(cfg)
+            Ok(crate::daemon::resumes_from(&cfg, Role::Worker)?)
         });
     match checked {
-        Ok(_) => {
-            println!("{}: valid", config.display());
+        Ok(resumes) => {
+            println!("{}: valid{resumes}", config.display());
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

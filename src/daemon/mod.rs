@@ -475,6 +475,36 @@ pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveErr
     Ok(credentials)
 }
 
+/// For `check-config` of a worker (the chief restores, every worker reads the same
+/// directory): `"; resumes from step N (checkpoint …)"` when `checkpoint.dir` holds a
+/// checkpoint that fits the model, `""` when it holds none, and the error that the chief
+/// would only meet once the cluster is up when it holds checkpoints none of which fits
+/// (another `model.hidden`, say: both shapes named). Reads the newest checkpoints whole,
+/// as the chief does.
+pub fn resumes_from(
+    cfg: &Config,
+    role: Role,
+) -> Result<String, crate::checkpoint::CheckpointError> {
+    if role != Role::Worker {
+        return Ok(String::new());
+    }
+    let Ok(mlp) = crate::model::Mlp::new(&cfg.model.layers) else {
+        return Ok(String::new());
+    };
+    Ok(
+        crate::checkpoint::restore_latest(&cfg.checkpoint.dir, &mlp.variables())?.map_or_else(
+            String::new,
+            |(path, c)| {
+                format!(
+                    "; resumes from step {} (checkpoint {})",
+                    c.global_step,
+                    path.display()
+                )
+            },
+        ),
+    )
+}
+
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.
 pub fn main(role: Role, args: Args) -> std::process::ExitCode {
     // Every load from here on, reloads included, sees the cluster the
@@ -495,6 +525,14 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         }
     };
     let check_only = matches!(args.command, Some(DaemonCommand::CheckConfig));
+    let resumes = match check_only.then(|| resumes_from(&cfg, role)) {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(EX_CONFIG);
+        }
+        Some(Ok(r)) => r,
+        None => String::new(),
+    };
     if check_only {
         // The effective values that most often come from elsewhere than the
         // file (DTF_… variables, TF_CONFIG, flags), so an operator sees what applies.
@@ -504,7 +542,7 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         };
         println!(
             "{source}: valid for {task} (cluster: {} ps, {} workers; train.mode = {}, train.last_step = {}; \
-             token: {})",
+             token: {}){resumes}",
             cfg.cluster.ps.len(),
             cfg.cluster.worker.len(),
             cfg.train.mode,

@@ -636,3 +636,65 @@ fn a_closed_output_pipe_ends_the_tools_quietly() {
         assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
     }
 }
+
+/// `check-config` (dtf's and a worker's) says what a run would resume from, and refuses a
+/// model other than its checkpoints' — another hidden width — naming both shapes, before
+/// anything starts (the chief would only fail on them once the cluster is up).
+#[test]
+fn check_config_names_the_resume_and_refuses_another_model() {
+    let mut c = Cluster::new(1, 1, 60, Mode::Async);
+    let ckpt = c.dir.path().join("kept");
+    let out = local_json(&c, &ckpt, &["--workers", "1", "--steps", "60"]);
+    assert!(
+        out.status.success(),
+        "dtf local failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.cfg.checkpoint.dir = ckpt.clone();
+    c.write_config();
+    let config = c.config_path.to_str().unwrap().to_owned();
+    let config = config.as_str();
+    let check = |program: &str| {
+        let mut args = vec!["--config", config, "check-config"];
+        if program == "dtf-worker" {
+            args.extend(["--task", "0"]);
+        }
+        Command::new(bin(program))
+            .args(if program == "dtf" {
+                vec!["check-config", "--config", config]
+            } else {
+                args
+            })
+            .output()
+            .unwrap()
+    };
+    let resumes = "resumes from step 60 (checkpoint ";
+    for program in ["dtf", "dtf-worker"] {
+        let out = check(program);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(resumes),
+            "{program} check-config: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut layers = c.cfg.model.layers.clone();
+    let trained = layers[1];
+    layers[1] = trained * 2;
+    c.cfg.model.layers = layers.clone();
+    c.write_config();
+    for program in ["dtf", "dtf-worker"] {
+        let out = check(program);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{program}: {stderr}");
+        let (old, new) = (
+            format!("[{}, {trained}]", layers[0]),
+            format!("[{}, {}]", layers[0], layers[1]),
+        );
+        assert!(
+            stderr.contains(&old) && stderr.contains(&new),
+            "{program} should name {old} and {new}:\n{stderr}"
+        );
+    }
+}
