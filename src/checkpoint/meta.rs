@@ -274,6 +274,28 @@ pub fn widths(ckpt: &Checkpoint) -> Result<Vec<usize>, String> {
 /// Errors: [`CheckpointError::Io`] when it cannot be read,
 /// [`CheckpointError::HeaderTooLarge`], [`CheckpointError::Invalid`] when
 /// the header is not JSON.
+/// Errors unless the checkpoint at `path` was trained with `activation` (absent from its
+/// metadata: ReLU): a resume, or a run started from it, must not switch the function its
+/// weights were trained in.
+pub fn check_activation(
+    path: &Path,
+    activation: crate::model::Activation,
+) -> Result<(), CheckpointError> {
+    let meta = read_metadata(path)?;
+    let theirs = meta.get("activation").map_or("relu", String::as_str);
+    if theirs == activation.name() {
+        return Ok(());
+    }
+    Err(CheckpointError::invalid(
+        path,
+        format!(
+            "trained with activation {theirs:?}, but this run's model.activation is {:?}: \
+             give --activation {theirs} (model.activation) to go on with it",
+            activation.name()
+        ),
+    ))
+}
+
 pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointError> {
     let io = |source| CheckpointError::io(path, "read", source);
     let (mut file, _) = crate::files::open_regular(path).map_err(|e| match e {

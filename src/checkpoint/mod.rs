@@ -65,7 +65,7 @@ use container::CRC_PREFIX;
 pub use container::MAX_HEADER_BYTES;
 pub use format::from_bytes;
 pub use inspect::{InspectedFile, Inspection, TableEntry, TensorEntry, inspect};
-pub use meta::{ModelMeta, WideDeepMeta, read_metadata, widths};
+pub use meta::{ModelMeta, WideDeepMeta, check_activation, read_metadata, widths};
 pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
 

@@ -93,6 +93,13 @@ pub enum ConfigError {
         /// The default path, `/etc/dtf/dtf.toml`.
         path: PathBuf,
     },
+    /// `--config /dev/null` (no file), and nothing else gives the cluster.
+    #[error(
+        "--config /dev/null names no file, and no cluster is given: launch the task as \
+         TensorFlow 1.x does, with --ps_hosts, --worker_hosts, --job_name and --task_index, \
+         or set TF_CONFIG with its \"cluster\""
+    )]
+    NoCluster,
     /// Neither `--task` nor `TF_CONFIG` says which task this process is.
     #[error("no task index: pass --task N (TensorFlow's --task_index N) or set TF_CONFIG")]
     NoTask,

@@ -181,8 +181,25 @@ pub fn daemon_file(
     command_line: &[Override],
     default: &Path,
 ) -> Result<Option<PathBuf>, ConfigError> {
+    // A cluster from the command line, or a TF_CONFIG that names one (not merely a task).
+    let cluster_given = || {
+        command_line.iter().any(|o| o.key.starts_with("cluster."))
+            || std::env::var(TF_CONFIG).is_ok_and(|t| {
+                serde_json::from_str::<serde_json::Value>(&t)
+                    .is_ok_and(|v| v.get("cluster").is_some())
+            })
+    };
     if let Some(path) = named {
-        return Ok((path != Path::new(NO_FILE)).then(|| path.to_owned()));
+        if path != Path::new(NO_FILE) {
+            return Ok(Some(path.to_owned()));
+        }
+        // No file at all: the cluster must come from somewhere, or the daemon would
+        // start on the built-in 127.0.0.1 addresses.
+        return if cluster_given() {
+            Ok(None)
+        } else {
+            Err(ConfigError::NoCluster)
+        };
     }
     let absent = matches!(
         default.symlink_metadata(),
@@ -191,9 +208,7 @@ pub fn daemon_file(
     if !absent {
         return Ok(Some(default.to_owned()));
     }
-    let cluster_given = command_line.iter().any(|o| o.key.starts_with("cluster."))
-        || std::env::var_os(TF_CONFIG).is_some();
-    if cluster_given {
+    if cluster_given() {
         Ok(None)
     } else {
         Err(ConfigError::NoFile {

@@ -62,7 +62,8 @@ impl Config {
 /// command the .deb's postinst runs, with the mode the token needs), or
 /// point at the cluster's own, in each of the three ways a task is told.
 fn no_token_file(path: &Path) -> String {
-    let path = path.display();
+    // Quoted for the shell: the command is meant to be pasted (spaces, quotes, `;`).
+    let path = format!("'{}'", path.display().to_string().replace('\'', r"'\''"));
     format!(
         "no such file: every task of a cluster proves itself with the same token. Make one once \
          with `(umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {path})` \
@@ -162,7 +163,7 @@ mod tests {
         config.security.token_file = absent.clone();
         let err = config.read_token().unwrap_err().to_string();
         let make = format!(
-            "(umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {})",
+            "(umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > '{}')",
             absent.display()
         );
         assert!(err.contains(&make), "{err}");

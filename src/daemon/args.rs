@@ -387,6 +387,12 @@ mod tests {
             (file, cfg.train.last_step),
             (None, Config::default().train.last_step)
         );
+        // /dev/null and no cluster anywhere: an error, not the built-in 127.0.0.1 cluster.
+        let e = err(Role::Ps, &["-c", "/dev/null", "-t", "0"], &present);
+        assert!(
+            e.contains("no cluster is given") && e.contains("--ps_hosts"),
+            "{e}"
+        );
         // A default file that exists is read.
         let (file, cfg, _) = load(Role::Ps, &[PS, "-t", "0"], &present).unwrap();
         assert_eq!(

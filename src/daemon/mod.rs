@@ -491,18 +491,16 @@ pub fn resumes_from(
     let Ok(mlp) = crate::model::Mlp::new(&cfg.model.layers) else {
         return Ok(String::new());
     };
-    Ok(
-        crate::checkpoint::restore_latest(&cfg.checkpoint.dir, &mlp.variables())?.map_or_else(
-            String::new,
-            |(path, c)| {
-                format!(
-                    "; resumes from step {} (checkpoint {})",
-                    c.global_step,
-                    path.display()
-                )
-            },
-        ),
-    )
+    let Some((path, c)) = crate::checkpoint::restore_latest(&cfg.checkpoint.dir, &mlp.variables())?
+    else {
+        return Ok(String::new());
+    };
+    crate::checkpoint::check_activation(&path, cfg.model.activation)?;
+    Ok(format!(
+        "; resumes from step {} (checkpoint {})",
+        c.global_step,
+        path.display()
+    ))
 }
 
 /// The whole of `dtf-ps` / `dtf-worker` after argument parsing: returns the exit code.

@@ -93,7 +93,8 @@ pub fn read(path: &Path) -> Result<Dataset, DataError> {
                 path,
                 format!(
                     "line {line}: {} fields: expected {FIELDS} tab-separated fields (the \
-                     label, I1–I13, C1–C26)",
+                     label, I1–I13, C1–C26), as a .txt/.tsv is read: Criteo's layout; a \
+                     CSV with a header (comma, tab or semicolon) needs the name .csv",
                     cells.len()
                 ),
             ));

@@ -14,16 +14,16 @@ use std::path::{Path, PathBuf};
 /// and `fashion-mnist_test.csv`). Other keys are kept from `base`.
 ///
 /// Errors: [`DataError::UnknownFormat`] for any other path;
-/// [`DataError::Io`] when it cannot be looked at.
+/// [`DataError::NotThere`] when it cannot be looked at (both name the formats dtf reads).
 pub fn config_for_path(
     base: &DataConfig,
     path: &Path,
     test: Option<&Path>,
 ) -> Result<DataConfig, DataError> {
     let mut cfg = base.clone();
-    let meta = std::fs::metadata(path).map_err(|source| DataError::Io {
+    let meta = std::fs::metadata(path).map_err(|error| DataError::NotThere {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let ext = path
         .extension()

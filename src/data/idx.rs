@@ -161,12 +161,10 @@ pub(super) fn missing_advice(dir: &Path) -> String {
         n => format!(" and {n} more"),
     };
     format!(
-        "{} holds {}{more}, no MNIST-format IDX files; dtf reads a directory of IDX files \
-         (train-images-idx3-ubyte[.gz], …) or of RecBole atomic files (NAME.inter), \
-         or one file given with --data: a CSV with a header (its test file with --test), \
-         a .npz (x_train, y_train, x_test, y_test), or a Criteo .txt/.tsv",
+        "{} holds {}{more}, no MNIST-format IDX files; {}",
         dir.display(),
-        shown.join(", ")
+        shown.join(", "),
+        super::FORMATS
     )
 }
 

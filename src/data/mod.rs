@@ -116,11 +116,16 @@ pub enum DataError {
         /// The format that needs it.
         format: &'static str,
     },
+    /// A path given with `--data` that is not there (or cannot be looked at).
+    #[error("{path}: {error}; {FORMATS}")]
+    NotThere {
+        /// The path as given.
+        path: PathBuf,
+        /// Why (said in the message, so not a source: a chain would say it twice).
+        error: std::io::Error,
+    },
     /// A path whose format cannot be told from its name (`dtf local --data`).
-    #[error(
-        "{path}: cannot tell the data format: expected a directory of IDX files or of \
-         RecBole atomic files (*.inter), a .npz file, a .csv file, or a Criteo .txt/.tsv file"
-    )]
+    #[error("{path}: cannot tell the data format; {FORMATS}")]
     UnknownFormat {
         /// The path as given.
         path: PathBuf,
@@ -329,6 +334,13 @@ pub enum ResolveError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
 }
+
+/// What `--data` takes, for the messages of a path dtf cannot read as data.
+pub const FORMATS: &str = "dtf reads a directory of IDX files (train-images-idx3-ubyte[.gz], \
+     …) or of RecBole atomic files (NAME.inter), or one file given with --data: a CSV with a \
+     header (its test file with --test, its label column with --label), a .npz (x_train, \
+     y_train, x_test, y_test), or a Criteo .txt/.tsv (40 tab-separated fields: the label, \
+     I1–I13, C1–C26)";
 
 /// Where `cfg` says the data is, in words, for messages.
 pub fn describe(cfg: &DataConfig) -> String {

@@ -76,6 +76,7 @@ impl Seed {
             (ckpt, taken.shadows, taken.slots)
         } else {
             let ckpt = checkpoint::load(&source, Some(specs.as_slice())).map_err(chk)?;
+            checkpoint::check_activation(&source, cfg.model.activation).map_err(chk)?;
             let slots = !ckpt.slots.tensors.is_empty();
             (ckpt, specs.len(), slots)
         };

@@ -220,6 +220,10 @@ pub(super) fn newest_checkpoint(cfg: &Config) -> Result<Option<(PathBuf, u64)>, 
     let specs = Mlp::new(&cfg.model.layers)?.variables();
     let newest = checkpoint::restore_latest(&cfg.checkpoint.dir, &specs)
         .map_err(|e| LocalError::Eval(e.into()))?;
+    if let Some((path, _)) = &newest {
+        checkpoint::check_activation(path, cfg.model.activation)
+            .map_err(|e| LocalError::Eval(e.into()))?;
+    }
     Ok(newest.map(|(path, c)| (path, c.global_step)))
 }
 

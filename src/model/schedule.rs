@@ -17,7 +17,8 @@ pub fn learning_rate(t: &TrainConfig, step: u64, epoch_steps: f64) -> f32 {
     let warmup = t.warmup_steps;
     if step < warmup {
         // Never 0 (a ps refuses a step of rate 0): the first step takes 1/warmup of it.
-        return (scheduled(t, 0, epoch_steps) * (step + 1) as f64 / warmup as f64) as f32;
+        let lr = scheduled(t, 0, epoch_steps) * (step + 1) as f64 / warmup as f64;
+        return (lr as f32).max(f32::MIN_POSITIVE);
     }
     // cosine_decay ends at 0 with cosine_alpha = 0, as TF's: the step still counts and
     // moves nothing, at the smallest rate a ps takes (it refuses 0 as a worker's bug).
@@ -135,6 +136,13 @@ mod tests {
         };
         assert_eq!(learning_rate(&to_zero, 1100, 600.0), f32::MIN_POSITIVE);
         assert!(learning_rate(&to_zero, 1099, 600.0) > f32::MIN_POSITIVE);
+        // A rate too small for f32 during a huge warmup is still a rate a ps takes.
+        let tiny = TrainConfig {
+            learning_rate: 1e-30,
+            warmup_steps: 9_000_000_000_000_000_000,
+            ..train()
+        };
+        assert_eq!(learning_rate(&tiny, 0, 600.0), f32::MIN_POSITIVE);
         // Without decay_steps it ends at last_step.
         let to_end = TrainConfig {
             learning_rate_decay_steps: 0,

@@ -4,12 +4,14 @@
 use super::WorkerError;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Back-off between retries of an unreachable or uninitialized ps: starts
 /// short so recovery is quick, capped so no worker sleeps long.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A wait shorter than this is logged at INFO: the ps tasks may be starting.
+const QUIET_WAIT: Duration = Duration::from_secs(2);
 /// A wait that makes no progress for this long is logged (again).
 pub(super) const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -68,11 +70,15 @@ impl Backoff {
             if explained.is_some() {
                 self.told.clone_from(&explained);
             }
-            warn!(
-                waited_secs = self.since.elapsed().as_secs(),
-                reason = explained.as_deref().unwrap_or(why),
-                "Waiting for the ps tasks (if the run is already complete they have exited, and this worker can be stopped)."
-            );
+            let (waited, reason) = (self.since.elapsed(), explained.as_deref().unwrap_or(why));
+            let message = "Waiting for the ps tasks (if the run is already complete they have exited, and this worker can be stopped).";
+            // A worker started a moment before its ps (dtf local, a host's boot) says so,
+            // but warns only of a wait that lasts or of a reason that says what to fix.
+            if explained.is_some() || waited >= QUIET_WAIT {
+                warn!(waited_secs = waited.as_secs(), reason, "{message}");
+            } else {
+                info!(waited_secs = waited.as_secs(), reason, "{message}");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(self.delay) => {}

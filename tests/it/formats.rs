@@ -522,6 +522,11 @@ fn a_missing_data_path_is_named_with_its_reason_once() {
         .unwrap_or_else(|| panic!("no error line: {err}"));
     assert!(line.contains(&missing.display().to_string()), "{line}");
     assert_eq!(line.matches("No such file").count(), 1, "{line}");
+    // And what --data takes, not only what went wrong.
+    assert!(
+        line.contains("dtf reads a directory of IDX files") && line.contains("--label"),
+        "{line}"
+    );
 }
 
 /// The model and schedule keys TensorFlow users reach for — GELU, dropout, a cosine

@@ -262,8 +262,9 @@ fn local_tasks_each_serve_metrics_on_their_own_port() {
             "{log} should serve metrics on port {port}:\n{text}"
         );
         assert!(!text.contains("Cannot serve metrics"), "{log}:\n{text}");
-        // A normal finish warns of nothing (the workers' shared-memory connections closing
-        // as they exit once read as "dropped").
+        // A normal run warns of nothing: not the workers' shared-memory connections
+        // closing as they exit (once read as "dropped"), nor a worker that asked for its
+        // ps a moment before the ps listened (once a WARN at 0 s waited).
         assert!(
             !text.contains(" WARN "),
             "{log} warns on a normal finish:\n{text}"
@@ -697,4 +698,25 @@ fn check_config_names_the_resume_and_refuses_another_model() {
             "{program} should name {old} and {new}:\n{stderr}"
         );
     }
+    // The shapes fit, the activation does not: the weights were trained in ReLU.
+    layers[1] = trained;
+    c.cfg.model.layers = layers;
+    c.cfg.model.activation = dtf::model::Activation::Tanh;
+    c.write_config();
+    let said = "trained with activation \"relu\", but this run's model.activation is \"tanh\"";
+    for program in ["dtf", "dtf-worker"] {
+        let out = check(program);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{program}: {stderr}");
+        assert!(stderr.contains(said), "{program}: {stderr}");
+    }
+    // And dtf local refuses that resume before anything starts.
+    let out = local_json(
+        &c,
+        &ckpt,
+        &["--workers", "1", "--steps", "80", "--activation", "tanh"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(said), "{stderr}");
+    assert!(!ckpt.join("model.ckpt-80.safetensors").exists());
 }

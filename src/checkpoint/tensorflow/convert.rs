@@ -109,6 +109,13 @@ pub fn to_checkpoint(
                     ),
                 )
             })?;
+            // Refused here, before anything is created, not by the save that seeds the run.
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(CheckpointError::invalid(
+                    path,
+                    format!("{name}: value {i} is {}, not a finite number", values[i]),
+                ));
+            }
             Ok(ArrayD::from_shape_vec(IxDyn(shape), values).ok())
         };
     let mut variables = Vec::new();

@@ -322,11 +322,23 @@ pub fn read(prefix: &Path) -> Result<Vec<Tensor>, CheckpointError> {
             "the checkpoint is big-endian; dtf reads little-endian ones".into(),
         ));
     }
+    // Only what the entries cover: a data file longer than its index says (a sparse 4 GiB
+    // file beside a small index) is refused, not read into memory.
+    let covered = entries[1..]
+        .iter()
+        .filter_map(|(_, value)| pb::BundleEntryProto::decode(value.as_slice()).ok())
+        .map(|e| {
+            u64::try_from(e.offset)
+                .unwrap_or(0)
+                .saturating_add(u64::try_from(e.size).unwrap_or(0))
+        })
+        .max()
+        .unwrap_or(0);
     let data = super::layout::read(
         &data_path,
         super::layout::Limit {
-            bytes: super::MAX_FILE_BYTES,
-            allowed: "dtf reads as a TensorFlow checkpoint's data",
+            bytes: covered.min(super::MAX_FILE_BYTES),
+            allowed: "its index's entries cover in a TensorFlow checkpoint's data",
         },
     )?;
     entries[1..]
@@ -343,7 +355,8 @@ fn tensor(
     index_path: &Path,
     data_path: &Path,
 ) -> Result<Tensor, CheckpointError> {
-    let name = String::from_utf8_lossy(key).into_owned();
+    // Escaped: a hostile index's name must not reach a terminal as control bytes.
+    let name = String::from_utf8_lossy(key).escape_debug().to_string();
     let bad = |problem: String| CheckpointError::invalid(index_path, format!("{name}: {problem}"));
     let entry = pb::BundleEntryProto::decode(value)
         .map_err(|e| bad(format!("its entry does not parse: {e}")))?;
@@ -650,7 +663,9 @@ mod tests {
                 (b"x".to_vec(), entry.encode_to_vec()),
             ]);
             std::fs::write(index_path(&prefix), table).unwrap();
-            std::fs::write(data_path(&prefix), [0u8; 16]).unwrap();
+            // No longer than the entry covers: a longer data file is refused first.
+            let covered = (entry.offset as u64).saturating_add(entry.size as u64);
+            std::fs::write(data_path(&prefix), vec![0u8; covered.min(16) as usize]).unwrap();
             read(&prefix).unwrap_err().to_string()
         };
         assert!(write_one(&entry).contains("dtype 7"));
@@ -673,5 +688,24 @@ mod tests {
         entry.offset = 0;
         entry.slices = vec![pb::TensorSliceProto::default()];
         assert!(write_one(&entry).contains("partitioned"));
+        // A data file longer than its index's entries cover (a sparse 4 GiB file beside a
+        // small index) is refused, not read into memory.
+        entry.slices.clear();
+        entry.dtype = 1;
+        entry.shape = Some(pb::TensorShapeProto {
+            dim: vec![pb::tensor_shape_proto::Dim {
+                size: 1,
+                name: String::new(),
+            }],
+            unknown_rank: false,
+        });
+        let table = table::build(&[
+            (Vec::new(), header.encode_to_vec()),
+            (b"x".to_vec(), entry.encode_to_vec()),
+        ]);
+        std::fs::write(index_path(&prefix), table).unwrap();
+        std::fs::write(data_path(&prefix), vec![0u8; 1 << 20]).unwrap();
+        let e = read(&prefix).unwrap_err().to_string();
+        assert!(e.contains("its index's entries cover"), "{e}");
     }
 }
