@@ -343,19 +343,11 @@ pub struct DataConfig {
     pub test_fraction: f64,
     /// The CSV files' delimiter: `auto` (the header line's comma, tab or
     /// semicolon, whichever it holds most of) or one ASCII character (`|`).
-    /// Left out of a checkpoint's `training_data` when `auto`, so that its
-    /// metadata reads as before.
-    #[serde(skip_serializing_if = "is_auto")]
     pub delimiter: String,
 }
 
 /// `data.delimiter`'s default.
 pub const AUTO_DELIMITER: &str = "auto";
-
-/// Whether `data.delimiter` is its default.
-fn is_auto(d: &str) -> bool {
-    d == AUTO_DELIMITER
-}
 
 impl DataConfig {
     /// The CSV delimiter `data.delimiter` names: `None` for `auto` (told from
