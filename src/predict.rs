@@ -445,6 +445,29 @@ mod tests {
     }
 
     #[test]
+    fn a_model_trained_on_class_names_prints_them_after_the_index() {
+        let probs = ndarray::array![[0.25f32, 0.75], [0.5, 0.5]];
+        let names = ["cat".to_owned(), "dog, big".to_owned()];
+        let p = predictions(&probs, Some(&names));
+        assert_eq!(p[0].class_name.as_deref(), Some("dog, big"));
+        let mut out = Vec::new();
+        write_csv(&mut out, &p).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "class,class_name,p0,p1\n1,\"dog, big\",0.25,0.75\n0,cat,0.5,0.5\n"
+        );
+        let json = serde_json::to_string(&p[1]).unwrap();
+        assert_eq!(
+            json,
+            r#"{"class":0,"class_name":"cat","probabilities":[0.5,0.5]}"#
+        );
+        // Without names, the fields are today's.
+        let json = serde_json::to_string(&predictions(&probs, None)[1]).unwrap();
+        assert_eq!(json, r#"{"class":0,"probabilities":[0.5,0.5]}"#);
+    }
+
+    #[test]
     fn inputs_of_each_kind_are_read_in_original_units() {
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("x.csv");

@@ -378,6 +378,13 @@ mod tests {
             ..m.clone()
         };
         assert!(!numeric.to_metadata().contains_key("class_names"));
+        // Names the model cannot score, or out of order, are refused.
+        for bad in [r#"["dog","cat"]"#, r#"["a","b","c"]"#, "[]", "cat"] {
+            let mut meta = meta.clone();
+            meta.insert("class_names".to_owned(), bad.to_owned());
+            let err = ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap_err();
+            assert!(err.contains("class_names"), "{bad}: {err}");
+        }
         // Wide & deep: 2 fields of 4 before the 3 dense features, one logit.
         let wd = ModelMeta {
             layers: vec![11, 4, 1],
