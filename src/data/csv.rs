@@ -532,7 +532,9 @@ impl<'a> LabelColumn<'a> {
                     return Err(format_error(
                         path,
                         format!(
-                            "line {line}, column {}: label {} is not one of the {} class names                              of the training data ({}): a model names only the classes it was                              trained on",
+                            "line {line}, column {}: label {} is not one of the {} class names of \
+                             the training data ({}): a model scores only the classes it was \
+                             trained on",
                             quote(column),
                             quote(text),
                             names.len(),
