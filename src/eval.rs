@@ -207,10 +207,26 @@ pub fn evaluate(path: &Path, data_dir: &Path) -> Result<Evaluation, EvalError> {
 /// test data of another width or with more classes than the model's.
 pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalError> {
     let model = Trained::load(path)?;
-    // CSV columns are matched by name to those the checkpoint recorded.
+    // CSV columns are matched by name to those the checkpoint recorded, and
+    // labels that are names read through the checkpoint's class names (the
+    // training file's, whichever file this is).
     let mut test = match (&data.format, &data.test, model.meta.features.as_deref()) {
         (crate::config::DataFormat::Csv, Some(file), Some(names)) => {
-            data::csv::load_named(file, &data.label, Some(names))?
+            // `data.delimiter`, else the one training used.
+            let delimiter = data.delimiter_byte().or_else(|| {
+                model
+                    .meta
+                    .training_data
+                    .as_ref()
+                    .and_then(|d| d.delimiter_byte())
+            });
+            data::csv::load_named(
+                file,
+                &data.label,
+                Some(names),
+                data::csv::LabelNames::of(model.meta.class_names.as_deref()),
+                delimiter,
+            )?
         }
         _ => data::load(data, Split::Test)?,
     };

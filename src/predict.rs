@@ -213,7 +213,8 @@ impl Trained {
 /// Rows of raw features from `path`: a `.npy` array `[N, …]`, a `.npz`'s
 /// array `x` (or `x_test`, when there is no `x`), or a CSV file with a header
 /// (its `label` column, if present, is left out; with `names`, the names a
-/// checkpoint recorded, its columns are matched to them by header name).
+/// checkpoint recorded, its columns are matched to them by header name;
+/// split at `delimiter`, or at the header line's comma, tab or semicolon).
 ///
 /// Errors: [`PredictError::Data`] for an unreadable or malformed file,
 /// [`PredictError::Input`] for another kind of file or an array of labels.
@@ -221,6 +222,7 @@ pub fn read_input(
     path: &Path,
     label: &str,
     names: Option<&[String]>,
+    delimiter: Option<u8>,
 ) -> Result<Array2<f32>, PredictError> {
     let ext = path
         .extension()
@@ -232,7 +234,19 @@ pub fn read_input(
     };
     let (shape, values): (Vec<u64>, Features) = match ext.as_deref() {
         Some("csv") => {
-            let rows = data::csv::read_named(path, Some(label), false, names)?;
+            // The labels, if there, are left out: class names or indices alike.
+            let rows = data::csv::read_with(
+                path,
+                &data::csv::Options {
+                    label: Some(label),
+                    require_label: false,
+                    names,
+                    categorical: data::csv::CategoricalColumns::Refused,
+                    threshold: None,
+                    label_names: data::csv::LabelNames::Detect,
+                    delimiter,
+                },
+            )?;
             let n = rows.values.len() / rows.features;
             (vec![n as u64, rows.features as u64], rows.values)
         }
@@ -306,6 +320,8 @@ pub fn read_examples(path: &Path, model: &Trained, label: &str) -> Result<Datase
                     names: model.meta.features.as_deref(),
                     categorical: data::csv::CategoricalColumns::Exactly(fields),
                     threshold: cfg.threshold,
+                    label_names: data::csv::LabelNames::Refused,
+                    delimiter: cfg.delimiter_byte(),
                 },
             )?;
             let categorical = rows
@@ -341,34 +357,48 @@ pub fn read_examples(path: &Path, model: &Trained, label: &str) -> Result<Datase
 pub struct Prediction {
     /// The most probable class (the lowest on a tie, as `tf.argmax`).
     pub class: usize,
+    /// Its name, when the model was trained on class names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class_name: Option<String>,
     /// Every class's probability.
     pub probabilities: Vec<f32>,
 }
 
-/// Each row's class and probabilities.
-pub fn predictions(probabilities: &Array2<f32>) -> Vec<Prediction> {
+/// Each row's class, its name (from `names`, the checkpoint's class names,
+/// when it has them) and probabilities.
+pub fn predictions(probabilities: &Array2<f32>, names: Option<&[String]>) -> Vec<Prediction> {
     probabilities
         .rows()
         .into_iter()
-        .map(|row| Prediction {
-            class: argmax(row),
-            probabilities: row.to_vec(),
+        .map(|row| {
+            let class = argmax(row);
+            Prediction {
+                class,
+                class_name: names.and_then(|n| n.get(class)).cloned(),
+                probabilities: row.to_vec(),
+            }
         })
         .collect()
 }
 
-/// Writes `class,p0,p1,…` with a header, one line per row; probabilities
-/// with 9 significant digits, enough to read back the same f32.
+/// Writes `class,p0,p1,…` with a header, one line per row (`class,
+/// class_name,p0,…` for a model trained on class names); probabilities as
+/// the shortest decimal that reads back to the same f32.
 ///
 /// Errors: the writer's.
 pub fn write_csv(out: &mut dyn Write, predictions: &[Prediction]) -> std::io::Result<()> {
     let classes = predictions.first().map_or(0, |p| p.probabilities.len());
+    let named = predictions.iter().any(|p| p.class_name.is_some());
     let header: Vec<String> = std::iter::once("class".to_owned())
+        .chain(named.then(|| "class_name".to_owned()))
         .chain((0..classes).map(|c| format!("p{c}")))
         .collect();
     writeln!(out, "{}", header.join(","))?;
     for p in predictions {
         write!(out, "{}", p.class)?;
+        if named {
+            write!(out, ",{}", csv_cell(p.class_name.as_deref().unwrap_or("")))?;
+        }
         for v in &p.probabilities {
             // The shortest decimal that reads back to the same f32: `0.025468696`,
             // as a spreadsheet or pandas shows it, never `2.546869591e-2`.
@@ -379,6 +409,16 @@ pub fn write_csv(out: &mut dyn Write, predictions: &[Prediction]) -> std::io::Re
     out.flush()
 }
 
+/// `text` as one CSV cell: quoted when it holds a comma, a quote or a
+/// line break (a class name is the user's own text).
+fn csv_cell(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\"")).into()
+    } else {
+        text.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,7 +426,7 @@ mod tests {
     #[test]
     fn csv_output_has_a_header_and_one_line_per_row() {
         let probs = ndarray::array![[0.25f32, 0.75], [0.5, 0.5]];
-        let p = predictions(&probs);
+        let p = predictions(&probs, None);
         assert_eq!(p[0].class, 1);
         assert_eq!(p[1].class, 0, "ties go to the lowest class");
         let mut out = Vec::new();
@@ -405,11 +445,34 @@ mod tests {
     }
 
     #[test]
+    fn a_model_trained_on_class_names_prints_them_after_the_index() {
+        let probs = ndarray::array![[0.25f32, 0.75], [0.5, 0.5]];
+        let names = ["cat".to_owned(), "dog, big".to_owned()];
+        let p = predictions(&probs, Some(&names));
+        assert_eq!(p[0].class_name.as_deref(), Some("dog, big"));
+        let mut out = Vec::new();
+        write_csv(&mut out, &p).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "class,class_name,p0,p1\n1,\"dog, big\",0.25,0.75\n0,cat,0.5,0.5\n"
+        );
+        let json = serde_json::to_string(&p[1]).unwrap();
+        assert_eq!(
+            json,
+            r#"{"class":0,"class_name":"cat","probabilities":[0.5,0.5]}"#
+        );
+        // Without names, the fields are today's.
+        let json = serde_json::to_string(&predictions(&probs, None)[1]).unwrap();
+        assert_eq!(json, r#"{"class":0,"probabilities":[0.5,0.5]}"#);
+    }
+
+    #[test]
     fn inputs_of_each_kind_are_read_in_original_units() {
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("x.csv");
         std::fs::write(&csv, "label,a,b\n1,0,255\n0,3,4\n").unwrap();
-        let x = read_input(&csv, "label", None).unwrap();
+        let x = read_input(&csv, "label", None, None).unwrap();
         assert_eq!(x, ndarray::array![[0.0f32, 255.0], [3.0, 4.0]]);
         let npy = dir.path().join("x.npy");
         std::fs::write(
@@ -418,16 +481,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            read_input(&npy, "label", None).unwrap(),
+            read_input(&npy, "label", None, None).unwrap(),
             ndarray::array![[0.5f32, -1.0]]
         );
         let z = dir.path().join("x.npz");
         npz::write_npz(&z, &[("x", npz::Array::U8(vec![1, 2], vec![9, 8]))]).unwrap();
         assert_eq!(
-            read_input(&z, "label", None).unwrap(),
+            read_input(&z, "label", None, None).unwrap(),
             ndarray::array![[9.0f32, 8.0]]
         );
-        let err = read_input(&dir.path().join("x.txt"), "label", None).unwrap_err();
+        let err = read_input(&dir.path().join("x.txt"), "label", None, None).unwrap_err();
         assert!(err.to_string().contains("expected a .npy"), "{err}");
     }
 }

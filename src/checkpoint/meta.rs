@@ -11,6 +11,7 @@
 //! | `classes` | the class count, the last width |
 //! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
 //! | `label` | the CSV label column, when the data was CSV |
+//! | `class_names` | JSON list of the classes' names in class order, when the labels were names (a CSV label column of `setosa`, `versicolor`, …): `predict` prints them, `eval` reads test labels through them; absent for class indices |
 //! | `features` | JSON list of the feature columns' names, when the data has names (CSV): `predict` and `eval` match columns by them |
 //! | `hyperparameters` | JSON: the `[train]` table the checkpoint was written under |
 //! | `training_data` | JSON: the `[data]` table it was trained on (format, paths, label): `dtf eval`'s default test data |
@@ -60,6 +61,10 @@ pub struct ModelMeta {
     /// data had names (a CSV header); `None` otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
+    /// The classes' names in class order, when the training labels were
+    /// names; `None` for class indices (and older checkpoints).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class_names: Option<Vec<String>>,
     /// A wide & deep model's categorical side; `None` for the MLP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wide_deep: Option<WideDeepMeta>,
@@ -108,6 +113,9 @@ impl ModelMeta {
         }
         if let Some(f) = &self.features {
             out.insert("features".to_owned(), json(f));
+        }
+        if let Some(c) = &self.class_names {
+            out.insert("class_names".to_owned(), json(c));
         }
         if let Some(w) = &self.wide_deep {
             out.insert("wide_deep".to_owned(), json(w));
@@ -213,6 +221,21 @@ impl ModelMeta {
                 f.len(),
             ));
         }
+        let class_names: Option<Vec<String>> = get("class_names")
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| format!("metadata class_names are not a list of names: {e}"))?;
+        if let Some(c) = &class_names {
+            let sorted = c.windows(2).all(|w| w[0] < w[1]);
+            if c.is_empty() || c.len() > classes || !sorted {
+                return Err(format!(
+                    "metadata class_names are {} names{}, the model scores {classes} classes: \
+                     expected at most that many, distinct and sorted",
+                    c.len(),
+                    if sorted { "" } else { " not sorted" },
+                ));
+            }
+        }
         let dropout = match get("dropout") {
             None => 0.0,
             Some(d) => d
@@ -231,6 +254,7 @@ impl ModelMeta {
             hyperparameters,
             training_data,
             features,
+            class_names,
             wide_deep,
         })
     }
@@ -364,10 +388,25 @@ mod tests {
                 ..Default::default()
             }),
             features: Some(vec!["a".into(), "b".into(), "c".into()]),
+            class_names: Some(vec!["cat".into(), "dog".into()]),
             wide_deep: None,
         };
         let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
         assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap(), m);
+        assert_eq!(meta["class_names"], r#"["cat","dog"]"#);
+        // Class indices: no key, as before.
+        let numeric = ModelMeta {
+            class_names: None,
+            ..m.clone()
+        };
+        assert!(!numeric.to_metadata().contains_key("class_names"));
+        // Names the model cannot score, or out of order, are refused.
+        for bad in [r#"["dog","cat"]"#, r#"["a","b","c"]"#, "[]", "cat"] {
+            let mut meta = meta.clone();
+            meta.insert("class_names".to_owned(), bad.to_owned());
+            let err = ModelMeta::from_metadata(&meta, &[3, 4, 2]).unwrap_err();
+            assert!(err.contains("class_names"), "{bad}: {err}");
+        }
         // Wide & deep: 2 fields of 4 before the 3 dense features, one logit.
         let wd = ModelMeta {
             layers: vec![11, 4, 1],
@@ -392,6 +431,7 @@ mod tests {
         assert_eq!(old.preprocessing, Preprocessing::Scale { divisor: 255.0 });
         assert_eq!((old.classes, old.hyperparameters), (10, None));
         assert_eq!(old.training_data, None);
+        assert_eq!(old.class_names, None);
         // Disagreement with the weights is named.
         let err = ModelMeta::from_metadata(&meta, &[3, 5, 2]).unwrap_err();
         assert!(err.contains("disagree"), "{err}");

@@ -92,10 +92,17 @@ pub fn predict(
         }
         p
     } else {
-        let x = crate::predict::read_input(input, &label, model.meta.features.as_deref())?;
+        let delimiter = model
+            .meta
+            .training_data
+            .as_ref()
+            .and_then(|d| d.delimiter_byte());
+        let x =
+            crate::predict::read_input(input, &label, model.meta.features.as_deref(), delimiter)?;
         model.probabilities(x, !raw, input)?
     };
-    let predictions = crate::predict::predictions(&probabilities);
+    let predictions =
+        crate::predict::predictions(&probabilities, model.meta.class_names.as_deref());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if json {

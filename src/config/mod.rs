@@ -36,10 +36,10 @@ pub use load::{
 pub use origin::{ENV_PREFIX, Sources, TF_CONFIG};
 pub use reload::{Applier, LIVE_KEYS, LiveKey, is_live};
 pub use schema::{
-    CheckpointConfig, ClusterConfig, Compression, Config, DEFAULT_DATA_DIR, DEFAULT_PATH,
-    DEFAULT_SAVE_SECS, DataConfig, DataFormat, EvalConfig, LogConfig, LrSchedule, Metric,
-    MetricsConfig, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner, Placement, PsConfig,
-    SecurityConfig, TrainConfig, Transport, json_value,
+    AUTO_DELIMITER, CheckpointConfig, ClusterConfig, Compression, Config, DEFAULT_DATA_DIR,
+    DEFAULT_PATH, DEFAULT_SAVE_SECS, DataConfig, DataFormat, EvalConfig, LogConfig, LrSchedule,
+    Metric, MetricsConfig, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner, Placement,
+    PsConfig, SecurityConfig, TrainConfig, Transport, json_value,
 };
 pub use secret::{MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
 pub use size::{FALLBACK_MEMORY_BYTES, memory_bytes};

@@ -341,6 +341,24 @@ pub struct DataConfig {
     /// The test split's share of a data set that ships no test file
     /// (RecBole's `NAME.inter`, Criteo's file): a seeded random split.
     pub test_fraction: f64,
+    /// The CSV files' delimiter: `auto` (the header line's comma, tab or
+    /// semicolon, whichever it holds most of) or one ASCII character (`|`).
+    pub delimiter: String,
+}
+
+/// `data.delimiter`'s default.
+pub const AUTO_DELIMITER: &str = "auto";
+
+impl DataConfig {
+    /// The CSV delimiter `data.delimiter` names: `None` for `auto` (told from
+    /// the header line), else its one byte; `None` too for a value that
+    /// validation refuses (`Config::validate` names it first).
+    pub fn delimiter_byte(&self) -> Option<u8> {
+        match self.delimiter.as_bytes() {
+            [b] if self.delimiter != AUTO_DELIMITER => Some(*b),
+            _ => None,
+        }
+    }
 }
 
 /// `[checkpoint]`: the chief's checkpoints.
@@ -595,6 +613,7 @@ impl Default for DataConfig {
             threshold: None,
             categorical: Vec::new(),
             test_fraction: 0.2,
+            delimiter: AUTO_DELIMITER.into(),
         }
     }
 }

@@ -508,6 +508,19 @@ impl Config {
                 ),
             ));
         }
+        let one = d.delimiter.as_bytes();
+        let bad_byte = |b: u8| !b.is_ascii() || matches!(b, b'"' | b'\n' | b'\r');
+        if d.delimiter != crate::config::AUTO_DELIMITER && (one.len() != 1 || bad_byte(one[0])) {
+            return Err(self.bad(
+                "data.delimiter",
+                format!(
+                    "is {:?}: expected \"auto\" (the header line's comma, tab or semicolon) \
+                     or one ASCII character other than a quote or a newline: \",\", \"\\t\", \
+                     \";\", \"|\"",
+                    d.delimiter
+                ),
+            ));
+        }
         if let Some(t) = d.threshold.filter(|t| !t.is_finite()) {
             return Err(self.bad(
                 "data.threshold",

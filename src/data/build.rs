@@ -42,6 +42,7 @@ impl Dataset {
             preprocessing,
             names: None,
             categorical: None,
+            class_names: None,
         })
     }
 
@@ -109,6 +110,7 @@ impl Dataset {
                 preprocessing,
                 names: Some(Vec::new()),
                 categorical: Some(categorical),
+                class_names: None,
             });
         }
         let mut ds = Dataset::new(values, labels, features, path)?;

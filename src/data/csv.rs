@@ -2,7 +2,10 @@
 //!
 //! Kaggle's layout (`fashion-mnist_train.csv`: `label,pixel1,…,pixel784`): a
 //! header line, then one row per example. The column named `data.label`
-//! holds the class index (an integer 0–255), or with `data.threshold` a
+//! holds the class index (an integer 0–255), or class names (iris's
+//! `species`: `setosa`, `versicolor`, `virginica`) when its values are not
+//! all integers 0–255: each distinct name of the training file is a class,
+//! numbered in sorted order ([`LabelNames`]), or with `data.threshold` a
 //! number that becomes a binary label (1 when ≥ the threshold). Every other
 //! column is a feature: numeric, or categorical when one of its values is not
 //! a number (an empty cell included) or `data.categorical` names it (zip
@@ -28,6 +31,8 @@ pub struct Rows {
     pub values: Features,
     /// The label of each row, when the file has the label column.
     pub labels: Option<Vec<u8>>,
+    /// The classes' names, in class order, when the labels were names.
+    pub class_names: Option<Vec<String>>,
     /// Features per row.
     pub features: usize,
     /// The features' column names, in the order of `values`.
@@ -50,6 +55,28 @@ pub enum CategoricalColumns<'a> {
     Exactly(&'a [String]),
 }
 
+/// What a label that is not a class index is.
+#[derive(Debug, Clone, Copy)]
+pub enum LabelNames<'a> {
+    /// An error: the labels are class indices (a model trained on them).
+    Refused,
+    /// A class name, when any label is not an integer 0–255: the distinct
+    /// names in sorted order are the classes (a training file; `dtf predict`,
+    /// which leaves the labels out).
+    Detect,
+    /// One of these names (sorted), or an error naming it (a test file read
+    /// as its training file was, or with a checkpoint's names).
+    Exactly(&'a [String]),
+}
+
+impl<'a> LabelNames<'a> {
+    /// [`LabelNames::Exactly`] the training file's names, when it had them;
+    /// else [`LabelNames::Refused`].
+    pub fn of(train: Option<&'a [String]>) -> Self {
+        train.map_or(LabelNames::Refused, LabelNames::Exactly)
+    }
+}
+
 /// How to read a CSV file ([`read_with`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Options<'a> {
@@ -63,18 +90,41 @@ pub struct Options<'a> {
     pub categorical: CategoricalColumns<'a>,
     /// A binary label: 1 when the label is at least this (`data.threshold`).
     pub threshold: Option<f64>,
+    /// What a label that is not a class index is.
+    pub label_names: LabelNames<'a>,
+    /// The delimiter (`data.delimiter`); `None`: told from the header line.
+    pub delimiter: Option<u8>,
 }
 
 /// Loads the CSV file at `path` as `cfg` says (`data.label`,
-/// `data.threshold`, `data.categorical`); as a test file when `train` is the
-/// training split: its numeric columns matched to the training file's by
-/// name, and categorical exactly where the training file's are.
+/// `data.threshold`, `data.categorical`, `data.delimiter`); as a test file
+/// when `train` is the training split: its numeric columns matched to the
+/// training file's by name, categorical exactly where the training file's
+/// are, and its labels the training file's class names when it had names.
 ///
 /// Errors: as [`read_with`].
 pub fn load_config(
     path: &Path,
     cfg: &DataConfig,
     train: Option<&Dataset>,
+) -> Result<Dataset, DataError> {
+    let labels = match train {
+        Some(t) => LabelNames::of(t.class_names()),
+        None => LabelNames::Detect,
+    };
+    load_config_with(path, cfg, train, labels)
+}
+
+/// [`load_config`] with the labels read as `labels` says (a test file
+/// read without its training split: the training file's names, from
+/// [`class_names`]).
+///
+/// Errors: as [`read_with`].
+pub fn load_config_with(
+    path: &Path,
+    cfg: &DataConfig,
+    train: Option<&Dataset>,
+    labels: LabelNames,
 ) -> Result<Dataset, DataError> {
     let fields = train
         .and_then(|t| t.categorical())
@@ -89,15 +139,52 @@ pub fn load_config(
             (None, _) => CategoricalColumns::Detect(&cfg.categorical),
         },
         threshold: cfg.threshold,
+        label_names: labels,
+        delimiter: cfg.delimiter_byte(),
     };
-    let rows = read_with(path, &opts)?;
+    dataset(path, read_with(path, &opts)?)
+}
+
+/// A data set of `rows` read from `path`.
+fn dataset(path: &Path, rows: Rows) -> Result<Dataset, DataError> {
     let labels = rows.labels.unwrap_or_default();
     let mut ds = match rows.categorical {
         Some(c) => Dataset::with_categorical(rows.values, labels, rows.features, c, path)?,
         None => Dataset::new(rows.values, labels, rows.features, path)?,
     };
     ds.set_names(rows.names);
+    ds.set_class_names(rows.class_names);
     Ok(ds)
+}
+
+/// The class names of the training CSV file at `path` (its column
+/// `cfg.label`), in class order; `None` when its labels are class indices
+/// (or `data.threshold` makes them binary). Reads the file, keeping the
+/// label column alone.
+///
+/// Errors: as [`read_with`], for the header and the labels.
+pub fn class_names(path: &Path, cfg: &DataConfig) -> Result<Option<Vec<String>>, DataError> {
+    if cfg.threshold.is_some() {
+        return Ok(None);
+    }
+    let mut reader = reader(path, cfg.delimiter_byte())?;
+    let (headers, label_at) = read_header(&mut reader, path, Some(&cfg.label), true)?;
+    let Some(j) = label_at else {
+        return Ok(None);
+    };
+    let mut labels = LabelColumn::new(LabelNames::Detect, None);
+    let mut record = ::csv::ByteRecord::new();
+    loop {
+        match reader.read_byte_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(csv_error(path, e)),
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        let text = std::str::from_utf8(record.get(j).unwrap_or_default()).unwrap_or("");
+        labels.push(path, line, &headers[j], text)?;
+    }
+    Ok(labels.finish(path, &headers[j])?.1)
 }
 
 /// Loads the CSV file at `path` with its labels in the column `label`.
@@ -108,24 +195,34 @@ pub fn load_config(
 /// naming the label column when the header lacks it;
 /// [`DataError::TooLarge`] for a file larger than this machine's memory.
 pub fn load(path: &Path, label: &str) -> Result<Dataset, DataError> {
-    load_named(path, label, None)
+    load_named(path, label, None, LabelNames::Refused, None)
 }
 
 /// [`load`], with the features in the order of `names` (the training
 /// split's columns, or those a checkpoint recorded) when given: columns
-/// are matched by their header names, not their positions.
+/// are matched by their header names, not their positions; labels read as
+/// `labels` says (a checkpoint's class names), cells split at `delimiter`
+/// (`None`: told from the header line).
 ///
-/// Errors: as [`read_named`].
+/// Errors: as [`read_named`]; [`DataError::Format`] naming a label that is
+/// not one of the class names.
 pub fn load_named(
     path: &Path,
     label: &str,
     names: Option<&[String]>,
+    labels: LabelNames,
+    delimiter: Option<u8>,
 ) -> Result<Dataset, DataError> {
-    let rows = read_named(path, Some(label), true, names)?;
-    let labels = rows.labels.unwrap_or_default();
-    let mut ds = Dataset::new(rows.values, labels, rows.features, path)?;
-    ds.set_names(rows.names);
-    Ok(ds)
+    let opts = Options {
+        label: Some(label),
+        require_label: true,
+        names,
+        categorical: CategoricalColumns::Refused,
+        threshold: None,
+        label_names: labels,
+        delimiter,
+    };
+    dataset(path, read_with(path, &opts)?)
 }
 
 /// Reads the CSV file at `path`: its features, and its labels when the column
@@ -158,6 +255,8 @@ pub fn read_named(
             names,
             categorical: CategoricalColumns::Refused,
             threshold: None,
+            label_names: LabelNames::Refused,
+            delimiter: None,
         },
     )
 }
@@ -195,7 +294,7 @@ enum Pass {
 /// allowed). In `Detect` mode a cell that is not a number adds its column
 /// and the pass goes on classifying only.
 fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass, DataError> {
-    let mut reader = reader(path)?;
+    let mut reader = reader(path, opts.delimiter)?;
     let (headers, label_at) = read_header(&mut reader, path, opts.label, opts.require_label)?;
     let cat_at = categorical_columns(path, &headers, label_at, cat)?;
     let detect = matches!(opts.categorical, CategoricalColumns::Detect(_));
@@ -216,7 +315,7 @@ fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass
     // Set once a cell shows another categorical column: from then on the
     // pass only classifies.
     let mut more: Option<Vec<bool>> = None;
-    let mut labels = Vec::new();
+    let mut labels = LabelColumn::new(opts.label_names, opts.threshold);
     let mut record = ::csv::ByteRecord::new();
     loop {
         match reader.read_byte_record(&mut record) {
@@ -239,7 +338,7 @@ fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass
             continue;
         }
         if let Some(j) = label_at {
-            labels.push(parse_label(path, line, &headers[j], at(j), opts.threshold)?);
+            labels.push(path, line, &headers[j], at(j))?;
         }
         for &j in &columns {
             let cell = at(j);
@@ -282,9 +381,17 @@ fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass
         Some(b) => Features::Bytes(b),
         None => Features::Floats(cells.floats),
     };
+    let (labels, class_names) = match label_at {
+        Some(j) => {
+            let (l, n) = labels.finish(path, &headers[j])?;
+            (Some(l), n)
+        }
+        None => (None, None),
+    };
     Ok(Pass::Done(Rows {
         values,
-        labels: label_at.map(|_| labels),
+        labels,
+        class_names,
         features,
         names: columns
             .iter()
@@ -311,25 +418,213 @@ pub(crate) fn parse_label(
     threshold: Option<f64>,
 ) -> Result<u8, DataError> {
     let text = text.trim();
-    let bad = |expected: &str| {
-        format_error(
-            path,
-            format!(
-                "line {line}, column {}: label {} is not {expected}",
-                quote(column),
-                quote(text)
-            ),
-        )
-    };
     match threshold {
         Some(t) => match text.parse::<f64>() {
             Ok(v) if v.is_finite() => Ok(u8::from(v >= t)),
-            _ => Err(bad("a number (data.threshold makes it 0 or 1)")),
+            _ => Err(label_error(
+                path,
+                line,
+                column,
+                text,
+                "a number: data.threshold (--threshold) makes a numeric label 0 or 1; \
+                 class names are classes of their own: leave data.threshold unset",
+            )),
         },
-        None => text.parse::<u8>().map_err(|_| {
-            bad("a class index: expected an integer 0–255, or set data.threshold for a binary label")
-        }),
+        None => text
+            .parse::<u8>()
+            .map_err(|_| not_an_index(path, line, column, text)),
     }
+}
+
+/// The error for a label `text` that is not a class index.
+fn not_an_index(path: &Path, line: u64, column: &str, text: &str) -> DataError {
+    label_error(
+        path,
+        line,
+        column,
+        text,
+        "a class index: expected an integer 0–255 (or class names), or set data.threshold \
+         for a binary label",
+    )
+}
+
+/// The error for the label `text`: it is not `expected`.
+fn label_error(path: &Path, line: u64, column: &str, text: &str, expected: &str) -> DataError {
+    format_error(
+        path,
+        format!(
+            "line {line}, column {}: label {} is not {expected}",
+            quote(column),
+            quote(text)
+        ),
+    )
+}
+
+/// A file's label column as it is read: class indices (or 0/1 against a
+/// threshold) until a label shows class names, then names.
+struct LabelColumn<'a> {
+    /// What a label that is not a class index is.
+    mode: LabelNames<'a>,
+    /// `data.threshold`: labels are numbers made 0 or 1.
+    threshold: Option<f64>,
+    /// Each row's class index, while every label is one.
+    indices: Vec<u8>,
+    /// Once a label is a name ([`LabelNames::Detect`]): each distinct label
+    /// by its number in order of first appearance, and each row's number.
+    names: Option<(std::collections::HashMap<String, u16>, Vec<u16>)>,
+    /// The first label that is a number but not a class index (`-1`,
+    /// `4.5`), with its line: an error unless another label is text.
+    numeric: Option<(u64, String)>,
+    /// Whether a label is text, not a number: the labels are then names.
+    text: bool,
+}
+
+impl<'a> LabelColumn<'a> {
+    fn new(mode: LabelNames<'a>, threshold: Option<f64>) -> Self {
+        LabelColumn {
+            mode,
+            threshold,
+            indices: Vec::new(),
+            names: None,
+            numeric: None,
+            text: false,
+        }
+    }
+
+    /// Adds the label `text` of line `line`.
+    ///
+    /// Errors: [`DataError::Format`] naming the file, line, column and label:
+    /// a name not among [`LabelNames::Exactly`]'s, any label not a class
+    /// index with [`LabelNames::Refused`] or not a number with a threshold,
+    /// more than [`super::MAX_CLASSES`] distinct names.
+    fn push(&mut self, path: &Path, line: u64, column: &str, text: &str) -> Result<(), DataError> {
+        let text = text.trim();
+        if let Some((seen, rows)) = &mut self.names {
+            if text.parse::<u8>().is_err() {
+                if text.parse::<f64>().is_ok() {
+                    if self.numeric.is_none() {
+                        self.numeric = Some((line, text.to_owned()));
+                    }
+                } else {
+                    self.text = true;
+                }
+            }
+            let next = seen.len();
+            let n = *seen.entry(text.to_owned()).or_insert(next as u16);
+            if seen.len() > super::MAX_CLASSES {
+                return Err(match (&self.numeric, self.text) {
+                    (Some((line, text)), false) => not_an_index(path, *line, column, text),
+                    _ => too_many(path, column, line),
+                });
+            }
+            rows.push(n);
+            return Ok(());
+        }
+        if self.threshold.is_some() {
+            self.indices
+                .push(parse_label(path, line, column, text, self.threshold)?);
+            return Ok(());
+        }
+        match self.mode {
+            LabelNames::Exactly(names) => match names.binary_search_by(|n| n.as_str().cmp(text)) {
+                Ok(i) => self.indices.push(i as u8),
+                Err(_) => {
+                    return Err(format_error(
+                        path,
+                        format!(
+                            "line {line}, column {}: label {} is not one of the {} class names of \
+                             the training data ({}): a model scores only the classes it was \
+                             trained on",
+                            quote(column),
+                            quote(text),
+                            names.len(),
+                            shown(names)
+                        ),
+                    ));
+                }
+            },
+            LabelNames::Refused => {
+                self.indices
+                    .push(parse_label(path, line, column, text, None)?);
+            }
+            LabelNames::Detect => match text.parse::<u8>() {
+                Ok(i) => self.indices.push(i),
+                Err(_) => {
+                    // The first name: the class indices so far were names too.
+                    let mut seen = std::collections::HashMap::new();
+                    let mut rows = Vec::with_capacity(self.indices.len() + 1);
+                    for i in std::mem::take(&mut self.indices) {
+                        let next = seen.len() as u16;
+                        rows.push(*seen.entry(i.to_string()).or_insert(next));
+                    }
+                    self.names = Some((seen, rows));
+                    return self.push(path, line, column, text);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Each row's class index, and the classes' names in class order when
+    /// the labels were names: the distinct names sorted, so that every task
+    /// reading the same training file numbers them alike.
+    ///
+    /// Errors: [`DataError::Format`] naming the first label that is a
+    /// number but not a class index (`-1`, `4.5`) when no label is text:
+    /// those are numbers (a rating, a ±1 label) to threshold, not names.
+    fn finish(
+        self,
+        path: &Path,
+        column: &str,
+    ) -> Result<(Vec<u8>, Option<Vec<String>>), DataError> {
+        let Some((seen, rows)) = self.names else {
+            let names = match self.mode {
+                LabelNames::Exactly(n) if self.threshold.is_none() => Some(n.to_vec()),
+                _ => None,
+            };
+            return Ok((self.indices, names));
+        };
+        if !self.text
+            && let Some((line, text)) = &self.numeric
+        {
+            return Err(not_an_index(path, *line, column, text));
+        }
+        let mut names: Vec<(String, u16)> = seen.into_iter().collect();
+        names.sort();
+        let mut index = vec![0u8; names.len()];
+        for (i, (_, n)) in names.iter().enumerate() {
+            // At most MAX_CLASSES names (push refused more): i fits a byte.
+            index[usize::from(*n)] = i as u8;
+        }
+        Ok((
+            rows.into_iter().map(|n| index[usize::from(n)]).collect(),
+            Some(names.into_iter().map(|(name, _)| name).collect()),
+        ))
+    }
+}
+
+/// The error for a label column of more than [`super::MAX_CLASSES`] names.
+fn too_many(path: &Path, column: &str, line: u64) -> DataError {
+    format_error(
+        path,
+        format!(
+            "line {line}, column {}: more than {} distinct class names: labels are held in one \
+             byte, so at most {} classes (is {} the label column?)",
+            quote(column),
+            super::MAX_CLASSES,
+            super::MAX_CLASSES,
+            quote(column)
+        ),
+    )
+}
+
+/// Up to 5 names, quoted, for a message.
+fn shown(names: &[String]) -> String {
+    let mut out: Vec<String> = names.iter().take(5).map(|n| quote(n)).collect();
+    if names.len() > 5 {
+        out.push(format!("and {} more", names.len() - 5));
+    }
+    out.join(", ")
 }
 
 /// The header positions of the categorical columns `names` (None: none).
@@ -370,14 +665,16 @@ fn categorical_columns(
     Ok(at)
 }
 
-/// A reader of the delimited file at `path`, its header first, with the
-/// delimiter its header line uses: a comma, a tab or a semicolon, whichever
-/// it holds most of (a comma when it holds none: one column). A TSV export
-/// or a European spreadsheet's CSV is then read as it comes.
+/// A reader of the delimited file at `path`, its header first, split at
+/// `delimiter` (`data.delimiter`) or, when `None`, at the delimiter its
+/// header line uses: a comma, a tab or a semicolon, whichever it holds most
+/// of (a comma when it holds none: one column). A TSV export or a European
+/// spreadsheet's CSV is then read as it comes.
 ///
 /// Errors: as [`super::open_file`]; [`DataError::Io`] reading the header.
 pub(crate) fn reader(
     path: &Path,
+    delimiter: Option<u8>,
 ) -> Result<::csv::Reader<std::io::BufReader<std::fs::File>>, DataError> {
     use std::io::{BufRead, Seek};
     let io = |source| DataError::Io {
@@ -385,6 +682,12 @@ pub(crate) fn reader(
         source,
     };
     let mut file = std::io::BufReader::new(super::open_file(path)?);
+    if let Some(d) = delimiter {
+        return Ok(::csv::ReaderBuilder::new()
+            .has_headers(true)
+            .delimiter(d)
+            .from_reader(file));
+    }
     // The header line alone, bounded: a file without newlines is not read whole here.
     let mut first = Vec::new();
     std::io::Read::take(&mut file, 1 << 20)
@@ -393,12 +696,12 @@ pub(crate) fn reader(
     file.rewind().map_err(io)?;
     Ok(::csv::ReaderBuilder::new()
         .has_headers(true)
-        .delimiter(delimiter(&first))
+        .delimiter(detect_delimiter(&first))
         .from_reader(file))
 }
 
 /// The delimiter of a header line: [`reader`]'s rule.
-fn delimiter(line: &[u8]) -> u8 {
+fn detect_delimiter(line: &[u8]) -> u8 {
     let count = |d: u8| line.iter().filter(|&&b| b == d).count();
     let mut best = b',';
     for d in [b'\t', b';'] {
@@ -410,11 +713,16 @@ fn delimiter(line: &[u8]) -> u8 {
 }
 
 /// The feature columns' names of the CSV file at `path` (its header
-/// without the column `label`), reading the header alone.
+/// without the column `label`), reading the header alone, split at
+/// `delimiter` (`None`: told from the header line).
 ///
 /// Errors: as [`load`], for the header.
-pub fn header_names(path: &Path, label: &str) -> Result<Vec<String>, DataError> {
-    let mut reader = reader(path)?;
+pub fn header_names(
+    path: &Path,
+    label: &str,
+    delimiter: Option<u8>,
+) -> Result<Vec<String>, DataError> {
+    let mut reader = reader(path, delimiter)?;
     let (headers, label_at) = read_header(&mut reader, path, Some(label), false)?;
     Ok(feature_columns(path, &headers, label_at, &[], None)?
         .into_iter()

@@ -187,10 +187,13 @@ pub struct Dataset {
     /// The categorical features, where the data has them (RecBole, Criteo,
     /// CSV with non-numeric columns): one cell per example and field.
     categorical: Option<Categorical>,
+    /// The classes' names in class order, when the labels were names (a
+    /// CSV label column of `setosa`, `versicolor`, …); `None`: indices.
+    class_names: Option<Vec<String>>,
 }
 
 /// Width and class count of a data set, read off the data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shape {
     /// Features per row: the model's input width.
     pub features: usize,
@@ -198,6 +201,8 @@ pub struct Shape {
     pub classes: usize,
     /// Rows in the training split: the largest batch it can give.
     pub examples: usize,
+    /// The classes' names, when the training split's labels were names.
+    pub class_names: Option<Vec<String>>,
 }
 
 /// Loads `split` of the data set `cfg` describes, in its format, with the
@@ -222,7 +227,19 @@ pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
                 Split::Test => ("data.test", cfg.test.as_deref()),
             };
             let path = path.ok_or(DataError::Unset { key, format: "csv" })?;
-            csv::load_config(path, cfg, None)
+            match (split, cfg.train.as_deref()) {
+                // The classes are the training file's names, whichever
+                // file is read first (the chief's final evaluation reads
+                // the test file alone).
+                (Split::Test, Some(train)) => {
+                    let names = csv::class_names(train, cfg)?;
+                    csv::load_config_with(path, cfg, None, csv::LabelNames::of(names.as_deref()))
+                }
+                (Split::Test, None) => {
+                    csv::load_config_with(path, cfg, None, csv::LabelNames::Refused)
+                }
+                (Split::Train, _) => csv::load_config(path, cfg, None),
+            }
         }
         DataFormat::Recbole => recbole::load(cfg, split),
         DataFormat::Criteo => criteo::load(cfg, split),
@@ -298,7 +315,9 @@ pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
 /// or when it cannot be read (loading the data says why).
 pub fn feature_names(cfg: &DataConfig) -> Option<Vec<String>> {
     match (&cfg.format, &cfg.train) {
-        (DataFormat::Csv, Some(path)) => csv::header_names(path, &cfg.label).ok(),
+        (DataFormat::Csv, Some(path)) => {
+            csv::header_names(path, &cfg.label, cfg.delimiter_byte()).ok()
+        }
         _ => None,
     }
 }
@@ -310,6 +329,7 @@ pub fn shape(train: &Dataset, test: &Dataset) -> Shape {
         features: train.features(),
         classes: max(train).max(max(test)) + 1,
         examples: train.len(),
+        class_names: train.class_names.clone(),
     }
 }
 
@@ -501,6 +521,16 @@ impl Dataset {
         self.names = Some(names);
     }
 
+    /// The classes' names in class order, when the labels were names.
+    pub fn class_names(&self) -> Option<&[String]> {
+        self.class_names.as_deref()
+    }
+
+    /// Records the classes' names (`None`: the labels are class indices).
+    pub fn set_class_names(&mut self, names: Option<Vec<String>>) {
+        self.class_names = names;
+    }
+
     /// The categorical features, where the data has them.
     pub fn categorical(&self) -> Option<&Categorical> {
         self.categorical.as_ref()
@@ -536,6 +566,7 @@ impl Dataset {
             preprocessing: self.preprocessing.clone(),
             names: self.names.clone(),
             categorical: self.categorical.as_ref().map(|c| c.select(rows)),
+            class_names: self.class_names.clone(),
         }
     }
 

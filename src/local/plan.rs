@@ -33,7 +33,7 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
     }
     if cfg.data.format == DataFormat::Csv && !cfg.sources.is_set("data.label") {
         let train = cfg.data.train.clone().unwrap_or_default();
-        let label = infer_label(&train)?;
+        let label = infer_label(&train, cfg.data.delimiter_byte())?;
         if label != cfg.data.label {
             notes.push(format!(
                 "label column {label:?} (from {}; --label picks another)",
@@ -66,6 +66,14 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
     // read the data for it, and a model that does not fit fails now.
     let shape = data::resolve_model(&mut cfg)?;
     cfg.model.hidden = None;
+    if let Some(names) = &shape.class_names {
+        notes.push(format!(
+            "label column {:?} holds {} class names: {}",
+            cfg.data.label,
+            names.len(),
+            names.join(", ")
+        ));
+    }
     if cfg.data.format == DataFormat::Csv && cfg.data.test.is_none() {
         notes.push(format!(
             "no test file: testing on {}, training on the other {} examples \
@@ -107,8 +115,8 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
 ///
 /// Errors: [`LocalError::Data`] when the header cannot be read, or names no
 /// such column or several, listing the columns it saw and the flag that picks one.
-fn infer_label(path: &Path) -> Result<String, LocalError> {
-    let headers = csv_header(path)?;
+fn infer_label(path: &Path, delimiter: Option<u8>) -> Result<String, LocalError> {
+    let headers = csv_header(path, delimiter)?;
     if headers.iter().any(|h| h == "label") {
         return Ok("label".into());
     }
@@ -144,11 +152,12 @@ fn infer_label(path: &Path) -> Result<String, LocalError> {
     }
 }
 
-/// The column names on the first line of the CSV file at `path`.
+/// The column names on the first line of the CSV file at `path`, split at
+/// `delimiter` (`data.delimiter`; `None`: told from the line).
 ///
 /// Errors: [`data::DataError`] naming the file.
-fn csv_header(path: &Path) -> Result<Vec<String>, data::DataError> {
-    let mut reader = data::csv::reader(path)?;
+fn csv_header(path: &Path, delimiter: Option<u8>) -> Result<Vec<String>, data::DataError> {
+    let mut reader = data::csv::reader(path, delimiter)?;
     let headers = reader.headers().map_err(|e| data::DataError::Format {
         path: path.to_path_buf(),
         what: format!("line 1: {e}"),
@@ -176,17 +185,17 @@ mod tests {
     #[test]
     fn the_label_column_is_inferred_only_when_unambiguous() {
         let (_d, p) = csv("x0,x1,label\n1,2,0\n");
-        assert_eq!(infer_label(&p).unwrap(), "label");
+        assert_eq!(infer_label(&p, None).unwrap(), "label");
         let (_d, p) = csv("x0,x1,Species\n1,2,0\n");
-        assert_eq!(infer_label(&p).unwrap(), "Species");
+        assert_eq!(infer_label(&p, None).unwrap(), "Species");
         let (_d, p) = csv("a,b,c\n1,2,0\n");
-        let err = infer_label(&p).unwrap_err().to_string();
+        let err = infer_label(&p, None).unwrap_err().to_string();
         assert!(
             err.contains("a, b, c") && err.contains("--label") && err.contains("d_train.csv"),
             "{err}"
         );
         let (_d, p) = csv("y,target,x\n1,2,0\n");
-        let err = infer_label(&p).unwrap_err().to_string();
+        let err = infer_label(&p, None).unwrap_err().to_string();
         assert!(err.contains("several") && err.contains("--label"), "{err}");
     }
 }

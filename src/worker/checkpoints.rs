@@ -24,12 +24,14 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// `fields`: the data's categorical fields (wide & deep's inputs).
+    /// `fields`: the data's categorical fields (wide & deep's inputs);
+    /// `class_names`: the training labels' names, when they were names.
     pub(super) fn new(
         cfg: &Config,
         model: &Model,
         preprocessing: &Preprocessing,
         fields: &[String],
+        class_names: Option<Vec<String>>,
     ) -> Self {
         let meta = ModelMeta {
             layers: model.layers().to_vec(),
@@ -42,6 +44,7 @@ impl Checkpoints {
             training_data: Some(cfg.data.clone()),
             features: crate::data::feature_names(&cfg.data)
                 .filter(|names| names.len() == model.dense_inputs()),
+            class_names,
             wide_deep: match model {
                 Model::Mlp(_) => None,
                 Model::WideDeep(m) => Some(checkpoint::WideDeepMeta {

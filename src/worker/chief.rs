@@ -66,18 +66,26 @@ struct Beside {
 
 impl Chief {
     /// The chief of a worker whose `cluster` is placed for `model`'s variables
-    /// and whose data is read through `preprocessing`.
+    /// and whose data is read through `preprocessing`; `class_names`: the
+    /// training labels' names, for the checkpoints' metadata.
     pub(super) fn new(
         config: watch::Receiver<Arc<Config>>,
         cluster: Cluster,
         model: Model,
         preprocessing: Preprocessing,
         fields: &[String],
+        class_names: Option<Vec<String>>,
         shutdown: CancellationToken,
     ) -> Self {
         let cfg = config.borrow().clone();
         Chief {
-            checkpoints: Arc::new(Checkpoints::new(&cfg, &model, &preprocessing, fields)),
+            checkpoints: Arc::new(Checkpoints::new(
+                &cfg,
+                &model,
+                &preprocessing,
+                fields,
+                class_names,
+            )),
             config,
             cluster,
             model,

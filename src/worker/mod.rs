@@ -158,6 +158,7 @@ pub async fn run(
             model.clone(),
             preprocessing,
             &fields,
+            train.class_names().map(<[String]>::to_vec),
             shutdown.clone(),
         )
     });

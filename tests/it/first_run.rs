@@ -597,3 +597,185 @@ fn a_lone_tab_separated_file_is_split_for_its_test_set() {
         eval.stdout
     );
 }
+
+/// Three separable iris-like classes named `setosa`, `versicolor` and
+/// `virginica` in the column `species`, as `iris_train.csv` and
+/// `iris_test.csv` in `dir`; the test file's rows come in another order.
+fn iris(dir: &Path) -> PathBuf {
+    use rand::{Rng, SeedableRng};
+    let names = ["virginica", "setosa", "versicolor"];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut write = |name: &str, rows: usize| {
+        let mut text = String::from("sepal_length,sepal_width,petal_length,petal_width,species\n");
+        for _ in 0..rows {
+            let c = rng.random_range(0..3usize);
+            let cells: Vec<String> = (0..4)
+                .map(|j| {
+                    let centre = if j == c { 3.0 } else { 0.0 };
+                    format!("{:.3}", centre + rng.random_range(-0.5..0.5f32))
+                })
+                .collect();
+            text.push_str(&format!("{},{}\n", cells.join(","), names[c]));
+        }
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    write("iris_test.csv", 60);
+    write("iris_train.csv", 450)
+}
+
+#[test]
+fn class_names_in_the_label_column_train_and_come_back_from_predict_and_eval() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let train = iris(dir.path());
+    let test = dir.path().join("iris_test.csv");
+    let ckpt = dir.path().join("ckpt");
+    let args = [
+        "local",
+        "--data",
+        train.to_str().unwrap(),
+        "--workers",
+        "2",
+        "--optimizer",
+        "adam",
+        "--learning-rate",
+        "0.01",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "20",
+        "--steps",
+        "300",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--evaluator",
+        "--json",
+    ];
+    let out = dtf_in(&tmp, &args, &[]);
+    assert!(out.status.success(), "dtf local failed:\n{}", out.stderr);
+    let report = json(&out);
+    assert_eq!(report["outcome"], "trained", "{report}");
+    assert_eq!(report["layers"], serde_json::json!([4, 8, 3]), "{report}");
+    assert!(
+        report["test_accuracy"].as_f64().unwrap() > 0.9,
+        "the classes are separable: {report}"
+    );
+    assert!(
+        out.stderr.contains(
+            "dtf local: label column \"species\" holds 3 class names: setosa, versicolor, virginica"
+        ),
+        "{}",
+        out.stderr
+    );
+    // The names, in class order, are the checkpoint's.
+    let model = dtf::predict::Trained::load(&ckpt).unwrap();
+    let names = ["setosa", "versicolor", "virginica"].map(String::from);
+    assert_eq!(model.meta.class_names.as_deref(), Some(&names[..]));
+
+    // dtf predict: the class, its name, the probabilities.
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            ckpt.to_str().unwrap(),
+            "--input",
+            test.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = dtf_in(&tmp, &args, &[]);
+        assert!(out.status.success(), "dtf predict failed:\n{}", out.stderr);
+        out.stdout
+    };
+    let text = predict(&[]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "class,class_name,p0,p1,p2", "{text}");
+    assert_eq!(lines.len(), 61, "{text}");
+    // Nearly every row's name is the one in the test file's label column.
+    let want: Vec<String> = std::fs::read_to_string(&test)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap().to_owned())
+        .collect();
+    let mut right = 0;
+    for (line, want) in lines[1..].iter().zip(&want) {
+        let cells: Vec<&str> = line.split(',').collect();
+        let class: usize = cells[0].parse().unwrap();
+        assert_eq!(cells[1], names[class], "{line}");
+        right += usize::from(cells[1] == want);
+    }
+    assert!(right >= 54, "{right} of 60 right:\n{text}");
+    let json_lines = predict(&["--json"]);
+    for line in json_lines.lines() {
+        let p: serde_json::Value = serde_json::from_str(line).unwrap();
+        let class = p["class"].as_u64().unwrap() as usize;
+        assert_eq!(p["class_name"], names[class], "{line}");
+        assert_eq!(p["probabilities"].as_array().unwrap().len(), 3, "{line}");
+    }
+
+    // dtf eval on the test CSV: its names read through the checkpoint's.
+    let out = dtf_in(
+        &tmp,
+        &[
+            "eval",
+            ckpt.to_str().unwrap(),
+            "--data",
+            test.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "dtf eval failed:\n{}", out.stderr);
+    let ev = json(&out);
+    assert_eq!(ev["examples"], 60, "{ev}");
+    assert!(ev["accuracy"].as_f64().unwrap() > 0.9, "{ev}");
+    // A name the model was not trained on: the file, the line and the name.
+    let odd = dir.path().join("odd_test.csv");
+    std::fs::write(
+        &odd,
+        "sepal_length,sepal_width,petal_length,petal_width,species\n3,0,0,0,setosa\n0,0,0,3,iris-x\n",
+    )
+    .unwrap();
+    let out = dtf_in(
+        &tmp,
+        &[
+            "eval",
+            ckpt.to_str().unwrap(),
+            "--data",
+            odd.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("odd_test.csv")
+            && out.stderr.contains("line 3")
+            && out
+                .stderr
+                .contains("label \"iris-x\" is not one of the 3 class names"),
+        "{}",
+        out.stderr
+    );
+    // --threshold cannot make class names binary.
+    let out = dtf_in(
+        &tmp,
+        &[
+            "local",
+            "--data",
+            train.to_str().unwrap(),
+            "--threshold",
+            "1",
+            "--steps",
+            "1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("is not a number") && out.stderr.contains("leave data.threshold unset"),
+        "{}",
+        out.stderr
+    );
+}

@@ -198,6 +198,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         hyperparameters: None,
         features: Some(vec!["a".into(), "b".into(), "c".into()]),
         training_data: None,
+        class_names: None,
         wide_deep: None,
     };
     Saver::new(dir, 5)

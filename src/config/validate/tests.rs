@@ -354,6 +354,26 @@ fn each_data_format_needs_its_paths() {
 }
 
 #[test]
+fn the_csv_delimiter_is_auto_or_one_character() {
+    let c = Config::from_toml_str("", "f").unwrap();
+    assert_eq!(
+        (c.data.delimiter.as_str(), c.data.delimiter_byte()),
+        ("auto", None)
+    );
+    for (text, byte) in [("|", b'|'), ("\\t", b'\t'), (";", b';'), (",", b',')] {
+        let c = Config::from_toml_str(&format!("[data]\ndelimiter = \"{text}\"\n"), "f").unwrap();
+        assert_eq!(c.data.delimiter_byte(), Some(byte), "{text}");
+    }
+    for bad in ["", "||", "ab", "\\\"", "é", "\\n"] {
+        let err = error_for(
+            &format!("[data]\ndelimiter = \"{bad}\"\n"),
+            "data.delimiter",
+        );
+        assert!(err.contains("one ASCII character"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn wide_deep_takes_tensorflows_wide_deep_defaults_for_keys_nobody_set() {
     let c = Config::from_toml_str("[model]\nkind = \"wide_deep\"\n", "f").unwrap();
     assert_eq!(c.train.optimizer, OptimizerKind::Adagrad);

@@ -170,7 +170,7 @@ fn tabs_and_semicolons_are_read_as_the_header_line_uses_them() {
     ] {
         let (_d, path) = write(text);
         want(&load(&path, "label").unwrap());
-        assert_eq!(header_names(&path, "label").unwrap(), ["a", "b"]);
+        assert_eq!(header_names(&path, "label", None).unwrap(), ["a", "b"]);
     }
     // A label column that is not there: the flag to fix it, not only the key.
     let (_d, path) = write("user_id\titem_id\tlabel\n1\t2\t0\n");
@@ -181,7 +181,154 @@ fn tabs_and_semicolons_are_read_as_the_header_line_uses_them() {
     );
     assert!(err.contains("--label"), "{err}");
     // One column: no delimiter at all.
-    assert_eq!(delimiter(b"label\n"), b',');
+    assert_eq!(detect_delimiter(b"label\n"), b',');
     // A tab-separated header whose names hold a comma stays tab-separated.
-    assert_eq!(delimiter(b"price, eur\tqty\tlabel\n"), b'\t');
+    assert_eq!(detect_delimiter(b"price, eur\tqty\tlabel\n"), b'\t');
+}
+
+/// A training file's config: `path` with the label column `label`.
+fn csv_config(path: &std::path::Path, label: &str) -> DataConfig {
+    DataConfig {
+        format: crate::config::DataFormat::Csv,
+        train: Some(path.to_path_buf()),
+        label: label.into(),
+        ..DataConfig::default()
+    }
+}
+
+#[test]
+fn class_names_are_classes_in_sorted_order() {
+    let (_d, path) =
+        write("a,species\n1,virginica\n2,setosa\n3,versicolor\n4,setosa\n5,virginica\n");
+    let ds = load_config(&path, &csv_config(&path, "species"), None).unwrap();
+    assert_eq!(
+        ds.class_names().unwrap(),
+        ["setosa", "versicolor", "virginica"]
+    );
+    assert_eq!(ds.labels(), &[2, 0, 1, 0, 2]);
+    // The label column alone gives the same names (a test file read first).
+    assert_eq!(
+        class_names(&path, &csv_config(&path, "species"))
+            .unwrap()
+            .unwrap(),
+        ["setosa", "versicolor", "virginica"]
+    );
+    // Integers 0–255 stay class indices, with no names.
+    let (_d, path) = write("a,label\n1,3\n2,0\n");
+    let ds = load_config(&path, &csv_config(&path, "label"), None).unwrap();
+    assert_eq!((ds.labels(), ds.class_names()), (&[3u8, 0][..], None));
+    assert_eq!(
+        class_names(&path, &csv_config(&path, "label")).unwrap(),
+        None
+    );
+    // Numbers that are not class indices are not names: a threshold is meant.
+    let (_d, path) = write("a,label\n1,3\n2,-1\n");
+    let err = load_config(&path, &csv_config(&path, "label"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 3, column \"label\": label \"-1\" is not a class index"),
+        "{err}"
+    );
+    // Integers beside names are names too, sorted as text.
+    let (_d, path) = write("a,label\n1,7\n2,cat\n3,10\n");
+    let ds = load_config(&path, &csv_config(&path, "label"), None).unwrap();
+    assert_eq!(ds.class_names().unwrap(), ["10", "7", "cat"]);
+    assert_eq!(ds.labels(), &[1, 2, 0]);
+}
+
+#[test]
+fn a_test_file_takes_the_training_files_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("iris_train.csv");
+    let test = dir.path().join("iris_test.csv");
+    std::fs::write(&train, "a,species\n1,virginica\n2,setosa\n3,versicolor\n").unwrap();
+    // The test file lacks a class and orders them otherwise: the indices
+    // are still the training file's.
+    std::fs::write(&test, "a,species\n1,virginica\n2,virginica\n3,versicolor\n").unwrap();
+    let cfg = DataConfig {
+        test: Some(test.clone()),
+        ..csv_config(&train, "species")
+    };
+    let (tr, te) = crate::data::load_both(&cfg).unwrap();
+    assert_eq!(te.labels(), &[2, 2, 1]);
+    assert_eq!(te.class_names(), tr.class_names());
+    // Read alone (the chief's final evaluation): the same indices.
+    let alone = crate::data::load(&cfg, crate::data::Split::Test).unwrap();
+    assert_eq!(alone.labels(), &[2, 2, 1]);
+    // A name training never saw: the file, the line and the name.
+    std::fs::write(&test, "a,species\n1,setosa\n2,iris-x\n").unwrap();
+    for err in [
+        crate::data::load_both(&cfg).unwrap_err(),
+        crate::data::load(&cfg, crate::data::Split::Test).unwrap_err(),
+    ] {
+        let err = err.to_string();
+        assert!(
+            err.contains("iris_test.csv")
+                && err.contains("line 3")
+                && err.contains("label \"iris-x\" is not one of the 3 class names"),
+            "{err}"
+        );
+    }
+    // With a threshold, names are refused with the reason.
+    let cfg = DataConfig {
+        threshold: Some(1.0),
+        ..cfg
+    };
+    let err = crate::data::load_both(&cfg).unwrap_err().to_string();
+    assert!(
+        err.contains("label \"virginica\" is not a number")
+            && err.contains("leave data.threshold unset"),
+        "{err}"
+    );
+}
+
+#[test]
+fn more_than_256_class_names_are_refused() {
+    let mut text = String::from("a,label\n");
+    for i in 0..257 {
+        text.push_str(&format!("{i},name{i}\n"));
+    }
+    let (_d, path) = write(&text);
+    let err = load_config(&path, &csv_config(&path, "label"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 258") && err.contains("more than 256 distinct class names"),
+        "{err}"
+    );
+    // 256 are fine.
+    let cut: String = text.lines().take(257).map(|l| format!("{l}\n")).collect();
+    let (_d, path) = write(&cut);
+    let ds = load_config(&path, &csv_config(&path, "label"), None).unwrap();
+    assert_eq!(ds.class_names().unwrap().len(), 256);
+}
+
+#[test]
+fn the_delimiter_key_splits_cells_at_its_character() {
+    let (_d, path) = write("a|b|label\n1|2.5|0\n3|-4|1\n");
+    let cfg = DataConfig {
+        delimiter: "|".into(),
+        ..csv_config(&path, "label")
+    };
+    let ds = load_config(&path, &cfg, None).unwrap();
+    assert_eq!(ds.values, Features::Floats(vec![1.0, 2.5, 3.0, -4.0]));
+    assert_eq!(ds.names().unwrap(), ["a", "b"]);
+    assert_eq!(
+        header_names(&path, "label", Some(b'|')).unwrap(),
+        ["a", "b"]
+    );
+    // Told from the header line, the pipes are part of one column's name.
+    let err = load_config(&path, &csv_config(&path, "label"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no column \"label\""), "{err}");
+    // A named delimiter wins over the header line's commas.
+    let (_d, path) = write("a,x;b;label\n1;2;0\n");
+    let cfg = DataConfig {
+        delimiter: ";".into(),
+        ..csv_config(&path, "label")
+    };
+    let ds = load_config(&path, &cfg, None).unwrap();
+    assert_eq!(ds.names().unwrap(), ["a,x", "b"]);
 }
