@@ -60,7 +60,6 @@ pub const LIVE_KEYS: &[LiveKey] = &[
     live("train.lr_values", Applier::TrainingLoop),
     live("train.cosine_alpha", Applier::TrainingLoop),
     live("train.warmup_steps", Applier::TrainingLoop),
-    live("train.clip_norm", Applier::TrainingLoop),
     live("train.log_step_count_steps", Applier::TrainingLoop),
     live("train.save_summaries_steps", Applier::TrainingLoop),
     live("metrics.listen", Applier::MetricsServer),

@@ -169,7 +169,7 @@ pub struct TrainConfig {
     /// step 0), before any schedule (reloadable).
     pub warmup_steps: u64,
     /// Each worker scales a step's gradients to this global norm when they exceed it
-    /// (`tf.clip_by_global_norm`); 0: no clipping (reloadable).
+    /// (`tf.clip_by_global_norm`); 0: no clipping.
     pub clip_norm: f32,
     /// L2 weight on the weight matrices (`Σ‖W‖²/2`).
     pub regularization_rate: f32,

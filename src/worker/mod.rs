@@ -407,13 +407,11 @@ impl Worker {
                                     return loss;
                                 }
                                 let loss = mlp.loss_and_grads_into(params, x, y, reg, ws, grads);
-                                model::clip_by_global_norm(
-                                    &mut grads
-                                        .iter_mut()
-                                        .map(model::values_mut)
-                                        .collect::<Vec<_>>(),
-                                    clip,
-                                );
+                                if clip > 0.0 {
+                                    let mut all: Vec<_> =
+                                        grads.iter_mut().map(model::values_mut).collect();
+                                    model::clip_by_global_norm(&mut all, clip);
+                                }
                                 crate::metrics::global().computed_here();
                                 if let Some(r) = replay {
                                     r.save(grads, loss);

@@ -77,12 +77,15 @@ impl Worker {
                 &mut sparse.row_grads,
             );
             // One global norm over the dense gradients and the rows'.
-            let rows = &mut sparse.row_grads;
-            let mut all: Vec<&mut [f32]> = buf.grads.iter_mut().map(model::values_mut).collect();
-            let contiguous = "row gradients are contiguous";
-            all.push(rows.embeddings.as_slice_mut().expect(contiguous));
-            all.push(rows.wide.as_slice_mut().expect(contiguous));
-            model::clip_by_global_norm(&mut all, clip_norm);
+            if clip_norm > 0.0 {
+                let rows = &mut sparse.row_grads;
+                let mut all: Vec<&mut [f32]> =
+                    buf.grads.iter_mut().map(model::values_mut).collect();
+                let contiguous = "row gradients are contiguous";
+                all.push(rows.embeddings.as_slice_mut().expect(contiguous));
+                all.push(rows.wide.as_slice_mut().expect(contiguous));
+                model::clip_by_global_norm(&mut all, clip_norm);
+            }
             crate::metrics::global().computed_here();
             loss
         });

@@ -34,6 +34,16 @@ const SHOWN_BY: &[(&str, &str)] = &[
         "save_summaries_steps_reloads_live",
     ),
     ("metrics.listen", "metrics_listen_reloads_live"),
+    ("train.lr_schedule", "the_schedule_keys_reload_live"),
+    ("train.lr_boundaries", "the_schedule_keys_reload_live"),
+    ("train.lr_values", "the_schedule_keys_reload_live"),
+    ("train.cosine_alpha", "the_schedule_keys_reload_live"),
+    (
+        "train.learning_rate_decay_steps",
+        "the_schedule_keys_reload_live",
+    ),
+    ("train.staircase", "the_schedule_keys_reload_live"),
+    ("train.warmup_steps", "the_schedule_keys_reload_live"),
     // With the evaluator's tests: saving by steps is its subject there.
     ("checkpoint.save_steps", "save_steps_reloads_live"),
     // With the membership tests (both transports, async and sync).
@@ -156,6 +166,68 @@ fn learning_rate_and_decay_reload_live() {
         lr <= want / 0.96 && lr >= want * 0.96,
         "dtf_learning_rate {lr} at step {step}: the schedule says {want}"
     );
+}
+
+/// The learning-rate schedule's keys: each reload changes the worker's `dtf_learning_rate`
+/// as TensorFlow's schedule of that name says — piecewise_constant's values past its
+/// boundary, cosine_decay's end at alpha, exponential_decay continuous then staircase,
+/// and a warmup that starts the schedule over from a sliver of its rate.
+#[test]
+fn the_schedule_keys_reload_live() {
+    use dtf::config::LrSchedule;
+    let mut c = Cluster::new(1, 1, 1_000_000, Mode::Async);
+    c.cfg.train.learning_rate = 0.1;
+    c.cfg.train.learning_rate_decay = 1.0;
+    c.write_config();
+    c.start("ps", 0);
+    let addr = free_addrs(1).remove(0);
+    c.start_env("worker", 0, &[("DTF_METRICS__LISTEN", &addr)]);
+    let close = |lr: f64, want: f64| (lr - want).abs() <= 0.001 * want;
+    until(RUN, "dtf_learning_rate 0.1", || {
+        lr_and_step(&addr).filter(|&(lr, s)| s > 0.0 && close(lr, 0.1))
+    });
+
+    // piecewise_constant: 0.3 up to step 1, then 0.05.
+    c.cfg.train.lr_schedule = LrSchedule::PiecewiseConstant;
+    c.cfg.train.lr_boundaries = vec![1];
+    c.cfg.train.lr_values = vec![0.3, 0.05];
+    reload(&mut c, &["worker:0"], "train.lr_schedule");
+    until(RUN, "piecewise_constant's 0.05", || {
+        lr_and_step(&addr).filter(|&(lr, _)| close(lr, 0.05))
+    });
+
+    // cosine_decay over 1 step: at its end, alpha · learning_rate.
+    c.cfg.train.lr_schedule = LrSchedule::CosineDecay;
+    c.cfg.train.learning_rate_decay_steps = 1;
+    c.cfg.train.cosine_alpha = 0.25;
+    reload(&mut c, &["worker:0"], "train.cosine_alpha");
+    until(RUN, "cosine_decay's end at 0.025", || {
+        lr_and_step(&addr).filter(|&(lr, _)| close(lr, 0.025))
+    });
+
+    // exponential_decay by 0.5 per 1000 steps: continuous, the rate is between the
+    // stairs (0.1 · 0.5^k)...
+    let stair = |lr: f64| (0..60).any(|k| close(lr, 0.1 * 0.5f64.powi(k)));
+    c.cfg.train.lr_schedule = LrSchedule::ExponentialDecay;
+    c.cfg.train.learning_rate_decay = 0.5;
+    c.cfg.train.learning_rate_decay_steps = 1000;
+    reload(&mut c, &["worker:0"], "train.learning_rate_decay_steps");
+    until(RUN, "a continuous decay, between the stairs", || {
+        lr_and_step(&addr).filter(|&(lr, _)| lr < 0.0999 && !stair(lr))
+    });
+    // ...and with staircase on, it is always on one.
+    c.cfg.train.staircase = true;
+    reload(&mut c, &["worker:0"], "train.staircase");
+    until(RUN, "a rate on a stair", || {
+        lr_and_step(&addr).filter(|&(lr, _)| stair(lr))
+    });
+
+    // A warmup longer than the run: a sliver of the rate.
+    c.cfg.train.warmup_steps = 1_000_000_000;
+    reload(&mut c, &["worker:0"], "train.warmup_steps");
+    until(RUN, "the warmup's sliver of 0.1", || {
+        lr_and_step(&addr).filter(|&(lr, _)| lr < 1e-4)
+    });
 }
 
 /// `checkpoint.save_secs`: from an hour to a second, the chief starts
