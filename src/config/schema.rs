@@ -531,123 +531,6 @@ impl fmt::Display for Mode {
     }
 }
 
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        Self {
-            ps: vec!["127.0.0.1:2222".into()],
-            worker: vec!["127.0.0.1:2223".into()],
-            placement: Placement::RoundRobin,
-            ps_exit_when_complete: true,
-            transport: Transport::Auto,
-            runtime_dir: String::new(),
-            compression: Compression::None,
-        }
-    }
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        Self {
-            mode: Mode::Async,
-            batch_size: 100,
-            learning_rate: 0.01,
-            learning_rate_decay: 0.99,
-            lr_schedule: LrSchedule::ExponentialDecay,
-            learning_rate_decay_steps: 0,
-            staircase: false,
-            lr_boundaries: Vec::new(),
-            lr_values: Vec::new(),
-            cosine_alpha: 0.0,
-            warmup_steps: 0,
-            clip_norm: 0.0,
-            regularization_rate: 0.0001,
-            moving_average_decay: 0.99,
-            last_step: 20000,
-            replicas_to_aggregate: None,
-            total_num_replicas: None,
-            seed: 0,
-            log_step_count_steps: 100,
-            save_summaries_steps: 100,
-            // TensorFlow 1.x's defaults (MomentumOptimizer has none for
-            // `momentum`; 0.9 is the usual choice).
-            optimizer: OptimizerKind::Sgd,
-            momentum: 0.9,
-            use_nesterov: false,
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-            initial_accumulator_value: 0.1,
-            precision: crate::kernel::Precision::Float32,
-            flush_denormals: true,
-        }
-    }
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        Self {
-            layers: vec![784, 500, 10],
-            hidden: None,
-            kind: ModelKind::Mlp,
-            embedding_dim: 16,
-            partitioner: Partitioner::MinSize,
-            partitions: 0,
-            min_shard_bytes: 256 << 10,
-            max_shards: 0,
-            activation: crate::model::Activation::Relu,
-            dropout: 0.0,
-        }
-    }
-}
-
-impl Default for DataConfig {
-    fn default() -> Self {
-        Self {
-            format: DataFormat::Idx,
-            dir: DEFAULT_DATA_DIR.into(),
-            path: None,
-            train: None,
-            test: None,
-            label: "label".into(),
-            standardize: false,
-            threshold: None,
-            categorical: Vec::new(),
-            test_fraction: 0.2,
-            delimiter: AUTO_DELIMITER.into(),
-        }
-    }
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        Self {
-            dir: "/var/lib/dtf/checkpoints".into(),
-            save_secs: None,
-            save_steps: 0,
-            max_to_keep: 5,
-        }
-    }
-}
-
-impl Default for SecurityConfig {
-    fn default() -> Self {
-        Self {
-            token_file: "/etc/dtf/token".into(),
-            tls_cert: None,
-            tls_key: None,
-            tls_ca: None,
-        }
-    }
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            level: "info".into(),
-        }
-    }
-}
-
 impl Config {
     /// The configuration as a TOML document that [`Config::from_toml_str`]
     /// reads back to an equal `Config`; unset options are omitted.
@@ -733,5 +616,6 @@ pub fn json_value<T: Serialize>(value: &T) -> Result<serde_json::Value, serde_js
     serde_json::from_str(&serde_json::to_string(value)?)
 }
 
+mod defaults;
 #[cfg(test)]
 mod tests;

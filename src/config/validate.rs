@@ -4,8 +4,7 @@
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, DataFormat, LrSchedule, Metric, Mode, ModelConfig, ModelKind, OptimizerKind,
-    Partitioner,
+    Config, DataFormat, Metric, Mode, ModelConfig, ModelKind, OptimizerKind, Partitioner,
 };
 use super::size::memory_bytes;
 use super::task::{Role, TaskId};
@@ -13,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 mod address;
+mod train;
 pub(super) use address::same_endpoint;
 use address::{check_address, endpoints};
 
@@ -220,37 +220,6 @@ impl Config {
         Ok(())
     }
 
-    /// The optimizers' hyperparameters, every one of them whichever optimizer
-    /// is chosen: a bad value is a mistake even where it is not used yet.
-    fn validate_optimizer(&self) -> Result<(), ConfigError> {
-        let t = &self.train;
-        // A decay of 1 or more never forgets (Adam's bias correction then
-        // divides by zero); below 0 it oscillates.
-        for (key, value) in [
-            ("train.momentum", t.momentum),
-            ("train.beta1", t.beta1),
-            ("train.beta2", t.beta2),
-        ] {
-            if !(0.0..1.0).contains(&value) {
-                return Err(self.bad(key, invalid(value, "a number in [0, 1)")));
-            }
-        }
-        // Adam divides by `√v + epsilon` with `v` starting at 0, Adagrad by
-        // `√accum`: either at 0 divides zero by zero on a zero gradient.
-        for (key, value) in [
-            ("train.epsilon", t.epsilon),
-            (
-                "train.initial_accumulator_value",
-                t.initial_accumulator_value,
-            ),
-        ] {
-            if !(value > 0.0 && value.is_finite()) {
-                return Err(self.bad(key, invalid(value, "a finite number above 0")));
-            }
-        }
-        self.validate_tables()
-    }
-
     /// `model.kind = "wide_deep"`'s own defaults for the keys nobody set:
     /// those of TensorFlow's wide & deep parameter-server program (Adagrad,
     /// learning rate 0.05, batch 256, hidden widths 64 and 32), not the MLP's;
@@ -328,70 +297,6 @@ impl Config {
                     ),
                 ),
             ));
-        }
-        Ok(())
-    }
-
-    /// `[model]`: at least two widths, none zero; `hidden` only without `layers`.
-    /// The learning-rate schedule's keys, each checked whichever schedule is chosen (a bad
-    /// value is a mistake even where it is not used yet), and the gradients' clip norm.
-    fn validate_schedule(&self) -> Result<(), ConfigError> {
-        let t = &self.train;
-        if let Some(i) = t.lr_boundaries.windows(2).position(|w| w[0] >= w[1]) {
-            return Err(self.bad(
-                &format!("train.lr_boundaries[{}]", i + 1),
-                invalid(t.lr_boundaries[i + 1], "steps in increasing order"),
-            ));
-        }
-        if let Some(i) = t
-            .lr_values
-            .iter()
-            .position(|&v| !(v > 0.0 && v <= MAX_LEARNING_RATE))
-        {
-            return Err(self.bad(
-                &format!("train.lr_values[{i}]"),
-                invalid(
-                    t.lr_values[i],
-                    &format!("a number in (0, {MAX_LEARNING_RATE}]"),
-                ),
-            ));
-        }
-        let piecewise = t.lr_schedule == LrSchedule::PiecewiseConstant;
-        if (piecewise || !t.lr_values.is_empty()) && t.lr_values.len() != t.lr_boundaries.len() + 1
-        {
-            return Err(self.bad(
-                "train.lr_values",
-                format!(
-                    "has {} rates for {} train.lr_boundaries: piecewise_constant needs one \
-                     rate more than boundaries, e.g. lr_boundaries = [1000, 2000], \
-                     lr_values = [0.1, 0.01, 0.001]",
-                    t.lr_values.len(),
-                    t.lr_boundaries.len()
-                ),
-            ));
-        }
-        if !(0.0..=1.0).contains(&t.cosine_alpha) {
-            return Err(self.bad(
-                "train.cosine_alpha",
-                invalid(t.cosine_alpha, "a number in [0, 1]"),
-            ));
-        }
-        if !(t.clip_norm >= 0.0 && t.clip_norm.is_finite()) {
-            return Err(self.bad(
-                "train.clip_norm",
-                invalid(t.clip_norm, "a finite number >= 0 (0: no clipping)"),
-            ));
-        }
-        for (key, value) in [
-            (
-                "train.learning_rate_decay_steps",
-                t.learning_rate_decay_steps,
-            ),
-            ("train.warmup_steps", t.warmup_steps),
-        ] {
-            if value > TOML_MAX {
-                return Err(self.bad(key, invalid(value, "an integer of at most 2^63 - 1")));
-            }
         }
         Ok(())
     }
