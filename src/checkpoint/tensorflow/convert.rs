@@ -213,17 +213,9 @@ pub fn to_checkpoint(
 mod tests {
     use super::*;
 
+    /// `layer1/weights` [2, 3] and `layer1/biases` [3].
     fn specs() -> Vec<VarSpec> {
-        vec![
-            VarSpec {
-                name: "layer1/weights".into(),
-                shape: vec![2, 3],
-            },
-            VarSpec {
-                name: "layer1/biases".into(),
-                shape: vec![3],
-            },
-        ]
+        crate::model::Mlp::new(&[2, 3]).unwrap().variables()
     }
 
     fn tf() -> Vec<Tensor> {
