@@ -36,7 +36,8 @@
 //!   `merge_rows`/`split_rows` (a table whole, whatever the ps count).
 //! - [`ps`] — the parameter-server task: `PsService` and its state by concern, `calls`
 //!   (the functions every call runs, on domain types), `serve` (its background tasks),
-//!   `follow` (membership and re-shard), its `shard` (the state and the checks on what
+//!   `follow` (membership and re-shard), `widths` (a ps started with `model.hidden` takes
+//!   the widths from the chief: no ps reads the data), its `shard` (the state and the checks on what
 //!   comes in; `shard::update`: pushes into updates, the optimizer's pass, a push's parts on the ps's
 //!   cores at once), the gRPC
 //!   service (`grpc`) and the shared-memory server (`shm`) — the two adapters that see the

@@ -90,6 +90,9 @@ pub struct TaskStatus {
     /// Ps: it started with no snapshot of its own and fetches its shard's
     /// copy from its ring neighbour before it serves.
     pub fetching: Option<bool>,
+    /// Ps: started with `model.hidden`, it waits for the chief to send the
+    /// model's widths before it holds a shard.
+    pub needs_widths: Option<bool>,
     /// Ps: the f32 values of the variables (parts) it holds, slots and
     /// shadows excluded: how `model.partitioner` spread the model.
     pub parameters: Option<u64>,
@@ -222,6 +225,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             snapshot_failures: s.map(|s| s.snapshot_failures),
             resharding: s.map(|s| s.resharding),
             fetching: s.map(|s| s.fetching),
+            needs_widths: s.map(|s| s.needs_widths),
             parameters: s.map(|s| s.parameters),
             ..Default::default()
         });
@@ -474,6 +478,9 @@ fn row(t: &TaskStatus) -> Vec<String> {
                 (Some(true), ..) if t.resharding == Some(true) => "yes, RE-SHARDING".into(),
                 (Some(true), ..) if t.fetching == Some(true) => {
                     "yes, FETCHING ITS SHARD FROM ITS NEIGHBOUR".into()
+                }
+                (Some(true), ..) if t.needs_widths == Some(true) => {
+                    "yes, WAITING FOR THE CHIEF'S MODEL WIDTHS".into()
                 }
                 (Some(true), ..) => "yes".into(),
                 (Some(false), ..) => "NO".into(),

@@ -13,6 +13,7 @@ use std::fmt;
 
 mod address;
 mod train;
+mod widths;
 pub(super) use address::same_endpoint;
 use address::{check_address, endpoints};
 

@@ -412,7 +412,8 @@ async fn serve_ps(
 /// training data:
 ///
 /// - with `model.hidden`, the widths come from the data, which must be
-///   readable here (every task needs them to know the variables);
+///   readable here for a worker or the evaluator; a ps does not read it
+///   and leaves `model.layers` empty: it takes the widths from the chief;
 /// - IDX data readable here: its header against `model.layers[0]` and
 ///   `train.batch_size` (cheap: a ps host reads 16 bytes, not the set);
 /// - NumPy or CSV data present here, for a worker (and `dtf check-config`):
@@ -431,7 +432,11 @@ pub fn preflight(cfg: &mut Config, role: Role) -> Result<Credentials, ResolveErr
     } else {
         Credentials::load(cfg)?
     };
-    let examples = if cfg.model.hidden.is_some() {
+    let examples = if cfg.model.hidden.is_some() && role == Role::Ps {
+        // The ps takes the widths from the chief (`ps::widths`): no data here.
+        cfg.model.layers = Vec::new();
+        None
+    } else if cfg.model.hidden.is_some() {
         Some(data::resolve_model(cfg)?.examples)
     } else if cfg.data.format == DataFormat::Idx {
         let dir = &cfg.data.dir;
@@ -527,6 +532,9 @@ pub fn main(role: Role, args: Args) -> std::process::ExitCode {
         Some(Err(e)) => {
             eprintln!("error: {e}");
             return std::process::ExitCode::from(EX_CONFIG);
+        }
+        Some(Ok(r)) if role == Role::Ps && cfg.model.layers.is_empty() => {
+            r + "; the model's widths around model.hidden come from the chief"
         }
         Some(Ok(r)) => r,
         None => String::new(),

@@ -187,6 +187,7 @@ impl PsService {
             replica_step,
             replica_failures,
             fetching,
+            needs_widths: self.needs_widths(),
             run: if s.is_initialized() {
                 s.run()
             } else {
@@ -224,6 +225,9 @@ impl PsService {
     /// Errors: `INVALID_ARGUMENT` for a step out of range or tensors that are
     /// not the shard's variables.
     pub fn initialize_from(&self, req: Initialize<'_>) -> Result<Initialized, Status> {
+        if !req.layers.is_empty() {
+            return self.take_widths(&req.layers);
+        }
         self.serving()?;
         if i64::try_from(req.global_step).is_err() {
             return Err(shard::ShardError::StepRange(req.global_step).into());

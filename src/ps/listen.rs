@@ -17,8 +17,9 @@ use tracing::{info, warn};
 
 /// What the accept loop of [`incoming`] holds.
 struct Accepting {
-    /// Where clients connect.
-    listener: TcpListener,
+    /// Where clients connect (shared: a ps waiting for its widths serves
+    /// on it, then the ps with its shard).
+    listener: Arc<TcpListener>,
     /// The connections open.
     registry: Arc<Registry>,
     /// Where refusals go.
@@ -34,7 +35,7 @@ struct Accepting {
 /// `Server::serve_with_incoming_shutdown`; with `tls`, yields each once its
 /// handshake is done, and logs those that fail it.
 pub fn incoming(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     log: Arc<RefusalLog>,
     tls: Option<TlsAcceptor>,
 ) -> impl futures::Stream<Item = io::Result<Io>> + Send + 'static {

@@ -24,6 +24,7 @@ mod shm;
 pub mod snapshot;
 pub mod table;
 pub mod tls;
+mod widths;
 pub mod workers;
 
 pub use serve::serve;
@@ -81,6 +82,8 @@ struct Inner {
     /// The embedding tables' rows this task owns, each behind its own
     /// lock (`rows.rs`).
     tables: rows::Tables,
+    /// Whether it waits for the chief's widths (`widths.rs`).
+    widths: widths::Widths,
 }
 
 /// What the two transports' adapters keep between calls.
@@ -117,14 +120,19 @@ pub struct PsService {
 
 impl PsService {
     /// Builds the shard of ps task `task` as `config` places the model;
-    /// reloads of `config` move `train.last_step`.
+    /// reloads of `config` move `train.last_step`. Without widths
+    /// (`model.layers` empty: `model.hidden`, the data not read), a service
+    /// with no shard that waits for the chief's (`widths.rs`).
     ///
     /// Errors: [`PsError::Model`] for a bad `model.layers`.
     pub fn new(config: watch::Receiver<Arc<Config>>, task: usize) -> Result<Self, PsError> {
         let live = config;
         let config: Arc<Config> = live.borrow().clone();
-        let mlp = Mlp::new(&config.model.layers)?;
-        let specs = placement::shard(&config, &mlp.variables(), task);
+        let widths = widths::Widths::new(&config);
+        let specs = match config.model.layers.is_empty() {
+            true => Vec::new(),
+            false => placement::shard(&config, &Mlp::new(&config.model.layers)?.variables(), task),
+        };
         let rule = match config.train.mode {
             Mode::Async => Rule::Async,
             Mode::Sync => Rule::Sync {
@@ -172,6 +180,7 @@ impl PsService {
                 snapshots,
                 ring,
                 tables,
+                widths,
             }),
         })
     }

@@ -139,8 +139,15 @@ impl Ring {
         own: Option<&Path>,
     ) -> Result<Self, crate::model::ModelError> {
         let n = config.cluster.ps.len();
-        let on = n >= 2 && config.ps.snapshot_secs > 0 && own.is_some();
-        let variables = Mlp::new(&config.model.layers)?.variables();
+        // Without widths (a ps waiting for the chief's) there is no shard to copy.
+        let on = n >= 2
+            && config.ps.snapshot_secs > 0
+            && own.is_some()
+            && !config.model.layers.is_empty();
+        let variables = match on {
+            true => Mlp::new(&config.model.layers)?.variables(),
+            false => Vec::new(),
+        };
         let specs = |t: usize| crate::placement::shard(config, &variables, t);
         let optimizer = config.train.optimizer();
         // A ring copy travels in one message: its rows are bounded so.
@@ -347,6 +354,7 @@ impl PsService {
     /// While this ps fetches its copy at start, the answer to `Initialize`,
     /// `Pull` and `Push` (`State` says `fetching`).
     pub(super) fn serving(&self) -> Result<(), Status> {
+        self.widths_known()?;
         let ring = &self.inner.ring;
         if !ring.fetching.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());

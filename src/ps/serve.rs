@@ -5,7 +5,7 @@
 //! server stops; the tasks that finish their work on `stop` (the shared-
 //! memory server, the last snapshot) by another, waited for.
 
-use super::{Ended, PsError, PsService, grpc, listen, replica, shm, snapshot};
+use super::{Ended, PsError, PsService, grpc, listen, replica, shm, snapshot, widths};
 use crate::auth::Credentials;
 use crate::config::{Config, Role, TaskId, Transport};
 use crate::transport::ring::RingClient;
@@ -28,12 +28,14 @@ const COMPLETE_LINGER: Duration = Duration::from_secs(2);
 
 /// How long the server, once stopped, waits for its connections to close
 /// before it drops them.
-const SERVER_DRAIN: Duration = Duration::from_secs(1);
+pub(super) const SERVER_DRAIN: Duration = Duration::from_secs(1);
 
 /// Serves ps task `task` on `listener` until `shutdown` is cancelled or, with
 /// `cluster.ps_exit_when_complete`, shortly after the run is complete.
 ///
 /// Returns [`Ended::Reshard`] once the chief wrote the re-shard checkpoint.
+/// A ps without the model's widths (`model.hidden`, the data not read)
+/// first waits for the chief's ([`widths::learn`]).
 ///
 /// Errors: [`PsError`] when the model is invalid or the server fails.
 pub async fn serve(
@@ -43,6 +45,19 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<Ended, PsError> {
+    let listener = Arc::new(listener);
+    let needs_widths = live.borrow().model.layers.is_empty();
+    let live = match needs_widths {
+        false => live,
+        true => {
+            let learned =
+                widths::learn(live, task, credentials, listener.clone(), shutdown.clone()).await?;
+            match learned {
+                Some(live) => live,
+                None => return Ok(Ended::Stopped),
+            }
+        }
+    };
     let service = PsService::new(live.clone(), task)?;
     let (snapshot_secs, restored) = {
         let config = live.borrow().clone();

@@ -87,6 +87,10 @@ pub struct Initialize<'a> {
     /// starts empty. 0: none staged, every table empty (ignored with
     /// `adopt`: the snapshot has its own).
     pub staged: u64,
+    /// The model's dense widths, input first, sent alone to a ps that
+    /// waits for them ([`crate::transport::PsState::needs_widths`]); empty
+    /// otherwise.
+    pub layers: Vec<usize>,
 }
 
 /// What `Initialize` answers.

@@ -473,6 +473,12 @@ impl<'a> TryFrom<&'a pb::InitializeRequest> for Initialize<'a> {
             adopt: r.adopt,
             snapshot_step: r.snapshot_step,
             staged: r.staged,
+            // Checked by the ps against its model.hidden and memory.
+            layers: r
+                .layers
+                .iter()
+                .map(|&w| usize::try_from(w).unwrap_or(usize::MAX))
+                .collect(),
         })
     }
 }

@@ -76,6 +76,9 @@ pub struct PsState {
     /// Fetching its shard's copy from its neighbour: not initialized, and
     /// `Initialize`, `Pull` and `Push` refused until then.
     pub fetching: bool,
+    /// Started with `model.hidden` and no widths: it waits for the chief's
+    /// (`Initialize`'s `layers`) before it holds a shard.
+    pub needs_widths: bool,
 }
 
 /// A worker as a ps knows it from the pushes it receives.
@@ -167,6 +170,7 @@ macro_rules! convert_state {
                     replica_failures: s.replica_failures,
                     fetching: s.fetching,
                     parameters: s.parameters,
+                    needs_widths: s.needs_widths,
                 }
             }
         }
@@ -196,6 +200,7 @@ mod tests {
             }],
             snapshot_age_seconds: -1.0,
             fetching: true,
+            needs_widths: true,
             ..Default::default()
         };
         let back = PsState::from(pb::StateResponse::from(state.clone()));

@@ -58,6 +58,39 @@ impl Worker {
                 }
                 Err(e) => return Err(e.into()),
             };
+            // A ps started with model.hidden waits for the widths the
+            // chief resolved from the data; until then it holds no shard.
+            let widthless: Vec<usize> = states
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.needs_widths)
+                .map(|(ps, _)| ps)
+                .collect();
+            if !widthless.is_empty() {
+                match &self.chief {
+                    Some(_) => {
+                        info!(ps = ?widthless, layers = ?self.model.layers(), "Sending the model's widths to ps tasks started with model.hidden.");
+                        match self
+                            .cluster
+                            .send_widths(&widthless, self.model.layers())
+                            .await
+                        {
+                            Err(e) if e.is_unavailable() => {
+                                backoff.wait(&e.to_string(), &self.shutdown).await?;
+                            }
+                            Err(e) => return Err(e.into()),
+                            Ok(()) => self.init_poll().await?,
+                        }
+                    }
+                    None => {
+                        if chief_wait.should_log() {
+                            info!(ps = ?widthless, "Waiting for the chief to send the model's widths to ps tasks started with model.hidden.");
+                        }
+                        self.init_poll().await?;
+                    }
+                }
+                continue;
+            }
             let otherwise = self.placed_otherwise(&states);
             if !otherwise.is_empty() {
                 // A ps of another list still stopped for a re-shard whose

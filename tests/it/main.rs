@@ -36,3 +36,4 @@ mod tf_checkpoint;
 mod tls;
 mod util;
 mod wide_deep;
+mod widths;

@@ -5,7 +5,6 @@
 
 use crate::util::*;
 use dtf::config::Mode;
-use dtf::transport::pb;
 use std::time::Duration;
 
 /// Long enough for a loaded 2-core machine to start a cluster and train a while.
@@ -72,28 +71,6 @@ fn every_live_key_has_a_test_showing_its_effect() {
             "{key}: no test {test} in tests/it/reload.rs, evaluator.rs or membership.rs"
         );
     }
-}
-
-/// ps 0's step (0 while it does not answer).
-fn global_step(c: &Cluster) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut ps = c.client(0, Some(TOKEN)).await;
-        ps.state(pb::StateRequest {})
-            .await
-            .map_or(0, |r| r.into_inner().global_step)
-    })
-}
-
-/// Waits until ps 0 is past `step`; returns its step.
-fn past(c: &Cluster, step: u64) -> u64 {
-    until(RUN, &format!("global step past {step}"), || {
-        let s = global_step(c);
-        (s > step).then_some(s)
-    })
 }
 
 /// Writes the changed config (by rename, as an editor saves) and waits

@@ -923,3 +923,29 @@ pub fn shard_files(dir: &Path) -> Vec<(u64, PathBuf)> {
     files.sort_by_key(|f| std::cmp::Reverse(f.0));
     files
 }
+
+/// ps 0's step (0 while it does not answer).
+pub fn global_step(c: &Cluster) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut ps = c.client(0, Some(TOKEN)).await;
+        ps.state(dtf::transport::pb::StateRequest {})
+            .await
+            .map_or(0, |r| r.into_inner().global_step)
+    })
+}
+
+/// Waits until ps 0 is past `step`; returns its step.
+pub fn past(c: &Cluster, step: u64) -> u64 {
+    until(
+        Duration::from_secs(120),
+        &format!("global step past {step}"),
+        || {
+            let s = global_step(c);
+            (s > step).then_some(s)
+        },
+    )
+}

@@ -85,6 +85,23 @@ impl Cluster {
         self.send_initialize(requests).await
     }
 
+    /// Sends the model's dense widths (`layers`, input first) to each ps in
+    /// `only`: those started with `model.hidden` wait for them
+    /// ([`PsState::needs_widths`]) and then start again with their shard.
+    ///
+    /// Errors: a ps's refusal (`INVALID_ARGUMENT`: another `model.hidden`).
+    pub async fn send_widths(&self, only: &[usize], layers: &[usize]) -> Result<(), PsCallError> {
+        let layers: Vec<u64> = layers.iter().map(|&w| w as u64).collect();
+        let requests = only.iter().map(|&ps| {
+            let req = pb::InitializeRequest {
+                layers: layers.clone(),
+                ..Default::default()
+            };
+            (ps, req)
+        });
+        self.send_initialize(requests).await.map(drop)
+    }
+
     /// Asks each ps in `only` (with the step it restored, and the step to
     /// count on from) to take the snapshot it holds aside, as `run`'s.
     /// Returns the shards that took it.
