@@ -243,6 +243,7 @@ impl PsService {
     /// written, `UNAVAILABLE` when it cannot be written (the error is logged).
     pub(super) async fn keep_copy(&self, task: u32, bytes: bytes::Bytes) -> Result<u64, Status> {
         let ring = &self.inner.ring;
+        self.ring_ready()?;
         let kept = ring.kept(task)?;
         if bytes.len() as u64 > kept.bound {
             return Err(Status::invalid_argument(format!(
@@ -312,6 +313,7 @@ impl PsService {
     /// Errors: `FAILED_PRECONDITION` for a shard this ps does not keep.
     pub(super) async fn fetch_copy(&self, task: u32) -> Result<Option<Replica>, Status> {
         let ring = &self.inner.ring;
+        self.ring_ready()?;
         let kept = ring.kept(task)?;
         let Ok(reading) = ring.reading.clone().try_lock_owned() else {
             return Err(Status::resource_exhausted(format!(

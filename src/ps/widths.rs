@@ -62,6 +62,21 @@ impl PsService {
         }
     }
 
+    /// While the widths are not known, the answer to the ring's calls
+    /// (`Replicate`, `FetchReplica`): `UNAVAILABLE`, so the neighbour asks
+    /// again — the copies this ps keeps are on its disk, served once it
+    /// has its widths (a ps that lost its disk must not give up on them).
+    pub(super) fn ring_ready(&self) -> Result<(), Status> {
+        match self.inner.widths.needed {
+            false => Ok(()),
+            true => Err(Status::unavailable(format!(
+                "ps:{} waits for the chief to send the model's widths; it serves the ring's \
+                 copies once it has them",
+                self.inner.task
+            ))),
+        }
+    }
+
     /// `Initialize` with `layers`: the chief's widths. A ps that waits for
     /// them takes them when they fit its `model.hidden` and its memory,
     /// and then starts again with its shard; one that has its own answers
