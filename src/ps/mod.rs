@@ -16,6 +16,7 @@ mod follow;
 mod grpc;
 pub mod limits;
 mod listen;
+pub mod memory;
 mod replica;
 mod rows;
 mod serve;
