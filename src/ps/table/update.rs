@@ -151,6 +151,9 @@ impl Table {
             return Ok(Outcome::AtLastStep);
         }
         let (ids, grads) = dedup(ids, grads, dim);
+        self.see_step(step);
+        // Admission counts each id once per push (duplicates summed above).
+        let (ids, grads) = self.admit(ids, grads);
         match self.sync.rule {
             Rule::Async => {
                 self.apply(&ids, &grads, None, lr, step)?;
@@ -268,9 +271,35 @@ impl Table {
     /// created first if absent; the new values are computed aside and
     /// written only when all are finite.
     ///
+    /// Under `max_rows`, room is made first ([`Table::make_room`]); the
+    /// new rows it has no room for are left out.
+    ///
     /// Errors: [`TableError::Overflow`]; no row changed (rows created for
     /// the push stay, at their initial values).
     fn apply(
+        &mut self,
+        ids: &[u64],
+        grads: &[f32],
+        scale: Option<&[f32]>,
+        lr: f32,
+        step: u64,
+    ) -> Result<(), TableError> {
+        if let Some(kept) = self.make_room(ids) {
+            let dim = self.spec.dim;
+            let ids: Vec<u64> = kept.iter().map(|&i| ids[i]).collect();
+            let grads: Vec<f32> = kept
+                .iter()
+                .flat_map(|&i| &grads[i * dim..(i + 1) * dim])
+                .copied()
+                .collect();
+            let scale: Option<Vec<f32>> = scale.map(|s| kept.iter().map(|&i| s[i]).collect());
+            return self.apply_rows(&ids, &grads, scale.as_deref(), lr, step);
+        }
+        self.apply_rows(ids, grads, scale, lr, step)
+    }
+
+    /// [`Table::apply`] once the rows have room.
+    fn apply_rows(
         &mut self,
         ids: &[u64],
         grads: &[f32],
@@ -316,6 +345,11 @@ impl Table {
         for (i, &r) in rows.iter().enumerate() {
             self.arena[r * stride..(r + 1) * stride]
                 .copy_from_slice(&next[i * stride..(i + 1) * stride]);
+        }
+        if !self.touched.is_empty() {
+            for &r in &rows {
+                self.touch(r, step);
+            }
         }
         Ok(())
     }
