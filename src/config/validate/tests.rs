@@ -461,6 +461,11 @@ fn table_admission_and_eviction_keys_refuse_what_cannot_work() {
     new.model.tables.max_rows = 10;
     let err = c.reload(new).unwrap_err().to_string();
     assert!(err.contains("model.tables.max_rows"), "{err}");
+    // `--set` reaches a sub-table's keys.
+    let o = Override::parse_set("model.tables.max_rows=5").unwrap();
+    let c = Config::load_with(None, &[o]).unwrap();
+    assert_eq!(c.model.tables.max_rows, 5);
+    assert!(Override::parse_set("model.tables.x.y=1").is_err());
 }
 
 /// Wide & deep's best checkpoints rank by EMA AUC unless `[eval] metric`
