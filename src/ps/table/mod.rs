@@ -10,7 +10,11 @@
 //! created on first touch, a pull's or a push's, with the table's
 //! initializer ([`TableSpec::init_row`]: the same on every ps and every
 //! restart), its shadow equal to it and fresh slots. `update` applies
-//! pushes (sparse SGD and Adagrad) and aggregates sync steps.
+//! pushes (sparse SGD and Adagrad) and aggregates sync steps; `evict`
+//! applies `[model.tables]`: admission (a row only once its id was pushed
+//! `min_count` times, counted in `sketch`), eviction (`steps_to_live`,
+//! `max_rows`) and the `max_rows` bound at every push. Under admission or
+//! `max_rows` only pushes create rows.
 
 use crate::model::TableSpec;
 pub use crate::model::table::Rows;
