@@ -392,6 +392,41 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
         }
         seen.iter().all(|&s| s).then_some(())
     });
+    // `dtf status --json` says the same, per ps and table, while it trains.
+    let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+    let config = err
+        .lines()
+        .find_map(|l| {
+            l.split_once("status --config ")
+                .map(|(_, p)| p.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no status line in {err}"));
+    let out = dtf_output(&["status", "--config", &config, "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let ps_tasks: Vec<&serde_json::Value> = st["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "ps")
+        .collect();
+    assert_eq!(ps_tasks.len(), ps, "{st}");
+    for t in ps_tasks {
+        for table in ["deep/embeddings", "wide/weights"] {
+            let rows = t["table_rows"][table]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{t}"));
+            assert!(rows <= max_rows, "{t}");
+        }
+        assert!(
+            t["rows_evicted"]["deep/embeddings"].as_u64().unwrap() > 0,
+            "{t}"
+        );
+        assert!(
+            t["ids_refused"]["deep/embeddings"].as_u64().unwrap() > 0,
+            "{t}"
+        );
+    }
     let status = until(Duration::from_secs(300), "the run's end", || {
         child.try_wait().unwrap()
     });
