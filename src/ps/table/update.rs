@@ -152,10 +152,10 @@ impl Table {
         }
         let (ids, grads) = dedup(ids, grads, dim);
         self.see_step(step);
-        // Admission counts each id once per push (duplicates summed above).
-        let (ids, grads) = self.admit(ids, grads);
         match self.sync.rule {
             Rule::Async => {
+                // Admission counts each id once per push (duplicates summed above).
+                let (ids, grads) = self.admit(ids, grads);
                 self.apply(&ids, &grads, None, lr, step)?;
                 self.counters.pushes_applied += 1;
                 Ok(Outcome::Applied)
@@ -164,7 +164,7 @@ impl Table {
                 if worker as usize >= total {
                     return Err(TableError::UnknownWorker { worker, total });
                 }
-                self.push_sync(&ids, &grads, lr, step, worker, replicas)
+                self.push_sync(ids, grads, lr, step, worker, replicas)
             }
         }
     }
@@ -173,8 +173,8 @@ impl Table {
     /// applies it once `replicas` workers are in.
     fn push_sync(
         &mut self,
-        ids: &[u64],
-        grads: &[f32],
+        ids: Vec<u64>,
+        grads: Vec<f32>,
         lr: f32,
         step: u64,
         worker: u32,
@@ -197,6 +197,9 @@ impl Table {
                 step,
             });
         }
+        // Admission counts a push it will take, once per id; a stale or
+        // duplicate push changed nothing, its sightings included.
+        let (ids, grads) = self.admit(ids, grads);
         if !self.sync.steps.contains_key(&step) && self.sync.steps.len() >= MAX_PENDING_STEPS {
             // Room for the new step: the oldest is one that never completed.
             if let Some((_, old)) = self.sync.steps.pop_first() {

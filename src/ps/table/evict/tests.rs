@@ -86,6 +86,12 @@ fn admission_counts_an_id_once_per_push_and_sync_steps_keep_only_admitted_rows()
         .with_policy(admission(2));
     // Worker 0 names id 1 three times in one push: one sighting, refused.
     t.push(&[1, 1, 1], &[1.0; 3], 1.0, 0, 0, false).unwrap();
+    // Its duplicate push for the step is refused whole, its sighting too.
+    assert!(matches!(
+        t.push(&[1], &[1.0], 1.0, 0, 0, false),
+        Err(crate::ps::table::TableError::DuplicatePush { .. })
+    ));
+    assert_eq!(t.sketch.as_ref().unwrap().count(1), 1);
     // Worker 1's push is the second sighting: admitted, its gradient alone
     // is the step's mean for row 1.
     t.push(&[1], &[4.0], 1.0, 0, 1, false).unwrap();
