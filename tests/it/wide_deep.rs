@@ -329,7 +329,8 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 /// distinct ids than the bound, each ps holds at most `max_rows` rows of
 /// each table all along (its `/metrics`), evicts and refuses rows, and the
 /// run completes with its AUC; the checkpoint holds at most `ps × max_rows`
-/// rows a table, and `dtf eval` scores it (evicted ids read as initial).
+/// rows a table, `dtf eval` scores it (evicted ids read as initial), and a
+/// run resumes from it.
 #[test]
 fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -448,4 +449,24 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
     let out = dtf_output(&["eval", ckpt.to_str().unwrap(), "--json"]);
     let ev: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ev["auc"].as_f64().unwrap() as f32, auc as f32, "{ev}");
+    // And a run resumes from it: the chief seeds both ps with the evicted
+    // tables, and trains on.
+    let (report, _) = run_local(&[
+        "local",
+        "--data",
+        data.to_str().unwrap(),
+        "--ps",
+        "2",
+        "--workers",
+        "1",
+        "--steps",
+        "2100",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--set",
+        &format!("model.tables.max_rows={max_rows}"),
+        "--json",
+    ]);
+    assert_eq!(report["global_step"], 2100, "{report}");
+    assert!(report["test_auc"].as_f64().unwrap() > 0.6, "{report}");
 }
