@@ -125,13 +125,15 @@ impl Table {
     /// created), made by dropping the least recently updated rows that the
     /// push does not touch — down to an eighth below `max_rows`, so that
     /// the O(rows) pass runs once per `max_rows / 8` new rows, not once per
-    /// row. Returns `ids` without the new ones there is still no room for
-    /// (more new ids in one push than `max_rows`), whose gradients are
-    /// dropped and counted as refused, and the rows' positions in `ids`
-    /// kept.
+    /// row. Returns `None` when every id has its row or room for it;
+    /// otherwise (more new ids in one push than room could be made for)
+    /// the positions in `ids` of those kept — rows that exist, and the new
+    /// ones there is room for —, the others counted as refused and their
+    /// gradients dropped.
     pub(super) fn make_room(&mut self, ids: &[u64]) -> Option<Vec<usize>> {
         let max = self.policy.max_rows;
-        if max == 0 {
+        // Far from the bound (or none): no lookups.
+        if max == 0 || self.len() + ids.len() <= max {
             return None;
         }
         let present: Vec<Option<usize>> = ids.iter().map(|&id| self.find(id)).collect();
