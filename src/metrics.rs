@@ -128,6 +128,13 @@ pub struct Metrics {
     replica_step: Gauge,
     /// `dtf_snapshot_replica_failures_total`: ps: snapshots its neighbour did not take.
     replica_failures: Counter,
+    /// `dtf_table_rows{table}`: ps: rows of each embedding table it holds.
+    table_rows: Family<Labels, Gauge>,
+    /// `dtf_table_rows_evicted_total{table}`: ps: rows evicted (`model.tables`).
+    table_evicted: Family<Labels, Counter>,
+    /// `dtf_table_ids_refused_total{table}`: ps: gradient rows dropped, the
+    /// id not yet admitted (`min_count`) or no room (`max_rows`).
+    table_refused: Family<Labels, Counter>,
     /// `dtf_eval_accuracy`: evaluator: test accuracy of the newest checkpoint scored.
     eval_accuracy: FloatGauge,
     /// `dtf_eval_ema_accuracy`: evaluator: its EMA test accuracy.
@@ -198,6 +205,9 @@ impl Metrics {
             snapshot_failures: Counter::default(),
             replica_step: Gauge::default(),
             replica_failures: Counter::default(),
+            table_rows: Family::default(),
+            table_evicted: Family::default(),
+            table_refused: Family::default(),
             eval_accuracy: FloatGauge::default(),
             eval_ema_accuracy: FloatGauge::default(),
             eval_loss: FloatGauge::default(),
@@ -379,6 +389,16 @@ impl Metrics {
             s.replica_failures
                 .saturating_sub(self.replica_failures.get()),
         );
+        for t in &s.tables {
+            let labels = vec![("table".into(), t.table.clone())];
+            self.table_rows
+                .get_or_create(&labels)
+                .set(i64::try_from(t.rows).unwrap_or(i64::MAX));
+            let evicted = self.table_evicted.get_or_create(&labels);
+            evicted.inc_by(t.evicted.saturating_sub(evicted.get()));
+            let refused = self.table_refused.get_or_create(&labels);
+            refused.inc_by(t.refused.saturating_sub(refused.get()));
+        }
     }
 }
 

@@ -96,6 +96,28 @@ pub struct TaskStatus {
     /// Ps: the f32 values of the variables (parts) it holds, slots and
     /// shadows excluded: how `model.partitioner` spread the model.
     pub parameters: Option<u64>,
+    /// Ps, with embedding tables: the rows of each table it holds now.
+    pub table_rows: Option<std::collections::BTreeMap<String, u64>>,
+    /// Ps, with tables: rows of each table evicted (`model.tables`
+    /// `steps_to_live`, `max_rows`) since the ps started.
+    pub rows_evicted: Option<std::collections::BTreeMap<String, u64>>,
+    /// Ps, with tables: gradient rows of each table refused since the ps
+    /// started (an id not yet admitted, `min_count`; or no room, `max_rows`).
+    pub ids_refused: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// One count of each table of a ps that holds tables, by table name.
+fn per_table(
+    s: Option<&PsState>,
+    count: impl Fn(&crate::transport::TableCount) -> u64,
+) -> Option<std::collections::BTreeMap<String, u64>> {
+    let s = s.filter(|s| !s.tables.is_empty())?;
+    Some(
+        s.tables
+            .iter()
+            .map(|t| (t.table.clone(), count(t)))
+            .collect(),
+    )
 }
 
 /// Serializes a 64-bit id as its decimal string (`null` when absent).
@@ -227,6 +249,9 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             fetching: s.map(|s| s.fetching),
             needs_widths: s.map(|s| s.needs_widths),
             parameters: s.map(|s| s.parameters),
+            table_rows: per_table(s, |t| t.rows),
+            rows_evicted: per_table(s, |t| t.evicted),
+            ids_refused: per_table(s, |t| t.refused),
             ..Default::default()
         });
     }

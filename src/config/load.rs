@@ -242,7 +242,7 @@ fn read_config_text(path: &Path) -> Result<String, ConfigError> {
 /// such as `--optimizer adam` that stands for its key).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
-    /// The dotted key, `section.key`.
+    /// The dotted key, `section.key` (`section.table.key` in a sub-table).
     pub key: String,
     /// The value as typed; parsed as the environment's values are.
     pub value: String,
@@ -259,7 +259,9 @@ impl Override {
             format!("{arg:?} has no '=': expected section.key=value, e.g. train.optimizer=adam")
         })?;
         let key = key.trim();
-        let well_formed = key.split('.').count() == 2 && key.split('.').all(|p| !p.is_empty());
+        // `section.key`, or `section.table.key` for a sub-table (`model.tables.max_rows`).
+        let well_formed =
+            (2..=3).contains(&key.split('.').count()) && key.split('.').all(|p| !p.is_empty());
         if !well_formed {
             return Err(format!(
                 "{key:?} is not a key: expected section.key=value, e.g. train.learning_rate=0.1"

@@ -277,6 +277,25 @@ pub struct ModelConfig {
     /// The probability that training drops a hidden layer's value (`tf.nn.dropout`'s
     /// `rate`); evaluation and prediction drop nothing. 0: no dropout.
     pub dropout: f32,
+    /// `[model.tables]`: admission and eviction of embedding rows.
+    pub tables: TablesConfig,
+}
+
+/// `[model.tables]`: which embedding rows a ps creates and keeps
+/// (docs/design.md, "Admission and eviction"). Needs a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TablesConfig {
+    /// Pushes of an id (counted on the ps that owns it) before its row is
+    /// created and trained; until then it reads as its initial value and
+    /// its gradients are dropped. 1: every id at once.
+    pub min_count: u32,
+    /// Rows not updated for more than this many global steps are dropped
+    /// at the ps's snapshots and the chief's checkpoints. 0: never.
+    pub steps_to_live: u64,
+    /// The most rows of one table one ps holds; past it the least recently
+    /// updated rows are dropped. 0: unbounded.
+    pub max_rows: u64,
 }
 
 /// Which model (`model.kind`).
@@ -592,11 +611,7 @@ pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
     if let Ok(serde_json::Value::Object(sections)) = json_value(config) {
         for (section, table) in sections {
             match table {
-                serde_json::Value::Object(fields) => out.extend(
-                    fields
-                        .into_iter()
-                        .map(|(field, value)| (format!("{section}.{field}"), value)),
-                ),
+                table @ serde_json::Value::Object(_) => flatten(&mut out, section, table),
                 other => {
                     out.insert(section, other);
                 }
@@ -604,6 +619,25 @@ pub(super) fn leaves(config: &Config) -> BTreeMap<String, serde_json::Value> {
         }
     }
     out
+}
+
+/// The leaves of `value` under `prefix`: a sub-table (`[model.tables]`)
+/// gives dotted keys (`model.tables.max_rows`).
+fn flatten(
+    out: &mut BTreeMap<String, serde_json::Value>,
+    prefix: String,
+    value: serde_json::Value,
+) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (field, value) in fields {
+                flatten(out, format!("{prefix}.{field}"), value);
+            }
+        }
+        other => {
+            out.insert(prefix, other);
+        }
+    }
 }
 
 /// `value` as a JSON value whose numbers print as they were written: an

@@ -251,6 +251,7 @@ impl Config {
     /// A model with embedding tables: rows at least one wide, and an
     /// optimizer the ps applies sparsely (`ps::table`: SGD and Adagrad).
     fn validate_tables(&self) -> Result<(), ConfigError> {
+        self.validate_table_policy()?;
         if self.model.kind != ModelKind::WideDeep {
             return Ok(());
         }

@@ -178,6 +178,21 @@ impl Metrics {
             "Snapshots of this shard its ring neighbour did not take (down, disk full, ...)",
             self.replica_failures.clone(),
         );
+        r.register(
+            "dtf_table_rows",
+            "Rows of each embedding table this ps holds",
+            self.table_rows.clone(),
+        );
+        r.register(
+            "dtf_table_rows_evicted",
+            "Embedding rows this ps evicted (model.tables steps_to_live, max_rows)",
+            self.table_evicted.clone(),
+        );
+        r.register(
+            "dtf_table_ids_refused",
+            "Embedding gradient rows this ps dropped: the id not yet admitted (model.tables.min_count) or no room under max_rows",
+            self.table_refused.clone(),
+        );
     }
 
     /// A worker's metrics; the chief's checkpoints too.

@@ -188,6 +188,18 @@ impl PsService {
             replica_failures,
             fetching,
             needs_widths: self.needs_widths(),
+            tables: self
+                .inner
+                .tables
+                .counts()
+                .into_iter()
+                .map(|(table, rows, c)| transport::TableCount {
+                    table,
+                    rows,
+                    evicted: c.evicted,
+                    refused: c.refused,
+                })
+                .collect(),
             run: if s.is_initialized() {
                 s.run()
             } else {
@@ -266,7 +278,7 @@ impl PsService {
         // The rows with the values, checked first: a malformed table
         // changes nothing. Only when the values are taken.
         if !s.is_initialized() || req.force {
-            self.replace_tables(tables)?;
+            self.replace_tables(tables, req.global_step)?;
         }
         let applied = s.initialize(values, shadows, slots, req.global_step, req.force);
         if applied {
@@ -307,7 +319,7 @@ impl PsService {
             return false;
         }
         // The snapshot's rows were checked when it was read.
-        if let Err(e) = self.replace_tables(r.tables) {
+        if let Err(e) = self.replace_tables(r.tables, step) {
             warn!(ps = self.inner.task, error = %e, "The snapshot's table rows do not load; the chief seeds the shard instead.");
             return false;
         }

@@ -5,14 +5,14 @@
 //! adapters turn a request into [`TableRows`] and back.
 
 use super::PsService;
-use super::table::{Outcome, Table, TableError};
+use super::table::{Outcome, Policy, Table, TableCounters, TableError};
 use crate::config::{Config, Mode};
 use crate::model::table::Rows;
 use crate::transport::PAGE_BYTES;
 use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
 use std::sync::{Mutex, MutexGuard};
 use tonic::Status;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 /// This ps's tables, each behind its own lock, in the model's order.
 pub(super) struct Tables {
@@ -44,20 +44,37 @@ impl Tables {
                 total: config.total_num_replicas(),
             },
         };
+        let keys = &config.model.tables;
+        let policy = Policy {
+            min_count: keys.min_count,
+            steps_to_live: keys.steps_to_live,
+            max_rows: usize::try_from(keys.max_rows).unwrap_or(usize::MAX),
+        };
         let specs = crate::placement::tables(config);
         let names = specs.iter().map(|s| s.name.clone()).collect();
         let list = specs
             .into_iter()
             .map(|spec| {
-                Table::new(
+                let t = Table::new(
                     spec,
                     config.train.optimizer(),
                     rule,
                     config.train.moving_average_decay,
-                )
-                .map(Mutex::new)
+                )?
+                .with_policy(policy);
+                if policy != Policy::default() {
+                    info!(
+                        table = t.name(),
+                        min_count = policy.min_count,
+                        sketch_bytes = t.sketch_bytes(),
+                        steps_to_live = policy.steps_to_live,
+                        max_rows = policy.max_rows,
+                        "Table rows admitted and evicted (model.tables)."
+                    );
+                }
+                Ok(Mutex::new(t))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, TableError>>()?;
         Ok(Self {
             list,
             names,
@@ -100,6 +117,32 @@ impl Tables {
                 }
             }
         }
+    }
+
+    /// Eviction on table `i` (`steps_to_live`, `max_rows`), before a
+    /// snapshot or a checkpoint reads it.
+    fn evict(&self, i: usize, ps: usize) {
+        let mut t = self.lock(i);
+        let evicted = t.evict();
+        if evicted > 0 {
+            debug!(
+                ps,
+                table = t.name(),
+                evicted,
+                rows = t.len(),
+                "Table rows evicted."
+            );
+        }
+    }
+
+    /// Each table's name, rows held and counters, in order (`State`).
+    pub(super) fn counts(&self) -> Vec<(String, u64, TableCounters)> {
+        (0..self.list.len())
+            .map(|i| {
+                let t = self.lock(i);
+                (t.name().to_owned(), t.len() as u64, t.counters())
+            })
+            .collect()
     }
 
     /// The index of table `name`, or [`TableError::UnknownTable`].
@@ -209,25 +252,34 @@ impl PsService {
 
     /// Every table's rows, sorted by id, each copied a page at a time
     /// under its lock ([`PAGE_BYTES`]): what the ps's snapshots save.
+    /// Eviction (`[model.tables]`) runs on each table first.
     pub fn table_states(&self) -> Vec<TableState> {
         let tables = &self.inner.tables;
         (0..tables.names().len())
-            .map(|i| TableState {
-                table: tables.names()[i].clone(),
-                rows: tables.copy(i),
+            .map(|i| {
+                tables.evict(i, self.inner.task);
+                TableState {
+                    table: tables.names()[i].clone(),
+                    rows: tables.copy(i),
+                }
             })
             .collect()
     }
 
     /// `ReadRows` on either transport: rows `start..` of `table` (at most
     /// `max_rows`, and at most [`PAGE_BYTES`]; 0: as many as that), with
-    /// their shadows and slots, in the order this ps created them.
+    /// their shadows and slots, in the order this ps created them. A read
+    /// from row 0 (the chief's checkpoint, or a re-shard's) runs eviction
+    /// (`[model.tables]`) on the table first.
     ///
     /// Errors: `UNAVAILABLE` while the ps stops, `NOT_FOUND` for a table
     /// this ps does not hold.
     pub fn read_rows(&self, table: &str, start: u64, max_rows: u32) -> Result<RowsPage, Status> {
         self.serving()?;
         let i = self.inner.tables.find(self.inner.task, table)?;
+        if start == 0 {
+            self.inner.tables.evict(i, self.inner.task);
+        }
         let t = self.inner.tables.lock(i);
         let bound = (PAGE_BYTES / t.row_bytes()).max(1);
         let rows = match max_rows {
@@ -311,14 +363,15 @@ impl PsService {
         }
     }
 
-    /// Replaces the rows of the tables named in `states` (a restore); a
-    /// table not named keeps its rows. Every table is checked before any
-    /// is replaced.
+    /// Replaces the rows of the tables named in `states` (a restore of
+    /// global step `step`: the rows' last update, for eviction); a table
+    /// not named keeps its rows. Every table is checked before any is
+    /// replaced.
     ///
     /// Errors: `NOT_FOUND` for a table this ps does not hold,
     /// `INVALID_ARGUMENT` for rows that are not `dim` wide or not finite;
     /// nothing changed then.
-    pub fn load_tables(&self, states: &[TableState]) -> Result<(), Status> {
+    pub fn load_tables(&self, states: &[TableState], step: u64) -> Result<(), Status> {
         let mut which = Vec::with_capacity(states.len());
         for s in states {
             let i = self.inner.tables.find(self.inner.task, &s.table)?;
@@ -326,7 +379,7 @@ impl PsService {
             which.push(i);
         }
         for (s, &i) in states.iter().zip(&which) {
-            self.inner.tables.lock(i).load(&s.rows)?;
+            self.inner.tables.lock(i).load(&s.rows, step)?;
         }
         Ok(())
     }
@@ -335,7 +388,11 @@ impl PsService {
     /// emptied (the shard seeded anew: nothing of its rows before stays).
     ///
     /// Errors: as [`PsService::load_tables`]; nothing changed then.
-    pub(super) fn replace_tables(&self, mut states: Vec<TableState>) -> Result<(), Status> {
+    pub(super) fn replace_tables(
+        &self,
+        mut states: Vec<TableState>,
+        step: u64,
+    ) -> Result<(), Status> {
         for name in self.inner.tables.names() {
             if !states.iter().any(|s| &s.table == name) {
                 states.push(TableState {
@@ -344,7 +401,7 @@ impl PsService {
                 });
             }
         }
-        self.load_tables(&states)
+        self.load_tables(&states, step)
     }
 
     /// The tables' specs, in order (what a snapshot of them is checked against).

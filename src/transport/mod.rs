@@ -28,7 +28,7 @@ pub mod pb {
 }
 
 pub use cluster::{Cluster, Link, Snapshot};
-pub use state::{PsState, WorkerContact};
+pub use state::{PsState, TableCount, WorkerContact};
 
 use crate::auth;
 use crate::config::Config;

@@ -79,6 +79,43 @@ pub struct PsState {
     /// Started with `model.hidden` and no widths: it waits for the chief's
     /// (`Initialize`'s `layers`) before it holds a shard.
     pub needs_widths: bool,
+    /// Its embedding tables' rows and admission and eviction counts.
+    pub tables: Vec<TableCount>,
+}
+
+/// One embedding table on one ps (`model.tables`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableCount {
+    /// The table's name.
+    pub table: String,
+    /// Rows held now.
+    pub rows: u64,
+    /// Rows evicted (`steps_to_live`, `max_rows`) since the ps started.
+    pub evicted: u64,
+    /// Gradient rows refused (not admitted, or no room) since it started.
+    pub refused: u64,
+}
+
+impl From<pb::TableCount> for TableCount {
+    fn from(t: pb::TableCount) -> Self {
+        Self {
+            table: t.table,
+            rows: t.rows,
+            evicted: t.evicted,
+            refused: t.refused,
+        }
+    }
+}
+
+impl From<TableCount> for pb::TableCount {
+    fn from(t: TableCount) -> Self {
+        Self {
+            table: t.table,
+            rows: t.rows,
+            evicted: t.evicted,
+            refused: t.refused,
+        }
+    }
 }
 
 /// A worker as a ps knows it from the pushes it receives.
@@ -171,6 +208,7 @@ macro_rules! convert_state {
                     fetching: s.fetching,
                     parameters: s.parameters,
                     needs_widths: s.needs_widths,
+                    tables: s.tables.into_iter().map(Into::into).collect(),
                 }
             }
         }
@@ -201,6 +239,12 @@ mod tests {
             snapshot_age_seconds: -1.0,
             fetching: true,
             needs_widths: true,
+            tables: vec![TableCount {
+                table: "deep/embeddings".into(),
+                rows: 5,
+                evicted: 2,
+                refused: 1,
+            }],
             ..Default::default()
         };
         let back = PsState::from(pb::StateResponse::from(state.clone()));

@@ -312,7 +312,16 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
             .as_table()
             .unwrap_or_else(|| panic!("[{section}] is a table"))
         {
-            keys.insert(format!("{section}.{key}"), Some(v.clone()));
+            // A sub-table (`[model.tables]`) is a section of its own.
+            match v.as_table() {
+                Some(sub) => keys.extend(
+                    sub.iter()
+                        .map(|(k, v)| (format!("{section}.{key}.{k}"), Some(v.clone()))),
+                ),
+                None => {
+                    keys.insert(format!("{section}.{key}"), Some(v.clone()));
+                }
+            }
         }
     }
     for optional in [

@@ -4,6 +4,8 @@
 
 use crate::util::*;
 use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
 /// MovieLens-100k's directory; `None` (said loudly) when it is absent
 /// outside CI, a failure under CI (scripts/test.sh fetches it).
@@ -315,4 +317,156 @@ fn wide_deep_predicts_per_example_what_eval_scores() {
     let out = dtf_output(&["predict", ckpt_arg, "--input", npy.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains(".csv"), "{stderr}");
+}
+
+/// The sample `series` (`name{labels}`) in a `/metrics` text, if there.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Admission and `max_rows` in a whole run: on Zipf data with far more
+/// distinct ids than the bound, each ps holds at most `max_rows` rows of
+/// each table all along (its `/metrics`), evicts and refuses rows, and the
+/// run completes with its AUC; the checkpoint holds at most `ps × max_rows`
+/// rows a table, `dtf eval` scores it (evicted ids read as initial), and a
+/// run resumes from it.
+#[test]
+fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("syn");
+    let out = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "20000",
+        "--fields",
+        "8",
+        "--cardinality",
+        "5000",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let ckpt = dir.path().join("ckpt");
+    let (max_rows, ps) = (300u64, 2);
+    let port = free_port_run(ps + 1);
+    let stdout = std::fs::File::create(dir.path().join("out.json")).unwrap();
+    let stderr = std::fs::File::create(dir.path().join("err.txt")).unwrap();
+    let mut child = Command::new(bin("dtf"))
+        .args(["local", "--data", data.to_str().unwrap()])
+        .args(["--ps", "2", "--workers", "1", "--steps", "2000"])
+        .args(["--checkpoint-dir", ckpt.to_str().unwrap(), "--json"])
+        .args(["--set", &format!("model.tables.max_rows={max_rows}")])
+        .args(["--set", "model.tables.min_count=2"])
+        .args(["--set", &format!("metrics.listen=127.0.0.1:{port}")])
+        .env_remove("TF_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    // While it trains: both ps tasks hold at most max_rows rows of each
+    // table, and have evicted and refused some.
+    let series = |name: &str, table: &str| format!("{name}{{table=\"{table}\"}}");
+    let mut seen = [false; 2];
+    until(Duration::from_secs(120), "evictions on both ps", || {
+        for (i, done) in seen.iter_mut().enumerate() {
+            let Some(text) = http_get(&format!("127.0.0.1:{}", port + i as u16), "/metrics") else {
+                continue;
+            };
+            for table in ["deep/embeddings", "wide/weights"] {
+                if let Some(rows) = sample(&text, &series("dtf_table_rows", table)) {
+                    assert!(rows <= max_rows as f64, "ps:{i} {table}: {rows} rows");
+                }
+            }
+            let t = "deep/embeddings";
+            let evicted = sample(&text, &series("dtf_table_rows_evicted_total", t));
+            let refused = sample(&text, &series("dtf_table_ids_refused_total", t));
+            *done |= evicted.is_some_and(|n| n > 0.0) && refused.is_some_and(|n| n > 0.0);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();
+            assert!(
+                seen.iter().all(|&s| s),
+                "run ended ({status}) before: {err}"
+            );
+        }
+        seen.iter().all(|&s| s).then_some(())
+    });
+    // `dtf status --json` says the same, per ps and table, while it trains.
+    let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+    let config = err
+        .lines()
+        .find_map(|l| {
+            l.split_once("status --config ")
+                .map(|(_, p)| p.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no status line in {err}"));
+    let out = dtf_output(&["status", "--config", &config, "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let ps_tasks: Vec<&serde_json::Value> = st["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "ps")
+        .collect();
+    assert_eq!(ps_tasks.len(), ps, "{st}");
+    for t in ps_tasks {
+        for table in ["deep/embeddings", "wide/weights"] {
+            let rows = t["table_rows"][table]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{t}"));
+            assert!(rows <= max_rows, "{t}");
+        }
+        assert!(
+            t["rows_evicted"]["deep/embeddings"].as_u64().unwrap() > 0,
+            "{t}"
+        );
+        assert!(
+            t["ids_refused"]["deep/embeddings"].as_u64().unwrap() > 0,
+            "{t}"
+        );
+    }
+    let status = until(Duration::from_secs(300), "the run's end", || {
+        child.try_wait().unwrap()
+    });
+    let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+    assert!(status.success(), "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    let auc = report["test_auc"].as_f64().unwrap();
+    assert!(auc > 0.6, "the run learned something: {report}");
+    // The checkpoint: at most ps × max_rows rows of each table.
+    let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
+    let inspect: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for t in inspect["tables"].as_array().unwrap() {
+        let rows = t["rows"].as_u64().unwrap();
+        assert!(rows <= ps as u64 * max_rows && rows > 0, "{t}");
+    }
+    // A checkpoint of evicted tables scores as the run reported it.
+    let out = dtf_output(&["eval", ckpt.to_str().unwrap(), "--json"]);
+    let ev: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ev["auc"].as_f64().unwrap() as f32, auc as f32, "{ev}");
+    // And a run resumes from it: the chief seeds both ps with the evicted
+    // tables, and trains on.
+    let (report, _) = run_local(&[
+        "local",
+        "--data",
+        data.to_str().unwrap(),
+        "--ps",
+        "2",
+        "--workers",
+        "1",
+        "--steps",
+        "2100",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--set",
+        &format!("model.tables.max_rows={max_rows}"),
+        "--json",
+    ]);
+    assert_eq!(report["global_step"], 2100, "{report}");
+    assert!(report["test_auc"].as_f64().unwrap() > 0.6, "{report}");
 }

@@ -68,6 +68,17 @@ impl Default for ModelConfig {
             max_shards: 0,
             activation: crate::model::Activation::Relu,
             dropout: 0.0,
+            tables: TablesConfig::default(),
+        }
+    }
+}
+
+impl Default for TablesConfig {
+    fn default() -> Self {
+        Self {
+            min_count: 1,
+            steps_to_live: 0,
+            max_rows: 0,
         }
     }
 }

@@ -11,7 +11,7 @@ fn shipped_config_is_the_default() {
     );
     // Every key is documented, the optional ones commented out.
     for key in leaves(&Config::default()).keys() {
-        let field = key.split('.').nth(1).unwrap();
+        let field = key.rsplit('.').next().unwrap();
         assert!(
             text.contains(&format!("\n{field} = ")),
             "{key} missing from {path}"

@@ -416,6 +416,58 @@ fn embedding_tables_need_a_width_and_a_sparse_optimizer() {
     assert!(Config::load(&path).is_ok());
 }
 
+#[test]
+fn table_admission_and_eviction_keys_refuse_what_cannot_work() {
+    for (toml, key, expected) in [
+        (
+            "min_count = 0",
+            "model.tables.min_count",
+            "expected 1 to 255",
+        ),
+        (
+            "min_count = 256",
+            "model.tables.min_count",
+            "expected 1 to 255",
+        ),
+        (
+            "steps_to_live = 5000000000",
+            "model.tables.steps_to_live",
+            "to 4294967295 global steps",
+        ),
+        (
+            "max_rows = 5000000000",
+            "model.tables.max_rows",
+            "rows per table per ps",
+        ),
+    ] {
+        let err = error_for(&format!("[model.tables]\n{toml}"), key);
+        assert!(err.contains(expected), "{toml}: {err}");
+    }
+    let c = Config::from_toml_str(
+        "[model]\nkind = \"wide_deep\"\n[model.tables]\nmin_count = 2\nsteps_to_live = 100\nmax_rows = 1000\n",
+        "f",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.model.tables.min_count,
+            c.model.tables.steps_to_live,
+            c.model.tables.max_rows
+        ),
+        (2, 100, 1000)
+    );
+    // Not live: a reload that changes one names it.
+    let mut new = c.clone();
+    new.model.tables.max_rows = 10;
+    let err = c.reload(new).unwrap_err().to_string();
+    assert!(err.contains("model.tables.max_rows"), "{err}");
+    // `--set` reaches a sub-table's keys.
+    let o = Override::parse_set("model.tables.max_rows=5").unwrap();
+    let c = Config::load_with(None, &[o]).unwrap();
+    assert_eq!(c.model.tables.max_rows, 5);
+    assert!(Override::parse_set("model.tables.x.y=1").is_err());
+}
+
 /// Wide & deep's best checkpoints rank by EMA AUC unless `[eval] metric`
 /// says otherwise (accuracy at ½ included); the MLP has no AUC to rank by.
 #[test]

@@ -99,4 +99,40 @@ impl Config {
         }
         Ok(())
     }
+
+    /// `[model.tables]`, whatever the model (a bad value is a mistake even
+    /// where no table uses it): `min_count` within the admission sketch's
+    /// one-byte counters, `steps_to_live` within a row's `u32` stamp,
+    /// `max_rows` within a table's `u32` row index.
+    pub(super) fn validate_table_policy(&self) -> Result<(), ConfigError> {
+        let t = &self.model.tables;
+        if !(1..=255).contains(&t.min_count) {
+            return Err(self.bad(
+                "model.tables.min_count",
+                invalid(
+                    t.min_count,
+                    "1 to 255 (pushes of an id before its row is created; 1: at once)",
+                ),
+            ));
+        }
+        if t.steps_to_live > u64::from(u32::MAX) {
+            return Err(self.bad(
+                "model.tables.steps_to_live",
+                invalid(
+                    t.steps_to_live,
+                    &format!("0 (never) to {} global steps", u32::MAX),
+                ),
+            ));
+        }
+        if t.max_rows > u64::from(u32::MAX) {
+            return Err(self.bad(
+                "model.tables.max_rows",
+                invalid(
+                    t.max_rows,
+                    &format!("0 (unbounded) to {} rows per table per ps", u32::MAX),
+                ),
+            ));
+        }
+        Ok(())
+    }
 }

@@ -10,7 +10,11 @@
 //! created on first touch, a pull's or a push's, with the table's
 //! initializer ([`TableSpec::init_row`]: the same on every ps and every
 //! restart), its shadow equal to it and fresh slots. `update` applies
-//! pushes (sparse SGD and Adagrad) and aggregates sync steps.
+//! pushes (sparse SGD and Adagrad) and aggregates sync steps; `evict`
+//! applies `[model.tables]`: admission (a row only once its id was pushed
+//! `min_count` times, counted in `sketch`), eviction (`steps_to_live`,
+//! `max_rows`) and the `max_rows` bound at every push. Under admission or
+//! `max_rows` only pushes create rows.
 
 use crate::model::TableSpec;
 pub use crate::model::table::Rows;
@@ -18,8 +22,11 @@ use crate::model::table::mix64;
 use crate::optimizer::Optimizer;
 use hashbrown::HashTable;
 
+mod evict;
+mod sketch;
 mod update;
 
+pub use evict::Policy;
 pub use update::Outcome;
 
 /// Why a table refused a call. Nothing changed.
@@ -101,6 +108,11 @@ pub struct TableCounters {
     pub updates_applied: u64,
     /// Sync pushes dropped as stale (an older step than the table's).
     pub stale: u64,
+    /// Rows dropped by eviction (`steps_to_live`, `max_rows`).
+    pub evicted: u64,
+    /// Gradient rows dropped because their id was not admitted yet
+    /// (`min_count`) or there was no room under `max_rows`.
+    pub refused: u64,
 }
 
 /// One table's rows on this ps.
@@ -126,9 +138,19 @@ pub struct Table {
     sync: update::Sync,
     /// For `State`.
     counters: TableCounters,
-    /// Bumped when [`Table::load`] replaces the rows: row `r` of one
-    /// generation is not row `r` of another ([`Table::page`]).
+    /// Bumped when [`Table::load`] replaces the rows or eviction drops
+    /// some: row `r` of one generation is not row `r` of another
+    /// ([`Table::page`]).
     generation: u64,
+    /// Admission and eviction (`[model.tables]`).
+    policy: Policy,
+    /// Admission's counts of the ids without a row (`min_count` > 1 only).
+    sketch: Option<sketch::Sketch>,
+    /// Each row's last update's step, beside `ids` (`steps_to_live` or
+    /// `max_rows` set only; empty otherwise).
+    touched: Vec<u32>,
+    /// The newest step a push or a restore brought: eviction's now.
+    clock: u64,
 }
 
 impl Table {
@@ -161,6 +183,10 @@ impl Table {
             sync: update::Sync::new(rule),
             counters: TableCounters::default(),
             generation: 0,
+            policy: Policy::default(),
+            sketch: None,
+            touched: Vec::new(),
+            clock: 0,
         })
     }
 
@@ -196,7 +222,11 @@ impl Table {
             // hashbrown keeps its tables at most 7/8 full, in powers of two.
             c => (c * 8 / 7).next_power_of_two(),
         };
-        4 * self.arena.capacity() + 8 * self.ids.capacity() + buckets * (4 + 1)
+        4 * self.arena.capacity()
+            + 8 * self.ids.capacity()
+            + 4 * self.touched.capacity()
+            + buckets * (4 + 1)
+            + self.sketch_bytes()
     }
 
     /// The row index of `id`, if it exists.
@@ -225,8 +255,14 @@ impl Table {
         if self.arena.capacity() - start < self.stride {
             self.arena.reserve_exact((start / 8).max(64 * self.stride));
             self.ids.reserve_exact((self.ids.len() / 8).max(64));
+            if self.policy.stamps() {
+                self.touched.reserve_exact((self.ids.len() / 8).max(64));
+            }
         }
         self.ids.push(id);
+        if self.policy.stamps() {
+            self.touched.push(self.now());
+        }
         self.arena
             .resize(start + self.stride, self.optimizer.slot_init());
         let row = &mut self.arena[start..start + self.stride];
@@ -249,7 +285,9 @@ impl Table {
     }
 
     /// The values (or, `shadows`, the EMA shadows) of rows `ids`, in their
-    /// order (`ids.len() × dim`), appended to `out`; absent rows are created.
+    /// order (`ids.len() × dim`), appended to `out`; absent rows are
+    /// created, or under admission or `max_rows` ([`Policy::pull_creates`])
+    /// read as their initial values, uncreated.
     ///
     /// Errors: [`TableError::TooManyIds`].
     pub fn pull(
@@ -262,6 +300,23 @@ impl Table {
         let dim = self.spec.dim;
         out.reserve(ids.len() * dim);
         let at = if shadows { dim } else { 0 };
+        if !self.policy.pull_creates() {
+            for &id in ids {
+                match self.find(id) {
+                    Some(r) => {
+                        let start = r * self.stride + at;
+                        out.extend_from_slice(&self.arena[start..start + dim]);
+                    }
+                    None => {
+                        // A new row's shadow equals its value: one init.
+                        let n = out.len();
+                        out.resize(n + dim, 0.0);
+                        self.spec.init_row(id, &mut out[n..]);
+                    }
+                }
+            }
+            return Ok(());
+        }
         for &id in ids {
             let r = self.row(id);
             let start = r * self.stride + at;
@@ -342,19 +397,24 @@ impl Table {
         Ok(())
     }
 
-    /// Replaces every row with `rows` (a restore; `shadows` empty: the
-    /// values; a slot array missing: fresh slots), and forgets any sync
-    /// step in progress.
+    /// Replaces every row with `rows` (a restore of step `step`; `shadows`
+    /// empty: the values; a slot array missing: fresh slots), and forgets
+    /// any sync step in progress. The rows count as updated at `step`
+    /// (snapshots and checkpoints keep no stamps); past `max_rows`, the
+    /// first ones in id order are dropped (counted as evicted). Evicted ids
+    /// are simply absent: they start again from their initial values.
     ///
     /// Errors: those of [`Table::check`]; nothing changed.
-    pub fn load(&mut self, rows: &Rows) -> Result<(), TableError> {
+    pub fn load(&mut self, rows: &Rows, step: u64) -> Result<(), TableError> {
         self.check(rows)?;
         let dim = self.spec.dim;
         self.index.clear();
         self.ids.clear();
         self.arena.clear();
+        self.touched.clear();
         self.sync.clear();
         self.generation += 1;
+        self.clock = step;
         for (i, &id) in rows.ids.iter().enumerate() {
             let r = self.row(id);
             let row = &mut self.arena[r * self.stride..(r + 1) * self.stride];
@@ -374,6 +434,7 @@ impl Table {
                 }
             }
         }
+        self.evict();
         Ok(())
     }
 }

@@ -200,7 +200,7 @@ fn rows_save_sorted_and_load_back() {
     assert_eq!(rows.ids, vec![10, 20, 30]);
     let mut u = table(2, ADAGRAD, Rule::Async);
     pulled(&mut u, &[99]);
-    u.load(&rows).unwrap();
+    u.load(&rows, 0).unwrap();
     assert_eq!(u.rows(), rows);
     // No shadows, no slots: shadows start at the values, slots fresh.
     let bare = Rows {
@@ -209,7 +209,7 @@ fn rows_save_sorted_and_load_back() {
         shadows: vec![],
         slots: vec![],
     };
-    u.load(&bare).unwrap();
+    u.load(&bare, 0).unwrap();
     let back = u.rows();
     assert_eq!(back.shadows, bare.values);
     assert_eq!(back.slots, vec![vec![0.1, 0.1]]);
@@ -218,7 +218,7 @@ fn rows_save_sorted_and_load_back() {
         ..bare
     };
     assert!(matches!(
-        u.load(&short),
+        u.load(&short, 0),
         Err(TableError::Corrupt {
             expected: 2,
             got: 1,
@@ -267,7 +267,7 @@ fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() 
     assert_eq!(t.page(3, usize::MAX).ids, vec![50, 40]);
     let g = t.generation();
     let rows = t.rows();
-    t.load(&rows).unwrap();
+    t.load(&rows, 0).unwrap();
     assert_ne!(t.generation(), g, "a restore renumbers the rows");
     assert_eq!(
         t.page(0, 5).ids,

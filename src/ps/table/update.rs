@@ -151,8 +151,11 @@ impl Table {
             return Ok(Outcome::AtLastStep);
         }
         let (ids, grads) = dedup(ids, grads, dim);
+        self.see_step(step);
         match self.sync.rule {
             Rule::Async => {
+                // Admission counts each id once per push (duplicates summed above).
+                let (ids, grads) = self.admit(ids, grads);
                 self.apply(&ids, &grads, None, lr, step)?;
                 self.counters.pushes_applied += 1;
                 Ok(Outcome::Applied)
@@ -161,7 +164,7 @@ impl Table {
                 if worker as usize >= total {
                     return Err(TableError::UnknownWorker { worker, total });
                 }
-                self.push_sync(&ids, &grads, lr, step, worker, replicas)
+                self.push_sync(ids, grads, lr, step, worker, replicas)
             }
         }
     }
@@ -170,8 +173,8 @@ impl Table {
     /// applies it once `replicas` workers are in.
     fn push_sync(
         &mut self,
-        ids: &[u64],
-        grads: &[f32],
+        ids: Vec<u64>,
+        grads: Vec<f32>,
         lr: f32,
         step: u64,
         worker: u32,
@@ -194,6 +197,9 @@ impl Table {
                 step,
             });
         }
+        // Admission counts a push it will take, once per id; a stale or
+        // duplicate push changed nothing, its sightings included.
+        let (ids, grads) = self.admit(ids, grads);
         if !self.sync.steps.contains_key(&step) && self.sync.steps.len() >= MAX_PENDING_STEPS {
             // Room for the new step: the oldest is one that never completed.
             if let Some((_, old)) = self.sync.steps.pop_first() {
@@ -268,9 +274,35 @@ impl Table {
     /// created first if absent; the new values are computed aside and
     /// written only when all are finite.
     ///
+    /// Under `max_rows`, room is made first ([`Table::make_room`]); the
+    /// new rows it has no room for are left out.
+    ///
     /// Errors: [`TableError::Overflow`]; no row changed (rows created for
     /// the push stay, at their initial values).
     fn apply(
+        &mut self,
+        ids: &[u64],
+        grads: &[f32],
+        scale: Option<&[f32]>,
+        lr: f32,
+        step: u64,
+    ) -> Result<(), TableError> {
+        if let Some(kept) = self.make_room(ids) {
+            let dim = self.spec.dim;
+            let ids: Vec<u64> = kept.iter().map(|&i| ids[i]).collect();
+            let grads: Vec<f32> = kept
+                .iter()
+                .flat_map(|&i| &grads[i * dim..(i + 1) * dim])
+                .copied()
+                .collect();
+            let scale: Option<Vec<f32>> = scale.map(|s| kept.iter().map(|&i| s[i]).collect());
+            return self.apply_rows(&ids, &grads, scale.as_deref(), lr, step);
+        }
+        self.apply_rows(ids, grads, scale, lr, step)
+    }
+
+    /// [`Table::apply`] once the rows have room.
+    fn apply_rows(
         &mut self,
         ids: &[u64],
         grads: &[f32],
@@ -316,6 +348,11 @@ impl Table {
         for (i, &r) in rows.iter().enumerate() {
             self.arena[r * stride..(r + 1) * stride]
                 .copy_from_slice(&next[i * stride..(i + 1) * stride]);
+        }
+        if !self.touched.is_empty() {
+            for &r in &rows {
+                self.touch(r, step);
+            }
         }
         Ok(())
     }

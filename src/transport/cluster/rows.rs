@@ -42,6 +42,26 @@ impl Split {
     }
 }
 
+/// Reads of one ps's table that may start again because its rows were
+/// renumbered between two pages (eviction under `model.tables.max_rows`
+/// compacts them; a restore replaces them): past this many, the read
+/// fails `ABORTED`.
+const TABLE_READ_TRIES: usize = 5;
+
+/// Why one read of a table stopped.
+enum Renumbered {
+    /// The same process renumbered the rows: read again.
+    Generation(Status),
+    /// Anything else, the ps restarted included.
+    Other(Status),
+}
+
+impl From<Status> for Renumbered {
+    fn from(s: Status) -> Self {
+        Self::Other(s)
+    }
+}
+
 impl Cluster {
     /// The rows `ids` of each `(table, ids)`, in `ids`' order: `ids.len() ×
     /// dim` values per table (with `shadows`, the EMA shadows: evaluation).
@@ -233,8 +253,9 @@ impl Cluster {
     /// moment's, as TensorFlow's `Saver` reads variables while they train.
     ///
     /// Errors: the first ps that failed; `ABORTED` when a ps's table was
-    /// replaced (a restore) between two pages, `INTERNAL` for pages that
-    /// do not fit together.
+    /// replaced (a restore, or [`TABLE_READ_TRIES`] evictions under
+    /// `model.tables.max_rows`) between two pages, `INTERNAL` for pages
+    /// that do not fit together.
     pub(super) async fn read_tables(&self) -> Result<Vec<(String, Rows)>, PsCallError> {
         let mut out = Vec::with_capacity(self.tables.len());
         for table in &self.tables {
@@ -248,10 +269,27 @@ impl Cluster {
         Ok(out)
     }
 
-    /// Table `table`'s rows on ps `ps`, page by page until the last page
-    /// reaches the rows the table holds then.
+    /// Table `table`'s rows on ps `ps`, read again from the start when its
+    /// rows were renumbered between two pages of the same process (an
+    /// eviction by a push under `model.tables.max_rows`, or a restore), at
+    /// most [`TABLE_READ_TRIES`] times in all.
     async fn read_table(&self, ps: usize, table: &str) -> Result<Rows, Status> {
-        let bad = |why: String| Status::internal(format!("ps:{ps} table {table:?}: {why}"));
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.read_table_once(ps, table).await {
+                Err(Renumbered::Generation(_)) if tries < TABLE_READ_TRIES => continue,
+                Err(Renumbered::Generation(s) | Renumbered::Other(s)) => return Err(s),
+                Ok(rows) => return Ok(rows),
+            }
+        }
+    }
+
+    /// [`Cluster::read_table`], once.
+    async fn read_table_once(&self, ps: usize, table: &str) -> Result<Rows, Renumbered> {
+        let bad = |why: String| {
+            Renumbered::Other(Status::internal(format!("ps:{ps} table {table:?}: {why}")))
+        };
         let (mut rows, mut generation) = (Rows::default(), None);
         loop {
             let req = pb::ReadRowsRequest {
@@ -274,10 +312,16 @@ impl Cluster {
                 return Err(bad(format!("answered with table {:?}", page.state.table)));
             }
             let now = (page.generation, page.incarnation);
-            if generation.is_some_and(|g| g != now) {
-                return Err(Status::aborted(format!(
-                    "ps:{ps} replaced table {table:?}'s rows (a restore) while they were read"
-                )));
+            if let Some(g) = generation.filter(|&g: &(u64, u64)| g != now) {
+                let s = Status::aborted(format!(
+                    "ps:{ps} replaced table {table:?}'s rows (a restore, or evictions under \
+                     model.tables.max_rows) while they were read"
+                ));
+                return Err(if g.1 == now.1 {
+                    Renumbered::Generation(s)
+                } else {
+                    Renumbered::Other(s)
+                });
             }
             generation = Some(now);
             let got = page.state.rows.len();
