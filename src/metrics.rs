@@ -128,6 +128,9 @@ pub struct Metrics {
     replica_step: Gauge,
     /// `dtf_snapshot_replica_failures_total`: ps: snapshots its neighbour did not take.
     replica_failures: Counter,
+    /// `dtf_ps_memory_full`: ps: 1 while its tables create no rows (near
+    /// its cgroup's memory limit, `ps::memory`).
+    memory_full: Gauge,
     /// `dtf_table_rows{table}`: ps: rows of each embedding table it holds.
     table_rows: Family<Labels, Gauge>,
     /// `dtf_table_rows_evicted_total{table}`: ps: rows evicted (`model.tables`).
@@ -205,6 +208,7 @@ impl Metrics {
             snapshot_failures: Counter::default(),
             replica_step: Gauge::default(),
             replica_failures: Counter::default(),
+            memory_full: Gauge::default(),
             table_rows: Family::default(),
             table_evicted: Family::default(),
             table_refused: Family::default(),
@@ -389,6 +393,7 @@ impl Metrics {
             s.replica_failures
                 .saturating_sub(self.replica_failures.get()),
         );
+        self.memory_full.set(i64::from(s.memory_full));
         for t in &s.tables {
             let labels = vec![("table".into(), t.table.clone())];
             self.table_rows

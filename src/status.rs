@@ -104,6 +104,9 @@ pub struct TaskStatus {
     /// Ps, with tables: gradient rows of each table refused since the ps
     /// started (an id not yet admitted, `min_count`; or no room, `max_rows`).
     pub ids_refused: Option<std::collections::BTreeMap<String, u64>>,
+    /// Ps: near its cgroup's memory limit, its tables create no rows
+    /// (`ps::memory`).
+    pub memory_full: Option<bool>,
 }
 
 /// One count of each table of a ps that holds tables, by table name.
@@ -252,6 +255,7 @@ pub async fn query(config: &Config, credentials: &Credentials) -> Status {
             table_rows: per_table(s, |t| t.rows),
             rows_evicted: per_table(s, |t| t.evicted),
             ids_refused: per_table(s, |t| t.refused),
+            memory_full: s.map(|s| s.memory_full),
             ..Default::default()
         });
     }
@@ -506,6 +510,9 @@ fn row(t: &TaskStatus) -> Vec<String> {
                 }
                 (Some(true), ..) if t.needs_widths == Some(true) => {
                     "yes, WAITING FOR THE CHIEF'S MODEL WIDTHS".into()
+                }
+                (Some(true), ..) if t.memory_full == Some(true) => {
+                    "yes, MEMORY FULL: NO NEW TABLE ROWS".into()
                 }
                 (Some(true), ..) => "yes".into(),
                 (Some(false), ..) => "NO".into(),

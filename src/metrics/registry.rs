@@ -179,6 +179,11 @@ impl Metrics {
             self.replica_failures.clone(),
         );
         r.register(
+            "dtf_ps_memory_full",
+            "1 while this ps's tables create no rows: its working set passed 90 % of its cgroup's memory limit (back under 85 %)",
+            self.memory_full.clone(),
+        );
+        r.register(
             "dtf_table_rows",
             "Rows of each embedding table this ps holds",
             self.table_rows.clone(),

@@ -188,6 +188,7 @@ impl PsService {
             replica_failures,
             fetching,
             needs_widths: self.needs_widths(),
+            memory_full: self.inner.tables.room.is_full(),
             tables: self
                 .inner
                 .tables

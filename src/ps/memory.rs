@@ -2,7 +2,9 @@
 //! the memory limit of its cgroup (a systemd unit's `MemoryMax=`, a
 //! container's limit). Watched every [`EVERY`]; once the working set (usage
 //! less the inactive file cache the kernel reclaims first, as the kubelet
-//! counts it) passes [`FULL`] of the limit, the tables create no rows — a
+//! counts it) plus a reserve (with ps snapshots on, twice the tables' bytes:
+//! a snapshot copies them, then encodes the copy) passes [`FULL`] of the
+//! limit, the tables create no rows — a
 //! push's new ids are refused and counted, a pull reads them as their
 //! initial values — until it is back under [`ROOMY`]. Training goes on with
 //! the rows there are, rather than the kernel killing the ps.
@@ -43,7 +45,7 @@ impl Room {
 
     /// Takes a reading: `used` bytes of `limit`. Returns the new state when
     /// it changed.
-    fn observe(&self, used: u64, limit: u64) -> Option<bool> {
+    pub fn observe(&self, used: u64, limit: u64) -> Option<bool> {
         let share = used as f64 / limit as f64;
         let was = self.is_full();
         let now = match was {
@@ -146,9 +148,15 @@ fn stat_value(stat: &str, key: &str) -> Option<u64> {
 }
 
 /// Watches this process's cgroup until `stop`, keeping `room` up to date
-/// (a line at each change). Returns at once when there is no cgroup limit
-/// (nothing to watch; `room` always has room).
-pub async fn watch(room: Arc<Room>, task: usize, stop: tokio_util::sync::CancellationToken) {
+/// (a line at each change): the working set plus `reserve()` bytes against
+/// the limit. Returns at once when there is no cgroup limit (nothing to
+/// watch; `room` always has room).
+pub async fn watch(
+    room: Arc<Room>,
+    task: usize,
+    reserve: impl Fn() -> u64,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let Some(cgroup) = Cgroup::find(Path::new("/sys/fs/cgroup"), &proc_cgroup) else {
         return;
@@ -164,7 +172,7 @@ pub async fn watch(room: Arc<Room>, task: usize, stop: tokio_util::sync::Cancell
         "Table rows are bounded by the cgroup's memory limit: none is created past this share of it."
     );
     loop {
-        if let Some(used) = cgroup.working_set()
+        if let Some(used) = cgroup.working_set().map(|w| w.saturating_add(reserve()))
             && let Some(full) = room.observe(used, limit)
         {
             match full {

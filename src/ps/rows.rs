@@ -10,7 +10,8 @@ use crate::config::{Config, Mode};
 use crate::model::table::Rows;
 use crate::transport::PAGE_BYTES;
 use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
-use std::sync::{Mutex, MutexGuard};
+use super::memory::Room;
+use std::sync::{Arc, Mutex, MutexGuard};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
@@ -22,6 +23,9 @@ pub(super) struct Tables {
     names: Vec<String>,
     /// Rows staged for the next `Initialize` ([`PsService::stage_rows`]).
     staged: Mutex<Staged>,
+    /// Whether memory has room for new rows (`ps::memory`), shared by
+    /// every table.
+    pub(super) room: Arc<Room>,
 }
 
 /// Rows staged under one token, table by table.
@@ -37,6 +41,7 @@ impl Tables {
     /// Errors: [`TableError::Optimizer`] when the optimizer has no sparse
     /// rule (config validation refuses it first).
     pub(super) fn new(config: &Config) -> Result<Self, TableError> {
+        let room = Arc::new(Room::default());
         let rule = match config.train.mode {
             Mode::Async => super::shard::Rule::Async,
             Mode::Sync => super::shard::Rule::Sync {
@@ -61,7 +66,8 @@ impl Tables {
                     rule,
                     config.train.moving_average_decay,
                 )?
-                .with_policy(policy);
+                .with_policy(policy)
+                .with_room(room.clone());
                 if policy != Policy::default() {
                     info!(
                         table = t.name(),
@@ -79,7 +85,15 @@ impl Tables {
             list,
             names,
             staged: Mutex::default(),
+            room,
         })
+    }
+
+    /// Bytes the tables hold for their rows ([`Table::memory_bytes`]).
+    pub(super) fn memory_bytes(&self) -> u64 {
+        (0..self.list.len())
+            .map(|i| self.lock(i).memory_bytes() as u64)
+            .sum()
     }
 
     /// The tables' names, in order.

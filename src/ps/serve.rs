@@ -125,6 +125,18 @@ pub async fn serve(
         });
     }
     loops.spawn(orphaned(service.clone(), live.clone()));
+    // Tables grow with the data: bounded by the cgroup's memory limit too,
+    // leaving room for a snapshot's copy of them and its encoding.
+    if !service.inner.tables.names().is_empty() {
+        let room = service.inner.tables.room.clone();
+        let snapshots = snapshot_secs > 0 && service.inner.snapshots.dir.is_some();
+        let s = service.clone();
+        let reserve = move || match snapshots {
+            true => 2 * s.inner.tables.memory_bytes(),
+            false => 0,
+        };
+        loops.spawn(super::memory::watch(room, task, reserve, stop.clone()));
+    }
     if snapshot_secs > 0 && service.inner.snapshots.dir.is_some() {
         let every = Duration::from_secs(snapshot_secs);
         draining.spawn(snapshot::run(service.clone(), every, stop.clone()));

@@ -81,6 +81,8 @@ pub struct PsState {
     pub needs_widths: bool,
     /// Its embedding tables' rows and admission and eviction counts.
     pub tables: Vec<TableCount>,
+    /// Near its cgroup's memory limit: its tables create no rows.
+    pub memory_full: bool,
 }
 
 /// One embedding table on one ps (`model.tables`).
@@ -209,6 +211,7 @@ macro_rules! convert_state {
                     parameters: s.parameters,
                     needs_widths: s.needs_widths,
                     tables: s.tables.into_iter().map(Into::into).collect(),
+                    memory_full: s.memory_full,
                 }
             }
         }
@@ -239,6 +242,7 @@ mod tests {
             snapshot_age_seconds: -1.0,
             fetching: true,
             needs_widths: true,
+            memory_full: true,
             tables: vec![TableCount {
                 table: "deep/embeddings".into(),
                 rows: 5,

@@ -12,6 +12,8 @@
 //! `u32::MAX` (config validation keeps `steps_to_live` below it).
 
 use super::Table;
+use crate::ps::memory::Room;
+use std::sync::Arc;
 use super::sketch::{Sketch, WIDTH};
 use crate::model::table::mix64;
 
@@ -119,6 +121,31 @@ impl Table {
         }
         self.sketch = Some(sketch);
         (keep, out)
+    }
+
+    /// Under the memory bound (`ps::memory`): the positions in `ids` of
+    /// those whose row exists, the others counted as refused and their
+    /// gradients dropped; `None` when every one has its row.
+    pub(super) fn existing_only(&mut self, ids: &[u64]) -> Option<Vec<usize>> {
+        let kept: Vec<usize> = (0..ids.len())
+            .filter(|&i| self.find(ids[i]).is_some())
+            .collect();
+        if kept.len() == ids.len() {
+            return None;
+        }
+        self.counters.refused += (ids.len() - kept.len()) as u64;
+        Some(kept)
+    }
+
+    /// This table under `room`, the ps's memory bound (`ps::memory`).
+    pub fn with_room(mut self, room: Arc<Room>) -> Self {
+        self.room = room;
+        self
+    }
+
+    /// Whether new rows may be made now (the ps's memory bound).
+    pub(super) fn has_room(&self) -> bool {
+        self.room.has_room()
     }
 
     /// The bound at a push: room for the absent rows of `ids` (about to be

@@ -20,7 +20,9 @@ use crate::model::TableSpec;
 pub use crate::model::table::Rows;
 use crate::model::table::mix64;
 use crate::optimizer::Optimizer;
+use crate::ps::memory::Room;
 use hashbrown::HashTable;
+use std::sync::Arc;
 
 mod evict;
 mod sketch;
@@ -151,6 +153,9 @@ pub struct Table {
     touched: Vec<u32>,
     /// The newest step a push or a restore brought: eviction's now.
     clock: u64,
+    /// Whether this ps's memory has room for new rows (`ps::memory`: the
+    /// cgroup's limit), shared by its tables.
+    room: Arc<Room>,
 }
 
 impl Table {
@@ -187,6 +192,7 @@ impl Table {
             sketch: None,
             touched: Vec::new(),
             clock: 0,
+            room: Arc::default(),
         })
     }
 
@@ -286,8 +292,9 @@ impl Table {
 
     /// The values (or, `shadows`, the EMA shadows) of rows `ids`, in their
     /// order (`ids.len() × dim`), appended to `out`; absent rows are
-    /// created, or under admission or `max_rows` ([`Policy::pull_creates`])
-    /// read as their initial values, uncreated.
+    /// created, or under admission or `max_rows` ([`Policy::pull_creates`]),
+    /// or when memory is short ([`Room`]), read as their initial values,
+    /// uncreated.
     ///
     /// Errors: [`TableError::TooManyIds`].
     pub fn pull(
@@ -300,7 +307,7 @@ impl Table {
         let dim = self.spec.dim;
         out.reserve(ids.len() * dim);
         let at = if shadows { dim } else { 0 };
-        if !self.policy.pull_creates() {
+        if !self.policy.pull_creates() || !self.room.has_room() {
             for &id in ids {
                 match self.find(id) {
                     Some(r) => {

@@ -275,7 +275,8 @@ impl Table {
     /// written only when all are finite.
     ///
     /// Under `max_rows`, room is made first ([`Table::make_room`]); the
-    /// new rows it has no room for are left out.
+    /// new rows it has no room for are left out. When the ps's memory is
+    /// short (`ps::memory`), every new row is ([`Table::existing_only`]).
     ///
     /// Errors: [`TableError::Overflow`]; no row changed (rows created for
     /// the push stay, at their initial values).
@@ -287,7 +288,11 @@ impl Table {
         lr: f32,
         step: u64,
     ) -> Result<(), TableError> {
-        if let Some(kept) = self.make_room(ids) {
+        let kept = match self.has_room() {
+            true => self.make_room(ids),
+            false => self.existing_only(ids),
+        };
+        if let Some(kept) = kept {
             let dim = self.spec.dim;
             let ids: Vec<u64> = kept.iter().map(|&i| ids[i]).collect();
             let grads: Vec<f32> = kept
