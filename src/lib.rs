@@ -69,6 +69,8 @@
 //!   TensorFlow or dtf checkpoint).
 //! - [`binary_metrics`] — AUC and log loss of a binary model, exact (one place for `dtf
 //!   local`, `dtf eval`, the evaluator).
+//! - [`regression_metrics`] — RMSE, MAE and the mean squared error of a regression model
+//!   (`model.task = "regression"`), one place for the same callers and the chief.
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
 //!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored; `ranking`: the best set.
@@ -106,6 +108,7 @@ pub mod optimizer;
 pub mod placement;
 pub mod predict;
 pub mod ps;
+pub mod regression_metrics;
 pub mod status;
 pub mod summary;
 pub mod transport;

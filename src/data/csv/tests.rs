@@ -1,4 +1,5 @@
 use super::*;
+use reader::detect_delimiter;
 
 fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
