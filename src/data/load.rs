@@ -116,7 +116,10 @@ pub fn load_both_for(config: &crate::config::Config) -> Result<(Dataset, Dataset
     load_both_task(&config.data, config.model.task)
 }
 
-fn load_both_task(cfg: &DataConfig, task: ModelTask) -> Result<(Dataset, Dataset), DataError> {
+/// [`load_both`] with the labels `task` says.
+///
+/// Errors: as [`load_both_for`].
+pub fn load_both_task(cfg: &DataConfig, task: ModelTask) -> Result<(Dataset, Dataset), DataError> {
     let (mut train, mut test) = match cfg.format {
         // One file holds both splits: read it once.
         DataFormat::Recbole => recbole::load_both(cfg)?,

@@ -41,7 +41,7 @@ pub use categorical::{Batch, Categorical, SPLIT_SEED, split_rows};
 pub use detect::{config_for_path, test_config_for_path};
 pub use ids::id;
 pub use idx::{images_shape, write_idx_images, write_idx_labels};
-pub use load::{load, load_both, load_both_for, load_for, load_task};
+pub use load::{load, load_both, load_both_for, load_both_task, load_for, load_task};
 pub use preprocessing::Preprocessing;
 
 /// Labels are class indices held in one byte: at most this many classes.

@@ -87,3 +87,83 @@ impl Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_util::error_for;
+
+    /// A regression model's keys: an MLP of one output on CSV (or npz) data.
+    const REGRESSION: &str = "[model]\ntask = \"regression\"\nhidden = [8]\n[data]\nformat = \
+                              \"csv\"\ntrain = \"t.csv\"\ntest = \"s.csv\"\n";
+
+    #[test]
+    fn the_task_is_classification_unless_set_and_regression_ranks_by_ema_rmse() {
+        let c = Config::from_toml_str("", "f").unwrap();
+        assert_eq!(c.model.task, ModelTask::Classification);
+        let c = Config::from_toml_str(REGRESSION, "f").unwrap();
+        assert_eq!(c.model.task, ModelTask::Regression);
+        assert_eq!(c.eval.metric, Metric::EmaRmse);
+        for (metric, want) in [("rmse", Metric::Rmse), ("loss", Metric::Loss)] {
+            let text = format!("{REGRESSION}[eval]\nmetric = \"{metric}\"\n");
+            assert_eq!(Config::from_toml_str(&text, "f").unwrap().eval.metric, want);
+        }
+        // Lower is better.
+        assert!(Metric::EmaRmse.better(0.5, 0.7) && !Metric::Rmse.better(0.7, 0.5));
+        let err = error_for("[model]\ntask = \"price\"\n", "model.task");
+        assert!(err.contains("regression"), "{err}");
+    }
+
+    #[test]
+    fn what_regression_cannot_be_combined_with_is_refused_naming_model_task() {
+        let cases = [
+            (
+                "[model]\nkind = \"wide_deep\"\n",
+                "model.task",
+                "binary model",
+            ),
+            ("[data]\nthreshold = 4.0\n", "model.task", "data.threshold"),
+            (
+                "[data]\nformat = \"idx\"\n",
+                "model.task",
+                "data.format = \"idx\"",
+            ),
+            (
+                "[eval]\nmetric = \"ema_accuracy\"\n",
+                "eval.metric",
+                "\"ema_rmse\"",
+            ),
+        ];
+        for (extra, key, says) in cases {
+            // A later table of the same name is a TOML error: merge by hand.
+            let text = merged(REGRESSION, extra);
+            let err = error_for(&text, key);
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        // The layers given whole must end in one output.
+        let err = error_for(
+            "[model]\ntask = \"regression\"\nlayers = [4, 8, 3]\n[data]\nformat = \"csv\"\n\
+             train = \"t.csv\"\n",
+            "model.layers[2]",
+        );
+        assert!(err.contains("predicts one value"), "{err}");
+        // A classifier has no RMSE.
+        let err = error_for("[eval]\nmetric = \"ema_rmse\"\n", "eval.metric");
+        assert!(err.contains("model.task = \"regression\""), "{err}");
+    }
+
+    /// `base` with the keys of `extra`'s tables added to its own tables of those names.
+    fn merged(base: &str, extra: &str) -> String {
+        let mut doc: toml::Table = base.parse().unwrap();
+        let more: toml::Table = extra.parse().unwrap();
+        for (table, keys) in more {
+            let t = doc
+                .entry(table)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            for (k, v) in keys.as_table().unwrap() {
+                t.as_table_mut().unwrap().insert(k.clone(), v.clone());
+            }
+        }
+        toml::to_string(&doc).unwrap()
+    }
+}
