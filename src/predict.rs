@@ -257,7 +257,7 @@ pub fn read_input(
     };
     let (shape, values): (Vec<u64>, Features) = match ext.as_deref() {
         Some("csv") => {
-            // The labels, if there, are left out: class names or indices alike.
+            // The labels, if there, are left out: class names, indices or values alike.
             let rows = data::csv::read_with(
                 path,
                 &data::csv::Options {
@@ -266,7 +266,7 @@ pub fn read_input(
                     names,
                     categorical: data::csv::CategoricalColumns::Refused,
                     threshold: None,
-                    label_names: data::csv::LabelNames::Detect,
+                    label_names: data::csv::LabelNames::Skipped,
                     delimiter,
                 },
             )?;

@@ -65,8 +65,7 @@ pub enum LabelNames<'a> {
     /// An error: the labels are class indices (a model trained on them).
     Refused,
     /// A class name, when any label is not an integer 0–255: the distinct
-    /// names in sorted order are the classes (a training file; `dtf predict`,
-    /// which leaves the labels out).
+    /// names in sorted order are the classes (a training file).
     Detect,
     /// One of these names (sorted), or an error naming it (a test file read
     /// as its training file was, or with a checkpoint's names).
@@ -74,6 +73,9 @@ pub enum LabelNames<'a> {
     /// No class at all: every label is a real value, a finite f32, or an error naming it
     /// (`model.task = "regression"`).
     Values,
+    /// Not read at all: whatever the column holds (`dtf predict`, which leaves the labels
+    /// out, of a classifier or a regression model alike).
+    Skipped,
 }
 
 impl<'a> LabelNames<'a> {

@@ -164,6 +164,7 @@ impl<'a> LabelColumn<'a> {
             return Ok(());
         }
         match self.mode {
+            LabelNames::Skipped => self.indices.push(0),
             LabelNames::Values => {
                 self.values.push(parse_value(path, line, column, text)?);
                 self.indices.push(0);
