@@ -6,8 +6,10 @@
 //! - `csv` — a training and a test CSV file with a header and a label
 //!   column, see [`csv`].
 //!
-//! `preprocessing` holds [`Preprocessing`] and its fitting to a training
-//! split; `batches` the shuffled batches a worker trains on.
+//! `load` reads a data set's splits as the configuration says (the labels as
+//! `model.task` reads them: classes, or a regression's values); `preprocessing` holds
+//! [`Preprocessing`] and its fitting to a training split; `batches` the shuffled
+//! batches a worker trains on.
 //!
 //! A data set is held in memory as the file had it: byte features stay one
 //! byte each (60000 × 784 Fashion-MNIST images are 47 MB), float features

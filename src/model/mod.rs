@@ -5,11 +5,12 @@
 //! Its rooms:
 //!
 //! - `mod.rs` — [`Mlp`]: its shape, its variables ([`VarSpec`]) and their
-//!   initial values.
+//!   initial values; [`Targets`]: a batch's labels, class indices or (regression,
+//!   `model.task`) real values.
 //! - `gradient` — the training step: loss and gradients
 //!   ([`Mlp::loss_and_grads_into`]) in a reusable [`Workspace`].
-//! - `inference` — evaluation and prediction: logits, probabilities,
-//!   accuracy and test loss, in bounded chunks.
+//! - `inference` — evaluation and prediction: logits, probabilities, a regression
+//!   model's predictions, accuracy and test loss, in bounded chunks.
 //! - `schedule` — the learning-rate schedule ([`learning_rate`]).
 //! - `ema` — the moving average's decay and update rule ([`ema_decay`],
 //!   [`ema_step`]).
