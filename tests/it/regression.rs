@@ -129,6 +129,40 @@ fn a_real_valued_label_trains_as_regression_and_predict_prints_values() {
         );
     }
 
+    // dtf export --onnx: the raw output, no Softmax, that onnxruntime computes as predict.
+    let onnx = dir.path().join("model.onnx");
+    let out = dtf_in(
+        &tmp,
+        &[
+            "export",
+            ckpt.to_str().unwrap(),
+            "--onnx",
+            onnx.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "dtf export failed:\n{}", out.stderr);
+    let check = onnx_check(&onnx, &test, &predicted);
+    assert_eq!(
+        check["output"],
+        serde_json::json!(["prediction", "batch", 1]),
+        "{check}"
+    );
+    assert_eq!(
+        check["ops"].as_array().unwrap().last().unwrap(),
+        "Identity",
+        "{check}"
+    );
+    assert!(
+        !check["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o == "Softmax" || o == "ArgMax"),
+        "{check}"
+    );
+    assert!(check["max_abs_diff"].as_f64().unwrap() < 1e-4, "{check}");
+
     // dtf eval: RMSE and MAE, no accuracy; the EMA's RMSE is the summary's.
     let out = dtf_in(
         &tmp,
@@ -176,4 +210,41 @@ fn a_real_valued_label_trains_as_regression_and_predict_prints_values() {
         "{}",
         out.stderr
     );
+}
+
+/// Checks the ONNX model at `model` with ONNX's checker and runs it with onnxruntime on the
+/// features of the CSV `test` (its last column, the label, left out) against `predicted`
+/// (`dtf predict`'s values): `{"output": [name, dims…], "ops": [...], "max_abs_diff": d}`.
+fn onnx_check(model: &Path, test: &Path, predicted: &[f64]) -> serde_json::Value {
+    let script = r#"
+import json, sys
+import numpy as np, onnx, onnxruntime as ort
+m = onnx.load(sys.argv[1])
+onnx.checker.check_model(m, full_check=True)
+out = m.graph.output[0]
+dims = [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim]
+x = np.loadtxt(sys.argv[2], delimiter=",", skiprows=1, dtype=np.float32)[:, :-1]
+got = ort.InferenceSession(sys.argv[1]).run(None, {"input": x})[0].reshape(-1)
+want = np.array(json.loads(sys.argv[3]), dtype=np.float64)
+print(json.dumps({"output": [out.name] + dims, "ops": [n.op_type for n in m.graph.node],
+                  "max_abs_diff": float(np.abs(got - want).max())}))
+"#;
+    let want = serde_json::to_string(predicted).unwrap();
+    let out = crate::util::output_within(
+        std::process::Command::new("python3").args([
+            "-c",
+            script,
+            model.to_str().unwrap(),
+            test.to_str().unwrap(),
+            &want,
+        ]),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "the ONNX check failed (needs `python3 -m pip install onnx onnxruntime`):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap()
 }
