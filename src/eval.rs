@@ -422,6 +422,53 @@ mod tests {
     use crate::checkpoint;
     use ndarray::ArrayD;
 
+    /// A regression model's scores: RMSE and MAE raw and EMA, the MSE as its loss, no
+    /// accuracy (NaN: neither written to TensorBoard nor counted by `finite`).
+    #[test]
+    fn values_score_rmse_mae_and_mse_and_no_accuracy() {
+        let mlp = Mlp::new(&[1, 1]).unwrap();
+        // ŷ = 2x + 1 (raw) and ŷ = x (EMA) on x = 0, 1, 2 against y = 1, 3, 4.
+        let p = |w: f32, b: f32| {
+            vec![
+                ArrayD::from_elem(vec![1, 1], w),
+                ArrayD::from_elem(vec![1], b),
+            ]
+        };
+        let x = ndarray::array![[0.0f32], [1.0], [2.0]];
+        let y = [1.0f32, 3.0, 4.0];
+        let s = score(
+            &mlp,
+            &p(2.0, 1.0),
+            &p(1.0, 0.0),
+            x.view(),
+            Targets::Values(&y),
+        );
+        // Raw errors 0, 0, 1; EMA errors 1, 2, 2.
+        assert_eq!((s.loss, s.mae), (1.0 / 3.0, 1.0 / 3.0));
+        assert_eq!(s.rmse, (1.0f64 / 3.0).sqrt() as f32);
+        assert_eq!((s.ema_rmse, s.ema_mae), (3.0f64.sqrt() as f32, 5.0 / 3.0));
+        assert!(s.accuracy.is_nan() && s.ema_accuracy.is_nan() && s.finite());
+        let tags: Vec<&str> = s.present().iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, ["rmse", "ema_rmse", "mae", "ema_mae"]);
+        assert_eq!(s.get(crate::config::Metric::EmaRmse), s.ema_rmse);
+        // A diverged model scores NaN: it cannot rank.
+        let nan = score(
+            &mlp,
+            &p(f32::NAN, 0.0),
+            &p(1.0, 0.0),
+            x.view(),
+            Targets::Values(&y),
+        );
+        assert!(!nan.finite());
+        // Class labels keep accuracy and no RMSE.
+        let mlp = Mlp::new(&[1, 2]).unwrap();
+        let c = mlp.init(1);
+        let s = score(&mlp, &c, &c, x.view(), Targets::Classes(&[0, 1, 1]));
+        assert!(s.rmse.is_nan() && !s.accuracy.is_nan());
+        let tags: Vec<&str> = s.present().iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, ["accuracy", "ema_accuracy"]);
+    }
+
     #[test]
     fn a_checkpoint_whose_shapes_do_not_chain_is_an_error() {
         let dir = tempfile::tempdir().unwrap();

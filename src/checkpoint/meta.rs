@@ -468,6 +468,47 @@ mod tests {
         assert!(err.contains("disagree"), "{err}");
     }
 
+    /// `model.task`: `task=regression` for a regression model, no key for a classifier, so
+    /// an older checkpoint (no key) reads as the classifier it is.
+    #[test]
+    fn the_task_round_trips_and_is_classification_when_absent() {
+        use crate::config::ModelTask;
+        let m = ModelMeta {
+            layers: vec![3, 4, 1],
+            activation: crate::model::Activation::Relu,
+            dropout: 0.0,
+            classes: 1,
+            task: ModelTask::Regression,
+            preprocessing: Preprocessing::Scale { divisor: 1.0 },
+            label: Some("price".into()),
+            hyperparameters: None,
+            training_data: None,
+            features: None,
+            class_names: None,
+            wide_deep: None,
+        };
+        let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
+        assert_eq!(meta["task"], "regression");
+        assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 1]).unwrap(), m);
+        let classifier = ModelMeta {
+            task: ModelTask::Classification,
+            ..m.clone()
+        };
+        assert!(!classifier.to_metadata().contains_key("task"));
+        let old = ModelMeta::from_metadata(&HashMap::new(), &[3, 4, 1]).unwrap();
+        assert_eq!(old.task, ModelTask::Classification);
+        // A regression model has one output; an unknown task is named.
+        let mut wide = meta.clone();
+        wide.insert("layers".into(), "[3,4,2]".into());
+        wide.insert("classes".into(), "2".into());
+        let err = ModelMeta::from_metadata(&wide, &[3, 4, 2]).unwrap_err();
+        assert!(err.contains("task \"regression\" with 2 outputs"), "{err}");
+        let mut odd = meta.clone();
+        odd.insert("task".into(), "ranking".into());
+        let err = ModelMeta::from_metadata(&odd, &[3, 4, 1]).unwrap_err();
+        assert!(err.contains("metadata task \"ranking\""), "{err}");
+    }
+
     /// Issue 25: `divisor: 0.0` (or negative, or an all-zero std) was
     /// accepted by `predict`, `eval` and `export`: every row one class.
     #[test]

@@ -51,7 +51,7 @@ impl Array {
 /// not match its data or the other array, a label outside 0–255);
 /// [`DataError::TooLarge`] for an array larger than this machine's memory.
 /// With `regression` (`model.task = "regression"`) `y` holds real values, of any numeric
-/// dtype, each finite.
+/// dtype (finite, as every array read).
 pub fn load(path: &Path, split: Split, regression: bool) -> Result<Dataset, DataError> {
     let (xn, yn) = names(split);
     let mut archive = open(path)?;
@@ -89,15 +89,7 @@ pub fn load(path: &Path, split: Split, regression: bool) -> Result<Dataset, Data
             Array::I64(_, v) => v.into_iter().map(|l| l as f32).collect(),
             Array::F32(_, v) => v,
         };
-        if let Some(i) = targets.iter().position(|v| !v.is_finite()) {
-            return Err(format_error(
-                path,
-                format!(
-                    "{yn}[{i}] is {}: model.task = \"regression\" expects finite values",
-                    targets[i]
-                ),
-            ));
-        }
+        // Finite already: reading an array refuses NaN and infinities.
         let mut ds = Dataset::new(values, vec![0; targets.len()], features, Path::new(&what))?;
         ds.set_targets(targets)?;
         return Ok(ds);
@@ -437,6 +429,29 @@ mod tests {
         let test = load(&path, Split::Test, false).unwrap();
         assert_eq!(test.values, Features::Floats(vec![0.5; 8]));
         assert_eq!(test.labels(), &[1, 0]);
+    }
+
+    /// `model.task = "regression"`: `y` of any numeric dtype is read as values, each finite.
+    #[test]
+    fn with_regression_y_holds_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = keras(dir.path(), Array::F32(vec![2], vec![2.5, -1.0]));
+        let test = load(&path, Split::Test, true).unwrap();
+        assert_eq!(test.targets(), crate::model::Targets::Values(&[2.5, -1.0]));
+        let train = load(&path, Split::Train, true).unwrap();
+        assert_eq!(
+            train.targets(),
+            crate::model::Targets::Values(&[0.0, 1.0, 2.0])
+        );
+        // Floats are refused as classes, pointing at model.task.
+        let msg = load(&path, Split::Test, false).unwrap_err().to_string();
+        assert!(msg.contains("model.task = \"regression\""), "{msg}");
+        let path = keras(dir.path(), Array::F32(vec![2], vec![2.5, f32::NAN]));
+        let msg = load(&path, Split::Test, true).unwrap_err().to_string();
+        assert!(
+            msg.contains("y_test") && msg.contains("non-finite"),
+            "{msg}"
+        );
     }
 
     #[test]
