@@ -429,7 +429,7 @@ impl Chief {
                     if test.is_regression() {
                         info!(
                             global_step = step,
-                            loss,
+                            loss = %loss,
                             test_rmse = %format!("{:.4}", s.rmse),
                             ema_test_rmse = %format!("{:.4}", s.ema_rmse),
                             test_mae = %format!("{:.4}", s.mae),
@@ -439,7 +439,7 @@ impl Chief {
                     } else {
                         info!(
                             global_step = step,
-                            loss,
+                            loss = %loss,
                             test_accuracy = %format!("{:.4}", s.accuracy),
                             ema_test_accuracy = %format!("{:.4}", s.ema_accuracy),
                             "Final evaluation."
