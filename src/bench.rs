@@ -163,7 +163,7 @@ pub fn compute(
         std::hint::black_box(mlp.loss_and_grads_into(
             &params,
             x.view(),
-            y,
+            &*y,
             1e-4,
             &mut ws,
             &mut grads,

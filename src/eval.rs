@@ -3,10 +3,11 @@
 
 pub mod binary;
 
-use crate::config::DataConfig;
+use crate::config::{DataConfig, ModelTask};
 use crate::data::{self, Split};
-use crate::model::Mlp;
+use crate::model::{Mlp, Targets};
 use crate::predict::{PredictError, Trained};
+use crate::regression_metrics::regression_metrics;
 use ndarray::{ArrayD, ArrayView2};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -43,18 +44,37 @@ pub struct Evaluation {
     pub checkpoint: PathBuf,
     /// Its step.
     pub global_step: u64,
-    /// Test accuracy of the raw variables.
+    /// Test accuracy of the raw variables (none for a regression model: not written).
+    #[serde(skip_serializing_if = "is_nan")]
     pub accuracy: f32,
-    /// Test accuracy of the EMA shadows.
+    /// Test accuracy of the EMA shadows (as `accuracy`).
+    #[serde(skip_serializing_if = "is_nan")]
     pub ema_accuracy: f32,
     /// Test cross-entropy of the raw variables (no L2 term; a binary
-    /// model's: its log loss).
+    /// model's: its log loss; a regression model's: its mean squared error).
     pub loss: f32,
     /// Test examples.
     pub examples: usize,
     /// A binary model's (wide & deep's) AUC and log loss, raw and EMA.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub binary: Option<BinaryEvaluation>,
+    /// A regression model's RMSE and MAE, raw and EMA.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<RegressionEvaluation>,
+}
+
+/// A regression model's scores instead of accuracy (`dtf eval --json`'s `rmse`, `ema_rmse`,
+/// `mae`, `ema_mae`; the `dtf local` summary's `test_rmse`, …).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RegressionEvaluation {
+    /// Root-mean-square error of the raw variables.
+    pub rmse: f32,
+    /// Root-mean-square error of the EMA shadows.
+    pub ema_rmse: f32,
+    /// Mean absolute error of the raw variables.
+    pub mae: f32,
+    /// Mean absolute error of the EMA shadows.
+    pub ema_mae: f32,
 }
 
 /// A binary model's scores beside accuracy (`dtf eval --json`'s
@@ -100,6 +120,35 @@ pub struct Scores {
         skip_serializing_if = "is_nan"
     )]
     pub ema_auc: f32,
+    /// Test root-mean-square error of the raw variables: a regression model's
+    /// (`model.task = "regression"`); NaN for a classifier, not written then.
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub rmse: f32,
+    /// Test RMSE of the EMA shadows, as `rmse`.
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub ema_rmse: f32,
+    /// Test mean absolute error of the raw variables, as `rmse`.
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub mae: f32,
+    /// Test mean absolute error of the EMA shadows, as `rmse`.
+    #[serde(
+        default = "nan",
+        deserialize_with = "nan_if_null",
+        skip_serializing_if = "is_nan"
+    )]
+    pub ema_mae: f32,
 }
 
 /// A score that is absent: NaN, as `null` reads.
@@ -131,23 +180,66 @@ impl PartialEq for Scores {
             && same(self.loss, other.loss)
             && same(self.auc, other.auc)
             && same(self.ema_auc, other.ema_auc)
+            && same(self.rmse, other.rmse)
+            && same(self.ema_rmse, other.ema_rmse)
+            && same(self.mae, other.mae)
+            && same(self.ema_mae, other.ema_mae)
     }
 }
 
 impl Scores {
+    /// No score at all (every one NaN): what a model fills in the scores it has.
+    pub fn none() -> Self {
+        Scores {
+            accuracy: f32::NAN,
+            ema_accuracy: f32::NAN,
+            loss: f32::NAN,
+            auc: f32::NAN,
+            ema_auc: f32::NAN,
+            rmse: f32::NAN,
+            ema_rmse: f32::NAN,
+            mae: f32::NAN,
+            ema_mae: f32::NAN,
+        }
+    }
+
     /// Whether every score the model has is a finite number: only then can
-    /// it rank. The AUCs count unless both are NaN: the MLP has none (a
-    /// binary model that diverged scores NaN everywhere, its loss too).
+    /// it rank. The loss always counts; each raw/EMA pair counts unless both
+    /// are NaN (the model has no such score: the MLP no AUC, a regression
+    /// model no accuracy; a model that diverged scores NaN everywhere, its
+    /// loss too).
     pub fn finite(&self) -> bool {
-        let aucs: &[f32] = if self.auc.is_nan() && self.ema_auc.is_nan() {
-            &[]
-        } else {
-            &[self.auc, self.ema_auc]
-        };
-        [self.accuracy, self.ema_accuracy, self.loss]
-            .iter()
-            .chain(aucs)
-            .all(|v| v.is_finite())
+        let pairs = [
+            (self.accuracy, self.ema_accuracy),
+            (self.auc, self.ema_auc),
+            (self.rmse, self.ema_rmse),
+            (self.mae, self.ema_mae),
+        ];
+        self.loss.is_finite()
+            && pairs
+                .iter()
+                .all(|&(a, b)| (a.is_nan() && b.is_nan()) || (a.is_finite() && b.is_finite()))
+    }
+
+    /// The scores the model has besides its loss, by their TensorBoard tags: each raw/EMA
+    /// pair unless both are NaN (the MLP's AUC, a regression model's accuracy), so no
+    /// curve of NaN is written.
+    pub fn present(&self) -> Vec<(&'static str, f32)> {
+        let mut out = Vec::new();
+        for ((a, va), (b, vb)) in [
+            (
+                ("accuracy", self.accuracy),
+                ("ema_accuracy", self.ema_accuracy),
+            ),
+            (("auc", self.auc), ("ema_auc", self.ema_auc)),
+            (("rmse", self.rmse), ("ema_rmse", self.ema_rmse)),
+            (("mae", self.mae), ("ema_mae", self.ema_mae)),
+        ] {
+            if !(va.is_nan() && vb.is_nan()) {
+                out.extend([(a, va), (b, vb)]);
+            }
+        }
+        out
     }
 
     /// The value of `metric`.
@@ -158,12 +250,16 @@ impl Scores {
             crate::config::Metric::Loss => self.loss,
             crate::config::Metric::Auc => self.auc,
             crate::config::Metric::EmaAuc => self.ema_auc,
+            crate::config::Metric::Rmse => self.rmse,
+            crate::config::Metric::EmaRmse => self.ema_rmse,
         }
     }
 }
 
 /// Scores the variables `values` and their EMA `shadows`, already verified
-/// against `mlp`'s variables, on `x`/`y`.
+/// against `mlp`'s variables, on `x`/`y`: accuracy and cross-entropy for class
+/// labels; RMSE, MAE and the mean squared error (the loss) for values
+/// ([`crate::regression_metrics`]), accuracy NaN then.
 ///
 /// # Panics
 ///
@@ -174,15 +270,30 @@ pub fn score(
     values: &[ArrayD<f32>],
     shadows: &[ArrayD<f32>],
     x: ArrayView2<f32>,
-    y: &[u8],
+    y: Targets,
 ) -> Scores {
-    let (accuracy, loss) = mlp.accuracy_and_loss(values, x, y);
-    Scores {
-        accuracy,
-        ema_accuracy: mlp.accuracy(shadows, x, y),
-        loss,
-        auc: f32::NAN,
-        ema_auc: f32::NAN,
+    match y {
+        Targets::Classes(y) => {
+            let (accuracy, loss) = mlp.accuracy_and_loss(values, x, y);
+            Scores {
+                accuracy,
+                ema_accuracy: mlp.accuracy(shadows, x, y),
+                loss,
+                ..Scores::none()
+            }
+        }
+        Targets::Values(y) => {
+            let raw = regression_metrics(&mlp.predictions(values, x), y);
+            let ema = regression_metrics(&mlp.predictions(shadows, x), y);
+            Scores {
+                loss: raw.mse,
+                rmse: raw.rmse,
+                ema_rmse: ema.rmse,
+                mae: raw.mae,
+                ema_mae: ema.mae,
+                ..Scores::none()
+            }
+        }
     }
 }
 
@@ -220,15 +331,15 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
                     .as_ref()
                     .and_then(|d| d.delimiter_byte())
             });
-            data::csv::load_named(
-                file,
-                &data.label,
-                Some(names),
-                data::csv::LabelNames::of(model.meta.class_names.as_deref()),
-                delimiter,
-            )?
+            let labels = match model.meta.task {
+                ModelTask::Regression => data::csv::LabelNames::Values,
+                ModelTask::Classification => {
+                    data::csv::LabelNames::of(model.meta.class_names.as_deref())
+                }
+            };
+            data::csv::load_named(file, &data.label, Some(names), labels, delimiter)?
         }
-        _ => data::load(data, Split::Test)?,
+        _ => data::load_task(data, model.meta.task, Split::Test)?,
     };
     let file = &model.file;
     if test.features() != model.meta.dense_inputs() {
@@ -244,13 +355,13 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
     if model.meta.wide_deep.is_some() {
         return evaluate_wide_deep(&model, &test);
     }
-    let (x, y) = test.all();
+    let (x, _) = test.all();
     let scores = score(
         &model.mlp,
         model.params(false),
         model.params(true),
         x.view(),
-        &y,
+        test.targets(),
     );
     Ok(Evaluation {
         checkpoint: file.clone(),
@@ -260,6 +371,12 @@ pub fn evaluate_on(path: &Path, data: &DataConfig) -> Result<Evaluation, EvalErr
         loss: scores.loss,
         examples: test.len(),
         binary: None,
+        regression: test.is_regression().then_some(RegressionEvaluation {
+            rmse: scores.rmse,
+            ema_rmse: scores.ema_rmse,
+            mae: scores.mae,
+            ema_mae: scores.ema_mae,
+        }),
     })
 }
 
@@ -295,6 +412,7 @@ fn evaluate_wide_deep(model: &Trained, test: &data::Dataset) -> Result<Evaluatio
             log_loss: raw.log_loss,
             ema_log_loss: ema.log_loss,
         }),
+        regression: None,
     })
 }
 
@@ -303,6 +421,53 @@ mod tests {
     use super::*;
     use crate::checkpoint;
     use ndarray::ArrayD;
+
+    /// A regression model's scores: RMSE and MAE raw and EMA, the MSE as its loss, no
+    /// accuracy (NaN: neither written to TensorBoard nor counted by `finite`).
+    #[test]
+    fn values_score_rmse_mae_and_mse_and_no_accuracy() {
+        let mlp = Mlp::new(&[1, 1]).unwrap();
+        // ŷ = 2x + 1 (raw) and ŷ = x (EMA) on x = 0, 1, 2 against y = 1, 3, 4.
+        let p = |w: f32, b: f32| {
+            vec![
+                ArrayD::from_elem(vec![1, 1], w),
+                ArrayD::from_elem(vec![1], b),
+            ]
+        };
+        let x = ndarray::array![[0.0f32], [1.0], [2.0]];
+        let y = [1.0f32, 3.0, 4.0];
+        let s = score(
+            &mlp,
+            &p(2.0, 1.0),
+            &p(1.0, 0.0),
+            x.view(),
+            Targets::Values(&y),
+        );
+        // Raw errors 0, 0, 1; EMA errors 1, 2, 2.
+        assert_eq!((s.loss, s.mae), (1.0 / 3.0, 1.0 / 3.0));
+        assert_eq!(s.rmse, (1.0f64 / 3.0).sqrt() as f32);
+        assert_eq!((s.ema_rmse, s.ema_mae), (3.0f64.sqrt() as f32, 5.0 / 3.0));
+        assert!(s.accuracy.is_nan() && s.ema_accuracy.is_nan() && s.finite());
+        let tags: Vec<&str> = s.present().iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, ["rmse", "ema_rmse", "mae", "ema_mae"]);
+        assert_eq!(s.get(crate::config::Metric::EmaRmse), s.ema_rmse);
+        // A diverged model scores NaN: it cannot rank.
+        let nan = score(
+            &mlp,
+            &p(f32::NAN, 0.0),
+            &p(1.0, 0.0),
+            x.view(),
+            Targets::Values(&y),
+        );
+        assert!(!nan.finite());
+        // Class labels keep accuracy and no RMSE.
+        let mlp = Mlp::new(&[1, 2]).unwrap();
+        let c = mlp.init(1);
+        let s = score(&mlp, &c, &c, x.view(), Targets::Classes(&[0, 1, 1]));
+        assert!(s.rmse.is_nan() && !s.accuracy.is_nan());
+        let tags: Vec<&str> = s.present().iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, ["accuracy", "ema_accuracy"]);
+    }
 
     #[test]
     fn a_checkpoint_whose_shapes_do_not_chain_is_an_error() {

@@ -13,7 +13,8 @@
 //!   older ones are scored when it has nothing newer to do (those the
 //!   chief's retention deleted meanwhile are gone, and skipped).
 //! - The scores go to TensorBoard as `accuracy`, `ema_accuracy` and `loss`
-//!   (and `auc`, `ema_auc` for wide & deep) at the checkpoint's step in `checkpoint.dir/eval/events.out.tfevents.*`,
+//!   (and `auc`, `ema_auc` for wide & deep; `rmse`, `ema_rmse`, `mae`, `ema_mae` and no
+//!   accuracy for regression) at the checkpoint's step in `checkpoint.dir/eval/events.out.tfevents.*`,
 //!   to Prometheus, and to `eval/evaluated.jsonl`, a line per checkpoint:
 //!   what it remembers across restarts, so nothing is scored twice.
 //! - The `[eval] keep_best` best by `[eval] metric` are copied to
@@ -28,7 +29,7 @@
 //!   and has nothing left to score: the run is over.
 
 /// A log event carrying a checkpoint's [`Scores`] as fields (`accuracy`,
-/// `ema_accuracy`, `loss`, `auc`, `ema_auc`), then the event's own fields
+/// `ema_accuracy`, `loss`, `auc`, `ema_auc`, `rmse`, `ema_rmse`, `mae`, `ema_mae`), then the event's own fields
 /// and message: `scores_event!(info, scores, step, "Checkpoint scored.")`.
 macro_rules! scores_event {
     ($level:ident, $scores:expr, $($rest:tt)+) => {{
@@ -39,6 +40,10 @@ macro_rules! scores_event {
             loss = s.loss,
             auc = s.auc,
             ema_auc = s.ema_auc,
+            rmse = s.rmse,
+            ema_rmse = s.ema_rmse,
+            mae = s.mae,
+            ema_mae = s.ema_mae,
             $($rest)+
         )
     }};
@@ -163,7 +168,7 @@ impl Evaluator {
         // Both splits: the test rows take the training split's
         // preprocessing (its mean and std with `data.standardize`), and the
         // model embeds the training split's fields, as the worker's does.
-        let (train, test) = data::load_both(&cfg.data)?;
+        let (train, test) = data::load_both_for(cfg)?;
         let fields = train.categorical().map_or(0, |c| c.fields.len());
         // Scored in f32 whatever the training precision, as `dtf eval` does.
         let model = Model::new(&cfg.model, fields, crate::kernel::Precision::Float32)?;
@@ -179,8 +184,8 @@ impl Evaluator {
         let specs = model.variables();
         let scorer = match model {
             Model::Mlp(mlp) => {
-                let (x, y) = test.all();
-                Scorer::Mlp { mlp, x, y }
+                let (x, _) = test.all();
+                Scorer::Mlp { mlp, x, test }
             }
             Model::WideDeep(model) => {
                 // Every checkpoint's AUC would be NaN: say so once, now.
@@ -365,15 +370,8 @@ impl Evaluator {
             }
         }
         if let Some(w) = &mut self.events {
-            let mut values = vec![
-                ("accuracy", s.accuracy),
-                ("ema_accuracy", s.ema_accuracy),
-                ("loss", s.loss),
-            ];
-            // The MLP has no AUC: no curve of NaN for it.
-            if !(s.auc.is_nan() && s.ema_auc.is_nan()) {
-                values.extend([("auc", s.auc), ("ema_auc", s.ema_auc)]);
-            }
+            let mut values = s.present();
+            values.push(("loss", s.loss));
             if let Err(e) = w.scalars(step, &values) {
                 warn!(error = %e, "Event not written; TensorBoard events are off for this run.");
                 self.events = None;
@@ -398,6 +396,10 @@ impl Evaluator {
             Some((step, s)) if !s.ema_auc.is_nan() => format!(
                 "step {step}: ema_auc {:.4}, auc {:.4}, log loss {:.4}",
                 s.ema_auc, s.auc, s.loss
+            ),
+            Some((step, s)) if !s.ema_rmse.is_nan() => format!(
+                "step {step}: ema_rmse {:.4}, rmse {:.4}, mae {:.4}",
+                s.ema_rmse, s.rmse, s.mae
             ),
             Some((step, s)) => format!(
                 "step {step}: ema_accuracy {:.4}, accuracy {:.4}, loss {:.4}",
@@ -430,8 +432,8 @@ enum Scorer {
         mlp: Mlp,
         /// The test rows.
         x: Array2<f32>,
-        /// The test labels.
-        y: Vec<u8>,
+        /// The test split, for its labels (classes or values).
+        test: Dataset,
     },
     /// Wide & deep on the test split, its categorical ids included.
     WideDeep {
@@ -455,7 +457,9 @@ impl Scorer {
         tables: &[(String, crate::model::table::Rows)],
     ) -> Scores {
         match self {
-            Scorer::Mlp { mlp, x, y } => eval::score(mlp, values, shadows, x.view(), y),
+            Scorer::Mlp { mlp, x, test } => {
+                eval::score(mlp, values, shadows, x.view(), test.targets())
+            }
             Scorer::WideDeep { model, test } => {
                 let tables = eval::binary::tables(model, tables);
                 let nan = eval::binary::Binary {
@@ -476,6 +480,7 @@ impl Scorer {
                     loss: raw.log_loss,
                     auc: raw.auc,
                     ema_auc: ema.auc,
+                    ..Scores::none()
                 }
             }
         }

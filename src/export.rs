@@ -7,7 +7,9 @@
 //! checkpoint's preprocessing (`Div` by 255, or `Sub` the mean and `Div` by
 //! the std), then per layer `MatMul`, `Add` and the activation (none after the last),
 //! and ends in `Softmax` over the classes: output `probabilities`, float32
-//! `[batch, classes]`. The weights are the EMA shadows unless `raw`. The
+//! `[batch, classes]`. A regression model (`model.task = "regression"`) ends in the last
+//! `Add` itself, through an `Identity` named for its output: `prediction`, float32
+//! `[batch, 1]`, the predicted value (no Softmax, no ArgMax). The weights are the EMA shadows unless `raw`. The
 //! protobuf types come from `proto/onnx/onnx.proto`, a subset of ONNX's own.
 
 use crate::data::Preprocessing;
@@ -30,6 +32,8 @@ pub const IR_VERSION: i64 = 7;
 pub const INPUT: &str = "input";
 /// The graph's output.
 pub const OUTPUT: &str = "probabilities";
+/// A regression model's graph's output: the predicted value.
+pub const PREDICTION: &str = "prediction";
 
 /// Errors writing an ONNX model or a TensorFlow checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +124,7 @@ fn activation(g: &mut Graph, act: Activation, layer: &str, x: &str) -> String {
 }
 
 /// The graph: preprocessing, then each layer's MatMul, Add and activation,
-/// then Softmax.
+/// then Softmax (a regression model: the last layer's output as it is).
 fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
     let mut g = Graph::default();
     let features = model.mlp.inputs() as i64;
@@ -155,25 +159,39 @@ fn graph(model: &Trained, ema: bool) -> pb::GraphProto {
             x = activation(&mut g, model.mlp.hidden().activation, layer, &x);
         }
     }
-    g.nodes.push(pb::NodeProto {
-        input: vec![x],
-        output: vec![OUTPUT.to_owned()],
-        name: Some("softmax".into()),
-        op_type: Some("Softmax".into()),
-        attribute: vec![pb::AttributeProto {
-            name: Some("axis".into()),
-            r#type: Some(pb::attribute_proto::AttributeType::Int as i32),
-            i: Some(1),
+    // A regression model's output is the prediction itself; a classifier's, Softmax.
+    let (output, width_name, node) = if model.meta.task == crate::config::ModelTask::Regression {
+        let node = pb::NodeProto {
+            input: vec![x],
+            output: vec![PREDICTION.to_owned()],
+            name: Some("prediction".into()),
+            op_type: Some("Identity".into()),
             ..Default::default()
-        }],
-        ..Default::default()
-    });
+        };
+        (PREDICTION, "outputs", node)
+    } else {
+        let node = pb::NodeProto {
+            input: vec![x],
+            output: vec![OUTPUT.to_owned()],
+            name: Some("softmax".into()),
+            op_type: Some("Softmax".into()),
+            attribute: vec![pb::AttributeProto {
+                name: Some("axis".into()),
+                r#type: Some(pb::attribute_proto::AttributeType::Int as i32),
+                i: Some(1),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        (OUTPUT, "classes", node)
+    };
+    g.nodes.push(node);
     pb::GraphProto {
         node: g.nodes,
         name: Some("dtf_mlp".into()),
         initializer: g.initializers,
         input: vec![value_info(INPUT, "features", features)],
-        output: vec![value_info(OUTPUT, "classes", model.mlp.classes() as i64)],
+        output: vec![value_info(output, width_name, model.mlp.classes() as i64)],
         ..Default::default()
     }
 }

@@ -8,8 +8,9 @@
 //!   and which task this is), each value's origin and figment's errors
 //!   translated, validation per section, the model-size bound, errors (a leaf), live-reload
 //!   keys, secret files, the file watcher (`config::watcher`).
-//! - [`model`] — the MLP's math, a folder: the model and its init, `gradient` (loss and
-//!   gradients, the training step, `clip_by_global_norm`), `hidden` (activations, dropout),
+//! - [`model`] — the MLP's math, a folder: the model and its init, `Targets` (class labels
+//!   or a regression's values), `gradient` (loss — cross-entropy or mean squared error —
+//!   and gradients, the training step, `clip_by_global_norm`), `hidden` (activations, dropout),
 //!   `inference` (evaluation, probabilities), `schedule` (TF's LR schedules, warmup), `ema`.
 //! - [`kernel`] — the step's GEMMs behind one entry: the precision policy (`float32`,
 //!   `mixed_bfloat16`) and the tier chosen once per process (AMX, AVX512-BF16, portable bf16,
@@ -20,7 +21,8 @@
 //! - [`data`] — data sets in five formats (`idx`, `npz`, `csv`, `recbole`, `criteo`), the
 //!   synthetic CTR generator (`synthetic`), categorical ids (`ids`: `data::id`, stable
 //!   forever), the batch a model consumes (`Batch`, `Categorical`), `build` (a data set's
-//!   constructors and their checks), preprocessing,
+//!   constructors and their checks), `load` (the splits by config; the labels as
+//!   `model.task` reads them: classes or a regression's values), preprocessing,
 //!   mini-batches (`batches`), the seeded split.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
 //!   retention, the index), `format` (decode, verify; `encode`: the two files' bytes;
@@ -66,11 +68,14 @@
 //!   (signals, reload, re-exec), `systemd` (readiness, watchdog), `logging`, `args` (the
 //!   command line, TensorFlow 1.x's flags included, and the configuration it names).
 //! - [`auth`] — the cluster token on every RPC.
-//! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `stop`
+//! - [`local`] — `dtf local`: a whole cluster of processes on this machine; `report` (its
+//!   summary and `--json`); `stop`
 //!   (signals, the ordered stop, how to resume); `init` (`--init-from`: a run seeded from a
 //!   TensorFlow or dtf checkpoint).
 //! - [`binary_metrics`] — AUC and log loss of a binary model, exact (one place for `dtf
 //!   local`, `dtf eval`, the evaluator).
+//! - [`regression_metrics`] — RMSE, MAE and the mean squared error of a regression model
+//!   (`model.task = "regression"`), one place for the same callers and the chief.
 //! - [`eval`] — test accuracy of a checkpoint, raw and EMA, and its test loss.
 //! - [`evaluator`] — `dtf-evaluator`: scores each new checkpoint beside training,
 //!   TensorBoard events in `eval/`, the best ones kept in `best/`; `ledger`: what was scored; `ranking`: the best set.
@@ -108,6 +113,7 @@ pub mod optimizer;
 pub mod placement;
 pub mod predict;
 pub mod ps;
+pub mod regression_metrics;
 pub mod status;
 pub mod summary;
 pub mod transport;

@@ -194,10 +194,33 @@ impl Trained {
     /// as wide as the model's input.
     pub fn probabilities(
         &self,
-        mut x: Array2<f32>,
+        x: Array2<f32>,
         ema: bool,
         source: &Path,
     ) -> Result<Array2<f32>, PredictError> {
+        let x = self.prepared(x, source)?;
+        Ok(self.mlp.probabilities(self.params(ema), x.view()))
+    }
+
+    /// A regression model's prediction for each row of raw features: the checkpoint's
+    /// preprocessing, then the network; its one output is the value (no softmax).
+    ///
+    /// Errors: as [`Trained::probabilities`].
+    pub fn values(
+        &self,
+        x: Array2<f32>,
+        ema: bool,
+        source: &Path,
+    ) -> Result<Vec<f32>, PredictError> {
+        let x = self.prepared(x, source)?;
+        Ok(self.mlp.predictions(self.params(ema), x.view()))
+    }
+
+    /// Rows of raw features preprocessed as training saw them.
+    ///
+    /// Errors: [`PredictError::Width`] naming `source` when the rows are not
+    /// as wide as the model's input.
+    fn prepared(&self, mut x: Array2<f32>, source: &Path) -> Result<Array2<f32>, PredictError> {
         if x.ncols() != self.mlp.inputs() {
             return Err(PredictError::Width {
                 path: source.to_path_buf(),
@@ -206,7 +229,7 @@ impl Trained {
             });
         }
         self.meta.preprocessing.apply_rows(&mut x);
-        Ok(self.mlp.probabilities(self.params(ema), x.view()))
+        Ok(x)
     }
 }
 
@@ -234,7 +257,7 @@ pub fn read_input(
     };
     let (shape, values): (Vec<u64>, Features) = match ext.as_deref() {
         Some("csv") => {
-            // The labels, if there, are left out: class names or indices alike.
+            // The labels, if there, are left out: class names, indices or values alike.
             let rows = data::csv::read_with(
                 path,
                 &data::csv::Options {
@@ -243,7 +266,7 @@ pub fn read_input(
                     names,
                     categorical: data::csv::CategoricalColumns::Refused,
                     threshold: None,
-                    label_names: data::csv::LabelNames::Detect,
+                    label_names: data::csv::LabelNames::Skipped,
                     delimiter,
                 },
             )?;
@@ -405,6 +428,25 @@ pub fn write_csv(out: &mut dyn Write, predictions: &[Prediction]) -> std::io::Re
             write!(out, ",{v}")?;
         }
         writeln!(out)?;
+    }
+    out.flush()
+}
+
+/// A regression model's prediction of one row (`dtf predict --json`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ValuePrediction {
+    /// The predicted value.
+    pub prediction: f32,
+}
+
+/// Writes a regression model's predictions as CSV: the header `prediction`, then one
+/// value per row, as the shortest decimal that reads back to the same f32.
+///
+/// Errors: the writer's.
+pub fn write_values_csv(out: &mut dyn Write, values: &[f32]) -> std::io::Result<()> {
+    writeln!(out, "prediction")?;
+    for v in values {
+        writeln!(out, "{v}")?;
     }
     out.flush()
 }

@@ -248,12 +248,11 @@ impl Summaries {
         self.last = Some((step, now));
     }
 
-    /// The test accuracy of the variables and of their EMA shadows at `step`.
-    pub fn on_eval(&mut self, step: u64, accuracy: f32, ema_accuracy: f32) {
-        self.write(
-            step,
-            &[("accuracy", accuracy), ("ema_accuracy", ema_accuracy)],
-        );
+    /// The final evaluation's scores at `step`: the test accuracy of the variables and of
+    /// their EMA shadows, or a regression model's RMSE and MAE
+    /// ([`crate::eval::Scores::present`]).
+    pub fn on_eval(&mut self, step: u64, scores: &[(&str, f32)]) {
+        self.write(step, scores);
     }
 }
 
@@ -319,7 +318,7 @@ mod tests {
         for step in [0, 3, 9, 10, 11, 25, 31] {
             s.on_step(step, 10, step as f32, 0.5);
         }
-        s.on_eval(31, 0.75, 0.8);
+        s.on_eval(31, &[("accuracy", 0.75), ("ema_accuracy", 0.8)]);
         let events: Vec<pb::Event> = records(&std::fs::read(&path).unwrap())
             .iter()
             .map(|r| pb::Event::decode(r.as_slice()).unwrap())

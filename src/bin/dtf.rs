@@ -296,6 +296,10 @@ struct LocalArgs {
     /// tf.nn.dropout's rate on the hidden layers while training, in [0, 1) (model.dropout).
     #[arg(long)]
     dropout: Option<String>,
+    /// What the label is: classification or regression (model.task; default: regression
+    /// when a CSV label column holds numbers that are not all integers).
+    #[arg(long)]
+    task: Option<String>,
     /// Scale each step's gradients to this global norm when above it (train.clip_norm).
     #[arg(long)]
     clip_norm: Option<String>,
@@ -385,7 +389,7 @@ impl LocalArgs {
             .map(|s| config::Override::parse_set(s).map_err(|e| format!("--set {e}")))
             .collect::<Result<Vec<_>, _>>()?;
         let hidden = self.hidden.as_ref().map(|h| format!("[{h}]"));
-        let flags: [(&str, &str, Option<String>); 17] = [
+        let flags: [(&str, &str, Option<String>); 18] = [
             (
                 "--steps",
                 "train.last_step",
@@ -404,6 +408,7 @@ impl LocalArgs {
             ("--hidden", "model.hidden", hidden),
             ("--activation", "model.activation", self.activation.clone()),
             ("--dropout", "model.dropout", self.dropout.clone()),
+            ("--task", "model.task", self.task.clone()),
             ("--clip-norm", "train.clip_norm", self.clip_norm.clone()),
             ("--seed", "train.seed", self.seed.clone()),
             (

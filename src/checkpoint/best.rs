@@ -333,8 +333,7 @@ mod tests {
                 accuracy: 0.5,
                 ema_accuracy,
                 loss: 1.0,
-                auc: f32::NAN,
-                ema_auc: f32::NAN,
+                ..crate::eval::Scores::none()
             },
         }
     }

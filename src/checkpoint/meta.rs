@@ -8,7 +8,8 @@
 //! | `layers` | JSON widths, input first: `[784,500,10]` |
 //! | `activation` | `relu`, `tanh`, `sigmoid` or `gelu` (hidden layers; the output is `softmax`) |
 //! | `dropout` | the rate training dropped hidden values at (`model.dropout`), when not 0; inference drops nothing |
-//! | `classes` | the class count, the last width |
+//! | `classes` | the class count, the last width (1 for regression) |
+//! | `task` | `regression` for a model of a real-valued label (`model.task`: one output, the prediction itself, no softmax); absent: `classification` |
 //! | `preprocessing` | JSON: `{"kind":"scale","divisor":255.0}` or `{"kind":"standardize","mean":[…],"std":[…]}` |
 //! | `label` | the CSV label column, when the data was CSV |
 //! | `class_names` | JSON list of the classes' names in class order, when the labels were names (a CSV label column of `setosa`, `versicolor`, …): `predict` prints them, `eval` reads test labels through them; absent for class indices |
@@ -44,6 +45,9 @@ pub struct ModelMeta {
     pub dropout: f32,
     /// The number of classes (the last width).
     pub classes: usize,
+    /// What the output is (`model.task`): class scores, or the predicted value itself
+    /// (absent in older files: classification).
+    pub task: crate::config::ModelTask,
     /// How raw features become the model's input.
     pub preprocessing: Preprocessing,
     /// The CSV column that held the labels, when the data was CSV.
@@ -101,6 +105,9 @@ impl ModelMeta {
         ]);
         if self.dropout > 0.0 {
             out.insert("dropout".to_owned(), self.dropout.to_string());
+        }
+        if self.task != crate::config::ModelTask::Classification {
+            out.insert("task".to_owned(), self.task.name().to_owned());
         }
         if let Some(label) = &self.label {
             out.insert("label".to_owned(), label.clone());
@@ -244,11 +251,34 @@ impl ModelMeta {
                 .filter(|d| (0.0..1.0).contains(d))
                 .ok_or_else(|| format!("metadata dropout {d:?} is not a rate in [0, 1)"))?,
         };
+        let task = match get("task") {
+            None | Some("classification") => crate::config::ModelTask::Classification,
+            Some("regression") if classes == 1 && wide_deep.is_none() && class_names.is_none() => {
+                crate::config::ModelTask::Regression
+            }
+            Some("regression") => {
+                return Err(format!(
+                    "metadata task \"regression\" with {classes} outputs{}: a regression \
+                     model is an MLP of one output",
+                    if wide_deep.is_some() {
+                        " (wide & deep)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Some(t) => {
+                return Err(format!(
+                    "metadata task {t:?}: expected \"classification\" or \"regression\""
+                ));
+            }
+        };
         Ok(ModelMeta {
             layers,
             activation,
             dropout,
             classes,
+            task,
             preprocessing,
             label: get("label").map(str::to_owned),
             hyperparameters,
@@ -372,6 +402,7 @@ mod tests {
         let m = ModelMeta {
             layers: vec![3, 4, 2],
             activation: crate::model::Activation::Relu,
+            task: crate::config::ModelTask::Classification,
             dropout: 0.0,
             classes: 2,
             preprocessing: Preprocessing::Standardize {
@@ -435,6 +466,47 @@ mod tests {
         // Disagreement with the weights is named.
         let err = ModelMeta::from_metadata(&meta, &[3, 5, 2]).unwrap_err();
         assert!(err.contains("disagree"), "{err}");
+    }
+
+    /// `model.task`: `task=regression` for a regression model, no key for a classifier, so
+    /// an older checkpoint (no key) reads as the classifier it is.
+    #[test]
+    fn the_task_round_trips_and_is_classification_when_absent() {
+        use crate::config::ModelTask;
+        let m = ModelMeta {
+            layers: vec![3, 4, 1],
+            activation: crate::model::Activation::Relu,
+            dropout: 0.0,
+            classes: 1,
+            task: ModelTask::Regression,
+            preprocessing: Preprocessing::Scale { divisor: 1.0 },
+            label: Some("price".into()),
+            hyperparameters: None,
+            training_data: None,
+            features: None,
+            class_names: None,
+            wide_deep: None,
+        };
+        let meta: HashMap<String, String> = m.to_metadata().into_iter().collect();
+        assert_eq!(meta["task"], "regression");
+        assert_eq!(ModelMeta::from_metadata(&meta, &[3, 4, 1]).unwrap(), m);
+        let classifier = ModelMeta {
+            task: ModelTask::Classification,
+            ..m.clone()
+        };
+        assert!(!classifier.to_metadata().contains_key("task"));
+        let old = ModelMeta::from_metadata(&HashMap::new(), &[3, 4, 1]).unwrap();
+        assert_eq!(old.task, ModelTask::Classification);
+        // A regression model has one output; an unknown task is named.
+        let mut wide = meta.clone();
+        wide.insert("layers".into(), "[3,4,2]".into());
+        wide.insert("classes".into(), "2".into());
+        let err = ModelMeta::from_metadata(&wide, &[3, 4, 2]).unwrap_err();
+        assert!(err.contains("task \"regression\" with 2 outputs"), "{err}");
+        let mut odd = meta.clone();
+        odd.insert("task".into(), "ranking".into());
+        let err = ModelMeta::from_metadata(&odd, &[3, 4, 1]).unwrap_err();
+        assert!(err.contains("metadata task \"ranking\""), "{err}");
     }
 
     /// Issue 25: `divisor: 0.0` (or negative, or an all-zero std) was

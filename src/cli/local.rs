@@ -133,10 +133,25 @@ fn summary(outcome: &crate::local::Outcome, json: bool) -> ExitCode {
             let rate = report
                 .steps_per_sec
                 .map_or_else(String::new, |r| format!("  {r:.1} steps/s"));
-            say(format!(
-                "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
-                report.global_step, report.test_accuracy, report.ema_test_accuracy, report.seconds
-            ));
+            match &report.regression {
+                Some(r) => say(format!(
+                    "global_step {}  test RMSE {:.4}  EMA test RMSE {:.4}  test MAE {:.4}  EMA \
+                     test MAE {:.4}{rate}  ({:.1} s)",
+                    report.global_step,
+                    r.test_rmse,
+                    r.ema_test_rmse,
+                    r.test_mae,
+                    r.ema_test_mae,
+                    report.seconds
+                )),
+                None => say(format!(
+                    "global_step {}  test accuracy {:.4}  EMA test accuracy {:.4}{rate}  ({:.1} s)",
+                    report.global_step,
+                    report.test_accuracy,
+                    report.ema_test_accuracy,
+                    report.seconds
+                )),
+            }
             if let Some(b) = &report.binary {
                 let examples = report
                     .examples_per_sec

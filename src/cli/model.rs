@@ -49,8 +49,18 @@ pub fn eval(
     } else {
         println!("checkpoint    {}", ev.checkpoint.display());
         println!("global_step   {}", ev.global_step);
-        println!("accuracy      {:.4}", ev.accuracy);
-        println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+        match &ev.regression {
+            Some(r) => {
+                println!("rmse          {:.4}", r.rmse);
+                println!("ema_rmse      {:.4}", r.ema_rmse);
+                println!("mae           {:.4}", r.mae);
+                println!("ema_mae       {:.4}", r.ema_mae);
+            }
+            None => {
+                println!("accuracy      {:.4}", ev.accuracy);
+                println!("ema_accuracy  {:.4}", ev.ema_accuracy);
+            }
+        }
         println!("loss          {:.4}", ev.loss);
         if let Some(b) = &ev.binary {
             println!("auc           {:.4}", b.auc);
@@ -63,7 +73,8 @@ pub fn eval(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `dtf predict`: class and probabilities per row, on stdout.
+/// `dtf predict`: class and probabilities per row, on stdout (a regression model's
+/// predicted value).
 pub fn predict(
     checkpoint: &Path,
     input: &Path,
@@ -99,6 +110,9 @@ pub fn predict(
             .and_then(|d| d.delimiter_byte());
         let x =
             crate::predict::read_input(input, &label, model.meta.features.as_deref(), delimiter)?;
+        if model.meta.task == crate::config::ModelTask::Regression {
+            return print_values(&model.values(x, !raw, input)?, json);
+        }
         model.probabilities(x, !raw, input)?
     };
     let predictions =
@@ -113,6 +127,26 @@ pub fn predict(
         out.flush()?;
     } else {
         crate::predict::write_csv(&mut out, &predictions)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A regression model's predictions on stdout: a `prediction` column, or one
+/// `{"prediction": v}` object per line with `json`.
+///
+/// Errors: stdout's.
+fn print_values(values: &[f32], json: bool) -> Result<ExitCode> {
+    use std::io::Write;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if json {
+        for &prediction in values {
+            serde_json::to_writer(&mut out, &crate::predict::ValuePrediction { prediction })?;
+            writeln!(out)?;
+        }
+        out.flush()?;
+    } else {
+        crate::predict::write_values_csv(&mut out, values)?;
     }
     Ok(ExitCode::SUCCESS)
 }

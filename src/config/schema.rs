@@ -277,6 +277,9 @@ pub struct ModelConfig {
     /// The probability that training drops a hidden layer's value (`tf.nn.dropout`'s
     /// `rate`); evaluation and prediction drop nothing. 0: no dropout.
     pub dropout: f32,
+    /// What the label is: a class (`classification`, softmax cross-entropy) or a real value
+    /// (`regression`: one linear output, mean squared error, RMSE and MAE reported).
+    pub task: ModelTask,
     /// `[model.tables]`: admission and eviction of embedding rows.
     pub tables: TablesConfig,
 }
@@ -296,6 +299,27 @@ pub struct TablesConfig {
     /// The most rows of one table one ps holds; past it the least recently
     /// updated rows are dropped. 0: unbounded.
     pub max_rows: u64,
+}
+
+/// What the model predicts (`model.task`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelTask {
+    /// A class index (or name) per example: softmax over the classes.
+    #[default]
+    Classification,
+    /// A real value per example (a price): one linear output, mean squared error.
+    Regression,
+}
+
+impl ModelTask {
+    /// The name in `dtf.toml` and in a checkpoint's metadata.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelTask::Classification => "classification",
+            ModelTask::Regression => "regression",
+        }
+    }
 }
 
 /// Which model (`model.kind`).
@@ -433,7 +457,8 @@ pub struct EvalConfig {
     /// How many of the best checkpoints `checkpoint.dir/best/` keeps.
     pub keep_best: usize,
     /// What "best" means. Left unset, `model.kind`'s default: `ema_accuracy`
-    /// for the MLP, `ema_auc` for wide & deep (`Config::kind_defaults`).
+    /// for the MLP, `ema_auc` for wide & deep, `ema_rmse` for `model.task = "regression"`
+    /// (`Config::kind_defaults`).
     pub metric: Metric,
 }
 
@@ -452,6 +477,11 @@ pub enum Metric {
     Auc,
     /// Test AUC of the EMA shadows (wide & deep only); higher is better.
     EmaAuc,
+    /// Test root-mean-square error of the raw variables (`model.task = "regression"`
+    /// only); lower is better.
+    Rmse,
+    /// Test root-mean-square error of the EMA shadows (regression only); lower is better.
+    EmaRmse,
 }
 
 impl Metric {
@@ -463,7 +493,14 @@ impl Metric {
             Metric::Loss => "loss",
             Metric::Auc => "auc",
             Metric::EmaAuc => "ema_auc",
+            Metric::Rmse => "rmse",
+            Metric::EmaRmse => "ema_rmse",
         }
+    }
+
+    /// Whether only a regression model has this score (a classifier's RMSE is NaN).
+    pub fn regression_only(self) -> bool {
+        matches!(self, Metric::Rmse | Metric::EmaRmse)
     }
 
     /// Whether only a binary model (wide & deep) has this score: the MLP's
@@ -475,7 +512,7 @@ impl Metric {
     /// Whether score `a` is better than `b` (NaN is never better).
     pub fn better(self, a: f32, b: f32) -> bool {
         match self {
-            Metric::Loss => a < b,
+            Metric::Loss | Metric::Rmse | Metric::EmaRmse => a < b,
             _ => a > b,
         }
     }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 mod address;
+mod regression;
 mod train;
 mod widths;
 pub(super) use address::same_endpoint;
@@ -32,6 +33,7 @@ impl Config {
         self.validate_data()?;
         self.validate_checkpoint()?;
         self.validate_eval()?;
+        self.validate_task()?;
         self.validate_ps()?;
         self.validate_security()?;
         self.validate_metrics()?;
@@ -228,6 +230,7 @@ impl Config {
     /// click-through model is judged by (accuracy at ½ says little when
     /// most labels are 0).
     pub(crate) fn kind_defaults(&mut self) {
+        self.task_defaults();
         if self.model.kind != ModelKind::WideDeep {
             return;
         }
@@ -536,7 +539,8 @@ impl Config {
                 "eval.metric",
                 format!(
                     "\"{}\" is a binary model's score (model.kind = \"wide_deep\"); the MLP's \
-                     are \"ema_accuracy\", \"accuracy\" and \"loss\"",
+                     are \"ema_accuracy\", \"accuracy\" and \"loss\" (a regression model's: \
+                     \"ema_rmse\", \"rmse\", \"loss\")",
                     metric.name()
                 ),
             ));

@@ -43,6 +43,7 @@ impl Dataset {
             names: None,
             categorical: None,
             class_names: None,
+            targets: None,
         })
     }
 
@@ -111,10 +112,32 @@ impl Dataset {
                 names: Some(Vec::new()),
                 categorical: Some(categorical),
                 class_names: None,
+                targets: None,
             });
         }
         let mut ds = Dataset::new(values, labels, features, path)?;
         ds.categorical = Some(categorical);
         Ok(ds)
+    }
+
+    /// Makes this a regression data set (`model.task = "regression"`): `values`, one finite
+    /// value per row, are its labels; its class labels are then 0 for every row, the
+    /// model's one output.
+    ///
+    /// Errors: [`DataError::Format`] when the count is not the rows'.
+    pub(crate) fn set_targets(&mut self, values: Vec<f32>) -> Result<(), DataError> {
+        if values.len() != self.labels.len() {
+            return Err(format_error(
+                &self.labels_path,
+                format!(
+                    "holds {} label values for {} rows",
+                    values.len(),
+                    self.labels.len()
+                ),
+            ));
+        }
+        self.labels.fill(0);
+        self.targets = Some(values);
+        Ok(())
     }
 }

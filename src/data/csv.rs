@@ -35,6 +35,8 @@ pub struct Rows {
     pub labels: Option<Vec<u8>>,
     /// The classes' names, in class order, when the labels were names.
     pub class_names: Option<Vec<String>>,
+    /// Each row's label as a real value ([`LabelNames::Values`]).
+    pub targets: Option<Vec<f32>>,
     /// Features per row.
     pub features: usize,
     /// The features' column names, in the order of `values`.
@@ -63,12 +65,17 @@ pub enum LabelNames<'a> {
     /// An error: the labels are class indices (a model trained on them).
     Refused,
     /// A class name, when any label is not an integer 0–255: the distinct
-    /// names in sorted order are the classes (a training file; `dtf predict`,
-    /// which leaves the labels out).
+    /// names in sorted order are the classes (a training file).
     Detect,
     /// One of these names (sorted), or an error naming it (a test file read
     /// as its training file was, or with a checkpoint's names).
     Exactly(&'a [String]),
+    /// No class at all: every label is a real value, a finite f32, or an error naming it
+    /// (`model.task = "regression"`).
+    Values,
+    /// Not read at all: whatever the column holds (`dtf predict`, which leaves the labels
+    /// out, of a classifier or a regression model alike).
+    Skipped,
 }
 
 impl<'a> LabelNames<'a> {
@@ -111,6 +118,7 @@ pub fn load_config(
     train: Option<&Dataset>,
 ) -> Result<Dataset, DataError> {
     let labels = match train {
+        Some(t) if t.is_regression() => LabelNames::Values,
         Some(t) => LabelNames::of(t.class_names()),
         None => LabelNames::Detect,
     };
@@ -156,6 +164,9 @@ fn dataset(path: &Path, rows: Rows) -> Result<Dataset, DataError> {
     };
     ds.set_names(rows.names);
     ds.set_class_names(rows.class_names);
+    if let Some(t) = rows.targets {
+        ds.set_targets(t)?;
+    }
     Ok(ds)
 }
 
@@ -169,12 +180,52 @@ pub fn class_names(path: &Path, cfg: &DataConfig) -> Result<Option<Vec<String>>,
     if cfg.threshold.is_some() {
         return Ok(None);
     }
+    let mut labels = LabelColumn::new(LabelNames::Detect, None);
+    match each_label(path, cfg, |line, column, text| {
+        labels.push(path, line, column, text)
+    })? {
+        Some(column) => Ok(labels.finish(path, &column)?.1),
+        None => Ok(None),
+    }
+}
+
+/// The first label of the training CSV file at `path` (its column `cfg.label`) that is a
+/// number but not an integer (`12.5`), when every label is a finite number: a real-valued
+/// label, which `dtf local` trains as regression. `None` for class indices, names, or
+/// labels that are all integers.
+///
+/// Errors: as [`read_with`], for the header and the label column.
+pub fn real_label(path: &Path, cfg: &DataConfig) -> Result<Option<String>, DataError> {
+    let (mut first, mut numbers) = (None, true);
+    each_label(path, cfg, |_, _, text| {
+        match text.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() => {
+                if first.is_none() && v.fract() != 0.0 {
+                    first = Some(text.trim().to_owned());
+                }
+            }
+            _ => numbers = false,
+        }
+        Ok(())
+    })?;
+    Ok(first.filter(|_| numbers))
+}
+
+/// Calls `each` with the line, the column's name and the cell of every row's label of the
+/// CSV file at `path` (its column `cfg.label`), reading that column alone. Returns the
+/// column's name; `None` when the header has none such.
+///
+/// Errors: as [`read_with`], for the header and the rows; `each`'s.
+fn each_label(
+    path: &Path,
+    cfg: &DataConfig,
+    mut each: impl FnMut(u64, &str, &str) -> Result<(), DataError>,
+) -> Result<Option<String>, DataError> {
     let mut reader = reader(path, cfg.delimiter_byte())?;
     let (headers, label_at) = read_header(&mut reader, path, Some(&cfg.label), true)?;
     let Some(j) = label_at else {
         return Ok(None);
     };
-    let mut labels = LabelColumn::new(LabelNames::Detect, None);
     let mut record = ::csv::ByteRecord::new();
     loop {
         match reader.read_byte_record(&mut record) {
@@ -184,9 +235,9 @@ pub fn class_names(path: &Path, cfg: &DataConfig) -> Result<Option<Vec<String>>,
         }
         let line = record.position().map_or(0, |p| p.line());
         let text = std::str::from_utf8(record.get(j).unwrap_or_default()).unwrap_or("");
-        labels.push(path, line, &headers[j], text)?;
+        each(line, &headers[j], text)?;
     }
-    Ok(labels.finish(path, &headers[j])?.1)
+    Ok(Some(headers[j].clone()))
 }
 
 /// Loads the CSV file at `path` with its labels in the column `label`.
@@ -383,6 +434,7 @@ fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass
         Some(b) => Features::Bytes(b),
         None => Features::Floats(cells.floats),
     };
+    let targets = labels.take_values();
     let (labels, class_names) = match label_at {
         Some(j) => {
             let (l, n) = labels.finish(path, &headers[j])?;
@@ -394,6 +446,7 @@ fn read_pass(path: &Path, opts: &Options, cat: Option<&[String]>) -> Result<Pass
         values,
         labels,
         class_names,
+        targets: targets.filter(|_| label_at.is_some()),
         features,
         names: columns
             .iter()
@@ -445,53 +498,6 @@ fn categorical_columns(
         }
     }
     Ok(at)
-}
-
-/// A reader of the delimited file at `path`, its header first, split at
-/// `delimiter` (`data.delimiter`) or, when `None`, at the delimiter its
-/// header line uses: a comma, a tab or a semicolon, whichever it holds most
-/// of (a comma when it holds none: one column). A TSV export or a European
-/// spreadsheet's CSV is then read as it comes.
-///
-/// Errors: as [`super::open_file`]; [`DataError::Io`] reading the header.
-pub(crate) fn reader(
-    path: &Path,
-    delimiter: Option<u8>,
-) -> Result<::csv::Reader<std::io::BufReader<std::fs::File>>, DataError> {
-    use std::io::{BufRead, Seek};
-    let io = |source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = std::io::BufReader::new(super::open_file(path)?);
-    if let Some(d) = delimiter {
-        return Ok(::csv::ReaderBuilder::new()
-            .has_headers(true)
-            .delimiter(d)
-            .from_reader(file));
-    }
-    // The header line alone, bounded: a file without newlines is not read whole here.
-    let mut first = Vec::new();
-    std::io::Read::take(&mut file, 1 << 20)
-        .read_until(b'\n', &mut first)
-        .map_err(io)?;
-    file.rewind().map_err(io)?;
-    Ok(::csv::ReaderBuilder::new()
-        .has_headers(true)
-        .delimiter(detect_delimiter(&first))
-        .from_reader(file))
-}
-
-/// The delimiter of a header line: [`reader`]'s rule.
-fn detect_delimiter(line: &[u8]) -> u8 {
-    let count = |d: u8| line.iter().filter(|&&b| b == d).count();
-    let mut best = b',';
-    for d in [b'\t', b';'] {
-        if count(d) > count(best) {
-            best = d;
-        }
-    }
-    best
 }
 
 /// The feature columns' names of the CSV file at `path` (its header
@@ -662,31 +668,9 @@ impl Cells {
     }
 }
 
-/// A csv crate error as a format error naming the line.
-fn csv_error(path: &Path, e: ::csv::Error) -> DataError {
-    let what = match e.kind() {
-        ::csv::ErrorKind::UnequalLengths {
-            pos,
-            expected_len,
-            len,
-        } => format!(
-            "line {}: {len} cells, the header has {expected_len}: every row needs one cell per column",
-            pos.as_ref().map_or(0, |p| p.line())
-        ),
-        ::csv::ErrorKind::Io(err) => {
-            return DataError::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(err.kind(), err.to_string()),
-            };
-        }
-        _ => match e.position() {
-            Some(p) => format!("line {}: {e}", p.line()),
-            None => e.to_string(),
-        },
-    };
-    format_error(path, what)
-}
-
 mod labels;
+mod reader;
+use reader::csv_error;
+pub(crate) use reader::reader;
 #[cfg(test)]
 mod tests;

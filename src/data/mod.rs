@@ -6,8 +6,10 @@
 //! - `csv` — a training and a test CSV file with a header and a label
 //!   column, see [`csv`].
 //!
-//! `preprocessing` holds [`Preprocessing`] and its fitting to a training
-//! split; `batches` the shuffled batches a worker trains on.
+//! `load` reads a data set's splits as the configuration says (the labels as
+//! `model.task` reads them: classes, or a regression's values); `preprocessing` holds
+//! [`Preprocessing`] and its fitting to a training split; `batches` the shuffled
+//! batches a worker trains on.
 //!
 //! A data set is held in memory as the file had it: byte features stay one
 //! byte each (60000 × 784 Fashion-MNIST images are 47 MB), float features
@@ -25,12 +27,14 @@ pub mod csv;
 mod detect;
 mod ids;
 pub mod idx;
+mod load;
 pub mod npz;
 mod preprocessing;
 pub mod recbole;
 pub mod synthetic;
 
 use crate::config::{DataConfig, DataFormat};
+use crate::model::Targets;
 use ndarray::Array2;
 use std::path::{Path, PathBuf};
 
@@ -39,6 +43,7 @@ pub use categorical::{Batch, Categorical, SPLIT_SEED, split_rows};
 pub use detect::{config_for_path, test_config_for_path};
 pub use ids::id;
 pub use idx::{images_shape, write_idx_images, write_idx_labels};
+pub use load::{load, load_both, load_both_for, load_both_task, load_for, load_task};
 pub use preprocessing::Preprocessing;
 
 /// Labels are class indices held in one byte: at most this many classes.
@@ -190,6 +195,9 @@ pub struct Dataset {
     /// The classes' names in class order, when the labels were names (a
     /// CSV label column of `setosa`, `versicolor`, …); `None`: indices.
     class_names: Option<Vec<String>>,
+    /// Each row's label as a real value, in a regression data set (`model.task =
+    /// "regression"`); `labels` is then 0 for every row: one output, as one class.
+    targets: Option<Vec<f32>>,
 }
 
 /// Width and class count of a data set, read off the data.
@@ -197,117 +205,12 @@ pub struct Dataset {
 pub struct Shape {
     /// Features per row: the model's input width.
     pub features: usize,
-    /// 1 + the largest label in either split: the model's output width.
+    /// 1 + the largest label in either split: the model's output width (1 for regression).
     pub classes: usize,
     /// Rows in the training split: the largest batch it can give.
     pub examples: usize,
     /// The classes' names, when the training split's labels were names.
     pub class_names: Option<Vec<String>>,
-}
-
-/// Loads `split` of the data set `cfg` describes, in its format, with the
-/// default preprocessing (bytes / 255, floats as they are).
-///
-/// Errors: [`DataError`] naming the file and what is wrong in it; `Unset`
-/// when the format's path keys are not set.
-pub fn load(cfg: &DataConfig, split: Split) -> Result<Dataset, DataError> {
-    match cfg.format {
-        DataFormat::Idx => Dataset::load(&cfg.dir, split),
-        DataFormat::Npz => {
-            let path = cfg.path.as_deref().ok_or(DataError::Unset {
-                key: "data.path",
-                format: "npz",
-            })?;
-            npz::load(path, split)
-        }
-        DataFormat::Csv if cfg.test.is_none() => Ok(csv_split(cfg)?.take(split)),
-        DataFormat::Csv => {
-            let (key, path) = match split {
-                Split::Train => ("data.train", cfg.train.as_deref()),
-                Split::Test => ("data.test", cfg.test.as_deref()),
-            };
-            let path = path.ok_or(DataError::Unset { key, format: "csv" })?;
-            match (split, cfg.train.as_deref()) {
-                // The classes are the training file's names, whichever
-                // file is read first (the chief's final evaluation reads
-                // the test file alone).
-                (Split::Test, Some(train)) => {
-                    let names = csv::class_names(train, cfg)?;
-                    csv::load_config_with(path, cfg, None, csv::LabelNames::of(names.as_deref()))
-                }
-                (Split::Test, None) => {
-                    csv::load_config_with(path, cfg, None, csv::LabelNames::Refused)
-                }
-                (Split::Train, _) => csv::load_config(path, cfg, None),
-            }
-        }
-        DataFormat::Recbole => recbole::load(cfg, split),
-        DataFormat::Criteo => criteo::load(cfg, split),
-    }
-}
-
-/// Both splits of a CSV training file with no test file: the seeded
-/// `data.test_fraction` split of its rows ([`split_rows`]), the same on every
-/// task, as RecBole's and Criteo's.
-///
-/// Errors: as [`csv::load_config`]; `Unset` without `data.train`.
-fn csv_split(cfg: &DataConfig) -> Result<Both, DataError> {
-    let path = cfg.train.as_deref().ok_or(DataError::Unset {
-        key: "data.train",
-        format: "csv",
-    })?;
-    let all = csv::load_config(path, cfg, None)?;
-    let (train, test) = split_rows(all.len(), cfg.test_fraction);
-    Ok(Both(all.select(&train), all.select(&test)))
-}
-
-/// A training and a test split.
-struct Both(Dataset, Dataset);
-
-impl Both {
-    fn take(self, split: Split) -> Dataset {
-        match split {
-            Split::Train => self.0,
-            Split::Test => self.1,
-        }
-    }
-}
-
-/// Loads both splits and the preprocessing the training split implies
-/// (standardization when `cfg.standardize`), applied to both.
-///
-/// Errors: as [`load`]; [`DataError::SplitWidths`] when the splits' widths differ.
-pub fn load_both(cfg: &DataConfig) -> Result<(Dataset, Dataset), DataError> {
-    let (mut train, mut test) = match cfg.format {
-        // One file holds both splits: read it once.
-        DataFormat::Recbole => recbole::load_both(cfg)?,
-        DataFormat::Criteo => criteo::load_both(cfg)?,
-        DataFormat::Csv if cfg.test.is_none() => {
-            let both = csv_split(cfg)?;
-            (both.0, both.1)
-        }
-        _ => {
-            let train = load(cfg, Split::Train)?;
-            // A CSV test file's columns are matched to the training file's by
-            // name, and its categorical columns are the training file's.
-            let test = match (&cfg.format, &cfg.test) {
-                (DataFormat::Csv, Some(path)) => csv::load_config(path, cfg, Some(&train))?,
-                _ => load(cfg, Split::Test)?,
-            };
-            (train, test)
-        }
-    };
-    if train.features() != test.features() {
-        return Err(DataError::SplitWidths {
-            path: test.labels_path.clone(),
-            train: train.features(),
-            test: test.features(),
-        });
-    }
-    let p = train.fitted_preprocessing(cfg.standardize);
-    train.preprocessing = p.clone();
-    test.preprocessing = p;
-    Ok((train, test))
 }
 
 /// The features' names of the training split `cfg` describes, where the
@@ -324,6 +227,7 @@ pub fn feature_names(cfg: &DataConfig) -> Option<Vec<String>> {
 
 /// The data set's shape: its width and 1 + the largest label of either split.
 pub fn shape(train: &Dataset, test: &Dataset) -> Shape {
+    // A regression set's labels are all 0: one output.
     let max = |d: &Dataset| d.labels.iter().copied().max().map_or(0, usize::from);
     Shape {
         features: train.features(),
@@ -391,7 +295,7 @@ pub fn describe(cfg: &DataConfig) -> String {
 /// `data.threshold` for wide & deep on labels that are not binary.
 pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveError> {
     use crate::config::ModelKind;
-    let (train, test) = load_both(&cfg.data)?;
+    let (train, test) = load_both_for(cfg)?;
     let s = shape(&train, &test);
     let data = describe(&cfg.data);
     match (cfg.model.kind, train.categorical()) {
@@ -453,11 +357,11 @@ pub fn resolve_model(cfg: &mut crate::config::Config) -> Result<Shape, ResolveEr
 /// `data.categorical` (the training file is read to tell).
 ///
 /// Errors: [`DataError`] for a CSV that cannot be read.
-pub fn has_categorical(cfg: &DataConfig) -> Result<bool, DataError> {
-    Ok(match cfg.format {
+pub fn has_categorical(config: &crate::config::Config) -> Result<bool, DataError> {
+    Ok(match config.data.format {
         DataFormat::Recbole | DataFormat::Criteo => true,
         DataFormat::Idx | DataFormat::Npz => false,
-        DataFormat::Csv => load(cfg, Split::Train)?.categorical().is_some(),
+        DataFormat::Csv => load_for(config, Split::Train)?.categorical().is_some(),
     })
 }
 
@@ -567,6 +471,10 @@ impl Dataset {
             names: self.names.clone(),
             categorical: self.categorical.as_ref().map(|c| c.select(rows)),
             class_names: self.class_names.clone(),
+            targets: self
+                .targets
+                .as_ref()
+                .map(|t| rows.iter().map(|&i| t[i]).collect()),
         }
     }
 
@@ -593,9 +501,46 @@ impl Dataset {
         self.features
     }
 
-    /// The labels, one class index per example.
+    /// The labels, one class index per example (0 for every one of a regression set's).
     pub fn labels(&self) -> &[u8] {
         &self.labels
+    }
+
+    /// The labels as the loss reads them: the values of a regression set, else the class
+    /// indices.
+    pub fn targets(&self) -> Targets<'_> {
+        match &self.targets {
+            Some(v) => Targets::Values(v),
+            None => Targets::Classes(&self.labels),
+        }
+    }
+
+    /// Whether the labels are real values (`model.task = "regression"`).
+    pub fn is_regression(&self) -> bool {
+        self.targets.is_some()
+    }
+
+    /// The labels of the rows `indices` as the loss reads them: `y` holds their class
+    /// indices already ([`Dataset::batch`]); a regression set's values are copied into
+    /// `values`, the caller's buffer reused across steps.
+    ///
+    /// # Panics
+    ///
+    /// As [`Dataset::batch`].
+    pub fn batch_targets<'a>(
+        &self,
+        indices: &[usize],
+        y: &'a [u8],
+        values: &'a mut Vec<f32>,
+    ) -> Targets<'a> {
+        match &self.targets {
+            Some(t) => {
+                values.clear();
+                values.extend(indices.iter().map(|&i| t[i]));
+                Targets::Values(values)
+            }
+            None => Targets::Classes(y),
+        }
     }
 
     /// The file the labels came from.

@@ -50,7 +50,9 @@ impl Array {
 /// that is not uint8/float for `x` or integer for `y`, a shape that does
 /// not match its data or the other array, a label outside 0–255);
 /// [`DataError::TooLarge`] for an array larger than this machine's memory.
-pub fn load(path: &Path, split: Split) -> Result<Dataset, DataError> {
+/// With `regression` (`model.task = "regression"`) `y` holds real values, of any numeric
+/// dtype (finite, as every array read).
+pub fn load(path: &Path, split: Split, regression: bool) -> Result<Dataset, DataError> {
     let (xn, yn) = names(split);
     let mut archive = open(path)?;
     let x = read_array(&mut archive, path, xn)?;
@@ -78,6 +80,20 @@ pub fn load(path: &Path, split: Split) -> Result<Dataset, DataError> {
             format!("{yn} has shape {y_shape:?}: expected [{n}] (one class index per row of {xn})"),
         ));
     }
+    let features = usize::try_from(features)
+        .map_err(|_| format_error(path, format!("{xn} rows are too wide")))?;
+    let what = format!("{} ({xn}, {yn})", path.display());
+    if regression {
+        let targets: Vec<f32> = match y {
+            Array::U8(_, v) => v.into_iter().map(f32::from).collect(),
+            Array::I64(_, v) => v.into_iter().map(|l| l as f32).collect(),
+            Array::F32(_, v) => v,
+        };
+        // Finite already: reading an array refuses NaN and infinities.
+        let mut ds = Dataset::new(values, vec![0; targets.len()], features, Path::new(&what))?;
+        ds.set_targets(targets)?;
+        return Ok(ds);
+    }
     let labels = match y {
         Array::U8(_, v) => v,
         Array::I64(_, v) => {
@@ -95,13 +111,13 @@ pub fn load(path: &Path, split: Split) -> Result<Dataset, DataError> {
         Array::F32(..) => {
             return Err(format_error(
                 path,
-                format!("{yn} holds floats: expected integer class indices"),
+                format!(
+                    "{yn} holds floats: expected integer class indices (model.task = \
+                     \"regression\" reads real values)"
+                ),
             ));
         }
     };
-    let features = usize::try_from(features)
-        .map_err(|_| format_error(path, format!("{xn} rows are too wide")))?;
-    let what = format!("{} ({xn}, {yn})", path.display());
     Dataset::new(values, labels, features, Path::new(&what))
 }
 
@@ -406,35 +422,58 @@ mod tests {
     fn keras_layout_loads_bytes_and_floats() {
         let dir = tempfile::tempdir().unwrap();
         let path = keras(dir.path(), Array::I64(vec![2], vec![1, 0]));
-        let train = load(&path, Split::Train).unwrap();
+        let train = load(&path, Split::Train, false).unwrap();
         assert_eq!((train.len(), train.features()), (3, 4));
         assert_eq!(train.values, Features::Bytes((0..12).collect()));
         assert_eq!(train.labels(), &[0, 1, 2]);
-        let test = load(&path, Split::Test).unwrap();
+        let test = load(&path, Split::Test, false).unwrap();
         assert_eq!(test.values, Features::Floats(vec![0.5; 8]));
         assert_eq!(test.labels(), &[1, 0]);
+    }
+
+    /// `model.task = "regression"`: `y` of any numeric dtype is read as values, each finite.
+    #[test]
+    fn with_regression_y_holds_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = keras(dir.path(), Array::F32(vec![2], vec![2.5, -1.0]));
+        let test = load(&path, Split::Test, true).unwrap();
+        assert_eq!(test.targets(), crate::model::Targets::Values(&[2.5, -1.0]));
+        let train = load(&path, Split::Train, true).unwrap();
+        assert_eq!(
+            train.targets(),
+            crate::model::Targets::Values(&[0.0, 1.0, 2.0])
+        );
+        // Floats are refused as classes, pointing at model.task.
+        let msg = load(&path, Split::Test, false).unwrap_err().to_string();
+        assert!(msg.contains("model.task = \"regression\""), "{msg}");
+        let path = keras(dir.path(), Array::F32(vec![2], vec![2.5, f32::NAN]));
+        let msg = load(&path, Split::Test, true).unwrap_err().to_string();
+        assert!(
+            msg.contains("y_test") && msg.contains("non-finite"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn bad_arrays_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let path = keras(dir.path(), Array::I64(vec![2], vec![1, 300]));
-        let msg = load(&path, Split::Test).unwrap_err().to_string();
+        let msg = load(&path, Split::Test, false).unwrap_err().to_string();
         assert!(msg.contains("y_test[1] is 300"), "{msg}");
         let path = keras(dir.path(), Array::I64(vec![3], vec![1, 0, 0]));
-        let msg = load(&path, Split::Test).unwrap_err().to_string();
+        let msg = load(&path, Split::Test, false).unwrap_err().to_string();
         assert!(msg.contains("y_test has shape [3]"), "{msg}");
         let path = keras(dir.path(), Array::F32(vec![2], vec![1.0, 0.0]));
-        let msg = load(&path, Split::Test).unwrap_err().to_string();
+        let msg = load(&path, Split::Test, false).unwrap_err().to_string();
         assert!(msg.contains("y_test holds floats"), "{msg}");
         // A missing array.
         let path = dir.path().join("partial.npz");
         write_npz(&path, &[("x_train", Array::U8(vec![1, 1], vec![1]))]).unwrap();
-        let msg = load(&path, Split::Train).unwrap_err().to_string();
+        let msg = load(&path, Split::Train, false).unwrap_err().to_string();
         assert!(msg.contains("no array \"y_train\""), "{msg}");
         // Not a zip at all.
         std::fs::write(&path, b"hello").unwrap();
-        let msg = load(&path, Split::Train).unwrap_err().to_string();
+        let msg = load(&path, Split::Train, false).unwrap_err().to_string();
         assert!(msg.contains("not a readable .npz"), "{msg}");
     }
 

@@ -9,8 +9,7 @@ fn scores(ema_accuracy: f32, loss: f32) -> Scores {
         accuracy: 0.5,
         ema_accuracy,
         loss,
-        auc: f32::NAN,
-        ema_auc: f32::NAN,
+        ..Scores::none()
     }
 }
 
@@ -22,6 +21,7 @@ fn binary_scores(auc: f32, ema_auc: f32) -> Scores {
         loss: 0.45,
         auc,
         ema_auc,
+        ..Scores::none()
     }
 }
 

@@ -25,10 +25,12 @@ use tokio::process::{Child, Command};
 mod init;
 mod plan;
 mod progress;
+mod report;
 mod stop;
 
 pub use init::Seed;
 pub use plan::{absolute, plan};
+pub use report::{Best, BinaryReport, RegressionReport, Report};
 pub use stop::{SAME_SIGNAL_WINDOW, StopSignal, Stopped};
 
 /// How long the workers get, after SIGTERM, to finish their step and (the
@@ -169,73 +171,6 @@ pub enum Outcome {
     Trained(Report),
     /// Stopped by a signal before the end.
     Stopped(Stopped),
-}
-
-/// What a trained run reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// The final checkpoint's step.
-    pub global_step: u64,
-    /// Test accuracy of the raw variables.
-    pub test_accuracy: f32,
-    /// Test accuracy of the EMA shadows.
-    pub ema_test_accuracy: f32,
-    /// A binary model's (wide & deep's) test AUC and log loss, raw and
-    /// EMA: `test_auc`, `ema_test_auc`, `test_logloss`, `ema_test_logloss`.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub binary: Option<BinaryReport>,
-    /// Global steps per second while training, from the steps seen made
-    /// and when; `None` when this run made none (it was already complete).
-    pub steps_per_sec: Option<f64>,
-    /// Training examples per second: `steps_per_sec × train.batch_size`.
-    pub examples_per_sec: Option<f64>,
-    /// The checkpoint directory already held a checkpoint at the last step:
-    /// nothing was trained, the newest checkpoint was evaluated.
-    pub already_complete: bool,
-    /// `train.optimizer`.
-    pub optimizer: crate::config::OptimizerKind,
-    /// `model.layers`: the widths trained.
-    pub layers: Vec<usize>,
-    /// `train.precision`: the workers' GEMMs' number format.
-    pub precision: crate::kernel::Precision,
-    /// Wall-clock seconds of the whole run.
-    pub seconds: f64,
-    /// Where the checkpoints are.
-    pub checkpoint_dir: PathBuf,
-    /// Where the configuration and the tasks' logs are; `None` once removed (a finished
-    /// run whose checkpoints went to `--checkpoint-dir`, without `--keep-run-dir`).
-    pub run_dir: Option<PathBuf>,
-    /// With `--evaluator`: the best checkpoint it kept, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub best: Option<Best>,
-}
-
-/// A binary model's scores in the summary.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct BinaryReport {
-    /// Test AUC of the raw variables.
-    pub test_auc: f32,
-    /// Test AUC of the EMA shadows.
-    pub ema_test_auc: f32,
-    /// Test log loss of the raw variables.
-    pub test_logloss: f32,
-    /// Test log loss of the EMA shadows.
-    pub ema_test_logloss: f32,
-}
-
-/// The evaluator's best checkpoint, for the summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct Best {
-    /// Its model file in `checkpoint.dir/best/`.
-    pub checkpoint: PathBuf,
-    /// Its step.
-    pub global_step: u64,
-    /// `[eval] metric`.
-    pub metric: String,
-    /// Its score by that metric.
-    pub score: f32,
-    /// How many checkpoints the evaluator scored.
-    pub scored: usize,
 }
 
 /// The best checkpoint in `dir/best/`, from its index.
@@ -591,6 +526,12 @@ pub async fn run(
             ema_test_auc: b.ema_auc,
             test_logloss: b.log_loss,
             ema_test_logloss: b.ema_log_loss,
+        }),
+        regression: ev.regression.map(|r| RegressionReport {
+            test_rmse: r.rmse,
+            ema_test_rmse: r.ema_rmse,
+            test_mae: r.mae,
+            ema_test_mae: r.ema_mae,
         }),
         steps_per_sec,
         examples_per_sec: steps_per_sec.map(|r| r * cfg.train.batch_size as f64),

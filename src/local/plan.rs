@@ -5,7 +5,7 @@
 //! behind and an error that names the flag or the file the user gave.
 
 use super::{LocalError, Options};
-use crate::config::{Config, DataFormat, ModelConfig, ModelKind};
+use crate::config::{Config, DataFormat, ModelConfig, ModelKind, ModelTask};
 use crate::data;
 use std::path::{Path, PathBuf};
 
@@ -42,9 +42,26 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
             cfg.data.label = label;
         }
     }
+    // A label of real numbers (a price) trains a regression model, unless the user chose
+    // the task or made the label binary with a threshold.
+    if cfg.data.format == DataFormat::Csv
+        && !cfg.sources.is_set("model.task")
+        && cfg.data.threshold.is_none()
+        && let Some(train) = cfg.data.train.clone()
+        && let Some(value) = data::csv::real_label(&train, &cfg.data)?
+    {
+        cfg.model.task = ModelTask::Regression;
+        cfg.task_defaults();
+        notes.push(format!(
+            "label column {:?} holds real numbers (such as {value}): regression, one output \
+             trained on the mean squared error, RMSE and MAE reported (model.task; --set \
+             model.task=classification or --threshold for classes)",
+            cfg.data.label
+        ));
+    }
     // Data with categorical fields trains wide & deep, unless the user
     // chose a model: the MLP would refuse it.
-    if !cfg.sources.is_set("model.kind") && data::has_categorical(&cfg.data)? {
+    if !cfg.sources.is_set("model.kind") && data::has_categorical(&cfg)? {
         cfg.model.kind = ModelKind::WideDeep;
         cfg.kind_defaults();
         notes.push(format!(

@@ -1,7 +1,7 @@
 //! The training step: the batch's loss and its gradient with respect to
 //! every variable, written into buffers kept across steps ([`Workspace`]).
 
-use super::{HiddenBuffers, Mlp};
+use super::{HiddenBuffers, Mlp, Targets};
 use crate::kernel;
 use ndarray::{Array2, ArrayBase, ArrayD, ArrayView2, Data, DataMut, IxDyn};
 
@@ -47,26 +47,29 @@ impl Workspace {
 }
 
 impl Mlp {
-    /// Mean sparse softmax cross-entropy of the batch plus
+    /// Mean sparse softmax cross-entropy of the batch (with [`Targets::Values`]: the mean
+    /// squared error of the one output, `tf.losses.mean_squared_error`) plus
     /// `regularization_rate · Σ‖W‖²/2` over weight matrices, and its gradient
     /// with respect to every variable (same order and shapes as `params`).
     ///
     /// Allocates its buffers on every call; a training loop should keep a
     /// [`Workspace`] and gradient arrays and call [`Mlp::loss_and_grads_into`].
     ///
-    /// `labels` must hold one class index `< classes` per row of `x`; the data
-    /// set is validated when it is loaded ([`crate::data::Dataset::check_labels`]).
+    /// `labels` must hold one class index `< classes` per row of `x` (the data
+    /// set is validated when it is loaded: [`crate::data::Dataset::check_labels`]), or one
+    /// finite value per row for a model of one output.
     ///
     /// # Panics
     ///
     /// When `params` do not match [`Mlp::variables`], `x` is not `n × inputs`,
-    /// `labels.len() != n`, `n == 0`, or a label is out of range: all are
-    /// programming errors once inputs are validated at their boundary.
-    pub fn loss_and_grads(
+    /// `labels.len() != n`, `n == 0`, a label is out of range, or values label a model of
+    /// more than one output: all are programming errors once inputs are validated at their
+    /// boundary.
+    pub fn loss_and_grads<'a>(
         &self,
         params: &[ArrayD<f32>],
         x: ArrayView2<f32>,
-        labels: &[u8],
+        labels: impl Into<Targets<'a>>,
         regularization_rate: f32,
     ) -> (f32, Vec<ArrayD<f32>>) {
         let mut grads: Vec<ArrayD<f32>> = params.iter().map(|p| ArrayD::zeros(p.shape())).collect();
@@ -98,18 +101,18 @@ impl Mlp {
     /// # Panics
     ///
     /// As [`Mlp::loss_and_grads`], and when `grads` do not match `params`.
-    pub fn loss_and_grads_into<S: Data<Elem = f32>, G: DataMut<Elem = f32>>(
+    pub fn loss_and_grads_into<'a, S: Data<Elem = f32>, G: DataMut<Elem = f32>>(
         &self,
         params: &[ArrayBase<S, IxDyn>],
         x: ArrayView2<f32>,
-        labels: &[u8],
+        labels: impl Into<Targets<'a>>,
         regularization_rate: f32,
         ws: &mut Workspace,
         grads: &mut [ArrayBase<G, IxDyn>],
     ) -> f32 {
+        let labels = labels.into();
         let layers = self.layer_views(params);
         let n = x.nrows();
-        let classes = self.classes();
         assert!(n > 0, "loss_and_grads: empty batch");
         assert_eq!(x.ncols(), self.inputs(), "input width");
         assert_eq!(labels.len(), n, "one label per row of x");
@@ -131,34 +134,10 @@ impl Mlp {
             &mut ws.outs,
         );
 
-        // Softmax cross-entropy, in place: the logits become
-        // dz = (softmax − onehot) / n. log-sum-exp with the row max
-        // subtracted, so no exp overflows.
-        let inv_n = 1.0 / n as f32;
-        let mut ce_sum = 0.0f64;
-        for (mut row, &label) in ws.outs[last].rows_mut().into_iter().zip(labels) {
-            let label = usize::from(label);
-            assert!(
-                label < classes,
-                "label {label} out of range for {classes} classes"
-            );
-            let max = row.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            // Read before exponentiating: exp(z_label − max) may underflow to
-            // 0 for a confidently wrong row, and its log would be −inf.
-            let label_shifted = row[label] - max;
-            let mut sum = 0.0f32;
-            row.mapv_inplace(|v| {
-                let e = (v - max).exp();
-                sum += e;
-                e
-            });
-            // −log softmax[label] = log Σ exp(z − max) − (z_label − max)
-            ce_sum += f64::from(sum.ln() - label_shifted);
-            let scale = inv_n / sum;
-            row.mapv_inplace(|e| e * scale);
-            row[label] -= inv_n;
-        }
-        let mut loss = ce_sum / n as f64;
+        let mut loss = match labels {
+            Targets::Classes(labels) => self.softmax_cross_entropy(&mut ws.outs[last], labels),
+            Targets::Values(values) => squared_error(&mut ws.outs[last], values),
+        };
 
         // Backward, from the last layer to the first. The delta of layer l
         // (∂loss/∂z_l) is outs[l] for the last layer (overwritten in place
@@ -210,6 +189,66 @@ impl Mlp {
         }
         loss as f32
     }
+}
+
+impl Mlp {
+    /// Mean softmax cross-entropy of the logits `z` against `labels`, with `z` made
+    /// ∂loss/∂z in place.
+    ///
+    /// # Panics
+    ///
+    /// When a label is not below the model's classes.
+    fn softmax_cross_entropy(&self, z: &mut Array2<f32>, labels: &[u8]) -> f64 {
+        let classes = self.classes();
+        let n = z.nrows();
+        // Softmax cross-entropy, in place: the logits become
+        // dz = (softmax − onehot) / n. log-sum-exp with the row max
+        // subtracted, so no exp overflows.
+        let inv_n = 1.0 / n as f32;
+        let mut ce_sum = 0.0f64;
+        for (mut row, &label) in z.rows_mut().into_iter().zip(labels) {
+            let label = usize::from(label);
+            assert!(
+                label < classes,
+                "label {label} out of range for {classes} classes"
+            );
+            let max = row.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            // Read before exponentiating: exp(z_label − max) may underflow to
+            // 0 for a confidently wrong row, and its log would be −inf.
+            let label_shifted = row[label] - max;
+            let mut sum = 0.0f32;
+            row.mapv_inplace(|v| {
+                let e = (v - max).exp();
+                sum += e;
+                e
+            });
+            // −log softmax[label] = log Σ exp(z − max) − (z_label − max)
+            ce_sum += f64::from(sum.ln() - label_shifted);
+            let scale = inv_n / sum;
+            row.mapv_inplace(|e| e * scale);
+            row[label] -= inv_n;
+        }
+        ce_sum / n as f64
+    }
+}
+
+/// `tf.losses.mean_squared_error`: the mean over the rows of `(y − ŷ)²`, ŷ the one output
+/// in `z`, which becomes ∂loss/∂ŷ = 2(ŷ − y)/n in place.
+///
+/// # Panics
+///
+/// When the model has more than one output.
+fn squared_error(z: &mut Array2<f32>, values: &[f32]) -> f64 {
+    assert_eq!(z.ncols(), 1, "a regression model has one output");
+    let n = z.nrows();
+    let scale = 2.0 / n as f32;
+    let mut sum = 0.0f64;
+    for (p, &y) in z.iter_mut().zip(values) {
+        let d = *p - y;
+        sum += f64::from(d) * f64::from(d);
+        *p = scale * d;
+    }
+    sum / n as f64
 }
 
 /// An array's values, row-major: the step's arrays are contiguous (built by dtf, or views

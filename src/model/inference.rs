@@ -64,6 +64,27 @@ impl Mlp {
         out
     }
 
+    /// The one output of a regression model for every row of `x` (no softmax: the output
+    /// is the prediction), computed in chunks as [`Mlp::accuracy`] is.
+    ///
+    /// # Panics
+    ///
+    /// Like [`Mlp::accuracy`], and when the model has more than one output.
+    pub fn predictions(&self, params: &[ArrayD<f32>], x: ArrayView2<f32>) -> Vec<f32> {
+        let layers = self.layer_views(params);
+        assert_eq!(x.ncols(), self.inputs(), "input width");
+        assert_eq!(self.classes(), 1, "a regression model has one output");
+        let mut out = Vec::with_capacity(x.nrows());
+        let mut start = 0;
+        while start < x.nrows() {
+            let end = (start + EVAL_CHUNK).min(x.nrows());
+            let z = Self::logits(&self.hidden, &layers, x.slice(s![start..end, ..]));
+            out.extend(z.column(0));
+            start = end;
+        }
+        out
+    }
+
     /// Fraction of rows whose arg-max logit equals the label (ties go to the
     /// lowest class, like `tf.argmax`). Evaluated in chunks of 1000 rows so
     /// memory stays bounded for any data set size. 0 for an empty `x`.

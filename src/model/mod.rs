@@ -5,11 +5,12 @@
 //! Its rooms:
 //!
 //! - `mod.rs` — [`Mlp`]: its shape, its variables ([`VarSpec`]) and their
-//!   initial values.
+//!   initial values; [`Targets`]: a batch's labels, class indices or (regression,
+//!   `model.task`) real values.
 //! - `gradient` — the training step: loss and gradients
 //!   ([`Mlp::loss_and_grads_into`]) in a reusable [`Workspace`].
-//! - `inference` — evaluation and prediction: logits, probabilities,
-//!   accuracy and test loss, in bounded chunks.
+//! - `inference` — evaluation and prediction: logits, probabilities, a regression
+//!   model's predictions, accuracy and test loss, in bounded chunks.
 //! - `schedule` — the learning-rate schedule ([`learning_rate`]).
 //! - `ema` — the moving average's decay and update rule ([`ema_decay`],
 //!   [`ema_step`]).
@@ -146,6 +147,61 @@ use ndarray::{ArrayBase, ArrayD, ArrayView1, ArrayView2, Data, Ix1, Ix2, IxDyn};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, StandardNormal};
+
+/// A batch's labels as the loss and the metrics read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Targets<'a> {
+    /// A class index per row (`model.task = "classification"`): softmax cross-entropy.
+    Classes(&'a [u8]),
+    /// A real value per row (`model.task = "regression"`, a model of one output): mean
+    /// squared error.
+    Values(&'a [f32]),
+}
+
+impl Targets<'_> {
+    /// The number of rows labelled.
+    pub fn len(&self) -> usize {
+        match self {
+            Targets::Classes(l) => l.len(),
+            Targets::Values(v) => v.len(),
+        }
+    }
+
+    /// True when no row is labelled.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a> From<&'a [u8]> for Targets<'a> {
+    fn from(labels: &'a [u8]) -> Self {
+        Targets::Classes(labels)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Targets<'a> {
+    fn from(labels: &'a Vec<u8>) -> Self {
+        Targets::Classes(labels)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u8; N]> for Targets<'a> {
+    fn from(labels: &'a [u8; N]) -> Self {
+        Targets::Classes(labels)
+    }
+}
+
+impl<'a> From<&'a [f32]> for Targets<'a> {
+    fn from(values: &'a [f32]) -> Self {
+        Targets::Values(values)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for Targets<'a> {
+    fn from(values: &'a Vec<f32>) -> Self {
+        Targets::Values(values)
+    }
+}
 
 /// Standard deviation of the truncated-normal weight initializer.
 pub const INIT_STDDEV: f32 = 0.1;

@@ -340,3 +340,90 @@ fn gradients_of_every_activation_and_of_dropout_match_finite_differences() {
         }
     }
 }
+
+/// Regression (`Targets::Values`): the loss is `tf.losses.mean_squared_error` of the one
+/// output plus the L2 term, and every gradient entry matches central finite differences,
+/// through ReLU and a smooth activation.
+#[test]
+fn regression_loss_is_mean_squared_error_plus_l2_and_its_gradients_match_finite_differences() {
+    use crate::model::{Activation, Hidden, Targets};
+    let values = [1.5f32, -0.25, 3.0, 0.0, -2.0, 0.75];
+    let reg = 0.1f32;
+    let eps = 1e-2f32;
+    for activation in [Activation::Relu, Activation::Tanh] {
+        let mlp = Mlp::new(&[4, 5, 3, 1]).unwrap().with_hidden(Hidden {
+            activation,
+            dropout: 0.0,
+        });
+        let mut rng = StdRng::seed_from_u64(5);
+        let params = random_params(&mlp, &mut rng, 1.0);
+        let x = Array2::from_shape_simple_fn((6, 4), || rng.random_range(-1.0f32..1.0));
+        let loss_of = |p: &[ArrayD<f32>]| mlp.loss_and_grads(p, x.view(), &values[..], reg);
+        let (loss, grads) = loss_of(&params);
+        // The loss by hand: the predictions (no softmax), their squared errors' mean, and
+        // reg · Σ‖W‖²/2 over the weight matrices.
+        let predictions = mlp.predictions(&params, x.view());
+        let mse = predictions
+            .iter()
+            .zip(values)
+            .map(|(&p, y)| f64::from(p - y).powi(2))
+            .sum::<f64>()
+            / 6.0;
+        let l2: f64 = [0, 2, 4]
+            .iter()
+            .map(|&i| params[i].iter().map(|&w| f64::from(w).powi(2)).sum::<f64>())
+            .sum();
+        let want = mse + f64::from(reg) * l2 / 2.0;
+        assert!(
+            (f64::from(loss) - want).abs() < 1e-5 * want.max(1.0),
+            "{activation:?}: loss {loss}, by hand {want}"
+        );
+        // The same loss through an explicit `Targets::Values`.
+        let (again, _) = mlp.loss_and_grads(&params, x.view(), Targets::Values(&values), reg);
+        assert_eq!(again, loss);
+        for (v, grad) in grads.iter().enumerate() {
+            for i in 0..params[v].len() {
+                let at = |delta: f32| {
+                    let mut p = params.clone();
+                    p[v].as_slice_mut().unwrap()[i] += delta;
+                    f64::from(loss_of(&p).0)
+                };
+                let numeric = (at(eps) - at(-eps)) / (2.0 * f64::from(eps));
+                let analytic = f64::from(grad.as_slice().unwrap()[i]);
+                let tol = 1e-2 * numeric.abs().max(analytic.abs()) + 1e-3;
+                assert!(
+                    (numeric - analytic).abs() <= tol,
+                    "{activation:?}, {} entry {i}: analytic {analytic}, numeric {numeric}",
+                    mlp.variables()[v].name
+                );
+            }
+        }
+    }
+}
+
+/// With every variable 0 the prediction is 0: the loss is the labels' mean square and the
+/// output bias's gradient −2 · their mean, exactly.
+#[test]
+fn regression_from_zero_params_has_the_labels_mean_square_as_loss() {
+    let mlp = Mlp::new(&[3, 2, 1]).unwrap();
+    let params: Vec<ArrayD<f32>> = mlp
+        .variables()
+        .into_iter()
+        .map(|s| ArrayD::zeros(s.shape))
+        .collect();
+    let x = Array2::from_elem((4, 3), 0.5f32);
+    let values = vec![1.0f32, 2.0, -3.0, 4.0];
+    let (loss, grads) = mlp.loss_and_grads(&params, x.view(), &values, 0.0);
+    assert_eq!(loss, (1.0 + 4.0 + 9.0 + 16.0) / 4.0);
+    assert_eq!(grads[3].as_slice().unwrap(), &[-2.0 * 4.0 / 4.0]);
+    assert_eq!(mlp.predictions(&params, x.view()), vec![0.0; 4]);
+}
+
+#[test]
+#[should_panic(expected = "a regression model has one output")]
+fn values_cannot_label_a_model_of_several_outputs() {
+    let mlp = Mlp::new(&[2, 3]).unwrap();
+    let params = mlp.init(1);
+    let x = Array2::from_elem((2, 2), 1.0f32);
+    mlp.loss_and_grads(&params, x.view(), &[0.5f32, 1.0][..], 0.0);
+}

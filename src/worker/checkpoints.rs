@@ -38,6 +38,7 @@ impl Checkpoints {
             activation: cfg.model.activation,
             dropout: cfg.model.dropout,
             classes: model.classes(),
+            task: cfg.model.task,
             preprocessing: preprocessing.clone(),
             label: (cfg.data.format == DataFormat::Csv).then(|| cfg.data.label.clone()),
             hyperparameters: None,

@@ -420,21 +420,33 @@ impl Chief {
         if let Outcome::Finished { .. } = outcome {
             match &self.model {
                 Model::Mlp(mlp) => {
-                    let mut test = data::load(&cfg.data, Split::Test)?;
+                    let mut test = data::load_for(&cfg, Split::Test)?;
                     test.check_labels(mlp.classes())?;
                     test.set_preprocessing(self.preprocessing.clone())?;
-                    let (x, y) = test.all();
-                    let acc = mlp.accuracy(values, x.view(), &y);
-                    let ema = mlp.accuracy(shadows, x.view(), &y);
-                    info!(
-                        global_step = step,
-                        loss = %format!("{loss:.4}"),
-                        test_accuracy = %format!("{acc:.4}"),
-                        ema_test_accuracy = %format!("{ema:.4}"),
-                        "Final evaluation."
-                    );
-                    if let Some(s) = &mut summaries {
-                        s.on_eval(step, acc, ema);
+                    let (x, _) = test.all();
+                    let s = crate::eval::score(mlp, values, shadows, x.view(), test.targets());
+                    let loss = format!("{loss:.4}");
+                    if test.is_regression() {
+                        info!(
+                            global_step = step,
+                            loss = %loss,
+                            test_rmse = %format!("{:.4}", s.rmse),
+                            ema_test_rmse = %format!("{:.4}", s.ema_rmse),
+                            test_mae = %format!("{:.4}", s.mae),
+                            ema_test_mae = %format!("{:.4}", s.ema_mae),
+                            "Final evaluation."
+                        );
+                    } else {
+                        info!(
+                            global_step = step,
+                            loss = %loss,
+                            test_accuracy = %format!("{:.4}", s.accuracy),
+                            ema_test_accuracy = %format!("{:.4}", s.ema_accuracy),
+                            "Final evaluation."
+                        );
+                    }
+                    if let Some(summaries) = &mut summaries {
+                        summaries.on_eval(step, &s.present());
                     }
                 }
                 // Its test rows would be created on the ps by a pull: the

@@ -101,7 +101,7 @@ pub async fn run(
     reporter: &dyn Reporter,
 ) -> Result<Outcome, WorkerError> {
     let cfg = config.borrow().clone();
-    let mut train = data::load(&cfg.data, Split::Train)?;
+    let mut train = data::load_for(&cfg, Split::Train)?;
     let fields: Vec<String> = train
         .categorical()
         .map(|c| c.fields.clone())
@@ -394,7 +394,8 @@ impl Worker {
         let (loss, pushed) = match &self.model {
             Model::Mlp(mlp) => {
                 self.train.batch(idx, &mut buf.x, &mut buf.y);
-                let (x, y, ws) = (buf.x.view(), &buf.y, &mut buf.ws);
+                let y = self.train.batch_targets(idx, &buf.y, &mut buf.values);
+                let (x, ws) = (buf.x.view(), &mut buf.ws);
                 let (reg, clip) = (cfg.train.regularization_rate, cfg.train.clip_norm);
                 let replay = &mut self.replay;
                 self.cluster

@@ -12,6 +12,8 @@ pub(super) struct StepBuffers {
     pub(super) x: Array2<f32>,
     /// The mini-batch's labels.
     pub(super) y: Vec<u8>,
+    /// The mini-batch's labels as values, for a regression model.
+    pub(super) values: Vec<f32>,
     /// The parameters as last pulled.
     pub(super) params: Vec<ArrayD<f32>>,
     /// Activations and their gradients.
@@ -45,6 +47,7 @@ impl StepBuffers {
             ),
             x: Array2::zeros((batch, w.train.features())),
             y: Vec::with_capacity(batch),
+            values: Vec::new(),
             grads: params.clone(),
             params,
             epochs: vec![0; w.cluster.num_ps()],

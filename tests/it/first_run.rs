@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// `dtf ARGS` with `TMPDIR` = `tmp` (where `dtf local` makes its run
 /// directory) and `env`, to completion.
-fn dtf_in(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
+pub(crate) fn dtf_in(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
     let tmp = tmp.to_str().unwrap();
     let mut env = env.to_vec();
@@ -58,7 +58,7 @@ fn run_dirs(tmp: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn json(out: &Ran) -> serde_json::Value {
+pub(crate) fn json(out: &Ran) -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "stdout is not one JSON value ({e}):\n{}\nstderr:\n{}",

@@ -193,6 +193,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         activation: dtf::model::Activation::Relu,
         dropout: 0.0,
         classes: 2,
+        task: dtf::config::ModelTask::Classification,
         preprocessing: dtf::data::Preprocessing::Scale { divisor: 1.0 },
         label: Some("label".into()),
         hyperparameters: None,

@@ -26,6 +26,7 @@ mod package;
 mod parts;
 mod precision;
 mod ps_limits;
+mod regression;
 mod reload;
 mod requests;
 mod shm;

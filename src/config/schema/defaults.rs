@@ -68,6 +68,7 @@ impl Default for ModelConfig {
             max_shards: 0,
             activation: crate::model::Activation::Relu,
             dropout: 0.0,
+            task: ModelTask::Classification,
             tables: TablesConfig::default(),
         }
     }

@@ -32,6 +32,28 @@ pub(crate) fn parse_label(
     }
 }
 
+/// A regression label cell (`model.task = "regression"`): a finite f32.
+///
+/// Errors: [`DataError::Format`] naming the file, line, column and cell.
+pub(crate) fn parse_value(
+    path: &Path,
+    line: u64,
+    column: &str,
+    text: &str,
+) -> Result<f32, DataError> {
+    let text = text.trim();
+    match text.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(label_error(
+            path,
+            line,
+            column,
+            text,
+            "a finite number: model.task = \"regression\" reads the label as a real value",
+        )),
+    }
+}
+
 /// The error for a label `text` that is not a class index.
 pub(super) fn not_an_index(path: &Path, line: u64, column: &str, text: &str) -> DataError {
     label_error(
@@ -40,7 +62,7 @@ pub(super) fn not_an_index(path: &Path, line: u64, column: &str, text: &str) -> 
         column,
         text,
         "a class index: expected an integer 0–255 (or class names), or set data.threshold \
-         for a binary label",
+         for a binary label, or model.task = \"regression\" for a real value",
     )
 }
 
@@ -79,6 +101,8 @@ pub(super) struct LabelColumn<'a> {
     numeric: Option<(u64, String)>,
     /// Whether a label is text, not a number: the labels are then names.
     text: bool,
+    /// Each row's value, with [`LabelNames::Values`] (regression).
+    values: Vec<f32>,
 }
 
 impl<'a> LabelColumn<'a> {
@@ -90,7 +114,13 @@ impl<'a> LabelColumn<'a> {
             names: None,
             numeric: None,
             text: false,
+            values: Vec::new(),
         }
+    }
+
+    /// The rows' values with [`LabelNames::Values`] (regression), taken; `None` otherwise.
+    pub(super) fn take_values(&mut self) -> Option<Vec<f32>> {
+        matches!(self.mode, LabelNames::Values).then(|| std::mem::take(&mut self.values))
     }
 
     /// Adds the label `text` of line `line`.
@@ -134,6 +164,11 @@ impl<'a> LabelColumn<'a> {
             return Ok(());
         }
         match self.mode {
+            LabelNames::Skipped => self.indices.push(0),
+            LabelNames::Values => {
+                self.values.push(parse_value(path, line, column, text)?);
+                self.indices.push(0);
+            }
             LabelNames::Exactly(names) => match names.binary_search_by(|n| n.as_str().cmp(text)) {
                 Ok(i) => self.indices.push(i as u8),
                 Err(_) => {

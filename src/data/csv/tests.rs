@@ -1,4 +1,5 @@
 use super::*;
+use reader::detect_delimiter;
 
 fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -331,4 +332,71 @@ fn the_delimiter_key_splits_cells_at_its_character() {
     };
     let ds = load_config(&path, &cfg, None).unwrap();
     assert_eq!(ds.names().unwrap(), ["a,x", "b"]);
+}
+
+#[test]
+fn with_regression_the_label_column_is_read_as_values() {
+    use crate::config::ModelTask;
+    use crate::data::{Split, load_both_task, load_task};
+    use crate::model::Targets;
+    let (_d, path) = write("a,b,price\n1,2,1.5\n3,4,-2.25\n5,6,7\n");
+    let dir = tempfile::tempdir().unwrap();
+    let test = dir.path().join("test.csv");
+    std::fs::write(&test, "price,b,a\n0.125,1,2\n").unwrap();
+    let cfg = DataConfig {
+        test: Some(test.clone()),
+        ..csv_config(&path, "price")
+    };
+    let ds = load_task(&cfg, ModelTask::Regression, Split::Train).unwrap();
+    assert_eq!(ds.targets(), Targets::Values(&[1.5, -2.25, 7.0]));
+    assert!(ds.is_regression());
+    assert_eq!(ds.labels(), &[0, 0, 0], "one output, as one class");
+    // The test file (alone, as the chief reads it; and beside its training file).
+    let alone = load_task(&cfg, ModelTask::Regression, Split::Test).unwrap();
+    assert_eq!(alone.targets(), Targets::Values(&[0.125]));
+    let (train, te) = load_both_task(&cfg, ModelTask::Regression).unwrap();
+    assert_eq!(te.targets(), Targets::Values(&[0.125]));
+    assert_eq!(crate::data::shape(&train, &te).classes, 1);
+    // Selected rows keep their values (the seeded split of a file alone).
+    assert_eq!(ds.select(&[2, 0]).targets(), Targets::Values(&[7.0, 1.5]));
+    // Classification refuses the same column, and says which key reads it.
+    let err = load_task(&cfg, ModelTask::Classification, Split::Train)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 2, column \"price\": label \"1.5\" is not a class index")
+            && err.contains("model.task = \"regression\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_regression_label_that_is_not_a_finite_number_names_file_line_and_column() {
+    use crate::config::ModelTask;
+    use crate::data::{Split, load_task};
+    for bad in ["inf", "NaN", "cheap", ""] {
+        let (_d, path) = write(&format!("a,price\n1,2.5\n2,{bad}\n"));
+        let cfg = csv_config(&path, "price");
+        let err = load_task(&cfg, ModelTask::Regression, Split::Train)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&path.display().to_string())
+                && err.contains(&format!("line 3, column \"price\": label \"{bad}\""))
+                && err.contains("is not a finite number: model.task = \"regression\""),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_label_of_non_integer_numbers_is_told_real() {
+    let real = |text: &str| {
+        let (_d, path) = write(text);
+        real_label(&path, &csv_config(&path, "y")).unwrap()
+    };
+    assert_eq!(real("a,y\n1,3\n2,12.5\n3,7.25\n"), Some("12.5".into()));
+    assert_eq!(real("a,y\n1,3\n2,1\n"), None, "class indices");
+    assert_eq!(real("a,y\n1,-1\n2,300\n"), None, "integers: threshold them");
+    assert_eq!(real("a,y\n1,setosa\n2,1.5\n"), None, "names");
 }
