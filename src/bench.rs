@@ -344,6 +344,7 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
             slots: Default::default(),
             run: 0,
             shard_steps: Vec::new(),
+            table_optimizers: Vec::new(),
             tables: Vec::new(),
         };
         let t = Instant::now();

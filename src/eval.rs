@@ -487,6 +487,7 @@ mod tests {
             slots: Default::default(),
             run: 0,
             shard_steps: Vec::new(),
+            table_optimizers: Vec::new(),
             tables: Vec::new(),
         };
         checkpoint::Saver::new(dir.path(), 1)

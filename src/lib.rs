@@ -46,7 +46,8 @@
 //!   wire —, `snapshot` (each ps's own snapshots of its shard: its recovery after a crash),
 //!   `replica` (the ring's copies), `table` (an embedding table's rows: storage, sparse
 //!   SGD/Adagrad, sync aggregation; `evict`: admission and eviction, `[model.tables]`;
-//!   `sketch`: admission's count-min sketch) and `rows` (the tables as a service, a lock each), `limits` (the bounds on connections and calls),
+//!   `sketch`: admission's count-min sketch), `rows` (the tables as a service, a lock each),
+//!   `memory` (the cgroup's memory limit: no new table rows near it), `limits` (the bounds on connections and calls),
 //!   `admission` (calls in progress), `conn`
 //!   (a connection, shed or authenticated), `listen` (the accept loop) and `tls` (the
 //!   handshake).

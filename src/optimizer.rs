@@ -1,6 +1,7 @@
 //! The optimizers, as TensorFlow 1.x computes them: `GradientDescent`,
 //! `Momentum` (with Nesterov), `Adam` and `Adagrad`, their slot variables and
-//! TensorFlow's names for them.
+//! TensorFlow's names for them; `table`: the sparse rules of embedding rows
+//! (SGD, Adagrad, FTRL-Proximal, lazy Adam).
 //!
 //! The ps owns the slots (docs/design.md, "Optimizers and their slots"): each
 //! shard keeps the slots of its variables beside them and updates both under
@@ -15,6 +16,9 @@
 use crate::model::VarSpec;
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
+
+pub mod table;
+pub use table::TableOptimizer;
 
 /// The most slots an optimizer keeps per variable (Adam's `m` and `v`): what
 /// message and file bounds allow for.

@@ -153,7 +153,15 @@ pub fn table_owner(id: u64, num_ps: usize) -> usize {
 pub fn tables(config: &Config) -> Vec<TableSpec> {
     match config.model.kind {
         ModelKind::Mlp => Vec::new(),
-        ModelKind::WideDeep => table::wide_deep(config.model.embedding_dim),
+        ModelKind::WideDeep => table::wide_deep(config.model.embedding_dim)
+            .into_iter()
+            .map(|mut t| {
+                t.slots = config
+                    .table_optimizer(&t.name)
+                    .map_or(&[], |o| o.slot_names());
+                t
+            })
+            .collect(),
     }
 }
 

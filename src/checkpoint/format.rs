@@ -27,6 +27,10 @@ const SHARD_STEPS_KEY: &str = "shard_steps";
 /// Metadata key of the JSON list of embedding tables in the model file
 /// ([`Checkpoint::tables`]), in order; absent: none.
 pub(super) const TABLES_KEY: &str = "tables";
+/// Metadata key: each table's own update rule, a JSON object by table name
+/// (`{"wide/weights":{"name":"ftrl",…}}`); absent: every table follows the
+/// run's optimizer.
+pub(super) const TABLE_OPTIMIZERS_KEY: &str = "table_optimizers";
 
 mod encode;
 mod saveable;
@@ -259,6 +263,10 @@ pub(super) fn parse(
     check_step_tensor(&m, model_path)?;
     let (optimizer, slot_names) = listed_slots(&m, model_path)?;
     let table_names = listed_tables(&m, model_path)?;
+    let table_optimizers = listed_table_optimizers(&m, &table_names, model_path)?;
+    let table_slots = |name: &str| {
+        super::table_rule(&table_optimizers, optimizer, name).map_or(&[][..], |o| o.slot_names())
+    };
     // The tables' tensors are not variables: left out of their list as the
     // slots are.
     let not_variables: Vec<String> = slot_names
@@ -267,7 +275,7 @@ pub(super) fn parse(
         .chain(
             table_names
                 .iter()
-                .flat_map(|n| container::table_tensor_names(n, optimizer.slot_names())),
+                .flat_map(|n| container::table_tensor_names(n, table_slots(n))),
         )
         .collect();
     let listed = listed_variables(&m, &not_variables, model_path)?;
@@ -290,7 +298,7 @@ pub(super) fn parse(
     let tables = table_names
         .iter()
         .map(|name| {
-            container::read_rows(&m.tensors, &e.tensors, name, optimizer.slot_names(), None)
+            container::read_rows(&m.tensors, &e.tensors, name, table_slots(name), None)
                 .map(|rows| (name.clone(), rows))
                 .map_err(|p| {
                     let path = if p.in_shadows { ema_path } else { model_path };
@@ -327,7 +335,39 @@ pub(super) fn parse(
         run,
         shard_steps,
         tables,
+        table_optimizers,
     })
+}
+
+/// The metadata's `table_optimizers`: each named table's own rule, every
+/// name one of `tables`; absent: none.
+fn listed_table_optimizers(
+    m: &Parsed<'_>,
+    tables: &[String],
+    model_path: &Path,
+) -> Result<Vec<(String, crate::optimizer::TableOptimizer)>, CheckpointError> {
+    let Some(text) = m.meta.get(TABLE_OPTIMIZERS_KEY) else {
+        return Ok(Vec::new());
+    };
+    let rules: std::collections::BTreeMap<String, crate::optimizer::TableOptimizer> =
+        serde_json::from_str(text).map_err(|e| {
+            CheckpointError::invalid(
+                model_path,
+                format!(
+                    "metadata \"{TABLE_OPTIMIZERS_KEY}\" is {text:?}, not each table's optimizer \
+                     ({e}); expected e.g. {{\"wide/weights\":{{\"name\":\"ftrl\",…}}}}"
+                ),
+            )
+        })?;
+    if let Some(stray) = rules.keys().find(|n| !tables.contains(n)) {
+        return Err(CheckpointError::invalid(
+            model_path,
+            format!(
+                "metadata \"{TABLE_OPTIMIZERS_KEY}\" names table {stray:?}, which the checkpoint does not hold (it holds {tables:?})"
+            ),
+        ));
+    }
+    Ok(rules.into_iter().collect())
 }
 
 /// The metadata's optimizer and its list of slot tensors; neither present

@@ -128,9 +128,33 @@ pub struct Checkpoint {
     /// file, `NAME/ExponentialMovingAverage` in the EMA file (docs/design.md,
     /// "Sparse variables").
     pub tables: Vec<(String, crate::model::table::Rows)>,
+    /// The update rule of each table whose rule is its own
+    /// (`[model.tables] optimizer`), which names its slots; a table not
+    /// listed (every table of a checkpoint from before table optimizers)
+    /// follows `slots.optimizer` ([`Checkpoint::table_optimizer`]). On disk:
+    /// the metadata's `table_optimizers`, absent when empty.
+    pub table_optimizers: Vec<(String, crate::optimizer::TableOptimizer)>,
+}
+
+/// Table `name`'s rule among `own`, else `optimizer`'s sparse form.
+pub(crate) fn table_rule(
+    own: &[(String, crate::optimizer::TableOptimizer)],
+    optimizer: Optimizer,
+    name: &str,
+) -> Option<crate::optimizer::TableOptimizer> {
+    match own.iter().find(|(n, _)| n == name) {
+        Some((_, o)) => Some(*o),
+        None => crate::optimizer::TableOptimizer::from_dense(optimizer),
+    }
 }
 
 impl Checkpoint {
+    /// Table `name`'s update rule as saved: its own, else the sparse form of
+    /// the run's optimizer; `None` when neither names one (no slots).
+    pub fn table_optimizer(&self, name: &str) -> Option<crate::optimizer::TableOptimizer> {
+        table_rule(&self.table_optimizers, self.slots.optimizer, name)
+    }
+
     /// Ps task `task`'s own update count in this checkpoint, for a cluster
     /// of `ps_tasks`: its recorded count when the checkpoint was written by
     /// a cluster of that many ps tasks, else `global_step` (an older
@@ -385,6 +409,7 @@ mod fixtures {
             slots: Slots::default(),
             run: 0,
             shard_steps: Vec::new(),
+            table_optimizers: Vec::new(),
             tables: Vec::new(),
         }
     }

@@ -286,7 +286,7 @@ pub struct ModelConfig {
 
 /// `[model.tables]`: which embedding rows a ps creates and keeps
 /// (docs/design.md, "Admission and eviction"). Needs a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TablesConfig {
     /// Pushes of an id (counted on the ps that owns it) before its row is
@@ -299,6 +299,36 @@ pub struct TablesConfig {
     /// The most rows of one table one ps holds; past it the least recently
     /// updated rows are dropped. 0: unbounded.
     pub max_rows: u64,
+    /// The embedding tables' update rule (wide & deep's deep part). Absent:
+    /// `train.optimizer`'s, which must then be `sgd` or `adagrad`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<TableOptimizerKind>,
+    /// The wide part's (`wide/weights`), as `DNNLinearCombinedClassifier`'s
+    /// `linear_optimizer`. Absent: `model.tables.optimizer`'s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linear_optimizer: Option<TableOptimizerKind>,
+    /// FTRL: L1 strength (`l1_regularization_strength`).
+    pub ftrl_l1: f32,
+    /// FTRL: L2 strength (`l2_regularization_strength`).
+    pub ftrl_l2: f32,
+    /// FTRL: the accumulator's power (`learning_rate_power`, ≤ 0).
+    pub ftrl_learning_rate_power: f32,
+    /// FTRL: what every accumulator starts at (> 0).
+    pub ftrl_initial_accumulator_value: f32,
+}
+
+/// `model.tables.optimizer`: the rules an embedding table can be updated by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TableOptimizerKind {
+    /// `w -= lr·g` on the pushed rows.
+    Sgd,
+    /// Sparse Adagrad (`train.initial_accumulator_value`).
+    Adagrad,
+    /// FTRL-Proximal (`model.tables.ftrl_*`).
+    Ftrl,
+    /// Lazy Adam (`train.beta1`, `train.beta2`, `train.epsilon`).
+    LazyAdam,
 }
 
 /// What the model predicts (`model.task`).
@@ -612,6 +642,37 @@ impl Config {
             Role::Worker => ("cluster.worker", &self.cluster.worker),
             Role::Evaluator => ("evaluator", &[]),
         }
+    }
+
+    /// The update rule of embedding table `table` (`[model.tables]
+    /// optimizer`, `linear_optimizer` for the wide part), or `None` when
+    /// none is set and `train.optimizer` has no sparse form (validation
+    /// refuses that for a model with tables).
+    pub fn table_optimizer(&self, table: &str) -> Option<crate::optimizer::TableOptimizer> {
+        use crate::optimizer::TableOptimizer;
+        let (t, train) = (&self.model.tables, &self.train);
+        let kind = match table {
+            crate::model::table::WIDE => t.linear_optimizer.or(t.optimizer),
+            _ => t.optimizer,
+        };
+        Some(match kind {
+            None => return TableOptimizer::from_dense(train.optimizer()),
+            Some(TableOptimizerKind::Sgd) => TableOptimizer::Sgd,
+            Some(TableOptimizerKind::Adagrad) => TableOptimizer::Adagrad {
+                initial_accumulator_value: train.initial_accumulator_value,
+            },
+            Some(TableOptimizerKind::Ftrl) => TableOptimizer::Ftrl {
+                learning_rate_power: t.ftrl_learning_rate_power,
+                initial_accumulator_value: t.ftrl_initial_accumulator_value,
+                l1: t.ftrl_l1,
+                l2: t.ftrl_l2,
+            },
+            Some(TableOptimizerKind::LazyAdam) => TableOptimizer::LazyAdam {
+                beta1: train.beta1,
+                beta2: train.beta2,
+                epsilon: train.epsilon,
+            },
+        })
     }
 
     /// Sync: gradients per update (default: the number of workers).

@@ -251,8 +251,8 @@ impl Config {
         }
     }
 
-    /// A model with embedding tables: rows at least one wide, and an
-    /// optimizer the ps applies sparsely (`ps::table`: SGD and Adagrad).
+    /// A model with embedding tables: rows at least one wide, and a rule
+    /// the ps applies to them sparsely (`Config::table_optimizer`).
     fn validate_tables(&self) -> Result<(), ConfigError> {
         self.validate_table_policy()?;
         if self.model.kind != ModelKind::WideDeep {
@@ -264,17 +264,20 @@ impl Config {
                 invalid(0, "a positive width, e.g. 16"),
             ));
         }
-        match self.train.optimizer {
-            OptimizerKind::Sgd | OptimizerKind::Adagrad => Ok(()),
-            _ => Err(self.bad(
-                "train.optimizer",
-                format!(
-                    "\"{}\" cannot update embedding tables (model.kind = \"wide_deep\"); \
-                     use \"sgd\" or \"adagrad\"",
-                    self.train.optimizer().name()
-                ),
-            )),
+        for spec in crate::placement::tables(self) {
+            if self.table_optimizer(&spec.name).is_none() {
+                return Err(self.bad(
+                    "train.optimizer",
+                    format!(
+                        "\"{}\" cannot update embedding tables (model.kind = \"wide_deep\"); \
+                         use \"sgd\" or \"adagrad\", or give the tables their own with \
+                         model.tables.optimizer (sgd, adagrad, ftrl, lazy_adam)",
+                        self.train.optimizer().name()
+                    ),
+                ));
+            }
         }
+        Ok(())
     }
 
     /// `train.replicas_to_aggregate` and `train.total_num_replicas` against

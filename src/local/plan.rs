@@ -64,10 +64,18 @@ pub fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<Config, LocalErro
     if !cfg.sources.is_set("model.kind") && data::has_categorical(&cfg)? {
         cfg.model.kind = ModelKind::WideDeep;
         cfg.kind_defaults();
+        let rules: Vec<String> = crate::placement::tables(&cfg)
+            .iter()
+            .map(|t| {
+                let rule = cfg.table_optimizer(&t.name);
+                format!("{} {}", t.name, rule.map_or("?", |o| o.name()))
+            })
+            .collect();
         notes.push(format!(
-            "model wide_deep: {} has categorical fields (embedding tables on the ps; optimizer {}, \
-             learning rate {})",
+            "model wide_deep: {} has categorical fields (embedding tables on the ps: {}; \
+             optimizer {}, learning rate {})",
             data::describe(&cfg.data),
+            rules.join(", "),
             cfg.train.optimizer().name(),
             cfg.train.learning_rate
         ));

@@ -25,6 +25,10 @@ pub struct TableSpec {
     pub dim: usize,
     /// What a new row holds.
     pub init: TableInit,
+    /// The suffixes of its optimizer's slots (`Adagrad`; `Ftrl`, `Ftrl_1`),
+    /// in the order a row holds them: what its snapshots and checkpoints
+    /// name (`Config::table_optimizer`; none until placement sets them).
+    pub slots: &'static [&'static str],
 }
 
 /// A table's rows as they are saved and restored (snapshots, checkpoints,
@@ -169,11 +173,13 @@ pub fn wide_deep(dim: usize) -> Vec<TableSpec> {
             init: TableInit::TruncatedNormal {
                 stddev: EMBEDDING_STDDEV,
             },
+            slots: &[],
         },
         TableSpec {
             name: WIDE.to_owned(),
             dim: 1,
             init: TableInit::Zeros,
+            slots: &[],
         },
     ]
 }

@@ -2,8 +2,11 @@
 //! the memory limit of its cgroup (a systemd unit's `MemoryMax=`, a
 //! container's limit). Watched every [`EVERY`]; once the working set (usage
 //! less the inactive file cache the kernel reclaims first, as the kubelet
-//! counts it) plus a reserve (with ps snapshots on, twice the tables' bytes:
-//! a snapshot copies them, then encodes the copy) passes [`FULL`] of the
+//! counts it) plus a reserve (a quarter of the tables' bytes for their next
+//! growth — an eighth more rows, the index doubling —, two pages of rows
+//! for a checkpoint's read and its encoding, and with ps snapshots on three
+//! times the tables: a snapshot copies them, encodes the copy, and writes it
+//! through the page cache) passes [`FULL`] of the
 //! limit, the tables create no rows — a
 //! push's new ids are refused and counted, a pull reads them as their
 //! initial values — until it is back under [`ROOMY`]. Training goes on with
@@ -149,32 +152,38 @@ fn stat_value(stat: &str, key: &str) -> Option<u64> {
 
 /// Watches this process's cgroup until `stop`, keeping `room` up to date
 /// (a line at each change): the working set plus `reserve()` bytes against
-/// the limit. Returns at once when there is no cgroup limit (nothing to
-/// watch; `room` always has room).
+/// the limit. The cgroup and its limit are read again at every look: a
+/// process may be moved, a limit changed live (`systemctl set-property
+/// MemoryMax=`). Without a limit, `room` always has room.
 pub async fn watch(
     room: Arc<Room>,
     task: usize,
     reserve: impl Fn() -> u64,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let Some(cgroup) = Cgroup::find(Path::new("/sys/fs/cgroup"), &proc_cgroup) else {
-        return;
-    };
-    let Some(limit) = cgroup.limit() else {
-        return;
-    };
-    info!(
-        ps = task,
-        limit_bytes = limit,
-        cgroup = %cgroup.dir.display(),
-        full = FULL,
-        "Table rows are bounded by the cgroup's memory limit: none is created past this share of it."
-    );
+    let mut known: Option<(PathBuf, u64)> = None;
     loop {
-        if let Some(used) = cgroup.working_set().map(|w| w.saturating_add(reserve()))
-            && let Some(full) = room.observe(used, limit)
-        {
+        let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let cgroup = Cgroup::find(Path::new("/sys/fs/cgroup"), &proc_cgroup);
+        let limited = cgroup.and_then(|c| c.limit().map(|l| (c, l)));
+        match &limited {
+            Some((c, limit)) if known.as_ref() != Some(&(c.dir.clone(), *limit)) => {
+                info!(
+                    ps = task,
+                    limit_bytes = limit,
+                    cgroup = %c.dir.display(),
+                    full = FULL,
+                    "Table rows are bounded by the cgroup's memory limit: none is created past this share of it."
+                );
+                known = Some((c.dir.clone(), *limit));
+            }
+            Some(_) => {}
+            None => known = None,
+        }
+        let reading = limited.and_then(|(c, limit)| Some((c.working_set()?, limit)));
+        // No limit (any more): room again.
+        let (used, limit) = reading.unwrap_or((0, u64::MAX));
+        if let Some(full) = room.observe(used.saturating_add(reserve()), limit) {
             match full {
                 true => warn!(
                     ps = task,

@@ -5,12 +5,12 @@
 //! adapters turn a request into [`TableRows`] and back.
 
 use super::PsService;
+use super::memory::Room;
 use super::table::{Outcome, Policy, Table, TableCounters, TableError};
 use crate::config::{Config, Mode};
 use crate::model::table::Rows;
 use crate::transport::PAGE_BYTES;
 use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
-use super::memory::Room;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tonic::Status;
 use tracing::{debug, info, warn};
@@ -60,14 +60,16 @@ impl Tables {
         let list = specs
             .into_iter()
             .map(|spec| {
-                let t = Table::new(
-                    spec,
-                    config.train.optimizer(),
-                    rule,
-                    config.train.moving_average_decay,
-                )?
-                .with_policy(policy)
-                .with_room(room.clone());
+                let optimizer =
+                    config
+                        .table_optimizer(&spec.name)
+                        .ok_or_else(|| TableError::Optimizer {
+                            table: spec.name.clone(),
+                            optimizer: config.train.optimizer().name(),
+                        })?;
+                let t = Table::new(spec, optimizer, rule, config.train.moving_average_decay)
+                    .with_policy(policy)
+                    .with_room(room.clone());
                 if policy != Policy::default() {
                     info!(
                         table = t.name(),

@@ -126,14 +126,18 @@ pub async fn serve(
     }
     loops.spawn(orphaned(service.clone(), live.clone()));
     // Tables grow with the data: bounded by the cgroup's memory limit too,
-    // leaving room for a snapshot's copy of them and its encoding.
+    // leaving room for their next growth (an eighth of the rows, the
+    // index doubling: a quarter of their bytes), for a checkpoint's read of
+    // a page of rows and its encoding, and, with snapshots, for a
+    // snapshot's copy of them, its encoding and the file's dirty pages.
     if !service.inner.tables.names().is_empty() {
         let room = service.inner.tables.room.clone();
         let snapshots = snapshot_secs > 0 && service.inner.snapshots.dir.is_some();
         let s = service.clone();
-        let reserve = move || match snapshots {
-            true => 2 * s.inner.tables.memory_bytes(),
-            false => 0,
+        let reserve = move || {
+            let bytes = s.inner.tables.memory_bytes();
+            let reads = 2 * crate::transport::PAGE_BYTES as u64;
+            bytes / 4 + reads + if snapshots { 3 * bytes } else { 0 }
         };
         loops.spawn(super::memory::watch(room, task, reserve, stop.clone()));
     }

@@ -131,6 +131,19 @@ pub fn identity(config: &Config, task: usize, specs: &[VarSpec]) -> String {
     if !tables.is_empty() {
         id["tables"] = serde_json::json!(tables);
     }
+    // Only with tables' own optimizers: snapshots of tables that follow
+    // `train.optimizer` keep the identity they had.
+    let t = &config.model.tables;
+    if t.optimizer.is_some() || t.linear_optimizer.is_some() {
+        let rules: Vec<(&str, String)> = tables
+            .iter()
+            .map(|(name, _)| {
+                let rule = config.table_optimizer(name).map(|o| o.describe());
+                (name.as_str(), rule.unwrap_or_default())
+            })
+            .collect();
+        id["table_optimizers"] = serde_json::json!(rules);
+    }
     id.to_string()
 }
 
@@ -181,7 +194,7 @@ impl Image {
     /// The snapshot file's bytes: every tensor (variables by name, shadows as
     /// `<var>/ExponentialMovingAverage`, slots by TensorFlow's names,
     /// non-slot scalars as 0-d tensors; each table as a checkpoint holds it,
-    /// `NAME/ids`, `NAME/values`, `NAME/<slot>` of `table_slots` and
+    /// `NAME/ids`, `NAME/values`, `NAME/<slot>` of its spec in `tables` and
     /// `NAME/ExponentialMovingAverage`) with its CRC, the step and `identity`.
     ///
     /// Errors: the safetensors encoder's, as text.
@@ -189,7 +202,7 @@ impl Image {
         &self,
         specs: &[VarSpec],
         slot_specs: &[SlotSpec],
-        table_slots: &[&str],
+        tables: &[TableSpec],
         identity: &str,
     ) -> Result<Vec<u8>, String> {
         let mut tensors: Vec<container::TableTensor<'_>> = Vec::new();
@@ -212,7 +225,12 @@ impl Image {
             tensors.push((spec.name.clone(), Dtype::F32, spec.shape.clone(), bytes));
         }
         for t in &self.tables {
-            let (rows, shadows) = container::table_tensors(&t.table, &t.rows, table_slots);
+            let slots = tables
+                .iter()
+                .find(|s| s.name == t.table)
+                .ok_or_else(|| format!("table {:?} is not one of the model's", t.table))?
+                .slots;
+            let (rows, shadows) = container::table_tensors(&t.table, &t.rows, slots);
             tensors.extend(rows);
             tensors.push(shadows);
         }
@@ -480,11 +498,10 @@ pub fn load(
     let Checked {
         tensors, step, run, ..
     } = verify(path, &bytes, identity)?;
-    let table_slots = shard.optimizer().slot_names();
     let restored_tables = tables
         .iter()
         .map(|t| {
-            container::read_rows(&tensors, &tensors, &t.name, table_slots, Some(t.dim))
+            container::read_rows(&tensors, &tensors, &t.name, t.slots, Some(t.dim))
                 .map(|rows| TableState {
                     table: t.name.clone(),
                     rows,
@@ -495,7 +512,7 @@ pub fn load(
     let table_tensors: std::collections::HashSet<String> = tables
         .iter()
         .flat_map(|t| {
-            container::table_tensor_names(&t.name, table_slots)
+            container::table_tensor_names(&t.name, t.slots)
                 .into_iter()
                 .chain([format!("{}{EMA_SUFFIX}", t.name)])
         })

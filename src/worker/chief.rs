@@ -323,7 +323,8 @@ impl Chief {
             Some((path, c)) => {
                 let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
                 let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
-                let tables = restored_tables(optimizer, c.slots.optimizer, c.tables);
+                let tables =
+                    restored_tables(&cfg, (&c.table_optimizers, c.slots.optimizer), c.tables);
                 let slots = restored_slots(optimizer, c.slots, &path);
                 (
                     values,
@@ -613,19 +614,33 @@ fn restored_slots(
     None
 }
 
-/// A checkpoint's tables for `optimizer`: their slots kept when the
-/// checkpoint's optimizer (`saved`) is the same, else fresh ones (as
-/// [`restored_slots`] does for the variables).
+/// A checkpoint's tables for this run's rules (`cfg`): each table's slots
+/// kept when its rule in the checkpoint (`saved`) is the same, else fresh
+/// ones (as [`restored_slots`] does for the variables).
 fn restored_tables(
-    optimizer: Optimizer,
-    saved: Optimizer,
+    cfg: &Config,
+    saved: (&[(String, crate::optimizer::TableOptimizer)], Optimizer),
     mut tables: Vec<(String, crate::model::table::Rows)>,
 ) -> Vec<(String, crate::model::table::Rows)> {
-    if saved.name() != optimizer.name() {
-        for (_, rows) in &mut tables {
-            let fresh = vec![optimizer.slot_init(); rows.values.len()];
-            rows.slots = vec![fresh; optimizer.slot_names().len()];
+    for (name, rows) in &mut tables {
+        let now = cfg.table_optimizer(name);
+        let then = crate::checkpoint::table_rule(saved.0, saved.1, name);
+        if now.map(|o| o.name()) == then.map(|o| o.name()) {
+            continue;
         }
+        let slots = now.map_or(&[][..], |o| o.slot_names());
+        info!(
+            table = %name,
+            saved = then.map_or("none", |o| o.name()),
+            now = now.map_or("none", |o| o.name()),
+            "The checkpoint's table is of another optimizer: its rows are restored, their slots start fresh."
+        );
+        rows.slots = (0..slots.len())
+            .map(|k| {
+                let init = now.map_or(0.0, |o| o.slot_init(k));
+                vec![init; rows.values.len()]
+            })
+            .collect();
     }
     tables
 }

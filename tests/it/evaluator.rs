@@ -103,6 +103,7 @@ fn save_checkpoint(cfg: &Config, step: u64) -> std::path::PathBuf {
         slots: Default::default(),
         run: 0,
         shard_steps: Vec::new(),
+        table_optimizers: Vec::new(),
         tables: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 100)

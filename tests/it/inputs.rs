@@ -186,6 +186,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         slots: Default::default(),
         run: 0,
         shard_steps: Vec::new(),
+        table_optimizers: Vec::new(),
         tables: Vec::new(),
     };
     let meta = ModelMeta {

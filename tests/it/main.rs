@@ -19,6 +19,7 @@ mod hosts;
 mod inputs;
 mod local;
 mod membership;
+mod memory;
 mod newest_state;
 mod observability;
 mod optimizers;

@@ -648,6 +648,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         slots: Default::default(),
         run: 0,
         shard_steps: Vec::new(),
+        table_optimizers: Vec::new(),
         tables: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)

@@ -470,3 +470,74 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
     assert_eq!(report["global_step"], 2100, "{report}");
     assert!(report["test_auc"].as_f64().unwrap() > 0.6, "{report}");
 }
+
+/// The checkpoint's metadata as `dtf inspect --json` shows it.
+fn metadata(ckpt: &std::path::Path) -> serde_json::Value {
+    let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["model"]["metadata"].clone()
+}
+
+#[test]
+fn ftrl_for_the_wide_part_and_adagrad_for_the_embeddings_train_save_and_resume() {
+    let Some(data) = ml100k() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let cluster = ["--ps", "2", "--workers", "2"];
+    let rules = [
+        "--set",
+        "model.tables.linear_optimizer=ftrl",
+        "--set",
+        "model.tables.optimizer=adagrad",
+    ];
+    let (report, stderr) = local(
+        &data,
+        &ckpt,
+        &[&cluster[..], &rules, &["--steps", "1500"]].concat(),
+    );
+    assert!(
+        stderr.contains("deep/embeddings adagrad, wide/weights ftrl"),
+        "dtf local names each table's optimizer:\n{stderr}"
+    );
+    let auc = report["test_auc"].as_f64().unwrap();
+    assert!(auc > 0.73, "test AUC {auc}: {report}");
+    // The checkpoint names each table's rule and FTRL's two slots.
+    let meta = metadata(&ckpt);
+    assert_eq!(
+        meta["table_optimizers"]["wide/weights"]["name"], "ftrl",
+        "{meta}"
+    );
+    assert_eq!(
+        meta["table_optimizers"]["wide/weights"]["learning_rate_power"],
+        -0.5
+    );
+    assert_eq!(
+        meta["table_optimizers"]["deep/embeddings"]["name"],
+        "adagrad"
+    );
+    for slot in [
+        "wide/weights/Ftrl",
+        "wide/weights/Ftrl_1",
+        "deep/embeddings/Adagrad",
+    ] {
+        assert!(meta[format!("crc32:{slot}")].is_string(), "{slot}: {meta}");
+    }
+    // Resumed with the same rules: on from 1500, still learning.
+    let (report, _) = local(
+        &data,
+        &ckpt,
+        &[&cluster[..], &rules, &["--steps", "2000"]].concat(),
+    );
+    assert_eq!(report["global_step"], 2000, "{report}");
+    assert!(report["test_auc"].as_f64().unwrap() > 0.73, "{report}");
+    // Resumed with the tables back on train.optimizer (Adagrad): the wide
+    // rows kept, their slots Adagrad's now, and no table rule of their own.
+    let (report, _) = local(&data, &ckpt, &[&cluster[..], &["--steps", "2500"]].concat());
+    assert_eq!(report["global_step"], 2500, "{report}");
+    assert!(report["test_auc"].as_f64().unwrap() > 0.73, "{report}");
+    let meta = metadata(&ckpt);
+    assert!(meta["table_optimizers"].is_null(), "{meta}");
+    assert!(meta["crc32:wide/weights/Adagrad"].is_string(), "{meta}");
+    assert!(meta["crc32:wide/weights/Ftrl"].is_null(), "{meta}");
+}

@@ -9,7 +9,10 @@ use safetensors::Dtype;
 
 use super::super::container;
 use super::super::{CRC_PREFIX, Checkpoint, EMA_SUFFIX, FORMAT, GLOBAL_STEP, MAX_HEADER_BYTES};
-use super::{OPTIMIZER_KEY, RUN_KEY, SHARD_STEPS_KEY, SLOTS_KEY, TABLES_KEY, check_saveable};
+use super::{
+    OPTIMIZER_KEY, RUN_KEY, SHARD_STEPS_KEY, SLOTS_KEY, TABLE_OPTIMIZERS_KEY, TABLES_KEY,
+    check_saveable,
+};
 
 fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
     let mut out = Vec::with_capacity(a.len() * 4);
@@ -84,9 +87,11 @@ fn encode_with(
             f32_bytes(a).into(),
         )
     }));
-    let slot_names = ckpt.slots.optimizer.slot_names();
     let mut table_shadows = Vec::with_capacity(ckpt.tables.len());
     for (name, rows) in &ckpt.tables {
+        let slot_names = ckpt
+            .table_optimizer(name)
+            .map_or(&[][..], |o| o.slot_names());
         let (tensors, shadows) = container::table_tensors(name, rows, slot_names);
         model.extend(
             tensors
@@ -162,6 +167,17 @@ fn model_metadata(
         meta.insert(
             TABLES_KEY.to_string(),
             serde_json::to_string(&names).map_err(|e| e.to_string())?,
+        );
+    }
+    if !ckpt.table_optimizers.is_empty() {
+        let rules: BTreeMap<&str, _> = ckpt
+            .table_optimizers
+            .iter()
+            .map(|(n, o)| (n.as_str(), o))
+            .collect();
+        meta.insert(
+            TABLE_OPTIMIZERS_KEY.to_string(),
+            serde_json::to_string(&rules).map_err(|e| e.to_string())?,
         );
     }
     if !ckpt.shard_steps.is_empty() {

@@ -109,8 +109,16 @@ fn check_slots_saveable(ckpt: &Checkpoint) -> Result<(), String> {
 /// tensor under it), ids strictly ascending, every array `ids × dim`
 /// (shadows may be empty: the values), the optimizer's slots, finite.
 fn check_tables_saveable(ckpt: &Checkpoint) -> Result<(), String> {
-    let slot_names = ckpt.slots.optimizer.slot_names();
     let mut names = HashSet::new();
+    if let Some((stray, _)) = ckpt
+        .table_optimizers
+        .iter()
+        .find(|(n, _)| !ckpt.tables.iter().any(|(t, _)| t == n))
+    {
+        return Err(format!(
+            "refusing to save: an optimizer for table {stray:?}, which the checkpoint does not hold"
+        ));
+    }
     for (name, rows) in &ckpt.tables {
         if name.is_empty() || name == GLOBAL_STEP || name.ends_with(EMA_SUFFIX) {
             return Err(format!(
@@ -150,11 +158,13 @@ fn check_tables_saveable(ckpt: &Checkpoint) -> Result<(), String> {
                 rows.values.len()
             ));
         }
+        let rule = ckpt.table_optimizer(name);
+        let slot_names = rule.map_or(&[][..], |o| o.slot_names());
         if rows.slots.len() != slot_names.len() {
             return Err(format!(
                 "refusing to save: table {name:?} has {} slot arrays, {} has {slot_names:?}",
                 rows.slots.len(),
-                ckpt.slots.optimizer.name()
+                rule.map_or(ckpt.slots.optimizer.name(), |o| o.name())
             ));
         }
         let arrays = [("values", &rows.values)]

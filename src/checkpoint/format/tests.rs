@@ -155,6 +155,7 @@ fn a_header_too_large_to_load_is_refused_at_save_time() {
         slots: Slots::default(),
         run: 0,
         shard_steps: Vec::new(),
+        table_optimizers: Vec::new(),
         tables: Vec::new(),
     };
     let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();
@@ -215,6 +216,41 @@ fn sample_with_tables(step: u64) -> Checkpoint {
         ),
     ];
     c
+}
+
+#[test]
+fn a_table_s_own_optimizer_names_its_slots_on_disk_and_reads_back() {
+    use crate::optimizer::TableOptimizer;
+    let mut c = sample_with_tables(12);
+    let ftrl = TableOptimizer::Ftrl {
+        learning_rate_power: -0.5,
+        initial_accumulator_value: 0.1,
+        l1: 0.0,
+        l2: 0.0,
+    };
+    c.table_optimizers = vec![("wide/weights".into(), ftrl)];
+    c.tables[1].1 = Rows {
+        ids: vec![2, 9],
+        values: vec![0.5, -0.5],
+        shadows: vec![0.4, -0.4],
+        slots: vec![vec![0.3, 0.2], vec![-1.0, 1.0]],
+    };
+    let (model, ema) = to_bytes(&c, &BTreeMap::new()).unwrap();
+    let back = from_bytes(&model, &ema, Some(&small_specs())).unwrap();
+    assert_eq!(back, c);
+    assert_eq!(back.table_optimizer("wide/weights"), Some(ftrl));
+    // The other table still follows the run's optimizer (Adagrad).
+    assert_eq!(
+        back.table_optimizer("deep/embeddings").unwrap().name(),
+        "adagrad"
+    );
+    let (tensors, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
+    for name in ["wide/weights/Ftrl", "wide/weights/Ftrl_1"] {
+        assert_eq!(tensors.tensor(name).unwrap().shape(), &[2, 1], "{name}");
+    }
+    assert!(meta["table_optimizers"].starts_with(r#"{"wide/weights":{"name":"ftrl""#));
+    // A checkpoint without the key (before table optimizers) has none.
+    assert!(sample_with_tables(3).table_optimizers.is_empty());
 }
 
 #[test]

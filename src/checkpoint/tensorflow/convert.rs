@@ -203,6 +203,7 @@ pub fn to_checkpoint(
             slots,
             run: 0,
             shard_steps: Vec::new(),
+            table_optimizers: Vec::new(),
             tables: Vec::new(),
         },
         taken,

@@ -80,6 +80,12 @@ impl Default for TablesConfig {
             min_count: 1,
             steps_to_live: 0,
             max_rows: 0,
+            optimizer: None,
+            linear_optimizer: None,
+            ftrl_l1: 0.0,
+            ftrl_l2: 0.0,
+            ftrl_learning_rate_power: -0.5,
+            ftrl_initial_accumulator_value: 0.1,
         }
     }
 }

@@ -28,6 +28,7 @@ fn shipped_config_is_the_default() {
         "train",
         "test",
         "save_secs",
+        "linear_optimizer",
     ] {
         assert!(
             text.contains(&format!("\n# {key} = ")),

@@ -411,9 +411,73 @@ fn embedding_tables_need_a_width_and_a_sparse_optimizer() {
         err.contains("\"adam\" cannot update embedding tables") && err.contains("\"adagrad\""),
         "{err}"
     );
+    assert!(err.contains("model.tables.optimizer"), "{err}");
     // The MLP has no tables: any optimizer.
     let (_dir, path) = write_config("[train]\noptimizer = \"adam\"");
     assert!(Config::load(&path).is_ok());
+}
+
+#[test]
+fn each_part_of_wide_and_deep_takes_its_own_optimizer() {
+    use crate::model::table::{EMBEDDINGS, WIDE};
+    use crate::optimizer::{Optimizer, TableOptimizer};
+    // Adam for the MLP, Adagrad for the embeddings, FTRL for the wide part.
+    let c = Config::from_toml_str(
+        "[model]\nkind = \"wide_deep\"\n[model.tables]\noptimizer = \"adagrad\"\n\
+         linear_optimizer = \"ftrl\"\nftrl_l1 = 0.01\n[train]\noptimizer = \"adam\"\n",
+        "f",
+    )
+    .unwrap();
+    assert!(matches!(c.train.optimizer(), Optimizer::Adam { .. }));
+    assert_eq!(
+        c.table_optimizer(EMBEDDINGS),
+        Some(TableOptimizer::Adagrad {
+            initial_accumulator_value: 0.1
+        })
+    );
+    assert_eq!(
+        c.table_optimizer(WIDE),
+        Some(TableOptimizer::Ftrl {
+            learning_rate_power: -0.5,
+            initial_accumulator_value: 0.1,
+            l1: 0.01,
+            l2: 0.0
+        })
+    );
+    let slots: Vec<_> = crate::placement::tables(&c)
+        .iter()
+        .map(|t| t.slots)
+        .collect();
+    assert_eq!(slots, [&["Adagrad"][..], &["Ftrl", "Ftrl_1"][..]]);
+    // linear_optimizer unset: the wide part follows model.tables.optimizer;
+    // both unset: train.optimizer's sparse form.
+    let c = Config::from_toml_str(
+        "[model]\nkind = \"wide_deep\"\n[model.tables]\noptimizer = \"lazy_adam\"\n",
+        "f",
+    )
+    .unwrap();
+    assert_eq!(c.table_optimizer(WIDE).unwrap().name(), "lazy_adam");
+    let c = Config::from_toml_str("[model]\nkind = \"wide_deep\"\n", "f").unwrap();
+    assert_eq!(c.table_optimizer(WIDE).unwrap().name(), "adagrad");
+    // FTRL's hyperparameters as TensorFlow bounds them.
+    for (toml, key) in [
+        ("ftrl_l1 = -1.0", "model.tables.ftrl_l1"),
+        ("ftrl_l2 = nan", "model.tables.ftrl_l2"),
+        (
+            "ftrl_learning_rate_power = 0.5",
+            "model.tables.ftrl_learning_rate_power",
+        ),
+        (
+            "ftrl_initial_accumulator_value = 0.0",
+            "model.tables.ftrl_initial_accumulator_value",
+        ),
+    ] {
+        error_for(&format!("[model.tables]\n{toml}"), key);
+    }
+    error_for(
+        "[model.tables]\noptimizer = \"adam\"",
+        "model.tables.optimizer",
+    );
 }
 
 #[test]

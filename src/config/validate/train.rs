@@ -133,6 +133,38 @@ impl Config {
                 ),
             ));
         }
+        // TensorFlow's FtrlOptimizer refuses the same.
+        let ftrl = [
+            (
+                "model.tables.ftrl_l1",
+                t.ftrl_l1,
+                t.ftrl_l1 >= 0.0,
+                "a number ≥ 0",
+            ),
+            (
+                "model.tables.ftrl_l2",
+                t.ftrl_l2,
+                t.ftrl_l2 >= 0.0,
+                "a number ≥ 0",
+            ),
+            (
+                "model.tables.ftrl_learning_rate_power",
+                t.ftrl_learning_rate_power,
+                t.ftrl_learning_rate_power <= 0.0,
+                "a number ≤ 0 (-0.5: the accumulator's square root)",
+            ),
+            (
+                "model.tables.ftrl_initial_accumulator_value",
+                t.ftrl_initial_accumulator_value,
+                t.ftrl_initial_accumulator_value > 0.0,
+                "a positive number, e.g. 0.1",
+            ),
+        ];
+        for (key, value, ok, expected) in ftrl {
+            if !(value.is_finite() && ok) {
+                return Err(self.bad(key, invalid(value, expected)));
+            }
+        }
         Ok(())
     }
 }

@@ -21,7 +21,7 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
         let shard = service.lock();
         let specs = shard.specs().to_vec();
         let slots = shard.optimizer().slot_specs(&specs);
-        std::sync::Arc::new((specs, slots, shard.optimizer().slot_names()))
+        std::sync::Arc::new((specs, slots, service.table_specs()))
     };
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,8 +72,8 @@ fn pause(took: Duration, every: Duration, rows: bool) -> Duration {
 }
 
 /// What [`take`] writes: the shard's variables, their slots, and the
-/// tables' slot names.
-type Layout = (Vec<VarSpec>, Vec<SlotSpec>, &'static [&'static str]);
+/// tables (their slots' names).
+type Layout = (Vec<VarSpec>, Vec<SlotSpec>, Vec<crate::model::TableSpec>);
 
 /// One snapshot: the copy (timed: what pushes waited), then the write on a
 /// blocking thread. Nothing is written while neither the shard nor its
@@ -114,10 +114,15 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
     let started = Instant::now();
     let step = img.step;
     let (img, result) = tokio::task::spawn_blocking(move || {
+        let mut img = img;
         let result = img
-            .encode(&layout.0, &layout.1, layout.2, &identity)
+            .encode(&layout.0, &layout.1, &layout.2, &identity)
             .map_err(|why| SnapshotError::invalid(&dir, why))
             .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes)));
+        // The dense arrays are kept for the next copy; the rows' copy is
+        // not: a table may be most of the ps's memory, and holding a second
+        // copy of it between snapshots would double that.
+        img.tables = Vec::new();
         (img, result)
     })
     .await

@@ -12,10 +12,10 @@
 //! `u32::MAX` (config validation keeps `steps_to_live` below it).
 
 use super::Table;
-use crate::ps::memory::Room;
-use std::sync::Arc;
 use super::sketch::{Sketch, WIDTH};
 use crate::model::table::mix64;
+use crate::ps::memory::Room;
+use std::sync::Arc;
 
 /// `[model.tables]` as one table applies it. The default is no admission
 /// and no eviction: today's table, at today's cost.

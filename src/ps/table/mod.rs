@@ -19,7 +19,7 @@
 use crate::model::TableSpec;
 pub use crate::model::table::Rows;
 use crate::model::table::mix64;
-use crate::optimizer::Optimizer;
+use crate::optimizer::TableOptimizer;
 use crate::ps::memory::Room;
 use hashbrown::HashTable;
 use std::sync::Arc;
@@ -41,7 +41,7 @@ pub enum TableError {
         held: Vec<String>,
     },
     #[error(
-        "table {table}: train.optimizer = \"{optimizer}\" cannot update embedding rows; use \"sgd\" or \"adagrad\""
+        "table {table}: train.optimizer = \"{optimizer}\" cannot update embedding rows; use \"sgd\" or \"adagrad\", or set model.tables.optimizer"
     )]
     Optimizer {
         table: String,
@@ -122,9 +122,9 @@ pub struct TableCounters {
 pub struct Table {
     /// Its name, width and initializer.
     spec: TableSpec,
-    /// SGD or Adagrad ([`Table::new`] refuses the others).
-    optimizer: Optimizer,
-    /// Slots per row (0 or 1).
+    /// The rows' update rule (`[model.tables]`).
+    optimizer: TableOptimizer,
+    /// Slots per row (0 to 2).
     slots: usize,
     /// Floats per row in `arena`: value, shadow, slots.
     stride: usize,
@@ -160,23 +160,14 @@ pub struct Table {
 
 impl Table {
     /// An empty table of `spec`, updated by `optimizer`.
-    ///
-    /// Errors: [`TableError::Optimizer`] for an optimizer other than SGD or
-    /// Adagrad (the fleet-scale issue adds the others).
     pub fn new(
         spec: TableSpec,
-        optimizer: Optimizer,
+        optimizer: TableOptimizer,
         rule: crate::ps::shard::Rule,
         moving_average_decay: f32,
-    ) -> Result<Self, TableError> {
-        if !matches!(optimizer, Optimizer::Sgd | Optimizer::Adagrad { .. }) {
-            return Err(TableError::Optimizer {
-                table: spec.name,
-                optimizer: optimizer.name(),
-            });
-        }
+    ) -> Self {
         let slots = optimizer.slot_names().len();
-        Ok(Self {
+        Self {
             stride: (2 + slots) * spec.dim,
             spec,
             optimizer,
@@ -193,7 +184,7 @@ impl Table {
             touched: Vec::new(),
             clock: 0,
             room: Arc::default(),
-        })
+        }
     }
 
     pub fn spec(&self) -> &TableSpec {
@@ -216,7 +207,7 @@ impl Table {
         self.counters
     }
     /// The optimizer whose slots the rows carry.
-    pub fn optimizer(&self) -> Optimizer {
+    pub fn optimizer(&self) -> TableOptimizer {
         self.optimizer
     }
 
@@ -269,9 +260,11 @@ impl Table {
         if self.policy.stamps() {
             self.touched.push(self.now());
         }
-        self.arena
-            .resize(start + self.stride, self.optimizer.slot_init());
+        self.arena.resize(start + self.stride, 0.0);
         let row = &mut self.arena[start..start + self.stride];
+        for k in 0..self.slots {
+            row[(2 + k) * dim..(3 + k) * dim].fill(self.optimizer.slot_init(k));
+        }
         self.spec.init_row(id, &mut row[..dim]);
         let (value, shadow) = row.split_at_mut(dim);
         shadow[..dim].copy_from_slice(value);
@@ -437,7 +430,7 @@ impl Table {
                 let dst = &mut row[(2 + k) * dim..(3 + k) * dim];
                 match rows.slots.get(k) {
                     Some(s) => dst.copy_from_slice(&s[src.clone()]),
-                    None => dst.fill(self.optimizer.slot_init()),
+                    None => dst.fill(self.optimizer.slot_init(k)),
                 }
             }
         }

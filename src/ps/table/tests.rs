@@ -2,18 +2,19 @@ use super::*;
 use crate::model::table::{TableInit, wide_deep};
 use crate::ps::shard::Rule;
 
-const ADAGRAD: Optimizer = Optimizer::Adagrad {
+const ADAGRAD: TableOptimizer = TableOptimizer::Adagrad {
     initial_accumulator_value: 0.1,
 };
 
 /// A table of zeros, `dim` wide, no EMA warm-up surprises (decay 0.99).
-fn table(dim: usize, optimizer: Optimizer, rule: Rule) -> Table {
+fn table(dim: usize, optimizer: TableOptimizer, rule: Rule) -> Table {
     let spec = TableSpec {
         name: "t".into(),
         dim,
         init: TableInit::Zeros,
+        slots: &[],
     };
-    Table::new(spec, optimizer, rule, 0.99).unwrap()
+    Table::new(spec, optimizer, rule, 0.99)
 }
 
 fn pulled(t: &mut Table, ids: &[u64]) -> Vec<f32> {
@@ -28,7 +29,7 @@ fn close(a: f32, b: f64) {
 
 #[test]
 fn sparse_sgd_updates_only_the_pushed_rows() {
-    let mut t = table(2, Optimizer::Sgd, Rule::Async);
+    let mut t = table(2, TableOptimizer::Sgd, Rule::Async);
     assert_eq!(pulled(&mut t, &[5, 6]), vec![0.0; 4]);
     let o = t.push(&[5], &[1.0, -2.0], 0.1, 0, 0, false).unwrap();
     assert_eq!(o, Outcome::Applied);
@@ -85,7 +86,7 @@ fn a_sync_step_takes_each_rows_mean_over_the_workers_that_pushed_it() {
         replicas: 2,
         total: 3,
     };
-    let mut t = table(1, Optimizer::Sgd, sync);
+    let mut t = table(1, TableOptimizer::Sgd, sync);
     // Worker 0: rows 1 and 2 (row 1 twice: its own duplicates summed, 1 + 1).
     let o = t
         .push(&[1, 2, 1], &[1.0, 2.0, 1.0], 1.0, 0, 0, false)
@@ -123,7 +124,7 @@ fn sync_steps_gather_out_of_order_and_an_older_one_is_dropped_by_a_newer() {
         replicas: 2,
         total: 2,
     };
-    let mut t = table(1, Optimizer::Sgd, sync);
+    let mut t = table(1, TableOptimizer::Sgd, sync);
     // Step 1 arrives before step 0 completes.
     assert_eq!(t.push(&[1], &[1.0], 1.0, 0, 0, false), Ok(Outcome::Pending));
     assert_eq!(t.push(&[1], &[1.0], 1.0, 1, 0, false), Ok(Outcome::Pending));
@@ -161,7 +162,7 @@ fn bad_pushes_are_refused_and_change_nothing() {
     );
     assert_eq!(t.rows(), before);
     // Finite inputs whose update is not: refused, nothing written.
-    let mut sgd = table(2, Optimizer::Sgd, Rule::Async);
+    let mut sgd = table(2, TableOptimizer::Sgd, Rule::Async);
     pulled(&mut sgd, &[1]);
     let sgd_before = sgd.rows();
     assert!(matches!(
@@ -178,18 +179,55 @@ fn bad_pushes_are_refused_and_change_nothing() {
 }
 
 #[test]
-fn optimizers_without_a_sparse_rule_are_refused() {
-    let spec = wide_deep(4).remove(0);
-    let adam = Optimizer::Adam {
+fn ftrl_rows_follow_the_rule_by_hand_and_keep_both_slots() {
+    let ftrl = TableOptimizer::Ftrl {
+        learning_rate_power: -0.5,
+        initial_accumulator_value: 0.1,
+        l1: 0.0,
+        l2: 0.0,
+    };
+    let mut t = table(1, ftrl, Rule::Async);
+    // Row 7 from 0 (the wide part's zeros), g = 0.2, lr = 0.1: n = 0.14,
+    // z = 0.2 (w was 0), w = −z/(√n/lr).
+    t.push(&[7], &[0.2], 0.1, 0, 0, false).unwrap();
+    let w = -0.2 / (0.14f64.sqrt() / 0.1);
+    close(pulled(&mut t, &[7])[0], w);
+    let rows = t.rows();
+    assert_eq!(rows.slots.len(), 2);
+    close(rows.slots[0][0], 0.14);
+    close(rows.slots[1][0], 0.2);
+    // A new row's slots start at (0.1, 0): the accumulator's initial value.
+    pulled(&mut t, &[8]);
+    let rows = t.rows();
+    assert_eq!((rows.slots[0][1], rows.slots[1][1]), (0.1, 0.0));
+}
+
+#[test]
+fn lazy_adam_moves_only_the_pushed_rows_moments() {
+    let lazy = TableOptimizer::LazyAdam {
         beta1: 0.9,
         beta2: 0.999,
         epsilon: 1e-8,
     };
-    let err = Table::new(spec, adam, Rule::Async, 0.99).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "table deep/embeddings: train.optimizer = \"adam\" cannot update embedding rows; use \"sgd\" or \"adagrad\""
-    );
+    let mut t = table(2, lazy, Rule::Async);
+    t.push(&[1, 2], &[0.5, -0.5, 1.0, 1.0], 0.01, 0, 0, false)
+        .unwrap();
+    let before = t.rows();
+    // Steps later, row 1 alone: row 2's value and moments stay exactly.
+    t.push(&[1], &[0.5, 0.5], 0.01, 5, 0, false).unwrap();
+    let after = t.rows();
+    for k in 0..2 {
+        assert_eq!(after.slots[k][2..4], before.slots[k][2..4]);
+    }
+    assert_eq!(after.values[2..4], before.values[2..4]);
+    // Row 1 by hand: m = 0.9·0.05 + 0.1·0.5, v = 0.999·0.00025 + 0.001·0.25,
+    // w −= lr·√(1−β2⁶)/(1−β1⁶)·m/(√v + ε).
+    let (m, v) = (0.9 * 0.05 + 0.1 * 0.5, 0.999 * 0.00025 + 0.001 * 0.25);
+    close(after.slots[0][0], m);
+    close(after.slots[1][0], v);
+    let alpha = 0.01 * (1.0 - 0.999f64.powi(6)).sqrt() / (1.0 - 0.9f64.powi(6));
+    let w = f64::from(before.values[0]) - alpha * m / (v.sqrt() + 1e-8);
+    close(after.values[0], w);
 }
 
 #[test]
@@ -234,7 +272,7 @@ fn a_row_costs_at_most_twice_its_value_and_slots() {
     // bytes; the shadow, the id, the index and the arena's slack must fit
     // in as much again.
     let spec = wide_deep(16).remove(0);
-    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99).unwrap();
+    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99);
     let ids: Vec<u64> = (0..100_000u64)
         .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
         .collect();

@@ -1,9 +1,9 @@
 //! How a push of rows becomes an update: duplicate ids summed, then applied
 //! at once (async) or summed with the other replicas' pushes of the same
 //! step until `replicas` workers are in (sync), then the optimizer's pass
-//! over only those rows — sparse SGD and sparse Adagrad as TensorFlow
-//! computes them (`ScatterSub` of `lr·g`; `SparseApplyAdagrad`:
-//! `accum += g²; var -= lr·g/√accum`), each updated row's EMA shadow with it.
+//! over only those rows — the table's rule (`optimizer::table`: SGD,
+//! Adagrad, FTRL-Proximal, lazy Adam, as TensorFlow's sparse kernels
+//! compute them), each updated row's EMA shadow with it.
 //!
 //! Sync follows TensorFlow's `SparseConditionalAccumulator` (what
 //! `SyncReplicasOptimizer` uses for `IndexedSlices`, reduction `MEAN`): the
@@ -17,7 +17,6 @@
 use super::{Table, TableError};
 use crate::model;
 use crate::model::table::IdMap;
-use crate::optimizer::{self, Optimizer};
 use crate::ps::shard::Rule;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -315,32 +314,31 @@ impl Table {
         lr: f32,
         step: u64,
     ) -> Result<(), TableError> {
-        let (dim, stride) = (self.spec.dim, self.stride);
+        let (dim, stride, slots) = (self.spec.dim, self.stride, self.slots);
         let rate = 1.0 - model::ema_decay(self.ema, step);
+        let optimizer = self.optimizer;
+        let step_size = optimizer.rate(lr, step);
         let rows: Vec<usize> = ids.iter().map(|&id| self.row(id)).collect();
         let mut next = vec![0.0f32; rows.len() * stride];
         let mut bad = false;
+        let mut slot = [0.0f32; crate::optimizer::MAX_SLOTS];
         for (i, &r) in rows.iter().enumerate() {
             let old = &self.arena[r * stride..(r + 1) * stride];
             let new = &mut next[i * stride..(i + 1) * stride];
             let s = scale.map_or(1.0, |s| s[i]);
             let g = &grads[i * dim..(i + 1) * dim];
             for j in 0..dim {
-                let gj = g[j] * s;
-                let (w, slot) = match self.optimizer {
-                    Optimizer::Adagrad { .. } => {
-                        let (w, a) = optimizer::adagrad(old[j], gj, old[2 * dim + j], lr);
-                        (w, Some(a))
-                    }
-                    _ => (old[j] - lr * gj, None),
-                };
+                for (k, v) in slot[..slots].iter_mut().enumerate() {
+                    *v = old[(2 + k) * dim + j];
+                }
+                let w = optimizer.apply(old[j], g[j] * s, &mut slot[..slots], step_size);
                 let sh = model::ema_step(old[dim + j], w, rate);
                 new[j] = w;
                 new[dim + j] = sh;
                 bad |= !w.is_finite() || !sh.is_finite();
-                if let Some(a) = slot {
-                    new[2 * dim + j] = a;
-                    bad |= !a.is_finite();
+                for (k, &v) in slot[..slots].iter().enumerate() {
+                    new[(2 + k) * dim + j] = v;
+                    bad |= !v.is_finite();
                 }
             }
         }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::model::TableSpec;
 use crate::model::table::{Rows, TableInit};
-use crate::optimizer::Optimizer;
+use crate::optimizer::TableOptimizer;
 use crate::ps::shard::Rule;
 
 /// A `dim`-wide SGD table whose rows start at a value that depends on the
@@ -11,10 +11,9 @@ fn table(dim: usize, policy: Policy) -> Table {
         name: "t".into(),
         dim,
         init: TableInit::TruncatedNormal { stddev: 0.1 },
+        slots: &[],
     };
-    Table::new(spec, Optimizer::Sgd, Rule::Async, 0.99)
-        .unwrap()
-        .with_policy(policy)
+    Table::new(spec, TableOptimizer::Sgd, Rule::Async, 0.99).with_policy(policy)
 }
 
 fn initial(t: &Table, id: u64) -> Vec<f32> {
@@ -80,10 +79,9 @@ fn admission_counts_an_id_once_per_push_and_sync_steps_keep_only_admitted_rows()
         name: "t".into(),
         dim: 1,
         init: TableInit::Zeros,
+        slots: &[],
     };
-    let mut t = Table::new(spec, Optimizer::Sgd, sync, 0.99)
-        .unwrap()
-        .with_policy(admission(2));
+    let mut t = Table::new(spec, TableOptimizer::Sgd, sync, 0.99).with_policy(admission(2));
     // Worker 0 names id 1 three times in one push: one sighting, refused.
     t.push(&[1, 1, 1], &[1.0; 3], 1.0, 0, 0, false).unwrap();
     // Its duplicate push for the step is refused whole, its sighting too.
@@ -243,4 +241,25 @@ fn max_rows_at_a_snapshot_drops_the_least_recently_updated() {
     };
     u.load(&fewer, 9).unwrap();
     assert_eq!(pulled(&mut u, &[40, 10]), vec![1.5, initial(&u, 10)[0]]);
+}
+
+#[test]
+fn while_memory_is_short_no_row_is_created_and_existing_rows_still_train() {
+    let room = std::sync::Arc::new(Room::default());
+    let mut t = table(2, Policy::default()).with_room(room.clone());
+    push(&mut t, &[1], 0);
+    let trained = pulled(&mut t, &[1]);
+    // Past 90 % of the limit: new ids are refused, pulls create nothing.
+    assert_eq!(room.observe(95, 100), Some(true));
+    push(&mut t, &[1, 2, 3], 1);
+    assert_eq!(t.len(), 1, "no row for 2 and 3");
+    assert_eq!(t.counters().refused, 2);
+    assert_ne!(pulled(&mut t, &[1]), trained, "row 1 trained on");
+    assert_eq!(pulled(&mut t, &[2]), initial(&t, 2));
+    assert_eq!(t.len(), 1, "a pull created nothing");
+    // Back under 85 %: rows again, as before (a pull creates its rows).
+    assert_eq!(room.observe(80, 100), Some(false));
+    push(&mut t, &[2], 2);
+    pulled(&mut t, &[4]);
+    assert_eq!(t.len(), 3);
 }
