@@ -545,3 +545,142 @@ async fn bad_staged_rows_are_refused_and_change_nothing() {
     assert!(e.message().contains("staged"), "{e:?}");
     assert_eq!(client.snapshot().await.unwrap().tables, before);
 }
+
+/// The `global_step=`/`step=` of the `n`th line of `name`'s log holding `needle`.
+fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
+    let log = c.wait_log(name, needle, n, Duration::from_secs(120));
+    let line = log
+        .lines()
+        .filter(|l| l.contains(needle))
+        .nth(n - 1)
+        .unwrap_or_default();
+    line.split_whitespace()
+        .find_map(|f| {
+            f.strip_prefix("global_step=")
+                .or_else(|| f.strip_prefix("step="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {line:?}"))
+}
+
+/// Issue 42 item 5: a `cluster.ps` edit (2 → 3) re-hashes every table row
+/// onto the new ps count live, as the dense variables re-shard: the chief
+/// checkpoints the tables once the old ps tasks stop taking pushes, every
+/// task starts again under the new list, and the chief seeds each ps with
+/// the rows it now owns. No row is lost and none is held twice; each ps
+/// holds only the ids that hash to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_none() {
+    let mut c = Cluster::new(2, 1, 1_000_000, Mode::Async);
+    let data = c.dir.path().join("syn");
+    let out = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "20000",
+        "--fields",
+        "4",
+        "--cardinality",
+        "20000",
+        "--exponent",
+        "1.1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    c.cfg.model.kind = ModelKind::WideDeep;
+    c.cfg.model.embedding_dim = 4;
+    // 4 categorical fields × 4, no dense column.
+    c.cfg.model.layers = vec![16, 8, 1];
+    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    c.cfg.data.format = dtf::config::DataFormat::Recbole;
+    c.cfg.data.dir = data;
+    c.cfg.checkpoint.max_to_keep = 1000;
+    c.write_config();
+    c.start_all();
+    tokio::task::block_in_place(|| past(&c, 100));
+    c.wait_log("worker:0", "Training.", 1, Duration::from_secs(60));
+
+    c.cfg.cluster.ps.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    c.start("ps", 2);
+    let saved =
+        tokio::task::block_in_place(|| logged_step(&c, "worker:0", "Re-shard checkpoint done", 1));
+    let restored = tokio::task::block_in_place(|| {
+        logged_step(&c, "worker:0", "Restored the model from the newest", 1)
+    });
+    assert_eq!(
+        restored, saved,
+        "the new placement starts where the old one stopped"
+    );
+    // Training stopped where it is: the rows now are the seeded ones plus
+    // what the chief's steps since added, no more.
+    c.signal("worker:0", libc::SIGSTOP);
+    let path = c
+        .cfg
+        .checkpoint
+        .dir
+        .join(format!("model.ckpt-{saved}.safetensors"));
+    let ckpt = dtf::checkpoint::load(&path, None).unwrap();
+    let client = ps_client(&c, TOKEN);
+    assert_eq!(client.num_ps(), 3);
+    let (counts, now) = eventually(Duration::from_secs(30), "the rows to settle", || async {
+        let mut counts = Vec::new();
+        for i in 0..3 {
+            let s = c.state(i).await?;
+            let rows: Vec<u64> = s.tables.iter().map(|t| t.rows).collect();
+            counts.push(rows);
+        }
+        let now = client.snapshot().await.ok()?.tables;
+        let again: Vec<u64> = now.iter().map(|(_, r)| r.ids.len() as u64).collect();
+        let held: Vec<u64> = (0..2).map(|t| counts.iter().map(|r| r[t]).sum()).collect();
+        (held == again).then_some((counts, now))
+    })
+    .await;
+    c.signal("worker:0", libc::SIGCONT);
+    eprintln!(
+        "re-shard at step {saved}: rows per ps {counts:?}, the checkpoint's {:?}",
+        ckpt.tables.iter().map(|(_, r)| r.ids.len()).collect::<Vec<_>>()
+    );
+    for ((name, saved_rows), (_, rows)) in ckpt.tables.iter().zip(&now) {
+        assert!(
+            !saved_rows.ids.is_empty(),
+            "{name}: the checkpoint holds rows"
+        );
+        // Each id once, on its owner: the ps tasks' counts add up to the
+        // merged table, and every ps holds some.
+        assert!(rows.ids.windows(2).all(|w| w[0] < w[1]), "{name}");
+        assert!(
+            counts.iter().all(|c| c.iter().all(|&n| n > 0)),
+            "{counts:?}"
+        );
+        // No row lost: every id of the re-shard checkpoint is served.
+        let missing: Vec<u64> = saved_rows
+            .ids
+            .iter()
+            .filter(|id| rows.ids.binary_search(id).is_err())
+            .copied()
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{name}: {} rows lost: {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+    }
+    // Each ps holds exactly the rows that hash to it under 3 ps.
+    for (t, (_, rows)) in now.iter().enumerate() {
+        let split = split_rows(rows, 3);
+        for (i, part) in split.iter().enumerate() {
+            assert!(
+                part.ids
+                    .iter()
+                    .all(|&id| dtf::placement::table_owner(id, 3) == i)
+            );
+            assert_eq!(
+                part.ids.len() as u64,
+                counts[i][t],
+                "ps:{i} table {t}: {counts:?}"
+            );
+        }
+    }
+}
