@@ -10,6 +10,7 @@
 #   --no-reference                  skip the fault-free run each seed's accuracy is compared with
 #   --hosts                         each task on a host of its own (network namespaces), links
 #                                   cut and slowed beside the other faults
+#   --sparse                        wide & deep on embedding tables instead of the MLP
 #   --list                          print each seed's plan (cluster and faults); run nothing
 #
 # Every seed runs even after one fails; the summary (seeds, faults by kind,
@@ -17,8 +18,8 @@
 # seed violated an invariant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-seeds=3 first=1 seed= seconds=20 reference=1 hosts=0 list=0
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+seeds=3 first=1 seed= seconds=20 reference=1 hosts=0 sparse=0 list=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --seeds) seeds=${2:?}; shift 2 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
         --seconds) seconds=${2:?}; shift 2 ;;
         --no-reference) reference=0; shift ;;
         --hosts) hosts=1; shift ;;
+        --sparse) sparse=1; shift ;;
         --list) list=1; shift ;;
         -h|--help) usage ;;
         *) echo "chaos.sh: unknown argument $1" >&2; usage ;;
@@ -43,7 +45,7 @@ fi
 summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
 status=0
-DTF_CHAOS_SEEDS=$range DTF_CHAOS_SECONDS=$seconds DTF_CHAOS_REFERENCE=$reference DTF_CHAOS_HOSTS=$hosts DTF_CHAOS_LIST=$list \
+DTF_CHAOS_SEEDS=$range DTF_CHAOS_SECONDS=$seconds DTF_CHAOS_REFERENCE=$reference DTF_CHAOS_HOSTS=$hosts DTF_CHAOS_SPARSE=$sparse DTF_CHAOS_LIST=$list \
 DTF_CHAOS_SUMMARY=$summary \
     cargo nextest run --locked --profile chaos --no-capture --run-ignored only \
     -E 'test(=chaos::from_env)' || status=$?

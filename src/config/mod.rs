@@ -39,7 +39,8 @@ pub use schema::{
     AUTO_DELIMITER, CheckpointConfig, ClusterConfig, Compression, Config, DEFAULT_DATA_DIR,
     DEFAULT_PATH, DEFAULT_SAVE_SECS, DataConfig, DataFormat, EvalConfig, LogConfig, LrSchedule,
     Metric, MetricsConfig, Mode, ModelConfig, ModelKind, ModelTask, OptimizerKind, Partitioner,
-    Placement, PsConfig, SecurityConfig, TrainConfig, Transport, json_value,
+    Placement, PsConfig, SecurityConfig, TableOptimizerKind, TablesConfig, TrainConfig, Transport,
+    json_value,
 };
 pub use secret::{MAX_CONFIG_FILE_BYTES, MAX_SECRET_FILE_BYTES, read_file};
 pub use size::{FALLBACK_MEMORY_BYTES, memory_bytes};

@@ -307,6 +307,12 @@ pub struct TablesConfig {
     /// `linear_optimizer`. Absent: `model.tables.optimizer`'s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub linear_optimizer: Option<TableOptimizerKind>,
+    /// The embedding tables' learning rate, following the schedule as
+    /// `train.learning_rate` does (a push's rate × this / that). 0: the
+    /// model's.
+    pub learning_rate: f32,
+    /// The wide part's, likewise. 0: `model.tables.learning_rate`'s.
+    pub linear_learning_rate: f32,
     /// FTRL: L1 strength (`l1_regularization_strength`).
     pub ftrl_l1: f32,
     /// FTRL: L2 strength (`l2_regularization_strength`).
@@ -673,6 +679,22 @@ impl Config {
                 epsilon: train.epsilon,
             },
         })
+    }
+
+    /// What a push's learning rate is multiplied by for table `table`:
+    /// its own rate (`[model.tables] learning_rate`, `linear_learning_rate`
+    /// for the wide part) over `train.learning_rate`, so that the schedule
+    /// shapes both alike; 1 when it has none.
+    pub fn table_learning_rate_scale(&self, table: &str) -> f32 {
+        let t = &self.model.tables;
+        let own = match table {
+            crate::model::table::WIDE if t.linear_learning_rate > 0.0 => t.linear_learning_rate,
+            _ => t.learning_rate,
+        };
+        match own > 0.0 && self.train.learning_rate > 0.0 {
+            true => own / self.train.learning_rate,
+            false => 1.0,
+        }
     }
 
     /// Sync: gradients per update (default: the number of workers).

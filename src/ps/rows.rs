@@ -225,10 +225,13 @@ impl PsService {
         if self.inner.reshard.is_on() {
             return Err(self.resharding_status());
         }
-        let (complete, at_last_step) = {
+        let (complete, at_last_step, scale) = {
             let s = self.lock();
-            let last = self.inner.config.borrow().train.last_step;
-            (s.is_complete(), s.step() >= last)
+            let config = self.inner.config.borrow();
+            let last = config.train.last_step;
+            let scale = |table: &str| config.table_learning_rate_scale(table);
+            let scales: Vec<f32> = grads.iter().map(|t| scale(&t.table)).collect();
+            (s.is_complete(), s.step() >= last, scales)
         };
         let mut which = Vec::with_capacity(grads.len());
         for t in grads {
@@ -247,11 +250,11 @@ impl PsService {
         }
         let mut stale = false;
         if !complete {
-            for (t, &i) in grads.iter().zip(&which) {
+            for ((t, &i), scale) in grads.iter().zip(&which).zip(&scale) {
                 let outcome = self.inner.tables.lock(i).push(
                     &t.ids,
                     &t.values,
-                    req.learning_rate,
+                    req.learning_rate * scale,
                     req.step,
                     req.worker,
                     at_last_step,

@@ -639,7 +639,10 @@ async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_
     c.signal("worker:0", libc::SIGCONT);
     eprintln!(
         "re-shard at step {saved}: rows per ps {counts:?}, the checkpoint's {:?}",
-        ckpt.tables.iter().map(|(_, r)| r.ids.len()).collect::<Vec<_>>()
+        ckpt.tables
+            .iter()
+            .map(|(_, r)| r.ids.len())
+            .collect::<Vec<_>>()
     );
     for ((name, saved_rows), (_, rows)) in ckpt.tables.iter().zip(&now) {
         assert!(
@@ -682,5 +685,56 @@ async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_
                 "ps:{i} table {t}: {counts:?}"
             );
         }
+    }
+}
+
+/// Issue 42 item 4: each table is updated by its own rule at its own rate
+/// on the ps — here FTRL at 0.3 for the wide part
+/// (`model.tables.linear_optimizer`, `linear_learning_rate`) and Adagrad
+/// at the push's 0.1 for the embeddings — checked against the rules by hand.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_table_takes_its_own_rule_and_learning_rate_on_the_ps() {
+    let mut c = Cluster::new(2, 2, 100, Mode::Async);
+    c.cfg.model.kind = ModelKind::WideDeep;
+    c.cfg.model.embedding_dim = 4;
+    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    c.cfg.model.tables.linear_optimizer = Some(dtf::config::TableOptimizerKind::Ftrl);
+    c.cfg.model.tables.linear_learning_rate = 0.3;
+    c.use_transport(Transport::Tcp);
+    for i in 0..2 {
+        c.start("ps", i);
+    }
+    let client = ps_client(&c, TOKEN);
+    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+    seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+    let ids = some_ids(10);
+    let before = client
+        .pull_rows(&[(EMBEDDINGS, &ids)], false)
+        .await
+        .unwrap();
+    let emb = vec![0.5; ids.len() * 4];
+    let wide: Vec<f32> = (0..ids.len()).map(|i| 0.1 * i as f32 - 0.45).collect();
+    client
+        .push_rows(&[(EMBEDDINGS, &ids, &emb), (WIDE, &ids, &wide)], 0.1, 7, 0)
+        .await
+        .unwrap();
+    let after = client
+        .pull_rows(&[(EMBEDDINGS, &ids), (WIDE, &ids)], false)
+        .await
+        .unwrap();
+    for (k, (&b, &a)) in before[0].iter().zip(&after[0]).enumerate() {
+        assert!(
+            (a - adagrad(b, 0.5)).abs() < 1e-6,
+            "embedding value {k}: {a}"
+        );
+    }
+    for (i, &g) in wide.iter().enumerate() {
+        let (want, _, _) = dtf::optimizer::table::ftrl(0.0, g, 0.1, 0.0, 0.3, -0.5, 0.0, 0.0);
+        assert!(
+            (after[1][i] - want).abs() < 1e-6,
+            "wide row {i}: {} vs {want}",
+            after[1][i]
+        );
+        assert!(want != 0.0);
     }
 }

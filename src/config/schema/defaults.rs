@@ -82,6 +82,8 @@ impl Default for TablesConfig {
             max_rows: 0,
             optimizer: None,
             linear_optimizer: None,
+            learning_rate: 0.0,
+            linear_learning_rate: 0.0,
             ftrl_l1: 0.0,
             ftrl_l2: 0.0,
             ftrl_learning_rate_power: -0.5,

@@ -478,6 +478,24 @@ fn each_part_of_wide_and_deep_takes_its_own_optimizer() {
         "[model.tables]\noptimizer = \"adam\"",
         "model.tables.optimizer",
     );
+    // Each part's own rate, as a multiple of the model's (the schedule
+    // shapes both); 0: the model's.
+    let c = Config::from_toml_str(
+        "[model]\nkind = \"wide_deep\"\n[model.tables]\nlinear_learning_rate = 0.2\n\
+         [train]\nlearning_rate = 0.05\n",
+        "f",
+    )
+    .unwrap();
+    assert_eq!(c.table_learning_rate_scale(WIDE), 4.0);
+    assert_eq!(c.table_learning_rate_scale(EMBEDDINGS), 1.0);
+    error_for(
+        "[model.tables]\nlearning_rate = -0.1",
+        "model.tables.learning_rate",
+    );
+    error_for(
+        "[model.tables]\nlinear_learning_rate = inf",
+        "model.tables.linear_learning_rate",
+    );
 }
 
 #[test]

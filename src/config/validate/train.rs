@@ -133,6 +133,14 @@ impl Config {
                 ),
             ));
         }
+        for (key, value) in [
+            ("model.tables.learning_rate", t.learning_rate),
+            ("model.tables.linear_learning_rate", t.linear_learning_rate),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(self.bad(key, invalid(value, "a rate ≥ 0 (0: train.learning_rate's)")));
+            }
+        }
         // TensorFlow's FtrlOptimizer refuses the same.
         let ftrl = [
             (

@@ -53,6 +53,9 @@ pub struct Plan {
     /// Each task on a host of its own (a network namespace, TCP between
     /// them), so that links can be cut and slowed.
     pub hosts: bool,
+    /// Wide & deep on embedding tables (synthetic CTR data) instead of the
+    /// MLP: the faults hit ps tasks that hold table rows.
+    pub sparse: bool,
     /// The faults, in the order drawn (not necessarily the order they fire).
     pub faults: Vec<Fault>,
 }
@@ -111,6 +114,7 @@ impl Plan {
             evaluator,
             seconds,
             hosts: false,
+            sparse: false,
             faults: Vec::new(),
         };
         let tasks = plan.tasks();
@@ -283,7 +287,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {}: {:?}, transport {:?}, {} ps, {} workers{}{}, faults over {} s:",
+            "seed {}: {:?}, transport {:?}, {} ps, {} workers{}{}{}, faults over {} s:",
             self.seed,
             self.mode,
             self.transport,
@@ -291,6 +295,11 @@ impl fmt::Display for Plan {
             self.workers,
             if self.evaluator { ", an evaluator" } else { "" },
             if self.hosts { ", a host each" } else { "" },
+            if self.sparse {
+                ", wide & deep on embedding tables"
+            } else {
+                ""
+            },
             self.seconds
         )?;
         for fault in &self.faults {
