@@ -412,24 +412,6 @@ async fn bad_membership_edits_change_nothing() {
     }
 }
 
-/// The step of the `n`th (from 1) line of `name`'s log containing `needle`
-/// with a `global_step=` or `step=` field, waiting for it.
-fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
-    let log = c.wait_log(name, needle, n, RUN);
-    let line = log
-        .lines()
-        .filter(|l| l.contains(needle))
-        .nth(n - 1)
-        .unwrap_or_default();
-    line.split_whitespace()
-        .find_map(|f| {
-            f.strip_prefix("global_step=")
-                .or_else(|| f.strip_prefix("step="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no step in {line:?}"))
-}
-
 /// ps `i`'s variables, waiting until it is initialized past `step`.
 async fn shard_past(c: &Cluster, i: usize, step: u64) -> Vec<String> {
     eventually(

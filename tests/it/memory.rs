@@ -66,12 +66,6 @@ fn ps_pid(needle: &str) -> Option<u32> {
     })
 }
 
-/// The value of metric `series` in a scrape.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[test]
 fn a_ps_near_its_cgroup_memory_limit_refuses_new_rows_and_training_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -125,8 +119,8 @@ fn a_ps_near_its_cgroup_memory_limit_refuses_new_rows_and_training_goes_on() {
             panic!("the run ended ({status}) before the ps refused a row: {err}");
         }
         let text = http_get(&addr, "/metrics")?;
-        let full = sample(&text, "dtf_ps_memory_full")?;
-        let refused = sample(&text, table)?;
+        let full = metric_sample(&text, "dtf_ps_memory_full")?;
+        let refused = metric_sample(&text, table)?;
         (full == 1.0 && refused > 0.0).then_some(())
     });
     let status = until(Duration::from_secs(300), "the run's end", || {

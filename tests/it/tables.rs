@@ -546,23 +546,6 @@ async fn bad_staged_rows_are_refused_and_change_nothing() {
     assert_eq!(client.snapshot().await.unwrap().tables, before);
 }
 
-/// The `global_step=`/`step=` of the `n`th line of `name`'s log holding `needle`.
-fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
-    let log = c.wait_log(name, needle, n, Duration::from_secs(120));
-    let line = log
-        .lines()
-        .filter(|l| l.contains(needle))
-        .nth(n - 1)
-        .unwrap_or_default();
-    line.split_whitespace()
-        .find_map(|f| {
-            f.strip_prefix("global_step=")
-                .or_else(|| f.strip_prefix("step="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no step in {line:?}"))
-}
-
 /// Issue 42 item 5: a `cluster.ps` edit (2 → 3) re-hashes every table row
 /// onto the new ps count live, as the dense variables re-shard: the chief
 /// checkpoints the tables once the old ps tasks stop taking pushes, every
@@ -572,28 +555,7 @@ fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_none() {
     let mut c = Cluster::new(2, 1, 1_000_000, Mode::Async);
-    let data = c.dir.path().join("syn");
-    let out = dtf_output(&[
-        "synth",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "20000",
-        "--fields",
-        "4",
-        "--cardinality",
-        "20000",
-        "--exponent",
-        "1.1",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    c.cfg.model.kind = ModelKind::WideDeep;
-    c.cfg.model.embedding_dim = 4;
-    // 4 categorical fields × 4, no dense column.
-    c.cfg.model.layers = vec![16, 8, 1];
-    c.cfg.train.optimizer = OptimizerKind::Adagrad;
-    c.cfg.data.format = dtf::config::DataFormat::Recbole;
-    c.cfg.data.dir = data;
+    wide_deep_on_synth(&mut c, 20_000);
     c.cfg.checkpoint.max_to_keep = 1000;
     c.write_config();
     c.start_all();

@@ -950,3 +950,56 @@ pub fn past(c: &Cluster, step: u64) -> u64 {
         },
     )
 }
+
+/// The `global_step=`/`step=` of the `n`th line of `name`'s log holding
+/// `needle` (waiting up to 120 s for it).
+pub fn logged_step(c: &Cluster, name: &str, needle: &str, n: usize) -> u64 {
+    let log = c.wait_log(name, needle, n, Duration::from_secs(120));
+    let line = log
+        .lines()
+        .filter(|l| l.contains(needle))
+        .nth(n - 1)
+        .unwrap_or_default();
+    line.split_whitespace()
+        .find_map(|f| {
+            f.strip_prefix("global_step=")
+                .or_else(|| f.strip_prefix("step="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {line:?}"))
+}
+
+/// The sample `series` (`name{labels}`) in a `/metrics` text, if there.
+pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `c` made a wide & deep cluster (its config not written yet): synthetic
+/// CTR data in its directory (`dtf synth`: 20,000 rows, 4 Zipf(1.1) fields
+/// of `cardinality` ids, a planted model), embedding tables 4 wide under
+/// Adagrad, layers [16, 8, 1] (4 fields × 4, no dense column).
+pub fn wide_deep_on_synth(c: &mut Cluster, cardinality: u64) {
+    let data = c.dir.path().join("syn");
+    let cardinality = cardinality.to_string();
+    let out = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "20000",
+        "--fields",
+        "4",
+        "--cardinality",
+        &cardinality,
+        "--exponent",
+        "1.1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    c.cfg.model.kind = dtf::config::ModelKind::WideDeep;
+    c.cfg.model.embedding_dim = 4;
+    c.cfg.model.layers = vec![16, 8, 1];
+    c.cfg.train.optimizer = dtf::config::OptimizerKind::Adagrad;
+    c.cfg.data.format = dtf::config::DataFormat::Recbole;
+    c.cfg.data.dir = data;
+}

@@ -319,12 +319,6 @@ fn wide_deep_predicts_per_example_what_eval_scores() {
     assert!(!out.status.success() && stderr.contains(".csv"), "{stderr}");
 }
 
-/// The sample `series` (`name{labels}`) in a `/metrics` text, if there.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// Admission and `max_rows` in a whole run: on Zipf data with far more
 /// distinct ids than the bound, each ps holds at most `max_rows` rows of
 /// each table all along (its `/metrics`), evicts and refuses rows, and the
@@ -375,13 +369,13 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
                 continue;
             };
             for table in ["deep/embeddings", "wide/weights"] {
-                if let Some(rows) = sample(&text, &series("dtf_table_rows", table)) {
+                if let Some(rows) = metric_sample(&text, &series("dtf_table_rows", table)) {
                     assert!(rows <= max_rows as f64, "ps:{i} {table}: {rows} rows");
                 }
             }
             let t = "deep/embeddings";
-            let evicted = sample(&text, &series("dtf_table_rows_evicted_total", t));
-            let refused = sample(&text, &series("dtf_table_ids_refused_total", t));
+            let evicted = metric_sample(&text, &series("dtf_table_rows_evicted_total", t));
+            let refused = metric_sample(&text, &series("dtf_table_ids_refused_total", t));
             *done |= evicted.is_some_and(|n| n > 0.0) && refused.is_some_and(|n| n > 0.0);
         }
         if let Ok(Some(status)) = child.try_wait() {

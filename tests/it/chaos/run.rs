@@ -940,42 +940,15 @@ fn restore_in(line: &str) -> Option<What> {
 fn cluster(plan: &Plan, last_step: u64) -> Cluster {
     let mut c = Cluster::new(plan.ps, plan.workers, last_step, plan.mode);
     if plan.sparse {
-        wide_deep(&mut c);
+        // Few ids: a checkpoint of the tables (~0.5 MB) leaves the 8 MiB
+        // tmpfs room for `max_to_keep` of them, as the MLP's do.
+        crate::util::wide_deep_on_synth(&mut c, 2_000);
     }
     c.cfg.cluster.transport = plan.transport;
     c.cfg.train.log_step_count_steps = 1000;
     c.cfg.checkpoint.save_secs = Some(plan.save_secs());
     c.write_config();
     c
-}
-
-/// `c` made a wide & deep cluster: synthetic CTR data (4 Zipf fields of
-/// 2,000 ids, a planted model) in its directory, embedding tables on its ps
-/// tasks. Few ids: a checkpoint of the tables (~0.5 MB) leaves the 8 MiB
-/// tmpfs room for `max_to_keep` of them, as the MLP's do.
-fn wide_deep(c: &mut Cluster) {
-    let data = c.dir.path().join("syn");
-    let out = crate::util::dtf_output(&[
-        "synth",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "20000",
-        "--fields",
-        "4",
-        "--cardinality",
-        "2000",
-        "--exponent",
-        "1.1",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    c.cfg.model.kind = dtf::config::ModelKind::WideDeep;
-    c.cfg.model.embedding_dim = 4;
-    // 4 categorical fields × 4, no dense column.
-    c.cfg.model.layers = vec![16, 8, 1];
-    c.cfg.train.optimizer = dtf::config::OptimizerKind::Adagrad;
-    c.cfg.data.format = dtf::config::DataFormat::Recbole;
-    c.cfg.data.dir = data;
 }
 
 /// The newest step seen by the status poller, and the steps per second:
