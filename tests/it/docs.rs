@@ -336,6 +336,8 @@ fn config_keys() -> BTreeMap<String, Option<toml::Value>> {
         "data.train",
         "data.test",
         "data.threshold",
+        "model.tables.optimizer",
+        "model.tables.linear_optimizer",
     ] {
         keys.entry(optional.to_owned()).or_insert(None);
     }
