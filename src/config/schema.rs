@@ -681,6 +681,21 @@ impl Config {
         })
     }
 
+    /// Each table's rule when the tables have rules of their own
+    /// (`[model.tables] optimizer` or `linear_optimizer` set): what
+    /// checkpoints record and snapshot identities name; empty when they
+    /// follow `train.optimizer` (files as they were before such rules).
+    pub fn own_table_optimizers(&self) -> Vec<(String, crate::optimizer::TableOptimizer)> {
+        let t = &self.model.tables;
+        if t.optimizer.is_none() && t.linear_optimizer.is_none() {
+            return Vec::new();
+        }
+        crate::placement::tables(self)
+            .into_iter()
+            .filter_map(|spec| Some((spec.name.clone(), self.table_optimizer(&spec.name)?)))
+            .collect()
+    }
+
     /// What a push's learning rate is multiplied by for table `table`:
     /// its own rate (`[model.tables] learning_rate`, `linear_learning_rate`
     /// for the wide part) over `train.learning_rate`, so that the schedule

@@ -225,13 +225,10 @@ impl PsService {
         if self.inner.reshard.is_on() {
             return Err(self.resharding_status());
         }
-        let (complete, at_last_step, scale) = {
+        let (complete, at_last_step) = {
             let s = self.lock();
-            let config = self.inner.config.borrow();
-            let last = config.train.last_step;
-            let scale = |table: &str| config.table_learning_rate_scale(table);
-            let scales: Vec<f32> = grads.iter().map(|t| scale(&t.table)).collect();
-            (s.is_complete(), s.step() >= last, scales)
+            let last = self.inner.config.borrow().train.last_step;
+            (s.is_complete(), s.step() >= last)
         };
         let mut which = Vec::with_capacity(grads.len());
         for t in grads {
@@ -250,7 +247,13 @@ impl PsService {
         }
         let mut stale = false;
         if !complete {
-            for ((t, &i), scale) in grads.iter().zip(&which).zip(&scale) {
+            for (t, &i) in grads.iter().zip(&which) {
+                // The table's own rate, as a multiple of the model's.
+                let scale = self
+                    .inner
+                    .config
+                    .borrow()
+                    .table_learning_rate_scale(&t.table);
                 let outcome = self.inner.tables.lock(i).push(
                     &t.ids,
                     &t.values,

@@ -133,15 +133,8 @@ pub fn identity(config: &Config, task: usize, specs: &[VarSpec]) -> String {
     }
     // Only with tables' own optimizers: snapshots of tables that follow
     // `train.optimizer` keep the identity they had.
-    let t = &config.model.tables;
-    if t.optimizer.is_some() || t.linear_optimizer.is_some() {
-        let rules: Vec<(&str, String)> = tables
-            .iter()
-            .map(|(name, _)| {
-                let rule = config.table_optimizer(name).map(|o| o.describe());
-                (name.as_str(), rule.unwrap_or_default())
-            })
-            .collect();
+    let rules = config.own_table_optimizers();
+    if !rules.is_empty() {
         id["table_optimizers"] = serde_json::json!(rules);
     }
     id.to_string()

@@ -86,7 +86,7 @@ impl Checkpoints {
             },
             run: snapshot.run,
             shard_steps: snapshot.shard_steps,
-            table_optimizers: own_table_optimizers(cfg),
+            table_optimizers: cfg.own_table_optimizers(),
             tables: snapshot.tables,
         };
         let meta = ModelMeta {
@@ -196,20 +196,4 @@ impl CheckpointTimer {
         self.stop.cancel();
         let _ = self.task.await;
     }
-}
-
-/// The tables' own update rules (`[model.tables] optimizer`,
-/// `linear_optimizer`) for a checkpoint's metadata; none when the tables
-/// follow `train.optimizer` (checkpoints as they were before such rules).
-pub(super) fn own_table_optimizers(
-    cfg: &Config,
-) -> Vec<(String, crate::optimizer::TableOptimizer)> {
-    let t = &cfg.model.tables;
-    if t.optimizer.is_none() && t.linear_optimizer.is_none() {
-        return Vec::new();
-    }
-    crate::placement::tables(cfg)
-        .into_iter()
-        .filter_map(|spec| Some((spec.name.clone(), cfg.table_optimizer(&spec.name)?)))
-        .collect()
 }

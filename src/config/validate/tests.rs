@@ -444,6 +444,19 @@ fn each_part_of_wide_and_deep_takes_its_own_optimizer() {
             l2: 0.0
         })
     );
+    // Recorded in checkpoints and snapshot identities, each table's.
+    let own: Vec<_> = c
+        .own_table_optimizers()
+        .into_iter()
+        .map(|(n, o)| (n, o.name()))
+        .collect();
+    assert_eq!(
+        own,
+        [
+            (EMBEDDINGS.to_owned(), "adagrad"),
+            (WIDE.to_owned(), "ftrl")
+        ]
+    );
     let slots: Vec<_> = crate::placement::tables(&c)
         .iter()
         .map(|t| t.slots)
@@ -459,6 +472,10 @@ fn each_part_of_wide_and_deep_takes_its_own_optimizer() {
     assert_eq!(c.table_optimizer(WIDE).unwrap().name(), "lazy_adam");
     let c = Config::from_toml_str("[model]\nkind = \"wide_deep\"\n", "f").unwrap();
     assert_eq!(c.table_optimizer(WIDE).unwrap().name(), "adagrad");
+    assert!(
+        c.own_table_optimizers().is_empty(),
+        "files as before table rules"
+    );
     // FTRL's hyperparameters as TensorFlow bounds them.
     for (toml, key) in [
         ("ftrl_l1 = -1.0", "model.tables.ftrl_l1"),
