@@ -472,6 +472,11 @@ pub struct PsConfig {
     /// (`$STATE_DIRECTORY`, the units' `/var/lib/dtf`, else
     /// `$XDG_STATE_HOME/dtf`, else `~/.local/state/dtf`).
     pub snapshot_dir: String,
+    /// With embedding tables: every this many snapshots one holds every
+    /// row, and those between hold only the rows changed since the one
+    /// before (`ps::snapshot`, "Incremental snapshots"); 1: every snapshot
+    /// whole. Dense variables are whole in every snapshot.
+    pub snapshot_full_every: u32,
 }
 
 impl Default for PsConfig {
@@ -479,9 +484,17 @@ impl Default for PsConfig {
         Self {
             snapshot_secs: 1,
             snapshot_dir: String::new(),
+            snapshot_full_every: DEFAULT_SNAPSHOT_FULL_EVERY,
         }
     }
 }
+
+/// `ps.snapshot_full_every` when it is not set.
+pub const DEFAULT_SNAPSHOT_FULL_EVERY: u32 = 20;
+
+/// The most `ps.snapshot_full_every` may be: a restore reads at most this
+/// many deltas after the full snapshot.
+pub const MAX_SNAPSHOT_FULL_EVERY: u32 = 1000;
 
 /// `checkpoint.save_secs` when neither it nor `checkpoint.save_steps` is set.
 pub const DEFAULT_SAVE_SECS: u64 = 60;

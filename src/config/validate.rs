@@ -589,6 +589,19 @@ impl Config {
                 ),
             ));
         }
+        let every = self.ps.snapshot_full_every;
+        if !(1..=super::schema::MAX_SNAPSHOT_FULL_EVERY).contains(&every) {
+            return Err(self.bad(
+                "ps.snapshot_full_every",
+                invalid(
+                    every,
+                    &format!(
+                        "an integer from 1 (every snapshot whole) to {}",
+                        super::schema::MAX_SNAPSHOT_FULL_EVERY
+                    ),
+                ),
+            ));
+        }
         let dir = &self.ps.snapshot_dir;
         if !dir.is_empty() && !std::path::Path::new(dir).is_absolute() {
             return Err(self.bad(

@@ -122,6 +122,81 @@ impl Rows {
         }
         Ok(())
     }
+
+    /// Whether [`Rows::patched`] takes `changed`: both carry the same
+    /// arrays (shadows or none, as many slot arrays), or one is empty.
+    ///
+    /// Errors: a description of the disagreement.
+    pub fn fits(&self, changed: &Rows) -> Result<(), String> {
+        let agree = self.ids.is_empty()
+            || changed.ids.is_empty()
+            || (self.shadows.is_empty() == changed.shadows.is_empty()
+                && self.slots.len() == changed.slots.len());
+        if agree {
+            return Ok(());
+        }
+        Err(format!(
+            "a delta with {} shadows and {} slot arrays on rows with {} and {}",
+            changed.shadows.len(),
+            changed.slots.len(),
+            self.shadows.len(),
+            self.slots.len()
+        ))
+    }
+
+    /// These rows with a delta applied (an incremental snapshot's, on its
+    /// base): the ids in `removed` dropped, then every row of `changed`
+    /// put in, replacing the row of its id; still sorted by id. Both must
+    /// be sorted, and `changed` must [fit](Rows::fits): where it does not,
+    /// its arrays are taken as these rows' (missing ones read as zeros).
+    pub fn patched(self, removed: &[u64], changed: Rows) -> Rows {
+        if changed.ids.is_empty() && removed.is_empty() {
+            return self;
+        }
+        let dim = [&self, &changed]
+            .iter()
+            .find(|r| !r.ids.is_empty())
+            .map_or(0, |r| r.values.len() / r.ids.len());
+        let template = if self.ids.is_empty() { &changed } else { &self };
+        let mut out = Rows {
+            ids: Vec::with_capacity(self.ids.len() + changed.ids.len()),
+            values: Vec::new(),
+            shadows: Vec::new(),
+            slots: vec![Vec::new(); template.slots.len()],
+        };
+        let with_shadows = !template.shadows.is_empty();
+        let put = |out: &mut Rows, from: &Rows, i: usize| {
+            let span = i * dim..(i + 1) * dim;
+            out.ids.push(from.ids[i]);
+            out.values.extend_from_slice(&from.values[span.clone()]);
+            let part = |a: &[f32]| a.get(span.clone()).map_or(vec![0.0; dim], <[f32]>::to_vec);
+            if with_shadows {
+                out.shadows.extend(part(&from.shadows));
+            }
+            for (k, o) in out.slots.iter_mut().enumerate() {
+                o.extend(part(from.slots.get(k).map_or(&[][..], Vec::as_slice)));
+            }
+        };
+        let (mut i, mut j, mut gone) = (0, 0, removed.iter().peekable());
+        while i < self.ids.len() || j < changed.ids.len() {
+            let old = self.ids.get(i).copied().unwrap_or(u64::MAX);
+            let new = changed.ids.get(j).copied().unwrap_or(u64::MAX);
+            if j < changed.ids.len() && (i == self.ids.len() || new <= old) {
+                put(&mut out, &changed, j);
+                j += 1;
+                if new == old {
+                    i += 1;
+                }
+                continue;
+            }
+            while gone.next_if(|&&g| g < old).is_some() {}
+            if gone.next_if(|&&g| g == old).is_none() {
+                put(&mut out, &self, i);
+            }
+            i += 1;
+        }
+        out
+    }
 }
 
 /// What a row holds when it is created.

@@ -227,6 +227,8 @@ impl PsService {
             snapshot_copy_seconds: st.copy_secs,
             restored: st.restored.is_some(),
             restored_step: st.restored.unwrap_or(0),
+            snapshot_delta: st.chain.map_or(0, |c| c.seq),
+            restored_deltas: st.restored_deltas,
             run,
             ..Default::default()
         }

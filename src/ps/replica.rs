@@ -271,7 +271,7 @@ impl PsService {
                 .is_some_and(|(p, c)| *p == snapshot::path(&dir, step) && *c == crc);
             if !held {
                 let before = written.as_ref().map(|(p, _)| p.as_path());
-                *written = Some((snapshot::write(&dir, step, &bytes, before)?, crc));
+                *written = Some((snapshot::write(&dir, step, &bytes, before, &[])?, crc));
             }
             Ok(())
         })

@@ -57,6 +57,8 @@ impl Tables {
         };
         let specs = crate::placement::tables(config);
         let names = specs.iter().map(|s| s.name.clone()).collect();
+        // Incremental snapshots: each table keeps which rows change.
+        let incremental = config.ps.snapshot_secs > 0 && config.ps.snapshot_full_every > 1;
         let list = specs
             .into_iter()
             .map(|spec| {
@@ -69,7 +71,8 @@ impl Tables {
                         })?;
                 let t = Table::new(spec, optimizer, rule, config.train.moving_average_decay)
                     .with_policy(policy)
-                    .with_room(room.clone());
+                    .with_room(room.clone())
+                    .with_changes(incremental);
                 if policy != Policy::default() {
                     info!(
                         table = t.name(),
@@ -286,6 +289,39 @@ impl PsService {
                 }
             })
             .collect()
+    }
+
+    /// The tables as the next snapshot holds them ([`Table::cut`]): with
+    /// `full` false, tables to hold and every one's changes since the last
+    /// cut kept and few enough, only those — each table's changed rows and
+    /// `Some` of the ids dropped; otherwise every table whole and `None`.
+    /// Eviction runs first, as for [`PsService::table_states`].
+    pub(super) fn table_cut(&self, full: bool) -> (Vec<TableState>, Option<Vec<Vec<u64>>>) {
+        let tables = &self.inner.tables;
+        let names = tables.names();
+        let mut cuts = Vec::with_capacity(names.len());
+        for i in 0..names.len() {
+            tables.evict(i, self.inner.task);
+            cuts.push(tables.lock(i).cut(full));
+        }
+        if names.is_empty() || cuts.iter().any(Option::is_none) {
+            // The changes start again from each cut: the whole copy, read
+            // after them, holds every row as new or newer.
+            return (self.table_states(), None);
+        }
+        let (states, removed) = cuts
+            .into_iter()
+            .flatten()
+            .zip(names)
+            .map(|(d, name)| {
+                let state = TableState {
+                    table: name.clone(),
+                    rows: d.rows,
+                };
+                (state, d.removed)
+            })
+            .unzip();
+        (states, Some(removed))
     }
 
     /// `ReadRows` on either transport: rows `start..` of `table` (at most

@@ -55,6 +55,16 @@ const IDENTITY: &str = "identity";
 const STEP: &str = "step";
 /// Metadata key of the run the state belongs to (a decimal u64; absent: 0).
 const RUN: &str = "run";
+/// Metadata key of a snapshot's chain: a random id (16 hex digits) drawn
+/// for each whole snapshot and carried by the deltas after it (absent:
+/// no delta follows).
+const CHAIN: &str = "chain";
+/// Metadata key of a delta's place in its chain: 1 for the first after the
+/// whole snapshot (absent: a whole snapshot).
+const SEQ: &str = "seq";
+/// A delta's tensor of the ids of a table's rows dropped since the
+/// snapshot before it: `NAME/removed`, I64.
+const REMOVED_SUFFIX: &str = "/removed";
 /// How long a stopping ps gives its last snapshot.
 const FINAL_WRITE: Duration = Duration::from_secs(10);
 
@@ -155,8 +165,16 @@ pub struct Image {
     /// The optimizer's slots and this shard's copy of the non-slot scalars.
     pub slots: Option<Slots>,
     /// Every table's rows this ps holds (copied after the shard, each
-    /// table under its own lock).
+    /// table under its own lock); in a delta, those changed since the
+    /// snapshot before.
     pub tables: Vec<TableState>,
+    /// In a delta, each table's ids dropped since the snapshot before
+    /// (`tables`' order); empty in a whole snapshot.
+    pub removed: Vec<Vec<u64>>,
+    /// The chain it starts (a whole snapshot) or continues (a delta).
+    pub chain: u64,
+    /// 0: a whole snapshot; n: the nth delta after it.
+    pub seq: u32,
 }
 
 impl Image {
@@ -217,7 +235,7 @@ impl Image {
             };
             tensors.push((spec.name.clone(), Dtype::F32, spec.shape.clone(), bytes));
         }
-        for t in &self.tables {
+        for (i, t) in self.tables.iter().enumerate() {
             let slots = tables
                 .iter()
                 .find(|s| s.name == t.table)
@@ -226,13 +244,28 @@ impl Image {
             let (rows, shadows) = container::table_tensors(&t.table, &t.rows, slots);
             tensors.extend(rows);
             tensors.push(shadows);
+            if self.seq > 0 {
+                let removed = self.removed.get(i).map_or(&[][..], Vec::as_slice);
+                tensors.push((
+                    format!("{}{REMOVED_SUFFIX}", t.table),
+                    Dtype::I64,
+                    vec![removed.len()],
+                    bytemuck::cast_slice(removed),
+                ));
+            }
         }
-        let meta = HashMap::from([
+        let mut meta = HashMap::from([
             ("format".to_owned(), FORMAT.to_owned()),
             (IDENTITY.to_owned(), identity.to_owned()),
             (STEP.to_owned(), self.step.to_string()),
             (RUN.to_owned(), self.run.to_string()),
         ]);
+        if !tables.is_empty() {
+            meta.insert(CHAIN.to_owned(), format!("{:016x}", self.chain));
+        }
+        if self.seq > 0 {
+            meta.insert(SEQ.to_owned(), self.seq.to_string());
+        }
         container::encode_named(&tensors, meta)
     }
 }
@@ -273,6 +306,63 @@ fn parse_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// `shard-delta-<chain>-<seq>.safetensors`: the `seq`th delta after the
+/// whole snapshot of chain `chain`.
+fn delta_name(chain: u64, seq: u32) -> String {
+    format!("shard-delta-{chain:016x}-{seq}.safetensors")
+}
+
+/// The chain and place in a delta's file name.
+fn parse_delta_name(name: &str) -> Option<(u64, u32)> {
+    let rest = name
+        .strip_prefix("shard-delta-")?
+        .strip_suffix(".safetensors")?;
+    let (chain, seq) = rest.split_once('-')?;
+    let hex = chain.len() == 16 && chain.bytes().all(|b| b.is_ascii_hexdigit());
+    let digits = !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());
+    (hex && digits).then_some(())?;
+    Some((u64::from_str_radix(chain, 16).ok()?, seq.parse().ok()?))
+}
+
+/// A delta file: its chain, its place in it, its path.
+pub(super) type DeltaFile = (u64, u32, PathBuf);
+
+/// The deltas in `dir`, in chain then seq order.
+pub(super) fn list_deltas(dir: &Path) -> Vec<DeltaFile> {
+    let mut found: Vec<DeltaFile> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let (chain, seq) = parse_delta_name(e.file_name().to_str()?)?;
+            Some((chain, seq, e.path()))
+        })
+        .collect();
+    found.sort_by_key(|f| (f.0, f.1));
+    found
+}
+
+/// Writes the `seq`th delta of chain `chain` in `dir` (made 0750 if
+/// missing): temp file, fsync, rename, fsync the directory. Nothing is
+/// deleted: a chain's deltas go when a newer whole snapshot is written.
+///
+/// Errors: [`SnapshotError::Io`]; a failed write leaves no temp file.
+pub(super) fn write_delta(
+    dir: &Path,
+    chain: u64,
+    seq: u32,
+    bytes: &[u8],
+) -> Result<PathBuf, SnapshotError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+        .map_err(SnapshotError::io(dir, "create directory"))?;
+    let path = dir.join(delta_name(chain, seq));
+    crate::files::write_atomic(&path, bytes, 0o640).map_err(SnapshotError::io(&path, "write"))?;
+    Ok(path)
+}
+
 /// The snapshot files in `dir`, newest (highest step) first.
 pub(super) fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(dir)
@@ -285,10 +375,12 @@ pub(super) fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
     found
 }
 
-/// Writes `bytes` as the snapshot of `step` in `dir` (made 0750 if missing):
-/// temp file, fsync, rename, fsync the directory. Then deletes every other
-/// snapshot but `keep_also` (the one this process wrote before, in case the
-/// newest is damaged), so at most two remain, all of this process's timeline.
+/// Writes `bytes` as the (whole) snapshot of `step` in `dir` (made 0750 if
+/// missing): temp file, fsync, rename, fsync the directory. Then deletes
+/// every other snapshot but `keep_also` (the one this process wrote before,
+/// in case the newest is damaged), so at most two remain, all of this
+/// process's timeline, and every delta but those of the chains `keep_chains`
+/// (the new snapshot's, and `keep_also`'s).
 ///
 /// Errors: [`SnapshotError::Io`]; a failed write leaves no temp file and the
 /// older snapshots in place.
@@ -297,9 +389,15 @@ pub fn write(
     step: u64,
     bytes: &[u8],
     keep_also: Option<&Path>,
+    keep_chains: &[u64],
 ) -> Result<PathBuf, SnapshotError> {
     let path = write_beside(dir, step, bytes)?;
-    for (_, old) in list(dir) {
+    let deltas = list_deltas(dir)
+        .into_iter()
+        .filter(|(chain, ..)| !keep_chains.contains(chain))
+        .map(|(.., path)| path);
+    let wholes = list(dir).into_iter().map(|(_, path)| path);
+    for old in wholes.chain(deltas) {
         if old != path
             && Some(old.as_path()) != keep_also
             && let Err(e) = fs::remove_file(&old)
@@ -349,8 +447,60 @@ pub struct Restored {
     pub values: Vec<ArrayD<f32>>,
     pub shadows: Vec<ArrayD<f32>>,
     pub slots: Slots,
-    /// Every table's rows, checked against its width.
+    /// Every table's rows, checked against its width (in a delta, those
+    /// changed since the snapshot before).
     pub tables: Vec<TableState>,
+    /// In a delta: each table's rows dropped since the snapshot before.
+    pub removed: Vec<Vec<u64>>,
+    /// Its chain (`None`: a snapshot that no delta follows).
+    pub chain: Option<u64>,
+    /// 0: a whole snapshot; n: the nth delta of its chain (after
+    /// [`Restored::patch`], the deltas applied).
+    pub seq: u32,
+}
+
+impl Restored {
+    /// This whole snapshot with `delta`, the next of its chain, applied:
+    /// the delta's dense state, step and run, and the tables' rows patched
+    /// ([`Rows::patched`](crate::model::table::Rows::patched)).
+    ///
+    /// Errors: a delta of another chain or place, an older step, or rows
+    /// that do not fit the table's; nothing changed.
+    pub fn patch(&mut self, delta: Restored) -> Result<(), String> {
+        if delta.chain != self.chain || delta.seq != self.seq + 1 {
+            return Err(format!(
+                "it is delta {} of chain {:016x}, expected delta {} of {:016x}",
+                delta.seq,
+                delta.chain.unwrap_or(0),
+                self.seq + 1,
+                self.chain.unwrap_or(0)
+            ));
+        }
+        if delta.step < self.step {
+            return Err(format!(
+                "it holds step {}, older than the {} it follows",
+                delta.step, self.step
+            ));
+        }
+        for (t, d) in self.tables.iter().zip(&delta.tables) {
+            t.rows
+                .fits(&d.rows)
+                .map_err(|e| format!("table {}: {e}", t.table))?;
+        }
+        let mut removed = delta.removed.into_iter();
+        for (t, d) in self.tables.iter_mut().zip(delta.tables) {
+            let gone = removed.next().unwrap_or_default();
+            let rows = std::mem::take(&mut t.rows);
+            t.rows = rows.patched(&gone, d.rows);
+        }
+        self.step = delta.step;
+        self.run = delta.run;
+        self.values = delta.values;
+        self.shadows = delta.shadows;
+        self.slots = delta.slots;
+        self.seq = delta.seq;
+        Ok(())
+    }
 }
 
 /// The largest file a snapshot of a shard of `specs` may be: its tensors
@@ -383,11 +533,14 @@ pub(super) fn rows_bound(tables: bool, ring: bool) -> u64 {
     }
 }
 
-/// A snapshot file's bytes, checked: every tensor as read, its step and run.
+/// A snapshot file's bytes, checked: every tensor as read, its step, run,
+/// chain and place in it.
 pub(super) struct Checked<'a> {
     pub tensors: SafeTensors<'a>,
     pub step: u64,
     pub run: u64,
+    pub chain: Option<u64>,
+    pub seq: u32,
 }
 
 /// Checks a snapshot file's bytes (`path` names it in errors): the header
@@ -435,6 +588,42 @@ pub(super) fn verify<'a>(
             .parse()
             .map_err(|_| SnapshotError::invalid(path, format!("metadata run is {text:?}")))?,
     };
+    let chain = match get(CHAIN) {
+        None => None,
+        Some(text) => Some(
+            u64::from_str_radix(text, 16)
+                .map_err(|_| SnapshotError::invalid(path, format!("metadata chain is {text:?}")))?,
+        ),
+    };
+    let seq: u32 = match get(SEQ) {
+        None => 0,
+        Some(text) => text
+            .parse()
+            .ok()
+            .filter(|&n| n > 0 && chain.is_some())
+            .ok_or_else(|| SnapshotError::invalid(path, format!("metadata seq is {text:?}")))?,
+    };
+    // A delta's name says its chain and place: a file whose name claims
+    // others was renamed by hand.
+    let name = path.file_name().and_then(|n| n.to_str());
+    if let Some((named_chain, named_seq)) = name.and_then(parse_delta_name)
+        && (Some(named_chain) != chain || named_seq != seq)
+    {
+        return Err(SnapshotError::invalid(
+            path,
+            format!(
+                "it is delta {seq} of chain {:016x} but is named for delta {named_seq} of \
+                 {named_chain:016x}; it is not restored",
+                chain.unwrap_or(0)
+            ),
+        ));
+    }
+    if seq > 0 && name.is_some_and(|n| parse_name(n).is_some()) {
+        return Err(SnapshotError::invalid(
+            path,
+            "it is a delta named as a whole snapshot; it is not restored",
+        ));
+    }
     // A file's identity is what it holds: one whose name claims another step
     // (an older snapshot renamed, or a backup put back under a newer name)
     // would otherwise be taken for the newest (issue 45).
@@ -454,7 +643,8 @@ pub(super) fn verify<'a>(
     }
     for (name, view) in tensors.iter() {
         // A table's ids are I64 (load checks they are a table's).
-        let ids = name.ends_with(container::IDS_SUFFIX) && view.dtype() == Dtype::I64;
+        let ids = (name.ends_with(container::IDS_SUFFIX) || name.ends_with(REMOVED_SUFFIX))
+            && view.dtype() == Dtype::I64;
         if view.dtype() != Dtype::F32 && !ids {
             return Err(SnapshotError::invalid(
                 path,
@@ -469,7 +659,13 @@ pub(super) fn verify<'a>(
             ));
         }
     }
-    Ok(Checked { tensors, step, run })
+    Ok(Checked {
+        tensors,
+        step,
+        run,
+        chain,
+        seq,
+    })
 }
 
 /// Reads and checks the snapshot at `path` for `shard` and the tables
@@ -489,7 +685,11 @@ pub fn load(
     let bound = size_bound(shard.specs(), &shard.optimizer(), rows);
     let bytes = read_regular(path, bound)?;
     let Checked {
-        tensors, step, run, ..
+        tensors,
+        step,
+        run,
+        chain,
+        seq,
     } = verify(path, &bytes, identity)?;
     let restored_tables = tables
         .iter()
@@ -502,12 +702,22 @@ pub fn load(
                 .map_err(|p| SnapshotError::invalid(path, p.why))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let removed = match seq {
+        0 => Vec::new(),
+        _ => tables
+            .iter()
+            .map(|t| {
+                removed_ids(&tensors, &t.name).map_err(|why| SnapshotError::invalid(path, why))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     let table_tensors: std::collections::HashSet<String> = tables
         .iter()
         .flat_map(|t| {
             container::table_tensor_names(&t.name, t.slots)
                 .into_iter()
                 .chain([format!("{}{EMA_SUFFIX}", t.name)])
+                .chain((seq > 0).then(|| format!("{}{REMOVED_SUFFIX}", t.name)))
         })
         .collect();
     let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
@@ -546,7 +756,31 @@ pub fn load(
         shadows: arrays(shard.arrange_bytes(shadows).map_err(invalid)?),
         slots: shard.arrange_slots(slots).map_err(invalid)?,
         tables: restored_tables,
+        removed,
+        chain,
+        seq,
     })
+}
+
+/// A delta's ids of table `name`'s dropped rows: an I64 vector, strictly
+/// ascending.
+fn removed_ids(tensors: &SafeTensors<'_>, name: &str) -> Result<Vec<u64>, String> {
+    let tensor = format!("{name}{REMOVED_SUFFIX}");
+    let view = tensors
+        .tensor(&tensor)
+        .map_err(|_| format!("it is a delta without tensor {tensor:?}"))?;
+    if view.dtype() != Dtype::I64 || view.shape().len() != 1 {
+        return Err(format!(
+            "tensor {tensor:?} is {:?} {:?}, expected an I64 vector",
+            view.dtype(),
+            view.shape()
+        ));
+    }
+    let ids: Vec<u64> = bytemuck::pod_collect_to_vec(view.data());
+    if ids.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("tensor {tensor:?} is not strictly ascending"));
+    }
+    Ok(ids)
 }
 
 /// Reads `path` if it is a regular file of at most `limit` bytes, opened
@@ -577,6 +811,9 @@ pub(super) struct Snapshotting {
     /// The snapshot restored at start, until the chief adopts it or seeds
     /// the shard.
     pending: std::sync::Mutex<Option<Restored>>,
+    /// `ps.snapshot_full_every`: with tables, one snapshot in this many is
+    /// whole, the others deltas.
+    pub full_every: u32,
 }
 
 impl Snapshotting {
@@ -594,6 +831,7 @@ impl Snapshotting {
             identity: identity(config, task, specs),
             stats: std::sync::Mutex::new(Stats::default()),
             pending: std::sync::Mutex::new(None),
+            full_every: config.ps.snapshot_full_every,
         }
     }
 
@@ -613,7 +851,11 @@ impl Snapshotting {
             stats.restored = None;
             stats.last = None;
             stats.written = None;
+            stats.written_chain = None;
+            stats.restored_deltas = 0;
         }
+        // The shard's rows were replaced: the next snapshot is whole.
+        stats.chain = None;
     }
 
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
@@ -644,6 +886,24 @@ pub(super) struct Stats {
     /// The tables' update count at the newest snapshot
     /// ([`PsService::tables_version`]).
     pub tables_version: u64,
+    /// The chain the next delta continues (`None`: the next snapshot is
+    /// whole).
+    pub chain: Option<Chain>,
+    /// The chain of `written` (its deltas are kept with it).
+    pub written_chain: Option<u64>,
+    /// The deltas applied at start on the whole snapshot restored.
+    pub restored_deltas: u32,
+}
+
+/// The chain of whole snapshot and deltas being written.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Chain {
+    pub id: u64,
+    /// The latest delta written (0: only the whole snapshot).
+    pub seq: u32,
+    /// Bytes of the whole snapshot, and of its deltas so far.
+    pub whole_bytes: u64,
+    pub delta_bytes: u64,
 }
 
 #[cfg(test)]

@@ -83,6 +83,10 @@ pub struct PsState {
     pub tables: Vec<TableCount>,
     /// Near its cgroup's memory limit: its tables create no rows.
     pub memory_full: bool,
+    /// The latest snapshot is the Nth delta after a whole one (0: whole).
+    pub snapshot_delta: u32,
+    /// The deltas applied on the whole snapshot restored at start.
+    pub restored_deltas: u32,
 }
 
 /// One embedding table on one ps (`model.tables`).
@@ -212,6 +216,8 @@ macro_rules! convert_state {
                     needs_widths: s.needs_widths,
                     tables: s.tables.into_iter().map(Into::into).collect(),
                     memory_full: s.memory_full,
+                    snapshot_delta: s.snapshot_delta,
+                    restored_deltas: s.restored_deltas,
                 }
             }
         }
@@ -243,6 +249,8 @@ mod tests {
             fetching: true,
             needs_widths: true,
             memory_full: true,
+            snapshot_delta: 3,
+            restored_deltas: 2,
             tables: vec![TableCount {
                 table: "deep/embeddings".into(),
                 rows: 5,

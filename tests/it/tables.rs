@@ -700,3 +700,62 @@ async fn each_table_takes_its_own_rule_and_learning_rate_on_the_ps() {
         assert!(want != 0.0);
     }
 }
+
+/// Incremental snapshots (`ps.snapshot_full_every`): after a whole
+/// snapshot, each round of pushes to a few rows is written as a delta of
+/// those rows alone, far smaller than the whole; a ps killed with -9 then
+/// comes back with the whole snapshot and every delta applied: each row
+/// of its shard exactly as the newest round left it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_applied() {
+    let mut c = Cluster::new(2, 2, 100, Mode::Async);
+    c.cfg.model.kind = ModelKind::WideDeep;
+    c.cfg.model.embedding_dim = 4;
+    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    c.cfg.ps.snapshot_full_every = 1000;
+    c.use_transport(Transport::Tcp);
+    c.start("ps", 0);
+    c.start("ps", 1);
+    let client = ps_client(&c, TOKEN);
+    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+    seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+    let ids = some_ids(4000);
+    let mut history = train_rows(&client, &ids, 0..1).await;
+    let whole = crate::snapshot::wait_state(&c, 1, "ps:1's whole snapshot of its rows", |s| {
+        s.snapshot_delta == 0 && s.tables.iter().all(|t| t.rows > 1000) && s.snapshot_bytes > 0
+    })
+    .await;
+    // Each round's pushes touch 1 % of the rows, written as the next delta.
+    for round in 1..=3u32 {
+        let few: Vec<u64> = ids
+            .iter()
+            .skip(round as usize)
+            .step_by(100)
+            .copied()
+            .collect();
+        history.extend(train_rows(&client, &few, round as usize..round as usize + 1).await);
+        let delta = crate::snapshot::wait_state(&c, 1, "ps:1's delta of the round", |s| {
+            s.snapshot_delta == round
+        })
+        .await;
+        assert!(
+            delta.snapshot_bytes * 4 < whole.snapshot_bytes,
+            "delta {round}: {} bytes, the whole snapshot {}",
+            delta.snapshot_bytes,
+            whole.snapshot_bytes
+        );
+    }
+    let want = owned(history.last().unwrap(), 1, 2);
+    c.kill("ps:1");
+    c.start("ps", 1);
+    let state =
+        crate::snapshot::wait_state(&c, 1, "ps:1 restored from its snapshot", |s| s.restored).await;
+    assert_eq!(state.restored_deltas, 3);
+    let took = client
+        .adopt(&[(1, state.restored_step, state.restored_step)], 1)
+        .await
+        .unwrap();
+    assert_eq!(took, vec![1]);
+    let back = owned(&client.snapshot().await.unwrap().tables, 1, 2);
+    assert_eq!(back, want, "ps:1's rows after the restore");
+}

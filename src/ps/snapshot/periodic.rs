@@ -3,7 +3,7 @@
 //! tables never make snapshots cost the ps more than a set share.
 
 use super::super::PsService;
-use super::{FINAL_WRITE, Image, SnapshotError, write};
+use super::{Chain, FINAL_WRITE, Image, SnapshotError, write, write_delta};
 use crate::model::VarSpec;
 use crate::optimizer::SlotSpec;
 use std::path::Path;
@@ -36,9 +36,11 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
             return;
         }
         let started = tokio::time::Instant::now();
-        once.await;
-        let rows = image.tables.iter().any(|t| !t.rows.is_empty());
-        let rest = pause(started.elapsed(), every, rows);
+        let rest = match once.await {
+            // A whole snapshot's cost is spread over its chain's deltas.
+            Some(share) => pause(started.elapsed() / share.max(1), every, true),
+            None => Duration::ZERO,
+        };
         if !rest.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(rest) => {}
@@ -46,6 +48,13 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
             }
         }
     }
+}
+
+/// Whether the next snapshot of chain `c` is whole: one in `full_every`,
+/// or sooner when its deltas add up to more than the whole snapshot (a
+/// restore would then read more than a whole one costs).
+fn whole_due(c: Chain, full_every: u32) -> bool {
+    c.seq + 1 >= full_every || c.delta_bytes > c.whole_bytes
 }
 
 /// A snapshot may take at most 1/this of the time from one to the next.
@@ -77,10 +86,17 @@ type Layout = (Vec<VarSpec>, Vec<SlotSpec>, Vec<crate::model::TableSpec>);
 
 /// One snapshot: the copy (timed: what pushes waited), then the write on a
 /// blocking thread. Nothing is written while neither the shard nor its
-/// tables have moved since the last one.
-async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<Layout>) {
+/// tables have moved since the last one. Returns, for a snapshot that held
+/// table rows, over how many snapshots its cost is spread (a whole one's
+/// over `ps.snapshot_full_every`, a delta's over itself): the pace of the
+/// next ([`pause`]).
+async fn take(
+    service: &PsService,
+    image: &mut Image,
+    layout: &std::sync::Arc<Layout>,
+) -> Option<u32> {
     let snap = &service.inner.snapshots;
-    let Some(dir) = snap.dir.clone() else { return };
+    let dir = snap.dir.clone()?;
     let copied = {
         let shard = service.lock();
         let started = Instant::now();
@@ -96,33 +112,54 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
             if let Some(last) = &mut stats.last {
                 last.1 = Instant::now();
             }
-            return;
+            return None;
         }
         let copied = image.copy_from(&shard);
         (copied, started.elapsed(), tables)
     };
     let (true, copy_took, tables_version) = copied else {
-        return;
+        return None;
     };
     // The rows, each table under its own lock, after the shard's: dense
     // pushes do not wait for them (docs/design.md, "Sparse variables").
-    image.tables = service.table_states();
+    // Only those changed since the last snapshot, unless this one is whole.
+    let (chain, keep, keep_chain) = {
+        let stats = snap.stats();
+        (stats.chain, stats.written.clone(), stats.written_chain)
+    };
+    let whole = chain.is_none_or(|c| whole_due(c, snap.full_every));
+    let (tables, removed) = service.table_cut(whole);
+    image.tables = tables;
+    (image.chain, image.seq, image.removed) = match (removed, chain) {
+        (Some(removed), Some(c)) => (c.id, c.seq + 1, removed),
+        _ => (rand::random(), 0, Vec::new()),
+    };
     let at = Instant::now() - copy_took;
     let (layout, identity) = (layout.clone(), snap.identity.clone());
-    let keep = snap.stats().written.clone();
     let img = std::mem::take(image);
     let started = Instant::now();
-    let step = img.step;
+    let (step, id, seq) = (img.step, img.chain, img.seq);
+    let rows = img.tables.iter().any(|t| !t.rows.is_empty());
+    // A new whole snapshot keeps the one before and its deltas.
+    let keep_chains = [Some(id), keep_chain];
     let (img, result) = tokio::task::spawn_blocking(move || {
         let mut img = img;
+        let keep_chains: Vec<u64> = keep_chains.into_iter().flatten().collect();
         let result = img
             .encode(&layout.0, &layout.1, &layout.2, &identity)
             .map_err(|why| SnapshotError::invalid(&dir, why))
-            .and_then(|bytes| write(&dir, step, &bytes, keep.as_deref()).map(|p| (p, bytes)));
+            .and_then(|bytes| {
+                let path = match seq {
+                    0 => write(&dir, step, &bytes, keep.as_deref(), &keep_chains),
+                    _ => write_delta(&dir, id, seq, &bytes),
+                };
+                path.map(|p| (p, bytes))
+            });
         // The dense arrays are kept for the next copy; the rows' copy is
         // not: a table may be most of the ps's memory, and holding a second
         // copy of it between snapshots would double that.
         img.tables = Vec::new();
+        img.removed = Vec::new();
         (img, result)
     })
     .await
@@ -137,8 +174,22 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
     match result {
         Ok((path, bytes)) => {
             let len = bytes.len();
-            // Its ring neighbour keeps a copy (the ring: `ps/replica.rs`).
-            service.inner.ring.offer(step, bytes);
+            if seq == 0 {
+                // Its ring neighbour keeps a copy of each whole snapshot (the
+                // ring: `ps/replica.rs`).
+                service.inner.ring.offer(step, bytes);
+                stats.written = Some(path.clone());
+                stats.written_chain = Some(id);
+                stats.chain = Some(Chain {
+                    id,
+                    seq: 0,
+                    whole_bytes: len as u64,
+                    delta_bytes: 0,
+                });
+            } else if let Some(c) = &mut stats.chain {
+                c.seq = seq;
+                c.delta_bytes += len as u64;
+            }
             if stats.failing {
                 info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");
             }
@@ -146,11 +197,13 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
             stats.failing = false;
             stats.last = Some((step, at));
             stats.tables_version = tables_version;
-            stats.written = Some(path);
             stats.bytes = len as u64;
             stats.write_secs = took.as_secs_f64();
         }
         Err(e) => {
+            // The rows this one held are no longer marked changed: only a
+            // whole snapshot holds them now.
+            stats.chain = None;
             stats.failures += 1;
             if !stats.failing {
                 error!(ps = service.inner.task, step, error = %e, "Snapshot not written; training goes on, and a crash of this ps would go back further (the previous snapshot, or the newest checkpoint).");
@@ -158,6 +211,7 @@ async fn take(service: &PsService, image: &mut Image, layout: &std::sync::Arc<La
             stats.failing = true;
         }
     }
+    rows.then_some(if seq == 0 { snap.full_every } else { 1 })
 }
 
 #[cfg(test)]

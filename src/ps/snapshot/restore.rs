@@ -2,7 +2,7 @@
 //! (not the highest name), and only when it is newer than this shard's own
 //! count in the newest checkpoint (issue 45).
 
-use super::{PsService, Restored, list, load, remove_temps};
+use super::{DeltaFile, PsService, Restored, list, list_deltas, load, remove_temps};
 use crate::checkpoint;
 use crate::config::Config;
 use crate::model::Mlp;
@@ -45,14 +45,16 @@ struct CheckpointStep {
     run: u64,
 }
 
-/// The snapshot to restore among `files`: every one is read and checked
-/// ([`load`]), and of those that verify the one holding the highest step
-/// wins — of the run `prefer` when one of its files verifies (the newest
-/// checkpoint's run, where it can be seen) — wherever it sits in the
+/// The snapshot to restore among `files` (whole snapshots) and `deltas`:
+/// every whole one is read and checked ([`load`]) with the deltas of its
+/// chain applied in order, up to the first missing or invalid one
+/// ([`Restored::patch`]); of those that verify the one holding the highest
+/// step wins — of the run `prefer` when one of its files verifies (the
+/// newest checkpoint's run, where it can be seen) — wherever it sits in the
 /// listing: a file's name says nothing a file cannot fake (issue 45).
 /// Every file passed over as invalid is named with its reason.
 pub(super) fn choose(
-    files: &[(u64, PathBuf)],
+    (files, deltas): (&[(u64, PathBuf)], &[DeltaFile]),
     (shard, tables): (&Shard, &[TableSpec]),
     identity: &str,
     prefer: Option<u64>,
@@ -61,18 +63,56 @@ pub(super) fn choose(
     let mut best: Option<(PathBuf, Restored)> = None;
     for (_, path) in files {
         let r = match load(path, shard, identity, tables) {
-            Ok(r) => r,
+            Ok(r) if r.seq == 0 => r,
+            Ok(_) => {
+                warn!(ps = task, snapshot = %path.display(), "Snapshot ignored: it is a delta named as a whole snapshot.");
+                continue;
+            }
             Err(e) => {
                 warn!(ps = task, error = %e, "Snapshot ignored.");
                 continue;
             }
         };
+        let r = patch_chain(r, deltas, (shard, tables), identity, task);
         let rank = |r: &Restored| (prefer.is_some_and(|run| r.run == run), r.step);
         if best.as_ref().is_none_or(|(_, b)| rank(&r) > rank(b)) {
             best = Some((path.clone(), r));
         }
     }
     best
+}
+
+/// `whole` with the deltas of its chain among `deltas` applied in order,
+/// up to the first missing, invalid or unfitting one (each one passed over
+/// is named with its reason; the state stays that of the delta before).
+fn patch_chain(
+    whole: Restored,
+    deltas: &[DeltaFile],
+    (shard, tables): (&Shard, &[TableSpec]),
+    identity: &str,
+    task: usize,
+) -> Restored {
+    let Some(chain) = whole.chain else {
+        return whole;
+    };
+    let mut r = whole;
+    for (_, seq, path) in deltas.iter().filter(|d| d.0 == chain) {
+        if *seq != r.seq + 1 {
+            warn!(ps = task, delta = %path.display(), after = r.seq, "Snapshot delta ignored, with those after it: the one before it is missing.");
+            break;
+        }
+        let patched = load(path, shard, identity, tables)
+            .map_err(|e| e.to_string())
+            .and_then(|d| {
+                r.patch(d)
+                    .map_err(|e| format!("snapshot {}: {e}", path.display()))
+            });
+        if let Err(e) = patched {
+            warn!(ps = task, error = %e, step = r.step, "Snapshot delta ignored, with those after it: the shard is restored as the one before left it.");
+            break;
+        }
+    }
+    r
 }
 
 /// At start (and again when the ring neighbour's copy has been fetched
@@ -101,7 +141,14 @@ pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
     let tables = service.table_specs();
     let restored = {
         let shard = service.lock();
-        choose(&files, (&shard, &tables), &snap.identity, prefer, task)
+        let deltas = list_deltas(dir);
+        choose(
+            (&files, &deltas),
+            (&shard, &tables),
+            &snap.identity,
+            prefer,
+            task,
+        )
     };
     let Some((path, r)) = restored else {
         return Restore::Nothing;
@@ -127,14 +174,16 @@ pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok());
-    let (step, run) = (r.step, r.run);
+    let (step, run, chain, deltas) = (r.step, r.run, r.chain, r.seq);
     *snap.pending() = Some(r);
     let mut stats = snap.stats();
     stats.restored = Some(step);
+    stats.restored_deltas = deltas;
+    stats.written_chain = chain;
     let at = Instant::now().checked_sub(age.unwrap_or_default());
     stats.last = Some((step, at.unwrap_or_else(Instant::now)));
     stats.written = Some(path.clone());
-    info!(ps = task, step, run, snapshot = %path.display(), age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
+    info!(ps = task, step, run, snapshot = %path.display(), deltas, age_secs = age.map_or(0.0, |a| a.as_secs_f64()), "Shard restored from its snapshot. It is held until the chief adopts it (the same run) or seeds the shard (another run).");
     Restore::Held
 }
 

@@ -44,7 +44,7 @@ fn encoded(s: &Shard, identity: &str) -> Vec<u8> {
 fn round_trip_restores_values_shadows_slots_and_step() {
     let s = shard(0);
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), s.step(), &encoded(&s, "me"), None).unwrap();
+    let path = write(dir.path(), s.step(), &encoded(&s, "me"), None, &[]).unwrap();
     let r = load(&path, &shard(0), "me", &[]).unwrap();
     assert_eq!(r.step, 41);
     assert_eq!(r.values, s.values().unwrap());
@@ -56,7 +56,7 @@ fn round_trip_restores_values_shadows_slots_and_step() {
 fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
     let s = shard(0);
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), 41, &encoded(&s, "me"), None).unwrap();
+    let path = write(dir.path(), 41, &encoded(&s, "me"), None, &[]).unwrap();
     let e = load(&path, &s, "other", &[]).err().unwrap().to_string();
     assert!(e.contains("another run or shard"), "{e}");
     let mut bytes = fs::read(&path).unwrap();
@@ -75,13 +75,13 @@ fn write_keeps_the_new_file_and_the_one_before_it_only() {
     let bytes = encoded(&s, "me");
     let dir = tempfile::tempdir().unwrap();
     // Another timeline's files, at higher steps: not kept.
-    write(dir.path(), 900, &bytes, None).unwrap();
-    write(dir.path(), 901, &bytes, None).unwrap();
-    let first = write(dir.path(), 5, &bytes, None).unwrap();
-    let second = write(dir.path(), 6, &bytes, Some(&first)).unwrap();
+    write(dir.path(), 900, &bytes, None, &[]).unwrap();
+    write(dir.path(), 901, &bytes, None, &[]).unwrap();
+    let first = write(dir.path(), 5, &bytes, None, &[]).unwrap();
+    let second = write(dir.path(), 6, &bytes, Some(&first), &[]).unwrap();
     let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, vec![6, 5]);
-    write(dir.path(), 7, &bytes, Some(&second)).unwrap();
+    write(dir.path(), 7, &bytes, Some(&second), &[]).unwrap();
     let steps: Vec<u64> = list(dir.path()).into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, vec![7, 6]);
     // No temp file left behind.
@@ -103,14 +103,14 @@ fn a_file_named_for_another_step_is_refused_and_the_highest_held_step_wins() {
         .unwrap()
         .to_string();
     assert!(e.contains("holds step 41 but is named for step 51"), "{e}");
-    let (chosen, r) = choose(&files, (&shard(0), &[]), "me", None, 0).unwrap();
+    let (chosen, r) = choose((&files, &[]), (&shard(0), &[]), "me", None, 0).unwrap();
     assert_eq!((chosen, r.step), (path(dir.path(), 50), 50));
     // Whatever the listing's order, the highest held step wins.
     write_beside(dir.path(), 7, &encoded(&shard_at(0, 7), "me")).unwrap();
     let mut files = list(dir.path());
     files.reverse();
     assert_eq!(
-        choose(&files, (&shard(0), &[]), "me", None, 0)
+        choose((&files, &[]), (&shard(0), &[]), "me", None, 0)
             .unwrap()
             .1
             .step,
@@ -158,7 +158,7 @@ fn a_snapshot_keeps_the_tables_rows_and_refuses_rows_of_another_width() {
         .encode(s.specs(), &slot_specs, &[spec(2)], "me")
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), 41, &bytes, None).unwrap();
+    let path = write(dir.path(), 41, &bytes, None, &[]).unwrap();
     let r = load(&path, &s, "me", &[spec(2)]).unwrap();
     assert_eq!(r.tables, image.tables);
     assert_eq!(r.values, s.values().unwrap());
@@ -167,4 +167,140 @@ fn a_snapshot_keeps_the_tables_rows_and_refuses_rows_of_another_width() {
     // A shard that holds no tables does not take a file with rows.
     let e = load(&path, &s, "me", &[]).err().unwrap().to_string();
     assert!(e.contains("deep/embeddings"), "{e}");
+}
+
+/// A whole snapshot of rows and the deltas after it, as the loop writes
+/// them: restored as the whole with every delta applied, in order; a
+/// damaged delta ends the chain there (the state the one before left);
+/// a new whole snapshot deletes the deltas of every chain but its own and
+/// the one before's.
+#[test]
+fn a_whole_snapshot_and_its_deltas_restore_as_the_newest_state() {
+    use crate::model::table::{Rows, TableInit};
+    let spec = TableSpec {
+        name: "t".into(),
+        dim: 1,
+        init: TableInit::Zeros,
+        slots: &["Adagrad"],
+    };
+    let rows = |ids: &[u64], v: f32| Rows {
+        ids: ids.to_vec(),
+        values: vec![v; ids.len()],
+        shadows: vec![v / 2.0; ids.len()],
+        slots: vec![vec![v + 1.0; ids.len()]],
+    };
+    let snapshot = |step: u64, chain: u64, seq: u32, t: Rows, removed: Vec<u64>| {
+        let s = shard_at(0, step);
+        let mut image = Image::default();
+        assert!(image.copy_from(&s));
+        image.tables = vec![TableState {
+            table: "t".into(),
+            rows: t,
+        }];
+        (image.chain, image.seq, image.removed) = (chain, seq, vec![removed]);
+        let slot_specs = s.optimizer().slot_specs(s.specs());
+        image
+            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let restored = || {
+        let tables = std::slice::from_ref(&spec);
+        let (path, r) = choose(
+            (&list(d), &list_deltas(d)),
+            (&shard(0), tables),
+            "me",
+            None,
+            0,
+        )
+        .unwrap();
+        (path, r.step, r.seq, r.tables[0].rows.clone())
+    };
+    let whole = write(
+        d,
+        10,
+        &snapshot(10, 7, 0, rows(&[1, 2, 3, 4], 1.0), vec![]),
+        None,
+        &[7],
+    )
+    .unwrap();
+    // 1: row 2 changed, row 5 made; 2: row 3 dropped, row 1 changed.
+    write_delta(d, 7, 1, &snapshot(11, 7, 1, rows(&[2, 5], 2.0), vec![])).unwrap();
+    let second = write_delta(d, 7, 2, &snapshot(12, 7, 2, rows(&[1], 3.0), vec![3])).unwrap();
+    let want = rows(&[1], 3.0)
+        .patched(&[], rows(&[2, 5], 2.0))
+        .patched(&[], rows(&[4], 1.0));
+    assert_eq!(restored(), (whole.clone(), 12, 2, want));
+    // A delta of another chain, or past a gap, is not applied.
+    write_delta(d, 8, 3, &snapshot(13, 8, 3, rows(&[9], 9.0), vec![])).unwrap();
+    write_delta(d, 7, 4, &snapshot(14, 7, 4, rows(&[9], 9.0), vec![])).unwrap();
+    assert_eq!(restored().1, 12);
+    // A delta renamed into another place is refused by its name.
+    let e = load(
+        &d.join(delta_name(7, 4)),
+        &shard(0),
+        "me",
+        std::slice::from_ref(&spec),
+    );
+    assert!(e.is_ok());
+    fs::rename(d.join(delta_name(7, 4)), d.join(delta_name(7, 3))).unwrap();
+    let e = load(
+        &d.join(delta_name(7, 3)),
+        &shard(0),
+        "me",
+        std::slice::from_ref(&spec),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("named for delta 3"), "{e}");
+    assert_eq!(restored().1, 12);
+    // Damaged: the chain ends before it.
+    let mut bytes = fs::read(&second).unwrap();
+    let n = bytes.len();
+    bytes[n - 2] ^= 0xff;
+    fs::write(&second, bytes).unwrap();
+    let (_, step, seq, got) = restored();
+    assert_eq!((step, seq), (11, 1));
+    assert_eq!(got, rows(&[1, 3, 4], 1.0).patched(&[], rows(&[2, 5], 2.0)));
+    // A new whole snapshot keeps its chain and the one before's, no other.
+    write(
+        d,
+        20,
+        &snapshot(20, 9, 0, rows(&[1], 5.0), vec![]),
+        Some(&whole),
+        &[9, 7],
+    )
+    .unwrap();
+    let chains: Vec<u64> = list_deltas(d).iter().map(|x| x.0).collect();
+    assert!(
+        chains.iter().all(|&c| c == 7) && chains.len() == 3,
+        "{chains:?}"
+    );
+    write(
+        d,
+        30,
+        &snapshot(30, 10, 0, rows(&[1], 6.0), vec![]),
+        None,
+        &[10],
+    )
+    .unwrap();
+    assert!(list_deltas(d).is_empty());
+    assert_eq!(list(d).len(), 1);
+}
+
+#[test]
+fn delta_names_parse_only_as_written() {
+    assert_eq!(parse_delta_name(&delta_name(0xabc, 12)), Some((0xabc, 12)));
+    for bad in [
+        "shard-delta-abc-1.safetensors",
+        "shard-delta-00000000000000zz-1.safetensors",
+        "shard-delta-0000000000000abc-.safetensors",
+        "shard-delta-0000000000000abc-1x.safetensors",
+        "shard-12.safetensors",
+    ] {
+        assert_eq!(parse_delta_name(bad), None, "{bad}");
+    }
+    assert_eq!(parse_name(&delta_name(1, 1)), None);
 }

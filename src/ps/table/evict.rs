@@ -246,6 +246,7 @@ impl Table {
     /// Removes the rows marked `dead`, the others kept in creation order;
     /// the row numbers change ([`Table::generation`]).
     fn remove(&mut self, dead: &[bool]) {
+        self.changes.compact(dead, &self.ids);
         let stride = self.stride;
         let mut w = 0;
         for (r, &gone) in dead.iter().enumerate() {

@@ -24,10 +24,12 @@ use crate::ps::memory::Room;
 use hashbrown::HashTable;
 use std::sync::Arc;
 
+mod changes;
 mod evict;
 mod sketch;
 mod update;
 
+pub use changes::Delta;
 pub use evict::Policy;
 pub use update::Outcome;
 
@@ -156,6 +158,8 @@ pub struct Table {
     /// Whether this ps's memory has room for new rows (`ps::memory`: the
     /// cgroup's limit), shared by its tables.
     room: Arc<Room>,
+    /// The rows changed since the last snapshot (incremental snapshots).
+    changes: changes::Changes,
 }
 
 impl Table {
@@ -184,7 +188,15 @@ impl Table {
             touched: Vec::new(),
             clock: 0,
             room: Arc::default(),
+            changes: changes::Changes::new(false),
         }
+    }
+
+    /// This table keeping which rows change between snapshots (`on`:
+    /// incremental snapshots, [`Table::cut`]).
+    pub fn with_changes(mut self, on: bool) -> Self {
+        self.changes = changes::Changes::new(on);
+        self
     }
 
     pub fn spec(&self) -> &TableSpec {
@@ -224,6 +236,7 @@ impl Table {
             + 4 * self.touched.capacity()
             + buckets * (4 + 1)
             + self.sketch_bytes()
+            + self.changes.bytes()
     }
 
     /// The row index of `id`, if it exists.
@@ -268,6 +281,7 @@ impl Table {
         self.spec.init_row(id, &mut row[..dim]);
         let (value, shadow) = row.split_at_mut(dim);
         shadow[..dim].copy_from_slice(value);
+        self.changes.mark(r);
         r
     }
 
@@ -413,6 +427,7 @@ impl Table {
         self.arena.clear();
         self.touched.clear();
         self.sync.clear();
+        self.changes.lose();
         self.generation += 1;
         self.clock = step;
         for (i, &id) in rows.ids.iter().enumerate() {

@@ -313,3 +313,84 @@ fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() 
         "loaded in id order"
     );
 }
+
+/// Rows and evictions at random, cut now and then: the first cut's full
+/// copy with every later delta applied is the table, row for row, shadows
+/// and slots included — through creation by pulls and pushes, updates,
+/// `steps_to_live` and `max_rows` evictions, and rows evicted then made
+/// again.
+#[test]
+fn a_full_copy_and_the_deltas_after_it_make_the_table() {
+    use rand::{Rng, SeedableRng};
+    let spec = TableSpec {
+        name: "t".into(),
+        dim: 3,
+        init: TableInit::Zeros,
+        slots: ADAGRAD.slot_names(),
+    };
+    let policy = Policy {
+        min_count: 1,
+        steps_to_live: 40,
+        max_rows: 300,
+    };
+    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99)
+        .with_policy(policy)
+        .with_changes(true);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Nothing cut yet: the first cut is a full copy.
+    assert!(t.cut(false).is_none());
+    let mut held = t.rows();
+    let (mut deltas, mut fulls) = (0, 0);
+    for step in 1..400u64 {
+        // A few hot ids, many cold ones.
+        let n = rng.random_range(1..12);
+        let ids: Vec<u64> = (0..n)
+            .map(|_| match rng.random_bool(0.7) {
+                true => rng.random_range(0..20),
+                false => rng.random_range(0..2000),
+            })
+            .collect();
+        let grads: Vec<f32> = (0..ids.len() * 3)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        t.push(&ids, &grads, 0.1, step, 0, false).unwrap();
+        if step % 7 == 0 {
+            let _ = pulled(&mut t, &[rng.random_range(5000..6000)]);
+        }
+        if step % 10 == 0 {
+            t.evict();
+            match t.cut(step % 150 == 0) {
+                Some(d) => {
+                    assert!(d.rows.ids.windows(2).all(|w| w[0] < w[1]));
+                    held = held.patched(&d.removed, d.rows);
+                    deltas += 1;
+                }
+                None => {
+                    held = t.rows();
+                    fulls += 1;
+                }
+            }
+            assert_eq!(held, t.rows(), "step {step}");
+        }
+    }
+    assert!(t.counters().evicted > 0, "no row was evicted");
+    assert!(
+        deltas > 20 && fulls >= 2,
+        "{deltas} deltas, {fulls} full copies"
+    );
+    // A load replaces the rows: the next cut is full.
+    let rows = t.rows();
+    t.load(&rows, 500).unwrap();
+    assert!(t.cut(false).is_none());
+    assert_eq!(t.changed(), 0);
+}
+
+#[test]
+fn without_changes_kept_every_cut_is_full_and_costs_nothing() {
+    let mut t = table(2, TableOptimizer::Sgd, Rule::Async);
+    t.push(&[1, 2], &[1.0; 4], 0.1, 1, 0, false).unwrap();
+    assert_eq!(t.changed(), 0);
+    assert!(t.cut(false).is_none());
+    t.push(&[1], &[1.0; 2], 0.1, 2, 0, false).unwrap();
+    assert!(t.cut(false).is_none());
+}

@@ -351,6 +351,7 @@ impl Table {
         for (i, &r) in rows.iter().enumerate() {
             self.arena[r * stride..(r + 1) * stride]
                 .copy_from_slice(&next[i * stride..(i + 1) * stride]);
+            self.changes.mark(r);
         }
         if !self.touched.is_empty() {
             for &r in &rows {
