@@ -177,6 +177,11 @@ struct SynthArgs {
     /// Seeds the planted weights and the rows.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Dense columns d0, d1, … besides the fields: counts, heavy-tailed as
+    /// Criteo's integer columns (means 1, 10, 100, 1000 in turn), each
+    /// weighted in the planted model by ln(1 + count).
+    #[arg(long, default_value_t = 0)]
+    dense: usize,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
@@ -192,6 +197,7 @@ impl SynthArgs {
             weight_std: self.weight_std,
             bias: self.bias,
             seed: self.seed,
+            dense: self.dense,
         }
     }
 }

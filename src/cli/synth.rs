@@ -23,6 +23,8 @@ pub struct SynthOptions {
     pub bias: f64,
     /// Seeds the weights and the rows.
     pub seed: u64,
+    /// Dense (count) columns besides the categorical fields.
+    pub dense: usize,
 }
 
 /// Writes the data set to `out` and prints its summary (the planted AUC):
@@ -38,7 +40,10 @@ pub fn synth(out: &Path, o: &SynthOptions, json: bool) -> Result<ExitCode> {
         o.bias,
         o.seed,
     ) {
-        Ok(s) => s,
+        Ok(s) => Spec {
+            dense: o.dense,
+            ..s
+        },
         Err(e) => return Ok(super::usage(&e)),
     };
     let summary = match synthetic::write(out, &spec) {
@@ -50,12 +55,13 @@ pub fn synth(out: &Path, o: &SynthOptions, json: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} rows of {} fields, {:.1} % positive; the planted model's AUC is {:.4} \
+            "{}: {} rows of {} fields and {} dense columns, {:.1} % positive; the planted model's AUC is {:.4} \
              (log loss {:.4}): the best a model can reach. Train with \
              `dtf local --data {}`.",
             out.join(format!("{}.inter", synthetic::NAME)).display(),
             spec.rows,
             spec.fields.len(),
+            spec.dense,
             100.0 * summary.positive_rate,
             summary.planted_auc,
             summary.planted_logloss,

@@ -55,7 +55,13 @@ pub struct Spec {
     pub bias: f64,
     /// Seeds the weights and the rows.
     pub seed: u64,
+    /// Dense columns (`d0`, `d1`, …: 0 by [`Spec::new`]), counts as
+    /// Criteo's integer features are ([`dense_value`]).
+    pub dense: usize,
 }
+
+/// The most dense columns `dtf synth` writes.
+pub const MAX_DENSE: usize = 1000;
 
 /// What was generated: the spec and what the planted model scores.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -145,6 +151,7 @@ impl Spec {
             weight_std,
             bias,
             seed,
+            dense: 0,
         })
     }
 }
@@ -163,6 +170,21 @@ pub fn planted_weight(id: u64, seed: u64, std: f64) -> f64 {
         uniform(0xc2b2_ae3d_27d4_eb4f),
     );
     std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// Dense column `j`'s value for the uniform `u` in (0, 1]: a count,
+/// exponential with mean 10^(j mod 4) (1, 10, 100, 1000: heavy-tailed, as
+/// Criteo's integer columns are), and its planted feature: ln(1 + count)
+/// scaled to about 1 (the planted weight multiplies it).
+pub fn dense_value(j: usize, u: f64) -> (u64, f64) {
+    let mean = 10f64.powi((j % 4) as i32);
+    let count = (-u.ln() * mean).floor() as u64;
+    (count, (count as f64).ln_1p() / (2.0 + mean).ln())
+}
+
+/// The planted weight of dense column `j` under `seed`.
+pub fn dense_weight(j: usize, seed: u64, std: f64) -> f64 {
+    planted_weight(id("dense", &j.to_string()), seed, std)
 }
 
 /// The planted model's logit of an example with these ids (one per field).
@@ -192,6 +214,12 @@ pub fn write(dir: &Path, spec: &Spec) -> Result<Summary, SynthError> {
         .map(|f| Zipf::new(f.cardinality as f64, f.exponent))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| SynthError::Spec(e.to_string()))?;
+    if spec.dense > MAX_DENSE {
+        return Err(SynthError::Spec(format!(
+            "{} dense columns: expected at most {MAX_DENSE}",
+            spec.dense
+        )));
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     let mut text = String::from(LABEL);
     text.push_str(":float");
@@ -200,7 +228,14 @@ pub fn write(dir: &Path, spec: &Spec) -> Result<Summary, SynthError> {
         text.push_str(&f.name);
         text.push_str(":token");
     }
+    for j in 0..spec.dense {
+        text.push_str(&format!("\td{j}:float"));
+    }
     text.push('\n');
+    let dense_weights: Vec<f64> = (0..spec.dense)
+        .map(|j| dense_weight(j, spec.seed, spec.weight_std))
+        .collect();
+    let mut counts = vec![0u64; spec.dense];
     let mut logits = Vec::with_capacity(spec.rows);
     let mut labels = Vec::with_capacity(spec.rows);
     let mut ranks = vec![0u64; spec.fields.len()];
@@ -213,12 +248,22 @@ pub fn write(dir: &Path, spec: &Spec) -> Result<Summary, SynthError> {
             value.push_str(&rank.to_string());
             logit += planted_weight(id(&f.name, &value), spec.seed, spec.weight_std);
         }
+        for (j, (count, w)) in counts.iter_mut().zip(&dense_weights).enumerate() {
+            let u = 1.0 - rng.random::<f64>();
+            let (c, feature) = dense_value(j, u);
+            *count = c;
+            logit += w * feature;
+        }
         let p = 1.0 / (1.0 + (-logit).exp());
         let label = u8::from(rng.random::<f64>() < p);
         text.push(if label == 1 { '1' } else { '0' });
         for rank in &ranks {
             text.push('\t');
             text.push_str(&rank.to_string());
+        }
+        for count in &counts {
+            text.push('\t');
+            text.push_str(&count.to_string());
         }
         text.push('\n');
         logits.push(logit as f32);
@@ -288,6 +333,68 @@ mod tests {
             serde_json::from_slice(&std::fs::read(d.path().join("synthetic.json")).unwrap())
                 .unwrap();
         assert_eq!(json["planted_auc"], summary.planted_auc);
+    }
+
+    /// Dense columns: counts of means 1, 10, 100, 1000 in turn, read by the
+    /// RecBole reader as dense features beside the fields, and part of the
+    /// planted model (its AUC, recomputed from the file, is the summary's).
+    #[test]
+    fn dense_columns_are_heavy_tailed_counts_in_the_planted_model() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Spec {
+            dense: 5,
+            ..Spec::new(6000, 2, &[20], &[1.0], 0.8, 0.0, 4).unwrap()
+        };
+        let summary = write(d.path(), &s).unwrap();
+        let text = std::fs::read_to_string(d.path().join("synthetic.inter")).unwrap();
+        let mut lines = text.lines();
+        let header = lines.next().unwrap();
+        assert_eq!(
+            header,
+            "label:float\tf0:token\tf1:token\td0:float\td1:float\td2:float\td3:float\td4:float"
+        );
+        let (mut logits, mut labels, mut sums) = (Vec::new(), Vec::new(), [0f64; 5]);
+        for line in lines {
+            let cols: Vec<&str> = line.split('\t').collect();
+            let ids = (0..2).map(|f| id(&format!("f{f}"), cols[1 + f]));
+            let mut logit = planted_logit(ids, &s);
+            for j in 0..5 {
+                let count: u64 = cols[3 + j].parse().unwrap();
+                sums[j] += count as f64;
+                let feature = (count as f64).ln_1p() / (2.0 + 10f64.powi((j % 4) as i32)).ln();
+                logit += dense_weight(j, s.seed, s.weight_std) * feature;
+            }
+            logits.push(logit as f32);
+            labels.push(u8::from(cols[0] == "1"));
+        }
+        let auc = crate::binary_metrics::auc(&logits, &labels).unwrap();
+        assert!(
+            (auc - summary.planted_auc).abs() < 1e-6,
+            "{auc} vs {summary:?}"
+        );
+        for (j, want) in [1.0, 10.0, 100.0, 1000.0, 1.0].iter().enumerate() {
+            let mean = sums[j] / 6000.0;
+            assert!(
+                (mean / want - 1.0).abs() < 0.15 || *want == 1.0 && mean < 1.0,
+                "d{j}: mean {mean}"
+            );
+        }
+        let cfg = DataConfig {
+            format: DataFormat::Recbole,
+            dir: d.path().to_path_buf(),
+            ..DataConfig::default()
+        };
+        let (train, _) = load_both(&cfg).unwrap();
+        assert_eq!(
+            train.features(),
+            5,
+            "the dense columns are the dense features"
+        );
+        let too_many = Spec {
+            dense: MAX_DENSE + 1,
+            ..s
+        };
+        assert!(write(d.path(), &too_many).is_err());
     }
 
     #[test]

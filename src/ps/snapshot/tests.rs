@@ -304,3 +304,113 @@ fn delta_names_parse_only_as_written() {
     }
     assert_eq!(parse_name(&delta_name(1, 1)), None);
 }
+
+/// Not a test: the cost of a whole snapshot of one table of
+/// `DTF_BENCH_ROWS` rows (default 10⁶; 16 wide, Adagrad) against a delta
+/// after 1 % of its rows changed — bytes, the copy under the table's lock,
+/// the encode and write — and of restoring the two, through the code the
+/// ps runs. `scripts/bench_snapshots.sh`.
+#[test]
+#[ignore = "a benchmark: scripts/bench_snapshots.sh"]
+fn bench_whole_and_delta_snapshots() {
+    use crate::model::table::{TableInit, mix64};
+    use crate::optimizer::TableOptimizer;
+    use crate::ps::table::Table;
+    use std::time::Instant;
+    let n: u64 = std::env::var("DTF_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = std::env::var_os("DTF_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = tempfile::tempdir_in(dir).unwrap();
+    let d = dir.path();
+    let optimizer = TableOptimizer::Adagrad {
+        initial_accumulator_value: 0.1,
+    };
+    let spec = TableSpec {
+        name: "deep/embeddings".into(),
+        dim: 16,
+        init: TableInit::TruncatedNormal { stddev: 0.01 },
+        slots: optimizer.slot_names(),
+    };
+    let mut t = Table::new(spec.clone(), optimizer, Rule::Async, 0.99).with_changes(true);
+    let ids: Vec<u64> = (0..n).map(mix64).collect();
+    for chunk in ids.chunks(1 << 20) {
+        t.push(chunk, &vec![0.01; chunk.len() * 16], 0.05, 1, 0, false)
+            .unwrap();
+    }
+    // Values + slots + id: what a row must hold.
+    let per_row = t.memory_bytes() as f64 / n as f64;
+    let shard = shard_at(0, 1);
+    let slot_specs = shard.optimizer().slot_specs(shard.specs());
+    let tables = std::slice::from_ref(&spec);
+    let encode = |rows, seq: u32, removed: Vec<u64>| {
+        let mut image = Image::default();
+        assert!(image.copy_from(&shard));
+        image.tables = vec![TableState {
+            table: spec.name.clone(),
+            rows,
+        }];
+        (image.chain, image.seq, image.removed) = (5, seq, vec![removed]);
+        image
+            .encode(shard.specs(), &slot_specs, tables, "me")
+            .unwrap()
+    };
+    // Whole: the cut, then the copy (in pages on the ps: the same bytes).
+    let started = Instant::now();
+    assert!(t.cut(false).is_none());
+    let rows = t.rows();
+    let whole_copy = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let bytes = encode(rows, 0, Vec::new());
+    let whole_path = write(d, 1, &bytes, None, &[5]).unwrap();
+    let (whole_bytes, whole_write) = (bytes.len(), started.elapsed().as_secs_f64());
+    drop(bytes);
+    // 1 % of the rows changed.
+    let changed: Vec<u64> = ids.iter().step_by(100).copied().collect();
+    t.push(&changed, &vec![0.02; changed.len() * 16], 0.05, 2, 0, false)
+        .unwrap();
+    let started = Instant::now();
+    let delta = t.cut(false).expect("1 % changed: a delta");
+    let delta_copy = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let bytes = encode(delta.rows, 1, delta.removed);
+    write_delta(d, 5, 1, &bytes).unwrap();
+    let (delta_bytes, delta_write) = (bytes.len(), started.elapsed().as_secs_f64());
+    drop(bytes);
+    let want = t.rows();
+    drop(t);
+    // Restore: the whole file, then the delta on it.
+    let started = Instant::now();
+    let (path, r) = choose(
+        (&list(d), &list_deltas(d)),
+        (&shard_at(0, 1), tables),
+        "me",
+        None,
+        0,
+    )
+    .unwrap();
+    let restore = started.elapsed().as_secs_f64();
+    assert_eq!((path, r.seq), (whole_path, 1));
+    assert!(
+        r.tables[0].rows == want,
+        "the restore differs from the table"
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "rows": n,
+            "bytes_per_row_in_memory": per_row,
+            "bytes_per_row_needed": 8 + 2 * 16 * 4,
+            "whole_bytes": whole_bytes,
+            "whole_copy_secs": whole_copy,
+            "whole_encode_write_secs": whole_write,
+            "delta_rows": changed.len(),
+            "delta_bytes": delta_bytes,
+            "delta_over_whole": delta_bytes as f64 / whole_bytes as f64,
+            "delta_copy_secs": delta_copy,
+            "delta_encode_write_secs": delta_write,
+            "restore_whole_and_delta_secs": restore,
+        })
+    );
+}

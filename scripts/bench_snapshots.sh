@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Incremental ps snapshots (issue 42, item 5): one table of ROWS rows, 16
+# wide with Adagrad, snapshotted whole, then 1 % of its rows changed and
+# snapshotted as a delta; prints one JSON line: each one's bytes, its copy
+# under the table's lock and its encode + write, the table's memory per row,
+# and the restore of the whole snapshot with the delta applied (checked
+# equal to the table). Through the ps's own code (ps::table, ps::snapshot),
+# in one process, files in DIR (default /tmp: needs ~2.2 × ROWS × 200 bytes).
+#
+#   scripts/bench_snapshots.sh [ROWS] [DIR]    # default 1000000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DTF_BENCH_ROWS=${1:-1000000} DTF_BENCH_DIR=${2:-/tmp} \
+    cargo test --release --locked --lib bench_whole_and_delta_snapshots -- --ignored --nocapture 2>/dev/null |
+    grep '^{'
