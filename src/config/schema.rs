@@ -477,6 +477,10 @@ pub struct PsConfig {
     /// before (`ps::snapshot`, "Incremental snapshots"); 1: every snapshot
     /// whole. Dense variables are whole in every snapshot.
     pub snapshot_full_every: u32,
+    /// Deltas start once a whole snapshot of the shard is this many bytes;
+    /// below, every snapshot is whole (it costs little, and the ring
+    /// neighbour, which keeps whole snapshots, then has every one).
+    pub snapshot_delta_min_bytes: u64,
 }
 
 impl Default for PsConfig {
@@ -485,9 +489,14 @@ impl Default for PsConfig {
             snapshot_secs: 1,
             snapshot_dir: String::new(),
             snapshot_full_every: DEFAULT_SNAPSHOT_FULL_EVERY,
+            snapshot_delta_min_bytes: DEFAULT_SNAPSHOT_DELTA_MIN_BYTES,
         }
     }
 }
+
+/// `ps.snapshot_delta_min_bytes` when it is not set: 64 MiB, a whole
+/// snapshot of about half a second here (docs/benchmarks.md).
+pub const DEFAULT_SNAPSHOT_DELTA_MIN_BYTES: u64 = 64 << 20;
 
 /// `ps.snapshot_full_every` when it is not set.
 pub const DEFAULT_SNAPSHOT_FULL_EVERY: u32 = 20;

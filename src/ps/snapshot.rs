@@ -814,6 +814,9 @@ pub(super) struct Snapshotting {
     /// `ps.snapshot_full_every`: with tables, one snapshot in this many is
     /// whole, the others deltas.
     pub full_every: u32,
+    /// `ps.snapshot_delta_min_bytes`: deltas only after a whole snapshot
+    /// of at least this many bytes.
+    pub delta_min_bytes: u64,
 }
 
 impl Snapshotting {
@@ -832,6 +835,7 @@ impl Snapshotting {
             stats: std::sync::Mutex::new(Stats::default()),
             pending: std::sync::Mutex::new(None),
             full_every: config.ps.snapshot_full_every,
+            delta_min_bytes: config.ps.snapshot_delta_min_bytes,
         }
     }
 

@@ -713,6 +713,7 @@ async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_appl
     c.cfg.model.embedding_dim = 4;
     c.cfg.train.optimizer = OptimizerKind::Adagrad;
     c.cfg.ps.snapshot_full_every = 1000;
+    c.cfg.ps.snapshot_delta_min_bytes = 0;
     c.use_transport(Transport::Tcp);
     c.start("ps", 0);
     c.start("ps", 1);

@@ -72,6 +72,12 @@ fn out_of_range_values_are_errors() {
         ("[checkpoint]\ndir = \"\"", "checkpoint.dir"),
         ("[metrics]\nlisten = \"9464\"", "metrics.listen"),
         ("[ps]\nsnapshot_secs = 86401", "ps.snapshot_secs"),
+        ("[ps]\nsnapshot_full_every = 0", "ps.snapshot_full_every"),
+        ("[ps]\nsnapshot_full_every = 1001", "ps.snapshot_full_every"),
+        (
+            "[ps]\nsnapshot_delta_min_bytes = -1",
+            "snapshot_delta_min_bytes",
+        ),
         ("[ps]\nsnapshot_dir = \"state\"", "ps.snapshot_dir"),
         ("[log]\nlevel = \"degub\"", "log.level"),
         ("[log]\nlevel = \"dtf=loud\"", "log.level"),

@@ -50,11 +50,12 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
     }
 }
 
-/// Whether the next snapshot of chain `c` is whole: one in `full_every`,
-/// or sooner when its deltas add up to more than the whole snapshot (a
-/// restore would then read more than a whole one costs).
-fn whole_due(c: Chain, full_every: u32) -> bool {
-    c.seq + 1 >= full_every || c.delta_bytes > c.whole_bytes
+/// Whether the next snapshot of chain `c` is whole: while the whole one
+/// is under `min_bytes` (cheap, and the ring keeps every one), one in
+/// `full_every`, or sooner when its deltas add up to more than the whole
+/// snapshot (a restore would then read more than a whole one costs).
+fn whole_due(c: Chain, full_every: u32, min_bytes: u64) -> bool {
+    c.whole_bytes < min_bytes || c.seq + 1 >= full_every || c.delta_bytes > c.whole_bytes
 }
 
 /// A snapshot may take at most 1/this of the time from one to the next.
@@ -127,8 +128,10 @@ async fn take(
         let stats = snap.stats();
         (stats.chain, stats.written.clone(), stats.written_chain)
     };
-    let whole = chain.is_none_or(|c| whole_due(c, snap.full_every));
+    let whole = chain.is_none_or(|c| whole_due(c, snap.full_every, snap.delta_min_bytes));
+    let cut_started = Instant::now();
     let (tables, removed) = service.table_cut(whole);
+    let rows_took = cut_started.elapsed();
     image.tables = tables;
     (image.chain, image.seq, image.removed) = match (removed, chain) {
         (Some(removed), Some(c)) => (c.id, c.seq + 1, removed),
@@ -139,7 +142,8 @@ async fn take(
     let img = std::mem::take(image);
     let started = Instant::now();
     let (step, id, seq) = (img.step, img.chain, img.seq);
-    let rows = img.tables.iter().any(|t| !t.rows.is_empty());
+    let held: usize = img.tables.iter().map(|t| t.rows.len()).sum();
+    let rows = held > 0;
     // A new whole snapshot keeps the one before and its deltas.
     let keep_chains = [Some(id), keep_chain];
     let (img, result) = tokio::task::spawn_blocking(move || {
@@ -193,7 +197,7 @@ async fn take(
             if stats.failing {
                 info!(ps = service.inner.task, step, path = %path.display(), "Snapshots written again.");
             }
-            debug!(ps = service.inner.task, step, path = %path.display(), bytes = len, millis = took.as_millis() as u64, "Snapshot written.");
+            debug!(ps = service.inner.task, step, path = %path.display(), bytes = len, rows = held, delta = seq, rows_copy_millis = rows_took.as_millis() as u64, millis = took.as_millis() as u64, "Snapshot written.");
             stats.failing = false;
             stats.last = Some((step, at));
             stats.tables_version = tables_version;
@@ -217,6 +221,22 @@ async fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_snapshot_is_due_when_small_every_nth_time_or_outweighed() {
+        let c = |seq, whole_bytes, delta_bytes| Chain {
+            id: 1,
+            seq,
+            whole_bytes,
+            delta_bytes,
+        };
+        assert!(!whole_due(c(0, 100, 0), 20, 100));
+        assert!(whole_due(c(0, 99, 0), 20, 100));
+        assert!(!whole_due(c(18, 100, 100), 20, 0));
+        assert!(whole_due(c(19, 100, 0), 20, 0));
+        assert!(whole_due(c(3, 100, 101), 20, 0));
+        assert!(whole_due(c(0, 100, 0), 1, 0));
+    }
 
     #[test]
     fn only_a_shard_with_table_rows_is_paced() {
