@@ -102,14 +102,14 @@ impl Changes {
 impl Table {
     /// A snapshot's cut: the rows changed and dropped since the last cut,
     /// or `None` when the snapshot must copy the table whole — `full`
-    /// asked for, no cut since the rows were loaded, changes not kept, or
-    /// more than half the rows changed (a delta would cost what a full copy
-    /// does, and make the restore longer). Either way the changes start
-    /// again from here: the caller's full copy, read after this, holds
-    /// every row as new as this cut or newer.
+    /// asked for, no cut since the rows were loaded, or changes not kept.
+    /// Either way the changes start again from here: the caller's full
+    /// copy, read after this, holds every row as new as this cut or newer.
+    /// (A delta of most rows costs about what a whole copy does; the
+    /// snapshot loop makes the next one whole once its deltas outweigh it.)
     pub fn cut(&mut self, full: bool) -> Option<Delta> {
         let c = &self.changes;
-        let whole = full || !c.on || c.lost || 2 * c.count > self.ids.len();
+        let whole = full || !c.on || c.lost;
         let delta = (!whole).then(|| {
             let mut rows = Vec::with_capacity(c.count);
             for (w, &word) in c.bits.iter().enumerate() {

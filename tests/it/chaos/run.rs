@@ -943,6 +943,10 @@ fn cluster(plan: &Plan, last_step: u64) -> Cluster {
         // Few ids: a checkpoint of the tables (~0.5 MB) leaves the 8 MiB
         // tmpfs room for `max_to_keep` of them, as the MLP's do.
         crate::util::wide_deep_on_synth(&mut c, 2_000);
+        // Chains of a whole snapshot and deltas, short ones, under the
+        // faults (a table this small otherwise gets whole ones only).
+        c.cfg.ps.snapshot_delta_min_bytes = 0;
+        c.cfg.ps.snapshot_full_every = 4;
     }
     c.cfg.cluster.transport = plan.transport;
     c.cfg.train.log_step_count_steps = 1000;
