@@ -88,9 +88,9 @@ type Layout = (Vec<VarSpec>, Vec<SlotSpec>, Vec<crate::model::TableSpec>);
 /// One snapshot: the copy (timed: what pushes waited), then the write on a
 /// blocking thread. Nothing is written while neither the shard nor its
 /// tables have moved since the last one. Returns, for a snapshot that held
-/// table rows, over how many snapshots its cost is spread (a whole one's
-/// over `ps.snapshot_full_every`, a delta's over itself): the pace of the
-/// next ([`pause`]).
+/// table rows, over how many snapshots its cost is spread (a whole one
+/// that deltas follow over `ps.snapshot_full_every`, any other over
+/// itself): the pace of the next ([`pause`]).
 async fn take(
     service: &PsService,
     image: &mut Image,
@@ -215,7 +215,14 @@ async fn take(
             stats.failing = true;
         }
     }
-    rows.then_some(if seq == 0 { snap.full_every } else { 1 })
+    // A whole snapshot that deltas will follow is paced as its share of
+    // the chain; one that none will (under `snapshot_delta_min_bytes`, or
+    // not written) as itself, as before deltas.
+    let chained = seq == 0
+        && stats
+            .chain
+            .is_some_and(|c| c.whole_bytes >= snap.delta_min_bytes);
+    rows.then_some(if chained { snap.full_every } else { 1 })
 }
 
 #[cfg(test)]
