@@ -122,6 +122,9 @@ pub struct Metrics {
     snapshot_copy: FloatGauge,
     /// `dtf_snapshot_bytes`: ps: size of the latest snapshot file.
     snapshot_bytes: Gauge,
+    /// `dtf_snapshot_delta`: ps: the latest snapshot is the Nth delta
+    /// after a whole one (0: whole; `ps.snapshot_full_every`).
+    snapshot_delta: Gauge,
     /// `dtf_snapshot_failures_total`: ps: snapshots that could not be written.
     snapshot_failures: Counter,
     /// `dtf_snapshot_replica_step`: ps: the step of the newest snapshot its ring neighbour keeps.
@@ -205,6 +208,7 @@ impl Metrics {
             snapshot_duration: FloatGauge::default(),
             snapshot_copy: FloatGauge::default(),
             snapshot_bytes: Gauge::default(),
+            snapshot_delta: Gauge::default(),
             snapshot_failures: Counter::default(),
             replica_step: Gauge::default(),
             replica_failures: Counter::default(),
@@ -384,6 +388,7 @@ impl Metrics {
         self.snapshot_duration.set(s.snapshot_seconds);
         self.snapshot_copy.set(s.snapshot_copy_seconds);
         self.snapshot_bytes.set(s.snapshot_bytes as i64);
+        self.snapshot_delta.set(i64::from(s.snapshot_delta));
         self.snapshot_failures.inc_by(
             s.snapshot_failures
                 .saturating_sub(self.snapshot_failures.get()),

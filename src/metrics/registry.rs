@@ -164,6 +164,11 @@ impl Metrics {
             self.snapshot_bytes.clone(),
         );
         r.register(
+            "dtf_snapshot_delta",
+            "Which delta after a whole snapshot the latest one is (0: whole; ps.snapshot_full_every)",
+            self.snapshot_delta.clone(),
+        );
+        r.register(
             "dtf_snapshot_failures",
             "Snapshots this ps could not write (full or read-only disk, ...)",
             self.snapshot_failures.clone(),

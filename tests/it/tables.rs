@@ -705,7 +705,8 @@ async fn each_table_takes_its_own_rule_and_learning_rate_on_the_ps() {
 /// snapshot, each round of pushes to a few rows is written as a delta of
 /// those rows alone, far smaller than the whole; a ps killed with -9 then
 /// comes back with the whole snapshot and every delta applied: each row
-/// of its shard exactly as the newest round left it.
+/// of its shard exactly as the newest round left it. `State` and
+/// `/metrics` say which delta the latest snapshot is.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_applied() {
     let mut c = Cluster::new(2, 2, 100, Mode::Async);
@@ -716,7 +717,8 @@ async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_appl
     c.cfg.ps.snapshot_delta_min_bytes = 0;
     c.use_transport(Transport::Tcp);
     c.start("ps", 0);
-    c.start("ps", 1);
+    let metrics = free_addrs(1).remove(0);
+    c.start_env("ps", 1, &[("DTF_METRICS__LISTEN", &metrics)]);
     let client = ps_client(&c, TOKEN);
     let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
     seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
@@ -746,6 +748,16 @@ async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_appl
             whole.snapshot_bytes
         );
     }
+    let text = tokio::task::block_in_place(|| {
+        until(Duration::from_secs(30), "/metrics", || {
+            http_get(&metrics, "/metrics")
+        })
+    });
+    assert_eq!(
+        metric_sample(&text, "dtf_snapshot_delta"),
+        Some(3.0),
+        "{text}"
+    );
     let want = owned(history.last().unwrap(), 1, 2);
     c.kill("ps:1");
     c.start("ps", 1);
