@@ -372,6 +372,27 @@ fn snapshot_holds(c: &Cluster, i: usize, rows: &[Rows]) -> bool {
     })
 }
 
+/// ps `i` of `c` killed with -9 and started again: its `State` once it has
+/// restored its snapshot, and each table's rows it owns once the chief's
+/// client has adopted that snapshot.
+async fn killed_and_adopted(
+    c: &mut Cluster,
+    client: &dtf::transport::Cluster,
+    i: usize,
+) -> (dtf::transport::pb::StateResponse, Vec<Rows>) {
+    c.kill(&format!("ps:{i}"));
+    c.start("ps", i);
+    let what = format!("ps:{i} restored from its snapshot");
+    let state = crate::snapshot::wait_state(c, i, &what, |s| s.restored).await;
+    let took = client
+        .adopt(&[(i, state.restored_step, state.restored_step)], 1)
+        .await
+        .unwrap();
+    assert_eq!(took, vec![i]);
+    let back = owned(&client.snapshot().await.unwrap().tables, i, client.num_ps());
+    (state, back)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ps_killed_during_row_pushes_comes_back_with_its_rows_from_its_snapshot() {
     let (mut c, client) = tables_cluster(2, Mode::Async, Transport::Tcp).await;
@@ -391,17 +412,8 @@ async fn a_ps_killed_during_row_pushes_comes_back_with_its_rows_from_its_snapsho
     // More pushes, and a kill -9 right after one: these may be lost, up to
     // ps.snapshot_secs of them, never the rows of a snapshot written before.
     history.extend(train_rows(&client, &ids, 3..6).await);
-    c.kill("ps:1");
-    c.start("ps", 1);
-    let state =
-        crate::snapshot::wait_state(&c, 1, "ps:1 restored from its snapshot", |s| s.restored).await;
+    let (state, back) = killed_and_adopted(&mut c, &client, 1).await;
     assert_eq!(state.run, 1);
-    let took = client
-        .adopt(&[(1, state.restored_step, state.restored_step)], 1)
-        .await
-        .unwrap();
-    assert_eq!(took, vec![1]);
-    let back = owned(&client.snapshot().await.unwrap().tables, 1, 2);
     let from = history[at_least..]
         .iter()
         .position(|tables| owned(tables, 1, 2) == back);
@@ -759,16 +771,7 @@ async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_appl
         "{text}"
     );
     let want = owned(history.last().unwrap(), 1, 2);
-    c.kill("ps:1");
-    c.start("ps", 1);
-    let state =
-        crate::snapshot::wait_state(&c, 1, "ps:1 restored from its snapshot", |s| s.restored).await;
+    let (state, back) = killed_and_adopted(&mut c, &client, 1).await;
     assert_eq!(state.restored_deltas, 3);
-    let took = client
-        .adopt(&[(1, state.restored_step, state.restored_step)], 1)
-        .await
-        .unwrap();
-    assert_eq!(took, vec![1]);
-    let back = owned(&client.snapshot().await.unwrap().tables, 1, 2);
     assert_eq!(back, want, "ps:1's rows after the restore");
 }
