@@ -148,7 +148,9 @@ impl PsService {
         let optimizer = config.train.optimizer();
         let snapshots = snapshot::Snapshotting::new(&config, task, &specs);
         let ring = replica::Ring::new(&config, task, snapshots.dir.as_deref())?;
-        let tables = rows::Tables::new(&config)?;
+        // Changes are kept only where the snapshot loop cuts them.
+        let incremental = snapshots.dir.is_some() && config.ps.snapshot_secs > 0;
+        let tables = rows::Tables::new(&config, incremental)?;
         let shard = Shard::new(
             task,
             specs,

@@ -40,7 +40,9 @@ impl Tables {
     ///
     /// Errors: [`TableError::Optimizer`] when the optimizer has no sparse
     /// rule (config validation refuses it first).
-    pub(super) fn new(config: &Config) -> Result<Self, TableError> {
+    /// With `snapshots` (the snapshot loop runs) and `ps.snapshot_full_every`
+    /// > 1 each table keeps which rows change between snapshots.
+    pub(super) fn new(config: &Config, snapshots: bool) -> Result<Self, TableError> {
         let room = Arc::new(Room::default());
         let rule = match config.train.mode {
             Mode::Async => super::shard::Rule::Async,
@@ -58,7 +60,7 @@ impl Tables {
         let specs = crate::placement::tables(config);
         let names = specs.iter().map(|s| s.name.clone()).collect();
         // Incremental snapshots: each table keeps which rows change.
-        let incremental = config.ps.snapshot_secs > 0 && config.ps.snapshot_full_every > 1;
+        let incremental = snapshots && config.ps.snapshot_full_every > 1;
         let list = specs
             .into_iter()
             .map(|spec| {

@@ -319,7 +319,9 @@ fn parse_delta_name(name: &str) -> Option<(u64, u32)> {
         .strip_suffix(".safetensors")?;
     let (chain, seq) = rest.split_once('-')?;
     let hex = chain.len() == 16 && chain.bytes().all(|b| b.is_ascii_hexdigit());
-    let digits = !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());
+    // As written: from 1, no leading zero (one name per delta).
+    let digits =
+        !seq.starts_with('0') && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());
     (hex && digits).then_some(())?;
     Some((u64::from_str_radix(chain, 16).ok()?, seq.parse().ok()?))
 }

@@ -97,6 +97,9 @@ fn patch_chain(
     };
     let mut r = whole;
     for (_, seq, path) in deltas.iter().filter(|d| d.0 == chain) {
+        if *seq <= r.seq {
+            continue;
+        }
         if *seq != r.seq + 1 {
             warn!(ps = task, delta = %path.display(), after = r.seq, "Snapshot delta ignored, with those after it: the one before it is missing.");
             break;
@@ -113,6 +116,26 @@ fn patch_chain(
         }
     }
     r
+}
+
+/// Deletes the deltas of `chain` past `seq`, where its restore stopped
+/// (one unreadable at this start): the shard goes on from `seq` on a
+/// timeline of its own, and those deltas, were they readable at a later
+/// start, would carry the abandoned one past it.
+pub(super) fn forget_past(dir: &std::path::Path, chain: u64, seq: u32, task: usize) {
+    for (_, _, path) in list_deltas(dir)
+        .into_iter()
+        .filter(|d| d.0 == chain && d.1 > seq)
+    {
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                warn!(ps = task, delta = %path.display(), "Snapshot delta past the restored state deleted: the shard goes on from the delta before it.")
+            }
+            Err(e) => {
+                warn!(ps = task, delta = %path.display(), error = %e, "Cannot delete a snapshot delta past the restored state.")
+            }
+        }
+    }
 }
 
 /// At start (and again when the ring neighbour's copy has been fetched
@@ -174,6 +197,9 @@ pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok());
+    if let Some(chain) = r.chain {
+        forget_past(dir, chain, r.seq, task);
+    }
     let (step, run, chain, deltas) = (r.step, r.run, r.chain, r.seq);
     *snap.pending() = Some(r);
     let mut stats = snap.stats();

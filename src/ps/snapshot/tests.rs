@@ -298,6 +298,8 @@ fn delta_names_parse_only_as_written() {
         "shard-delta-00000000000000zz-1.safetensors",
         "shard-delta-0000000000000abc-.safetensors",
         "shard-delta-0000000000000abc-1x.safetensors",
+        "shard-delta-0000000000000abc-0.safetensors",
+        "shard-delta-0000000000000abc-01.safetensors",
         "shard-12.safetensors",
     ] {
         assert_eq!(parse_delta_name(bad), None, "{bad}");
@@ -413,4 +415,140 @@ fn bench_whole_and_delta_snapshots() {
             "restore_whole_and_delta_secs": restore,
         })
     );
+}
+
+/// A restore that stops early (a delta unreadable at that start) deletes
+/// the chain's later deltas (`restore::forget_past`): the next whole
+/// snapshot keeps that chain (`written_chain`), and were they readable
+/// again they would carry the abandoned timeline past the new whole's
+/// step.
+#[test]
+fn deltas_past_where_a_restore_stopped_are_deleted_and_never_outrank_the_newer_whole() {
+    use crate::model::table::{Rows, TableInit};
+    let spec = TableSpec {
+        name: "t".into(),
+        dim: 1,
+        init: TableInit::Zeros,
+        slots: &["Adagrad"],
+    };
+    let rows = |ids: &[u64], v: f32| Rows {
+        ids: ids.to_vec(),
+        values: vec![v; ids.len()],
+        shadows: vec![v / 2.0; ids.len()],
+        slots: vec![vec![v + 1.0; ids.len()]],
+    };
+    let snapshot = |step: u64, chain: u64, seq: u32, t: Rows| {
+        let s = shard_at(0, step);
+        let mut image = Image::default();
+        assert!(image.copy_from(&s));
+        image.tables = vec![TableState {
+            table: "t".into(),
+            rows: t,
+        }];
+        (image.chain, image.seq, image.removed) = (chain, seq, vec![vec![]]);
+        let slot_specs = s.optimizer().slot_specs(s.specs());
+        image
+            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let restored = || {
+        choose(
+            (&list(d), &list_deltas(d)),
+            (&shard(0), std::slice::from_ref(&spec)),
+            "me",
+            None,
+            0,
+        )
+        .unwrap()
+        .1
+    };
+    let whole_a = write(d, 10, &snapshot(10, 7, 0, rows(&[1, 2], 1.0)), None, &[7]).unwrap();
+    write_delta(d, 7, 1, &snapshot(11, 7, 1, rows(&[1], 2.0))).unwrap();
+    let second = write_delta(d, 7, 2, &snapshot(12, 7, 2, rows(&[1], 3.0))).unwrap();
+    write_delta(d, 7, 3, &snapshot(13, 7, 3, rows(&[1], 4.0))).unwrap();
+    // At this start delta 2 cannot be read (an I/O error; here: damaged):
+    // the shard resumes from delta 1, step 11.
+    let mut bad = fs::read(&second).unwrap();
+    let n = bad.len();
+    bad[n - 2] ^= 0xff;
+    fs::write(&second, &bad).unwrap();
+    let r = restored();
+    assert_eq!((r.step, r.seq), (11, 1));
+    super::restore::forget_past(d, 7, r.seq, 0);
+    let left: Vec<u32> = list_deltas(d).iter().map(|x| x.1).collect();
+    assert_eq!(left, [1]);
+    assert!(!second.exists());
+    // Its next snapshot: whole, chain 9, step 12 (stats.written = the
+    // restored whole, written_chain = 7).
+    write(
+        d,
+        12,
+        &snapshot(12, 9, 0, rows(&[1, 2], 9.0)),
+        Some(&whole_a),
+        &[9, 7],
+    )
+    .unwrap();
+    // Killed now: the newest state of this timeline is chain 9 at step 12.
+    let r = restored();
+    assert_eq!(
+        (r.chain, r.step),
+        (Some(9), 12),
+        "restored the abandoned chain 7 up to delta {}",
+        r.seq
+    );
+}
+
+/// A second name for a delta (`-01`, a backup copy) is not one of the
+/// chain's, and ends nothing.
+#[test]
+fn a_delta_under_a_second_name_does_not_end_the_chain() {
+    use crate::model::table::{Rows, TableInit};
+    let spec = TableSpec {
+        name: "t".into(),
+        dim: 1,
+        init: TableInit::Zeros,
+        slots: &["Adagrad"],
+    };
+    let rows = |ids: &[u64], v: f32| Rows {
+        ids: ids.to_vec(),
+        values: vec![v; ids.len()],
+        shadows: vec![v; ids.len()],
+        slots: vec![vec![v; ids.len()]],
+    };
+    let snapshot = |step: u64, seq: u32, t: Rows| {
+        let s = shard_at(0, step);
+        let mut image = Image::default();
+        assert!(image.copy_from(&s));
+        image.tables = vec![TableState {
+            table: "t".into(),
+            rows: t,
+        }];
+        (image.chain, image.seq, image.removed) = (7, seq, vec![vec![]]);
+        let slot_specs = s.optimizer().slot_specs(s.specs());
+        image
+            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, 10, &snapshot(10, 0, rows(&[1], 1.0)), None, &[7]).unwrap();
+    let first = write_delta(d, 7, 1, &snapshot(11, 1, rows(&[1], 2.0))).unwrap();
+    write_delta(d, 7, 2, &snapshot(12, 2, rows(&[1], 3.0))).unwrap();
+    fs::copy(
+        &first,
+        d.join(format!("shard-delta-{:016x}-01.safetensors", 7)),
+    )
+    .unwrap();
+    let r = choose(
+        (&list(d), &list_deltas(d)),
+        (&shard(0), std::slice::from_ref(&spec)),
+        "me",
+        None,
+        0,
+    )
+    .unwrap()
+    .1;
+    assert_eq!((r.step, r.seq), (12, 2));
 }

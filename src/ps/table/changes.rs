@@ -7,6 +7,9 @@
 use super::Table;
 use crate::model::table::Rows;
 
+/// Dropped ids [`Changes`] always has room for, however few rows remain.
+const MIN_REMOVED: usize = 4096;
+
 /// The rows changed since the last cut ([`Table::cut`]).
 #[derive(Debug, Default)]
 pub(super) struct Changes {
@@ -63,9 +66,18 @@ impl Changes {
     }
 
     /// The rows were compacted ([`Table`]'s `remove`): row `r` kept moved
-    /// to the place given by `dead`'s order, the ids of dead rows noted.
+    /// to the place given by `dead`'s order, the ids of dead rows noted —
+    /// up to as many as the table holds rows (and at least
+    /// [`MIN_REMOVED`]): past that, a whole copy is cheaper than the list,
+    /// and the next cut is whole ([`Changes::lose`]), so the list never
+    /// outgrows the table however long nothing cuts it.
     pub(super) fn compact(&mut self, dead: &[bool], ids: &[u64]) {
         if !self.on {
+            return;
+        }
+        let dropped = dead.iter().filter(|&&d| d).count();
+        if self.lost || self.removed.len() + dropped > (dead.len() - dropped).max(MIN_REMOVED) {
+            self.lose();
             return;
         }
         let mut bits = vec![0u64; self.bits.len()];

@@ -394,3 +394,40 @@ fn without_changes_kept_every_cut_is_full_and_costs_nothing() {
     t.push(&[1], &[1.0; 2], 0.1, 2, 0, false).unwrap();
     assert!(t.cut(false).is_none());
 }
+
+/// Evicted ids noted between two cuts never outgrow the table (past that
+/// the next cut is whole), however long nothing cuts: 60,000 evictions
+/// from a table of 10 rows.
+#[test]
+fn changes_never_cut_do_not_grow_without_bound() {
+    let spec = TableSpec {
+        name: "t".into(),
+        dim: 1,
+        init: TableInit::Zeros,
+        slots: ADAGRAD.slot_names(),
+    };
+    let policy = Policy {
+        min_count: 1,
+        steps_to_live: 0,
+        max_rows: 10,
+    };
+    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99)
+        .with_policy(policy)
+        .with_changes(true);
+    assert!(t.cut(false).is_none());
+    let mut sizes = Vec::new();
+    for round in 0..3u64 {
+        for step in 0..20_000u64 {
+            let id = round * 1_000_000 + step;
+            t.push(&[id], &[1.0], 0.1, round * 20_000 + step, 0, false)
+                .unwrap();
+        }
+        assert!(t.len() <= 10);
+        sizes.push(t.memory_bytes());
+    }
+    assert!(t.cut(false).is_none(), "past the bound the cut is whole");
+    assert!(
+        sizes[2] <= sizes[0] + 4096,
+        "a 10-row table's memory grows with every eviction: {sizes:?}"
+    );
+}
