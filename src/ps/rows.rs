@@ -295,8 +295,8 @@ impl PsService {
 
     /// The tables as the next snapshot holds them ([`Table::cut`]): with
     /// `full` false, tables to hold and every one's changes since the last
-    /// cut kept and few enough, only those — each table's changed rows and
-    /// `Some` of the ids dropped; otherwise every table whole and `None`.
+    /// cut kept, only those — each table's changed rows and `Some` of the
+    /// ids dropped; otherwise every table whole and `None`.
     /// Eviction runs first, as for [`PsService::table_states`].
     pub(super) fn table_cut(&self, full: bool) -> (Vec<TableState>, Option<Vec<Vec<u64>>>) {
         let tables = &self.inner.tables;

@@ -14,7 +14,8 @@
 //! applies `[model.tables]`: admission (a row only once its id was pushed
 //! `min_count` times, counted in `sketch`), eviction (`steps_to_live`,
 //! `max_rows`) and the `max_rows` bound at every push. Under admission or
-//! `max_rows` only pushes create rows.
+//! `max_rows` only pushes create rows. `changes` keeps which rows changed
+//! since the last snapshot (a bit a row), for incremental snapshots.
 
 use crate::model::TableSpec;
 pub use crate::model::table::Rows;
