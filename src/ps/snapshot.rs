@@ -355,14 +355,7 @@ pub(super) fn write_delta(
     seq: u32,
     bytes: &[u8],
 ) -> Result<PathBuf, SnapshotError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(dir)
-        .map_err(SnapshotError::io(dir, "create directory"))?;
-    let path = dir.join(delta_name(chain, seq));
-    crate::files::write_atomic(&path, bytes, 0o640).map_err(SnapshotError::io(&path, "write"))?;
-    Ok(path)
+    write_named(dir, &delta_name(chain, seq), bytes)
 }
 
 /// The snapshot files in `dir`, newest (highest step) first.
@@ -416,12 +409,18 @@ pub fn write(
 ///
 /// Errors: [`SnapshotError::Io`]; a failed write leaves no temp file.
 pub(super) fn write_beside(dir: &Path, step: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
+    write_named(dir, &file_name(step), bytes)
+}
+
+/// `bytes` written as `dir/name` (`dir` made 0750 if missing): temp file,
+/// fsync, rename, fsync the directory.
+fn write_named(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(dir)
         .map_err(SnapshotError::io(dir, "create directory"))?;
-    let path = dir.join(file_name(step));
+    let path = dir.join(name);
     crate::files::write_atomic(&path, bytes, 0o640).map_err(SnapshotError::io(&path, "write"))?;
     Ok(path)
 }

@@ -31,14 +31,21 @@ async fn tables_cluster(
 /// The ps tasks of a wide & deep cluster of `ps` ps tasks (embeddings 4
 /// wide, Adagrad), started, not seeded.
 fn start_tables_cluster(ps: usize, mode: Mode, transport: Transport) -> Cluster {
-    let mut c = Cluster::new(ps, 2, 100, mode);
-    c.cfg.model.kind = ModelKind::WideDeep;
-    c.cfg.model.embedding_dim = 4;
-    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    let mut c = tables_config(ps, mode);
     c.use_transport(transport);
     for i in 0..ps {
         c.start("ps", i);
     }
+    c
+}
+
+/// A wide & deep cluster of `ps` ps tasks and 2 workers (embeddings 4
+/// wide, Adagrad), nothing started.
+fn tables_config(ps: usize, mode: Mode) -> Cluster {
+    let mut c = Cluster::new(ps, 2, 100, mode);
+    c.cfg.model.kind = ModelKind::WideDeep;
+    c.cfg.model.embedding_dim = 4;
+    c.cfg.train.optimizer = OptimizerKind::Adagrad;
     c
 }
 
@@ -668,10 +675,7 @@ async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_
 /// at the push's 0.1 for the embeddings — checked against the rules by hand.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_table_takes_its_own_rule_and_learning_rate_on_the_ps() {
-    let mut c = Cluster::new(2, 2, 100, Mode::Async);
-    c.cfg.model.kind = ModelKind::WideDeep;
-    c.cfg.model.embedding_dim = 4;
-    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    let mut c = tables_config(2, Mode::Async);
     c.cfg.model.tables.linear_optimizer = Some(dtf::config::TableOptimizerKind::Ftrl);
     c.cfg.model.tables.linear_learning_rate = 0.3;
     c.use_transport(Transport::Tcp);
@@ -721,10 +725,7 @@ async fn each_table_takes_its_own_rule_and_learning_rate_on_the_ps() {
 /// `/metrics` say which delta the latest snapshot is.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_applied() {
-    let mut c = Cluster::new(2, 2, 100, Mode::Async);
-    c.cfg.model.kind = ModelKind::WideDeep;
-    c.cfg.model.embedding_dim = 4;
-    c.cfg.train.optimizer = OptimizerKind::Adagrad;
+    let mut c = tables_config(2, Mode::Async);
     c.cfg.ps.snapshot_full_every = 1000;
     c.cfg.ps.snapshot_delta_min_bytes = 0;
     c.use_transport(Transport::Tcp);

@@ -169,6 +169,61 @@ fn a_snapshot_keeps_the_tables_rows_and_refuses_rows_of_another_width() {
     assert!(e.contains("deep/embeddings"), "{e}");
 }
 
+/// The one table, `t` (1 wide, Adagrad), of the chain tests below.
+fn chain_table() -> TableSpec {
+    TableSpec {
+        name: "t".into(),
+        dim: 1,
+        init: crate::model::table::TableInit::Zeros,
+        slots: &["Adagrad"],
+    }
+}
+
+/// Rows `ids` of `t`, each value `v`, its shadow `v / 2`, its slot `v + 1`.
+fn chain_rows(ids: &[u64], v: f32) -> crate::model::table::Rows {
+    crate::model::table::Rows {
+        ids: ids.to_vec(),
+        values: vec![v; ids.len()],
+        shadows: vec![v / 2.0; ids.len()],
+        slots: vec![vec![v + 1.0; ids.len()]],
+    }
+}
+
+/// The bytes of a snapshot at `step` holding `rows` of `t`: whole (`seq`
+/// 0) or the `seq`th delta of `chain`, `removed` its dropped ids.
+fn chain_snapshot(
+    step: u64,
+    chain: u64,
+    seq: u32,
+    rows: crate::model::table::Rows,
+    removed: Vec<u64>,
+) -> Vec<u8> {
+    let s = shard_at(0, step);
+    let mut image = Image::default();
+    assert!(image.copy_from(&s));
+    image.tables = vec![TableState {
+        table: "t".into(),
+        rows,
+    }];
+    (image.chain, image.seq, image.removed) = (chain, seq, vec![removed]);
+    let slot_specs = s.optimizer().slot_specs(s.specs());
+    image
+        .encode(s.specs(), &slot_specs, &[chain_table()], "me")
+        .unwrap()
+}
+
+/// What a ps restores from the snapshots and deltas in `d`.
+fn chain_restored(d: &Path) -> (PathBuf, Restored) {
+    choose(
+        (&list(d), &list_deltas(d)),
+        (&shard(0), &[chain_table()]),
+        "me",
+        None,
+        0,
+    )
+    .unwrap()
+}
+
 /// A whole snapshot of rows and the deltas after it, as the loop writes
 /// them: restored as the whole with every delta applied, in order; a
 /// damaged delta ends the chain there (the state the one before left);
@@ -176,84 +231,63 @@ fn a_snapshot_keeps_the_tables_rows_and_refuses_rows_of_another_width() {
 /// the one before's.
 #[test]
 fn a_whole_snapshot_and_its_deltas_restore_as_the_newest_state() {
-    use crate::model::table::{Rows, TableInit};
-    let spec = TableSpec {
-        name: "t".into(),
-        dim: 1,
-        init: TableInit::Zeros,
-        slots: &["Adagrad"],
-    };
-    let rows = |ids: &[u64], v: f32| Rows {
-        ids: ids.to_vec(),
-        values: vec![v; ids.len()],
-        shadows: vec![v / 2.0; ids.len()],
-        slots: vec![vec![v + 1.0; ids.len()]],
-    };
-    let snapshot = |step: u64, chain: u64, seq: u32, t: Rows, removed: Vec<u64>| {
-        let s = shard_at(0, step);
-        let mut image = Image::default();
-        assert!(image.copy_from(&s));
-        image.tables = vec![TableState {
-            table: "t".into(),
-            rows: t,
-        }];
-        (image.chain, image.seq, image.removed) = (chain, seq, vec![removed]);
-        let slot_specs = s.optimizer().slot_specs(s.specs());
-        image
-            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
-            .unwrap()
-    };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let restored = || {
-        let tables = std::slice::from_ref(&spec);
-        let (path, r) = choose(
-            (&list(d), &list_deltas(d)),
-            (&shard(0), tables),
-            "me",
-            None,
-            0,
-        )
-        .unwrap();
+        let (path, r) = chain_restored(d);
         (path, r.step, r.seq, r.tables[0].rows.clone())
     };
     let whole = write(
         d,
         10,
-        &snapshot(10, 7, 0, rows(&[1, 2, 3, 4], 1.0), vec![]),
+        &chain_snapshot(10, 7, 0, chain_rows(&[1, 2, 3, 4], 1.0), vec![]),
         None,
         &[7],
     )
     .unwrap();
     // 1: row 2 changed, row 5 made; 2: row 3 dropped, row 1 changed.
-    write_delta(d, 7, 1, &snapshot(11, 7, 1, rows(&[2, 5], 2.0), vec![])).unwrap();
-    let second = write_delta(d, 7, 2, &snapshot(12, 7, 2, rows(&[1], 3.0), vec![3])).unwrap();
-    let want = rows(&[1], 3.0)
-        .patched(&[], rows(&[2, 5], 2.0))
-        .patched(&[], rows(&[4], 1.0));
+    write_delta(
+        d,
+        7,
+        1,
+        &chain_snapshot(11, 7, 1, chain_rows(&[2, 5], 2.0), vec![]),
+    )
+    .unwrap();
+    let second = write_delta(
+        d,
+        7,
+        2,
+        &chain_snapshot(12, 7, 2, chain_rows(&[1], 3.0), vec![3]),
+    )
+    .unwrap();
+    let want = chain_rows(&[1], 3.0)
+        .patched(&[], chain_rows(&[2, 5], 2.0))
+        .patched(&[], chain_rows(&[4], 1.0));
     assert_eq!(restored(), (whole.clone(), 12, 2, want));
     // A delta of another chain, or past a gap, is not applied.
-    write_delta(d, 8, 3, &snapshot(13, 8, 3, rows(&[9], 9.0), vec![])).unwrap();
-    write_delta(d, 7, 4, &snapshot(14, 7, 4, rows(&[9], 9.0), vec![])).unwrap();
+    write_delta(
+        d,
+        8,
+        3,
+        &chain_snapshot(13, 8, 3, chain_rows(&[9], 9.0), vec![]),
+    )
+    .unwrap();
+    write_delta(
+        d,
+        7,
+        4,
+        &chain_snapshot(14, 7, 4, chain_rows(&[9], 9.0), vec![]),
+    )
+    .unwrap();
     assert_eq!(restored().1, 12);
     // A delta renamed into another place is refused by its name.
-    let e = load(
-        &d.join(delta_name(7, 4)),
-        &shard(0),
-        "me",
-        std::slice::from_ref(&spec),
-    );
+    let e = load(&d.join(delta_name(7, 4)), &shard(0), "me", &[chain_table()]);
     assert!(e.is_ok());
     fs::rename(d.join(delta_name(7, 4)), d.join(delta_name(7, 3))).unwrap();
-    let e = load(
-        &d.join(delta_name(7, 3)),
-        &shard(0),
-        "me",
-        std::slice::from_ref(&spec),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = load(&d.join(delta_name(7, 3)), &shard(0), "me", &[chain_table()])
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("named for delta 3"), "{e}");
     assert_eq!(restored().1, 12);
     // Damaged: the chain ends before it.
@@ -263,12 +297,15 @@ fn a_whole_snapshot_and_its_deltas_restore_as_the_newest_state() {
     fs::write(&second, bytes).unwrap();
     let (_, step, seq, got) = restored();
     assert_eq!((step, seq), (11, 1));
-    assert_eq!(got, rows(&[1, 3, 4], 1.0).patched(&[], rows(&[2, 5], 2.0)));
+    assert_eq!(
+        got,
+        chain_rows(&[1, 3, 4], 1.0).patched(&[], chain_rows(&[2, 5], 2.0))
+    );
     // A new whole snapshot keeps its chain and the one before's, no other.
     write(
         d,
         20,
-        &snapshot(20, 9, 0, rows(&[1], 5.0), vec![]),
+        &chain_snapshot(20, 9, 0, chain_rows(&[1], 5.0), vec![]),
         Some(&whole),
         &[9, 7],
     )
@@ -281,7 +318,7 @@ fn a_whole_snapshot_and_its_deltas_restore_as_the_newest_state() {
     write(
         d,
         30,
-        &snapshot(30, 10, 0, rows(&[1], 6.0), vec![]),
+        &chain_snapshot(30, 10, 0, chain_rows(&[1], 6.0), vec![]),
         None,
         &[10],
     )
@@ -424,50 +461,21 @@ fn bench_whole_and_delta_snapshots() {
 /// step.
 #[test]
 fn deltas_past_where_a_restore_stopped_are_deleted_and_never_outrank_the_newer_whole() {
-    use crate::model::table::{Rows, TableInit};
-    let spec = TableSpec {
-        name: "t".into(),
-        dim: 1,
-        init: TableInit::Zeros,
-        slots: &["Adagrad"],
-    };
-    let rows = |ids: &[u64], v: f32| Rows {
-        ids: ids.to_vec(),
-        values: vec![v; ids.len()],
-        shadows: vec![v / 2.0; ids.len()],
-        slots: vec![vec![v + 1.0; ids.len()]],
-    };
-    let snapshot = |step: u64, chain: u64, seq: u32, t: Rows| {
-        let s = shard_at(0, step);
-        let mut image = Image::default();
-        assert!(image.copy_from(&s));
-        image.tables = vec![TableState {
-            table: "t".into(),
-            rows: t,
-        }];
-        (image.chain, image.seq, image.removed) = (chain, seq, vec![vec![]]);
-        let slot_specs = s.optimizer().slot_specs(s.specs());
-        image
-            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
-            .unwrap()
-    };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let restored = || {
-        choose(
-            (&list(d), &list_deltas(d)),
-            (&shard(0), std::slice::from_ref(&spec)),
-            "me",
-            None,
-            0,
-        )
-        .unwrap()
-        .1
-    };
-    let whole_a = write(d, 10, &snapshot(10, 7, 0, rows(&[1, 2], 1.0)), None, &[7]).unwrap();
-    write_delta(d, 7, 1, &snapshot(11, 7, 1, rows(&[1], 2.0))).unwrap();
-    let second = write_delta(d, 7, 2, &snapshot(12, 7, 2, rows(&[1], 3.0))).unwrap();
-    write_delta(d, 7, 3, &snapshot(13, 7, 3, rows(&[1], 4.0))).unwrap();
+    let restored = || chain_restored(d).1;
+    let snapshot = |step, chain, seq, rows| chain_snapshot(step, chain, seq, rows, Vec::new());
+    let whole_a = write(
+        d,
+        10,
+        &snapshot(10, 7, 0, chain_rows(&[1, 2], 1.0)),
+        None,
+        &[7],
+    )
+    .unwrap();
+    write_delta(d, 7, 1, &snapshot(11, 7, 1, chain_rows(&[1], 2.0))).unwrap();
+    let second = write_delta(d, 7, 2, &snapshot(12, 7, 2, chain_rows(&[1], 3.0))).unwrap();
+    write_delta(d, 7, 3, &snapshot(13, 7, 3, chain_rows(&[1], 4.0))).unwrap();
     // At this start delta 2 cannot be read (an I/O error; here: damaged):
     // the shard resumes from delta 1, step 11.
     let mut bad = fs::read(&second).unwrap();
@@ -485,7 +493,7 @@ fn deltas_past_where_a_restore_stopped_are_deleted_and_never_outrank_the_newer_w
     write(
         d,
         12,
-        &snapshot(12, 9, 0, rows(&[1, 2], 9.0)),
+        &snapshot(12, 9, 0, chain_rows(&[1, 2], 9.0)),
         Some(&whole_a),
         &[9, 7],
     )
@@ -504,51 +512,17 @@ fn deltas_past_where_a_restore_stopped_are_deleted_and_never_outrank_the_newer_w
 /// chain's, and ends nothing.
 #[test]
 fn a_delta_under_a_second_name_does_not_end_the_chain() {
-    use crate::model::table::{Rows, TableInit};
-    let spec = TableSpec {
-        name: "t".into(),
-        dim: 1,
-        init: TableInit::Zeros,
-        slots: &["Adagrad"],
-    };
-    let rows = |ids: &[u64], v: f32| Rows {
-        ids: ids.to_vec(),
-        values: vec![v; ids.len()],
-        shadows: vec![v; ids.len()],
-        slots: vec![vec![v; ids.len()]],
-    };
-    let snapshot = |step: u64, seq: u32, t: Rows| {
-        let s = shard_at(0, step);
-        let mut image = Image::default();
-        assert!(image.copy_from(&s));
-        image.tables = vec![TableState {
-            table: "t".into(),
-            rows: t,
-        }];
-        (image.chain, image.seq, image.removed) = (7, seq, vec![vec![]]);
-        let slot_specs = s.optimizer().slot_specs(s.specs());
-        image
-            .encode(s.specs(), &slot_specs, std::slice::from_ref(&spec), "me")
-            .unwrap()
-    };
+    let snapshot = |step, seq, rows| chain_snapshot(step, 7, seq, rows, Vec::new());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write(d, 10, &snapshot(10, 0, rows(&[1], 1.0)), None, &[7]).unwrap();
-    let first = write_delta(d, 7, 1, &snapshot(11, 1, rows(&[1], 2.0))).unwrap();
-    write_delta(d, 7, 2, &snapshot(12, 2, rows(&[1], 3.0))).unwrap();
+    write(d, 10, &snapshot(10, 0, chain_rows(&[1], 1.0)), None, &[7]).unwrap();
+    let first = write_delta(d, 7, 1, &snapshot(11, 1, chain_rows(&[1], 2.0))).unwrap();
+    write_delta(d, 7, 2, &snapshot(12, 2, chain_rows(&[1], 3.0))).unwrap();
     fs::copy(
         &first,
         d.join(format!("shard-delta-{:016x}-01.safetensors", 7)),
     )
     .unwrap();
-    let r = choose(
-        (&list(d), &list_deltas(d)),
-        (&shard(0), std::slice::from_ref(&spec)),
-        "me",
-        None,
-        0,
-    )
-    .unwrap()
-    .1;
+    let r = chain_restored(d).1;
     assert_eq!((r.step, r.seq), (12, 2));
 }

@@ -314,6 +314,25 @@ fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() 
     );
 }
 
+/// A table of zeros, `dim` wide, under Adagrad, evicting by
+/// `steps_to_live` and `max_rows`, keeping which rows change.
+fn tracked(dim: usize, steps_to_live: u64, max_rows: usize) -> Table {
+    let spec = TableSpec {
+        name: "t".into(),
+        dim,
+        init: TableInit::Zeros,
+        slots: ADAGRAD.slot_names(),
+    };
+    let policy = Policy {
+        min_count: 1,
+        steps_to_live,
+        max_rows,
+    };
+    Table::new(spec, ADAGRAD, Rule::Async, 0.99)
+        .with_policy(policy)
+        .with_changes(true)
+}
+
 /// Rows and evictions at random, cut now and then: the first cut's full
 /// copy with every later delta applied is the table, row for row, shadows
 /// and slots included — through creation by pulls and pushes, updates,
@@ -322,20 +341,7 @@ fn pages_in_creation_order_make_the_whole_table_and_a_load_changes_generation() 
 #[test]
 fn a_full_copy_and_the_deltas_after_it_make_the_table() {
     use rand::{Rng, SeedableRng};
-    let spec = TableSpec {
-        name: "t".into(),
-        dim: 3,
-        init: TableInit::Zeros,
-        slots: ADAGRAD.slot_names(),
-    };
-    let policy = Policy {
-        min_count: 1,
-        steps_to_live: 40,
-        max_rows: 300,
-    };
-    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99)
-        .with_policy(policy)
-        .with_changes(true);
+    let mut t = tracked(3, 40, 300);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     // Nothing cut yet: the first cut is a full copy.
     assert!(t.cut(false).is_none());
@@ -400,20 +406,7 @@ fn without_changes_kept_every_cut_is_full_and_costs_nothing() {
 /// from a table of 10 rows.
 #[test]
 fn changes_never_cut_do_not_grow_without_bound() {
-    let spec = TableSpec {
-        name: "t".into(),
-        dim: 1,
-        init: TableInit::Zeros,
-        slots: ADAGRAD.slot_names(),
-    };
-    let policy = Policy {
-        min_count: 1,
-        steps_to_live: 0,
-        max_rows: 10,
-    };
-    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99)
-        .with_policy(policy)
-        .with_changes(true);
+    let mut t = tracked(1, 0, 10);
     assert!(t.cut(false).is_none());
     let mut sizes = Vec::new();
     for round in 0..3u64 {
