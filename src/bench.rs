@@ -345,6 +345,7 @@ pub fn checkpoints(layers: &[usize], rounds: usize, tmp: &Path) -> Result<Checkp
             run: 0,
             shard_steps: Vec::new(),
             table_optimizers: Vec::new(),
+            increment: None,
             tables: Vec::new(),
         };
         let t = Instant::now();

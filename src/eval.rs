@@ -488,6 +488,7 @@ mod tests {
             run: 0,
             shard_steps: Vec::new(),
             table_optimizers: Vec::new(),
+            increment: None,
             tables: Vec::new(),
         };
         checkpoint::Saver::new(dir.path(), 1)

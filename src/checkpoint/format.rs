@@ -336,6 +336,7 @@ pub(super) fn parse(
         shard_steps,
         tables,
         table_optimizers,
+        increment: None,
     })
 }
 

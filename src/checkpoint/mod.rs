@@ -134,6 +134,32 @@ pub struct Checkpoint {
     /// follows `slots.optimizer` ([`Checkpoint::table_optimizer`]). On disk:
     /// the metadata's `table_optimizers`, absent when empty.
     pub table_optimizers: Vec<(String, crate::optimizer::TableOptimizer)>,
+    /// The chain this checkpoint belongs to (`checkpoint.full_every` > 1:
+    /// a whole checkpoint, then deltas holding only the table rows changed
+    /// since it); `None`: a checkpoint on its own.
+    pub increment: Option<Increment>,
+}
+
+/// A checkpoint's place in a chain of incremental checkpoints
+/// (docs/design.md, "Incremental checkpoints"): the chain's whole
+/// checkpoint, its base, then deltas, each holding the dense state whole
+/// and of every table only the rows changed since the base — the base and
+/// any one delta make the state. On disk: the metadata's `chain` (16 hex
+/// digits) on every file of the chain; a delta's `format` is
+/// `dtf-1-delta`, its `base` the base's step, and `NAME/removed` (I64)
+/// beside each table's rows.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Increment {
+    /// The chain's id, random: a delta applies only to the base with its id.
+    pub chain: u64,
+    /// `None`: this is the chain's base, whole. `Some(step)`: a delta on
+    /// the base at `step`; its `tables` hold the rows created or updated
+    /// since the base, and `removed` the ids dropped since.
+    pub base: Option<u64>,
+    /// A delta's ids dropped since the base, per table in `tables`' order
+    /// (sorted, none of them among that table's rows); empty for a base,
+    /// and once a delta is resolved onto its base ([`load`]).
+    pub removed: Vec<Vec<u64>>,
 }
 
 /// Table `name`'s rule among `own`, else `optimizer`'s sparse form.
@@ -410,6 +436,7 @@ mod fixtures {
             run: 0,
             shard_steps: Vec::new(),
             table_optimizers: Vec::new(),
+            increment: None,
             tables: Vec::new(),
         }
     }

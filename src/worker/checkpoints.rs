@@ -87,6 +87,7 @@ impl Checkpoints {
             run: snapshot.run,
             shard_steps: snapshot.shard_steps,
             table_optimizers: cfg.own_table_optimizers(),
+            increment: None,
             tables: snapshot.tables,
         };
         let meta = ModelMeta {

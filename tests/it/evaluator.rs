@@ -104,6 +104,7 @@ fn save_checkpoint(cfg: &Config, step: u64) -> std::path::PathBuf {
         run: 0,
         shard_steps: Vec::new(),
         table_optimizers: Vec::new(),
+        increment: None,
         tables: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 100)

@@ -187,6 +187,7 @@ fn named_checkpoint(dir: &Path) -> std::path::PathBuf {
         run: 0,
         shard_steps: Vec::new(),
         table_optimizers: Vec::new(),
+        increment: None,
         tables: Vec::new(),
     };
     let meta = ModelMeta {

@@ -272,6 +272,7 @@ fn checkpoint_of(c: &Cluster, snap: dtf::transport::Snapshot, dir: &Path) -> Che
         run: snap.run,
         shard_steps: snap.shard_steps,
         table_optimizers: Vec::new(),
+        increment: None,
         tables: snap.tables,
     };
     Saver::new(dir, 5).unwrap().save(&ckpt).unwrap();

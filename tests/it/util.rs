@@ -649,6 +649,7 @@ pub fn write_checkpoint(cfg: &Config, step: u64) -> PathBuf {
         run: 0,
         shard_steps: Vec::new(),
         table_optimizers: Vec::new(),
+        increment: None,
         tables: Vec::new(),
     };
     dtf::checkpoint::Saver::new(&cfg.checkpoint.dir, 5)

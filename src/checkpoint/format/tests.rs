@@ -156,6 +156,7 @@ fn a_header_too_large_to_load_is_refused_at_save_time() {
         run: 0,
         shard_steps: Vec::new(),
         table_optimizers: Vec::new(),
+        increment: None,
         tables: Vec::new(),
     };
     let err = to_bytes(&ckpt, &BTreeMap::new()).unwrap_err();

@@ -204,6 +204,7 @@ pub fn to_checkpoint(
             run: 0,
             shard_steps: Vec::new(),
             table_optimizers: Vec::new(),
+            increment: None,
             tables: Vec::new(),
         },
         taken,
