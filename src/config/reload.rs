@@ -50,6 +50,7 @@ pub const LIVE_KEYS: &[LiveKey] = &[
     live("checkpoint.save_secs", Applier::CheckpointTimer),
     live("checkpoint.save_steps", Applier::CheckpointTimer),
     live("checkpoint.max_to_keep", Applier::CheckpointTimer),
+    live("checkpoint.full_every", Applier::CheckpointTimer),
     live("train.last_step", Applier::TrainingLoop),
     live("train.learning_rate", Applier::TrainingLoop),
     live("train.learning_rate_decay", Applier::TrainingLoop),

@@ -458,7 +458,17 @@ pub struct CheckpointConfig {
     pub save_steps: u64,
     /// Newest checkpoints kept (reloadable).
     pub max_to_keep: usize,
+    /// With embedding tables: every this many periodic checkpoints one
+    /// holds every row, and those between only the rows changed since it
+    /// (`checkpoint::Increment`, "Incremental checkpoints"); 1: every
+    /// checkpoint whole (reloadable). Dense variables are whole in every one.
+    pub full_every: u32,
 }
+
+/// The most `checkpoint.full_every` may be: each delta holds every row
+/// changed since its chain's whole checkpoint, so a long chain's deltas
+/// approach the whole's size anyway.
+pub const MAX_CHECKPOINT_FULL_EVERY: u32 = 1000;
 
 /// `[ps]`: each ps task's snapshots of its shard (`ps::snapshot`), its
 /// fast recovery after a crash. Not reloadable.

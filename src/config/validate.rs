@@ -523,6 +523,16 @@ impl Config {
                 invalid(c.max_to_keep, "a positive integer"),
             ));
         }
+        let max = super::schema::MAX_CHECKPOINT_FULL_EVERY;
+        if !(1..=max).contains(&c.full_every) {
+            return Err(self.bad(
+                "checkpoint.full_every",
+                invalid(
+                    c.full_every,
+                    &format!("an integer from 1 (every checkpoint whole) to {max}"),
+                ),
+            ));
+        }
         Ok(())
     }
 

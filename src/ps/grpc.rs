@@ -5,7 +5,7 @@
 use super::{PsService, admission, conn, limits};
 use crate::auth::Credentials;
 use crate::transport::call::{
-    Complete, Initialize, Push, PushRows, TableRows, TableState, TensorView,
+    Complete, Cut, Initialize, Push, PushRows, TableRows, TableState, TensorView,
 };
 use crate::transport::pb;
 use crate::transport::pb::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -263,7 +263,8 @@ impl PsService {
         &self,
         req: &pb::ReadRowsRequest,
     ) -> Result<pb::ReadRowsResponse, Status> {
-        let page = self.read_rows(&req.table, req.start, req.max_rows)?;
+        let cut = Cut::of(req.chain, req.base);
+        let page = self.read_rows(&req.table, req.start, req.max_rows, cut)?;
         Ok(pb::ReadRowsResponse::from(&page))
     }
 

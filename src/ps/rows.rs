@@ -10,7 +10,7 @@ use super::table::{Outcome, Policy, Table, TableCounters, TableError};
 use crate::config::{Config, Mode};
 use crate::model::table::Rows;
 use crate::transport::PAGE_BYTES;
-use crate::transport::call::{PushRows, RowsPage, RowsPushed, TableRows, TableState};
+use crate::transport::call::{Cut, PushRows, RowsPage, RowsPushed, TableRows, TableState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tonic::Status;
 use tracing::{debug, info, warn};
@@ -23,6 +23,9 @@ pub(super) struct Tables {
     names: Vec<String>,
     /// Rows staged for the next `Initialize` ([`PsService::stage_rows`]).
     staged: Mutex<Staged>,
+    /// Per table, the delta of the chief's checkpoint being read, with its
+    /// chain, from its first page to its last ([`Tables::read_delta`]).
+    held: Vec<Mutex<Option<(u64, super::table::Delta)>>>,
     /// Whether memory has room for new rows (`ps::memory`), shared by
     /// every table.
     pub(super) room: Arc<Room>,
@@ -59,6 +62,7 @@ impl Tables {
         };
         let specs = crate::placement::tables(config);
         let names = specs.iter().map(|s| s.name.clone()).collect();
+        let specs_len = specs.len();
         // Incremental snapshots: each table keeps which rows change.
         let incremental = snapshots && config.ps.snapshot_full_every > 1;
         let list = specs
@@ -89,6 +93,7 @@ impl Tables {
             })
             .collect::<Result<_, TableError>>()?;
         Ok(Self {
+            held: (0..specs_len).map(|_| Mutex::default()).collect(),
             list,
             names,
             staged: Mutex::default(),
@@ -153,6 +158,32 @@ impl Tables {
                 rows = t.len(),
                 "Table rows evicted."
             );
+        }
+    }
+
+    /// A page of table `i`'s delta of chain `chain` into `answer`: at row 0
+    /// the delta is cut ([`Table::cut_delta`]) and held, later pages come
+    /// from what is held, and the last one lets it go. `answer.delta` false
+    /// when the table cannot tell what changed since that chain's base, or
+    /// holds no delta of it (read already, or another cut since).
+    fn read_delta(&self, i: usize, chain: u64, start: usize, rows: usize, answer: &mut RowsPage) {
+        let mut held = self.held[i].lock().unwrap_or_else(|e| e.into_inner());
+        if start == 0 {
+            *held = self.lock(i).cut_delta(chain).map(|d| (chain, d));
+        }
+        let Some((_, delta)) = held.as_ref().filter(|(c, _)| *c == chain) else {
+            return;
+        };
+        let end = start.saturating_add(rows).min(delta.rows.len());
+        answer.delta = true;
+        answer.state.rows = delta.rows.slice(start.min(end)..end);
+        answer.total = delta.rows.len() as u64;
+        answer.generation = chain;
+        if start == 0 {
+            answer.removed = delta.removed.clone();
+        }
+        if end >= delta.rows.len() {
+            *held = None;
         }
     }
 
@@ -330,31 +361,56 @@ impl PsService {
     /// `max_rows`, and at most [`PAGE_BYTES`]; 0: as many as that), with
     /// their shadows and slots, in the order this ps created them. A read
     /// from row 0 (the chief's checkpoint, or a re-shard's) runs eviction
-    /// (`[model.tables]`) on the table first.
+    /// (`[model.tables]`) on the table first. `cut`: a chain's base counts
+    /// the table's changes from its first page; a delta's pages are those
+    /// of the rows changed since the base, sorted by id, cut at its first
+    /// page ([`Tables::read_delta`]).
     ///
     /// Errors: `UNAVAILABLE` while the ps stops, `NOT_FOUND` for a table
     /// this ps does not hold.
-    pub fn read_rows(&self, table: &str, start: u64, max_rows: u32) -> Result<RowsPage, Status> {
+    pub fn read_rows(
+        &self,
+        table: &str,
+        start: u64,
+        max_rows: u32,
+        cut: Cut,
+    ) -> Result<RowsPage, Status> {
         self.serving()?;
-        let i = self.inner.tables.find(self.inner.task, table)?;
+        let tables = &self.inner.tables;
+        let i = tables.find(self.inner.task, table)?;
         if start == 0 {
-            self.inner.tables.evict(i, self.inner.task);
+            tables.evict(i, self.inner.task);
         }
-        let t = self.inner.tables.lock(i);
-        let bound = (PAGE_BYTES / t.row_bytes()).max(1);
-        let rows = match max_rows {
-            0 => bound,
-            n => (n as usize).min(bound),
+        let start = usize::try_from(start).unwrap_or(usize::MAX);
+        let page = |t: &Table| {
+            let bound = (PAGE_BYTES / t.row_bytes()).max(1);
+            match max_rows {
+                0 => bound,
+                n => (n as usize).min(bound),
+            }
         };
-        Ok(RowsPage {
-            state: TableState {
-                table: table.to_owned(),
-                rows: t.page(usize::try_from(start).unwrap_or(usize::MAX), rows),
-            },
-            total: t.len() as u64,
-            generation: t.generation(),
+        let mut t = tables.lock(i);
+        let mut answer = RowsPage {
             incarnation: self.inner.incarnation,
-        })
+            ..RowsPage::default()
+        };
+        answer.state.table = table.to_owned();
+        match cut {
+            Cut::Delta(chain) => {
+                let rows = page(&t);
+                drop(t);
+                tables.read_delta(i, chain, start, rows, &mut answer);
+            }
+            Cut::Plain | Cut::Base(_) => {
+                if let (Cut::Base(chain), 0) = (cut, start) {
+                    t.cut_base(chain);
+                }
+                answer.state.rows = t.page(start, page(&t));
+                answer.total = t.len() as u64;
+                answer.generation = t.generation();
+            }
+        }
+        Ok(answer)
     }
 
     /// `StageRows` on either transport: `state`'s rows (a page of a table

@@ -212,4 +212,52 @@ pub struct RowsPage {
     pub generation: u64,
     /// The ps process.
     pub incarnation: u64,
+    /// Pages of a delta ([`Cut::Delta`]): whether this ps had one (false:
+    /// no rows, the checkpoint must be whole).
+    pub delta: bool,
+    /// A delta's first page: the ids dropped since the chain's base, ascending.
+    pub removed: Vec<u64>,
+}
+
+/// One table as the chief read it from every ps ([`Cut`]): its rows,
+/// sorted by id, and for a delta the ids dropped since the chain's base
+/// (sorted, none among the rows).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableRead {
+    pub table: String,
+    pub rows: crate::model::table::Rows,
+    pub removed: Vec<u64>,
+}
+
+/// How `ReadRows` reads a table: plainly, as the base of the chief's chain
+/// of incremental checkpoints, or as a delta of that chain
+/// (`checkpoint.full_every`, docs/design.md "Incremental checkpoints").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Every row, nothing counted.
+    Plain,
+    /// Every row, the table's changes counted from the first page for chain `.0`.
+    Base(u64),
+    /// The rows changed since chain `.0`'s base, and the ids dropped since.
+    Delta(u64),
+}
+
+impl Cut {
+    /// From the wire's `chain` and `base`.
+    pub fn of(chain: u64, base: bool) -> Self {
+        match (chain, base) {
+            (0, _) => Cut::Plain,
+            (c, true) => Cut::Base(c),
+            (c, false) => Cut::Delta(c),
+        }
+    }
+
+    /// To the wire's `chain` and `base`.
+    pub fn wire(self) -> (u64, bool) {
+        match self {
+            Cut::Plain => (0, false),
+            Cut::Base(c) => (c, true),
+            Cut::Delta(c) => (c, false),
+        }
+    }
 }

@@ -111,8 +111,14 @@ pub struct Snapshot {
     /// Each ps task's own step when read ([`crate::checkpoint::Checkpoint::shard_steps`]).
     pub shard_steps: Vec<u64>,
     /// Every embedding table whole (every ps's rows merged, sorted by id),
-    /// in the model's order ([`crate::checkpoint::Checkpoint::tables`]).
+    /// in the model's order ([`crate::checkpoint::Checkpoint::tables`]);
+    /// a delta's: the rows changed since its chain's base.
     pub tables: Vec<(String, crate::model::table::Rows)>,
+    /// How the tables were read: whole, as a chain's base, or as a delta.
+    pub cut: crate::transport::call::Cut,
+    /// A delta's ids dropped since its chain's base, per table in
+    /// `tables`' order; empty otherwise.
+    pub removed: Vec<Vec<u64>>,
 }
 
 /// Every shard's answer to one call that went to all of them: the answers,

@@ -1,11 +1,15 @@
 //! The chief's checkpoints: how one is written ([`Checkpoints`]) and when
-//! ([`CheckpointTimer`], every `checkpoint.save_secs`, off the step loop).
+//! ([`CheckpointTimer`], every `checkpoint.save_secs`, off the step loop);
+//! with embedding tables and `checkpoint.full_every` > 1, the periodic ones
+//! as chains of a whole checkpoint and deltas ([`Checkpoints::snapshot`]).
 
+use crate::checkpoint::Increment;
 use crate::checkpoint::{self, Checkpoint, ModelMeta, Saver};
 use crate::config::{Config, DataFormat};
 use crate::data::Preprocessing;
 use crate::model::{Model, VarSpec};
-use crate::transport::{Cluster, Snapshot};
+use crate::transport::call::Cut;
+use crate::transport::{Cluster, PsCallError, Snapshot};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -21,6 +25,21 @@ pub(super) struct Checkpoints {
     meta: ModelMeta,
     /// One save at a time (the timer, a re-seed, the final save).
     saver: Mutex<Saver>,
+    /// The chain of incremental checkpoints the periodic saves extend;
+    /// `None`: the next one is whole, a new chain's base.
+    chain: Mutex<Option<Chain>>,
+}
+
+/// A chain of incremental checkpoints: its base, whole, then deltas of the
+/// rows changed since it (docs/design.md, "Incremental checkpoints").
+#[derive(Debug, Clone, Copy)]
+struct Chain {
+    /// Its id, random: the ps tasks count each table's changes for it.
+    id: u64,
+    /// The base's global step.
+    base: u64,
+    /// Deltas taken since the base.
+    deltas: u32,
 }
 
 impl Checkpoints {
@@ -58,7 +77,78 @@ impl Checkpoints {
             specs: model.variables(),
             meta,
             saver: Mutex::new(Saver::at(&cfg.checkpoint.dir, cfg.checkpoint.max_to_keep)),
+            chain: Mutex::default(),
         }
+    }
+
+    /// A periodic checkpoint's snapshot. With embedding tables and
+    /// `checkpoint.full_every` > 1, a delta of the current chain (the rows
+    /// changed since its base) while it has fewer than `full_every - 1`
+    /// and every ps can tell them, else the base of a new chain, whole;
+    /// otherwise whole on its own.
+    pub(super) async fn snapshot(
+        &self,
+        cluster: &Cluster,
+        cfg: &Config,
+    ) -> Result<Snapshot, PsCallError> {
+        let every = cfg.checkpoint.full_every;
+        if every <= 1 || crate::placement::tables(cfg).is_empty() {
+            return cluster.snapshot().await;
+        }
+        let chain = *self.chain.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = chain.filter(|c| c.deltas + 1 < every) {
+            match cluster.snapshot_cut(Cut::Delta(c.id)).await {
+                Ok(Some(snapshot)) => {
+                    self.set_chain(Some(Chain {
+                        deltas: c.deltas + 1,
+                        ..c
+                    }));
+                    return Ok(snapshot);
+                }
+                Ok(None) => {
+                    info!(chain = %format!("{:016x}", c.id), "A ps cannot tell the rows changed since the chain's base (it restarted, or its rows were replaced): this checkpoint is whole.")
+                }
+                Err(e) => {
+                    warn!(error = %e, "The delta could not be read; this checkpoint is whole.")
+                }
+            }
+        }
+        let id = rand::random::<u64>().max(1);
+        let snapshot = cluster.snapshot_cut(Cut::Base(id)).await?;
+        let snapshot = snapshot.expect("a whole read always answers");
+        self.set_chain(Some(Chain {
+            id,
+            base: snapshot.step,
+            deltas: 0,
+        }));
+        Ok(snapshot)
+    }
+
+    fn set_chain(&self, chain: Option<Chain>) {
+        *self.chain.lock().unwrap_or_else(PoisonError::into_inner) = chain;
+    }
+
+    /// Where `snapshot` sits in a chain, as its checkpoint says it
+    /// ([`checkpoint::Increment`]); `None` on its own (or a delta whose
+    /// chain was given up since: then it is not written).
+    fn increment(&self, snapshot: &mut Snapshot) -> Result<Option<Increment>, ()> {
+        let chain = *self.chain.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(match snapshot.cut {
+            Cut::Plain => None,
+            Cut::Base(id) => Some(Increment {
+                chain: id,
+                base: None,
+                removed: Vec::new(),
+            }),
+            Cut::Delta(id) => match chain.filter(|c| c.id == id) {
+                Some(c) => Some(Increment {
+                    chain: id,
+                    base: Some(c.base),
+                    removed: std::mem::take(&mut snapshot.removed),
+                }),
+                None => return Err(()),
+            },
+        })
     }
 
     /// Writes a checkpoint off the hot path. A failure is logged at ERROR
@@ -69,7 +159,26 @@ impl Checkpoints {
         cfg: &Config,
         snapshot: Snapshot,
     ) -> Result<std::path::PathBuf, checkpoint::CheckpointError> {
+        let mut snapshot = snapshot;
         let step = snapshot.step;
+        let Ok(increment) = self.increment(&mut snapshot) else {
+            let e = std::io::Error::other(
+                "a delta of a chain given up since (its base was not written); the next checkpoint is whole",
+            );
+            crate::metrics::global().checkpoint_failed();
+            tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.");
+            return Err(checkpoint::CheckpointError::io(
+                &cfg.checkpoint.dir,
+                "save",
+                e,
+            ));
+        };
+        let kind = match &increment {
+            None => "whole",
+            Some(Increment { base: None, .. }) => "base",
+            Some(_) => "delta",
+        };
+        let chain = increment.as_ref().map(|i| i.chain);
         let optimizer = cfg.train.optimizer();
         let names = || self.specs.iter().map(|s| s.name.clone());
         let slot_names = optimizer
@@ -87,7 +196,7 @@ impl Checkpoints {
             run: snapshot.run,
             shard_steps: snapshot.shard_steps,
             table_optimizers: cfg.own_table_optimizers(),
-            increment: None,
+            increment,
             tables: snapshot.tables,
         };
         let meta = ModelMeta {
@@ -112,9 +221,17 @@ impl Checkpoints {
         match &result {
             Ok(path) => {
                 crate::metrics::global().checkpoint_written(started.elapsed());
-                info!(step, path = %path.display(), millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
+                info!(step, path = %path.display(), kind, millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
             }
             Err(e) => {
+                // A chain whose base or delta failed: the next checkpoint
+                // is whole (the ps tasks may hold no base for its deltas).
+                if chain.is_some() {
+                    let mut held = self.chain.lock().unwrap_or_else(PoisonError::into_inner);
+                    if held.is_some_and(|c| Some(c.id) == chain) {
+                        *held = None;
+                    }
+                }
                 crate::metrics::global().checkpoint_failed();
                 tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.")
             }
@@ -174,7 +291,7 @@ impl CheckpointTimer {
                     continue;
                 }
                 last = Instant::now();
-                match cluster.snapshot().await {
+                match checkpoints.snapshot(&cluster, &cfg).await {
                     Ok(snapshot) => {
                         // Logged and counted there; training goes on.
                         let _ = checkpoints.save(&cfg, snapshot).await;

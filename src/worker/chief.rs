@@ -13,6 +13,7 @@ use crate::data::{self, Preprocessing, Split};
 use crate::model::Model;
 use crate::optimizer::Optimizer;
 use crate::summary::Summaries;
+use crate::transport::call::Cut;
 use crate::transport::{Cluster, PsState, Snapshot};
 use ndarray::ArrayD;
 use std::sync::Arc;
@@ -136,7 +137,7 @@ impl Chief {
             return;
         }
         let Some(b) = &self.beside else { return };
-        match self.cluster.snapshot().await {
+        match self.checkpoints.snapshot(&self.cluster, cfg).await {
             Ok(snapshot) => b.timer.save(snapshot).await,
             Err(e) => {
                 warn!(global_step = after, error = %e, "Checkpoint skipped: could not read the variables.")
@@ -384,6 +385,8 @@ impl Chief {
                 // Every shard was just initialized at this step.
                 shard_steps: vec![step; cfg.cluster.ps.len()],
                 tables,
+                cut: Cut::Plain,
+                removed: Vec::new(),
             };
             let _ = self.checkpoints.save(&cfg, snapshot).await;
         }

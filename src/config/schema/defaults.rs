@@ -117,6 +117,7 @@ impl Default for CheckpointConfig {
             save_secs: None,
             save_steps: 0,
             max_to_keep: 5,
+            full_every: 1,
         }
     }
 }

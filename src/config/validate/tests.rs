@@ -64,6 +64,8 @@ fn out_of_range_values_are_errors() {
         ("[cluster]\nworker = []", "cluster.worker"),
         ("[checkpoint]\nsave_secs = 0", "checkpoint.save_secs"),
         ("[checkpoint]\nmax_to_keep = 0", "checkpoint.max_to_keep"),
+        ("[checkpoint]\nfull_every = 0", "checkpoint.full_every"),
+        ("[checkpoint]\nfull_every = 1001", "checkpoint.full_every"),
         (
             "[checkpoint]\nsave_secs = 10\nsave_steps = 100",
             "checkpoint.save_steps",

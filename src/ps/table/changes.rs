@@ -1,14 +1,24 @@
-//! Which rows changed since the last snapshot, so that a snapshot of a
-//! large table can hold only those (`ps.snapshot_full_every`, docs/design.md
-//! "Incremental snapshots"): one bit a row beside `ids`, set by every row
-//! creation and update, and the ids of the rows eviction dropped. Kept only
-//! when the ps's snapshots are incremental; 1/8 byte a row.
+//! Which rows changed, so that a snapshot or a checkpoint of a large table
+//! can hold only those (docs/design.md "Incremental snapshots",
+//! "Incremental checkpoints"): one bit a row beside `ids`, set by every row
+//! creation and update, and the ids of the rows eviction dropped. Two
+//! trackers: the snapshot loop's, reset at every snapshot and kept only
+//! when the ps's snapshots are incremental ([`Table::cut`]), and the
+//! chief's checkpoints', kept from the first base a chief reads
+//! (`checkpoint.full_every`) and reset only at the next base, so each delta
+//! holds every change since its base ([`Table::cut_base`],
+//! [`Table::cut_delta`]). 1/8 byte a row each.
 
 use super::Table;
 use crate::model::table::Rows;
 
 /// Dropped ids [`Changes`] always has room for, however few rows remain.
 const MIN_REMOVED: usize = 4096;
+
+/// The most dropped ids a checkpoint's delta of one table holds: they go
+/// in the first page's message (`ReadRowsResponse.removed`, up to 10
+/// bytes an id), beside a page of rows. Past it the checkpoint is whole.
+const MAX_DELTA_REMOVED: usize = crate::transport::PAGE_BYTES / 16;
 
 /// The rows changed since the last cut ([`Table::cut`]).
 #[derive(Debug, Default)]
@@ -33,6 +43,48 @@ pub(super) struct Changes {
 pub struct Delta {
     pub rows: Rows,
     pub removed: Vec<u64>,
+}
+
+/// A table's two trackers of its changed rows.
+#[derive(Debug, Default)]
+pub(super) struct Tracked {
+    /// Since the last snapshot.
+    snapshot: Changes,
+    /// Since the base of the chief's chain of checkpoints `chain`.
+    checkpoint: Changes,
+    /// The chain the checkpoint tracker counts for; 0: none yet.
+    chain: u64,
+}
+
+impl Tracked {
+    /// Snapshot changes kept when `snapshots`; checkpoint changes from the
+    /// first base a chief reads.
+    pub(super) fn new(snapshots: bool) -> Self {
+        Self {
+            snapshot: Changes::new(snapshots),
+            checkpoint: Changes::new(false),
+            chain: 0,
+        }
+    }
+
+    pub(super) fn mark(&mut self, r: usize) {
+        self.snapshot.mark(r);
+        self.checkpoint.mark(r);
+    }
+
+    pub(super) fn compact(&mut self, dead: &[bool], ids: &[u64]) {
+        self.snapshot.compact(dead, ids);
+        self.checkpoint.compact(dead, ids);
+    }
+
+    pub(super) fn lose(&mut self) {
+        self.snapshot.lose();
+        self.checkpoint.lose();
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.snapshot.bytes() + self.checkpoint.bytes()
+    }
 }
 
 impl Changes {
@@ -105,6 +157,14 @@ impl Changes {
         self.removed.clear();
     }
 
+    /// Counting starts again from here (a full copy is read now).
+    fn restart(&mut self) {
+        self.bits.clear();
+        self.count = 0;
+        self.removed.clear();
+        self.lost = false;
+    }
+
     /// Bytes held.
     pub(super) fn bytes(&self) -> usize {
         8 * (self.bits.capacity() + self.removed.capacity())
@@ -120,32 +180,54 @@ impl Table {
     /// (A delta of most rows costs about what a whole copy does; the
     /// snapshot loop makes the next one whole once its deltas outweigh it.)
     pub fn cut(&mut self, full: bool) -> Option<Delta> {
-        let c = &self.changes;
-        let whole = full || !c.on || c.lost;
-        let delta = (!whole).then(|| {
-            let mut rows = Vec::with_capacity(c.count);
-            for (w, &word) in c.bits.iter().enumerate() {
-                let mut word = word;
-                while word != 0 {
-                    rows.push(w * 64 + word.trailing_zeros() as usize);
-                    word &= word - 1;
-                }
-            }
-            rows.sort_unstable_by_key(|&r| self.ids[r]);
-            let mut removed = c.removed.clone();
-            removed.sort_unstable();
-            removed.dedup();
-            Delta {
-                rows: self.gather(&rows),
-                removed,
-            }
-        });
-        let c = &mut self.changes;
-        c.bits.clear();
-        c.count = 0;
-        c.removed.clear();
-        c.lost = false;
+        let c = &self.changes.snapshot;
+        let delta = (!full && c.on && !c.lost).then(|| self.gather_changed(c));
+        self.changes.snapshot.restart();
         delta
+    }
+
+    /// A chief's checkpoint of chain `chain` starts with this table whole:
+    /// its changes are counted from here, for that chain alone. The caller
+    /// reads every row after this.
+    pub fn cut_base(&mut self, chain: u64) {
+        let c = &mut self.changes;
+        c.checkpoint.on = true;
+        c.checkpoint.restart();
+        c.chain = chain;
+    }
+
+    /// A delta checkpoint of chain `chain`: every row changed and dropped
+    /// since [`Table::cut_base`] of that chain (the counting goes on); `None`
+    /// when this table cannot tell — another chain's base was read since,
+    /// none was, its rows were replaced since (a restore, a seeding), or
+    /// more rows were dropped than it keeps ids of or a delta carries
+    /// ([`MAX_DELTA_REMOVED`]) — and the checkpoint must be whole.
+    pub fn cut_delta(&self, chain: u64) -> Option<Delta> {
+        let (c, k) = (&self.changes, &self.changes.checkpoint);
+        let known = chain != 0 && c.chain == chain && k.on && !k.lost;
+        (known && k.removed.len() <= MAX_DELTA_REMOVED).then(|| self.gather_changed(k))
+    }
+
+    /// The rows `c` says changed (sorted by id) and the ids it says were dropped.
+    fn gather_changed(&self, c: &Changes) -> Delta {
+        let mut rows = Vec::with_capacity(c.count);
+        for (w, &word) in c.bits.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                rows.push(w * 64 + word.trailing_zeros() as usize);
+                word &= word - 1;
+            }
+        }
+        rows.sort_unstable_by_key(|&r| self.ids[r]);
+        let mut removed = c.removed.clone();
+        removed.sort_unstable();
+        removed.dedup();
+        // An id dropped and created again since is a changed row, not a removal.
+        removed.retain(|&id| self.find(id).is_none());
+        Delta {
+            rows: self.gather(&rows),
+            removed,
+        }
     }
 
     /// Rows `rows` (row numbers) with their shadows and slots, in that order.
@@ -169,8 +251,8 @@ impl Table {
         out
     }
 
-    /// Rows changed since the last cut (0 when changes are not kept).
+    /// Rows changed since the last snapshot's cut (0 when changes are not kept).
     pub fn changed(&self) -> usize {
-        self.changes.count
+        self.changes.snapshot.count
     }
 }

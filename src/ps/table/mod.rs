@@ -159,8 +159,9 @@ pub struct Table {
     /// Whether this ps's memory has room for new rows (`ps::memory`: the
     /// cgroup's limit), shared by its tables.
     room: Arc<Room>,
-    /// The rows changed since the last snapshot (incremental snapshots).
-    changes: changes::Changes,
+    /// The rows changed since the last snapshot (incremental snapshots)
+    /// and since the base of the chief's chain of checkpoints.
+    changes: changes::Tracked,
 }
 
 impl Table {
@@ -189,14 +190,14 @@ impl Table {
             touched: Vec::new(),
             clock: 0,
             room: Arc::default(),
-            changes: changes::Changes::new(false),
+            changes: changes::Tracked::new(false),
         }
     }
 
     /// This table keeping which rows change between snapshots (`on`:
     /// incremental snapshots, [`Table::cut`]).
     pub fn with_changes(mut self, on: bool) -> Self {
-        self.changes = changes::Changes::new(on);
+        self.changes = changes::Tracked::new(on);
         self
     }
 

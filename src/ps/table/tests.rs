@@ -424,3 +424,60 @@ fn changes_never_cut_do_not_grow_without_bound() {
         "a 10-row table's memory grows with every eviction: {sizes:?}"
     );
 }
+
+/// The checkpoint tracker counts from its chain's base and is never reset
+/// by a delta: the base's full copy with any one later delta applied is the
+/// table (rows created, updated, evicted, evicted and made again); the
+/// snapshot tracker's cuts in between change nothing for it; a load, or
+/// another chain's base, leaves the old chain no delta.
+#[test]
+fn a_checkpoint_base_and_any_one_delta_after_it_make_the_table() {
+    use rand::{Rng, SeedableRng};
+    let mut t = tracked(3, 40, 300);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    assert!(t.cut_delta(5).is_none(), "no base read yet");
+    t.push(&[1, 2, 3], &[0.5; 9], 0.1, 1, 0, false).unwrap();
+    t.cut_base(5);
+    let base = t.rows();
+    let none = t.cut_delta(5).unwrap();
+    assert!(none.rows.is_empty() && none.removed.is_empty());
+    let mut deltas = 0;
+    for step in 2..400u64 {
+        let ids: Vec<u64> = (0..rng.random_range(1..12))
+            .map(|_| match rng.random_bool(0.7) {
+                true => rng.random_range(0..20),
+                false => rng.random_range(0..2000),
+            })
+            .collect();
+        let grads: Vec<f32> = (0..ids.len() * 3)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        t.push(&ids, &grads, 0.1, step, 0, false).unwrap();
+        if step % 10 == 0 {
+            t.evict();
+            // The snapshot loop cuts its own tracker meanwhile.
+            let _ = t.cut(step % 30 == 0);
+            let d = t.cut_delta(5).expect("the chain's base was read");
+            assert!(d.rows.ids.windows(2).all(|w| w[0] < w[1]));
+            assert!(
+                d.removed
+                    .iter()
+                    .all(|id| d.rows.ids.binary_search(id).is_err())
+            );
+            assert_eq!(
+                base.clone().patched(&d.removed, d.rows),
+                t.rows(),
+                "step {step}"
+            );
+            deltas += 1;
+        }
+    }
+    assert!(t.counters().evicted > 0 && deltas > 30);
+    assert!(t.cut_delta(6).is_none(), "another chain");
+    t.cut_base(6);
+    assert!(t.cut_delta(5).is_none(), "a newer chain's base was read");
+    assert!(t.cut_delta(6).is_some());
+    let rows = t.rows();
+    t.load(&rows, 500).unwrap();
+    assert!(t.cut_delta(6).is_none(), "the rows were replaced");
+}

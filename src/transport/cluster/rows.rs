@@ -9,7 +9,7 @@ use super::{Cluster, call};
 use crate::model::table::Rows;
 use crate::placement::table_owner;
 use crate::transport::PAGE_BYTES;
-use crate::transport::call::{RowsPage, RowsPushed, TableRows, TableState};
+use crate::transport::call::{Cut, RowsPage, RowsPushed, TableRead, TableRows, TableState};
 use crate::transport::pb;
 use crate::transport::proto::RowsError;
 use crate::transport::shm::kind;
@@ -246,38 +246,64 @@ impl Cluster {
         Ok(RowsPushed::from(&answer))
     }
 
-    /// Every table whole, from every ps, in the model's order: each ps's
-    /// rows read a page at a time ([`PAGE_BYTES`]; tables far larger than
-    /// a message), merged and sorted by id. Each row is as new as its page:
-    /// in async mode a table read while training goes on is not one
+    /// Every table, from every ps, in the model's order: each ps's rows
+    /// read a page at a time ([`PAGE_BYTES`]; tables far larger than a
+    /// message), merged and sorted by id, with the ids dropped since the
+    /// chain's base (a delta's; empty otherwise). Each row is as new as its
+    /// page: in async mode a table read while training goes on is not one
     /// moment's, as TensorFlow's `Saver` reads variables while they train.
+    /// `cut`: whole ([`Cut::Plain`], [`Cut::Base`]) or the rows changed
+    /// since the chain's base ([`Cut::Delta`]; `None` when a ps cannot tell
+    /// them: the checkpoint must be whole).
     ///
     /// Errors: the first ps that failed; `ABORTED` when a ps's table was
     /// replaced (a restore, or [`TABLE_READ_TRIES`] evictions under
     /// `model.tables.max_rows`) between two pages, `INTERNAL` for pages
     /// that do not fit together.
-    pub(super) async fn read_tables(&self) -> Result<Vec<(String, Rows)>, PsCallError> {
+    pub(super) async fn read_tables(
+        &self,
+        cut: Cut,
+    ) -> Result<Option<Vec<TableRead>>, PsCallError> {
         let mut out = Vec::with_capacity(self.tables.len());
         for table in &self.tables {
-            let parts = try_join_all(
-                (0..self.num_ps())
-                    .map(|ps| async move { self.read_table(ps, table).await.map_err(call(ps)) }),
-            )
-            .await?;
-            out.push((table.clone(), crate::placement::merge_rows(parts)));
+            let parts =
+                try_join_all((0..self.num_ps()).map(|ps| async move {
+                    self.read_table(ps, table, cut).await.map_err(call(ps))
+                }))
+                .await?;
+            let Some(parts) = parts.into_iter().collect::<Option<Vec<_>>>() else {
+                return Ok(None);
+            };
+            let (rows, removed): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+            let rows = crate::placement::merge_rows(rows);
+            let mut removed: Vec<u64> = removed.concat();
+            removed.sort_unstable();
+            removed.dedup();
+            removed.retain(|id| rows.ids.binary_search(id).is_err());
+            out.push(TableRead {
+                table: table.clone(),
+                rows,
+                removed,
+            });
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
-    /// Table `table`'s rows on ps `ps`, read again from the start when its
-    /// rows were renumbered between two pages of the same process (an
-    /// eviction by a push under `model.tables.max_rows`, or a restore), at
-    /// most [`TABLE_READ_TRIES`] times in all.
-    async fn read_table(&self, ps: usize, table: &str) -> Result<Rows, Status> {
+    /// Table `table`'s rows on ps `ps` (and a delta's dropped ids), read
+    /// again from the start when its rows were renumbered between two pages
+    /// of the same process (an eviction by a push under
+    /// `model.tables.max_rows`, or a restore), at most [`TABLE_READ_TRIES`]
+    /// times in all. `None`: a delta the ps does not have.
+    async fn read_table(
+        &self,
+        ps: usize,
+        table: &str,
+        cut: Cut,
+    ) -> Result<Option<(Rows, Vec<u64>)>, Status> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.read_table_once(ps, table).await {
+            match self.read_table_once(ps, table, cut).await {
                 Err(Renumbered::Generation(_)) if tries < TABLE_READ_TRIES => continue,
                 Err(Renumbered::Generation(s) | Renumbered::Other(s)) => return Err(s),
                 Ok(rows) => return Ok(rows),
@@ -286,16 +312,24 @@ impl Cluster {
     }
 
     /// [`Cluster::read_table`], once.
-    async fn read_table_once(&self, ps: usize, table: &str) -> Result<Rows, Renumbered> {
+    async fn read_table_once(
+        &self,
+        ps: usize,
+        table: &str,
+        cut: Cut,
+    ) -> Result<Option<(Rows, Vec<u64>)>, Renumbered> {
         let bad = |why: String| {
             Renumbered::Other(Status::internal(format!("ps:{ps} table {table:?}: {why}")))
         };
-        let (mut rows, mut generation) = (Rows::default(), None);
+        let (chain, base) = cut.wire();
+        let (mut rows, mut removed, mut generation) = (Rows::default(), Vec::new(), None);
         loop {
             let req = pb::ReadRowsRequest {
                 table: table.to_owned(),
                 start: rows.len() as u64,
                 max_rows: 0,
+                chain,
+                base,
             };
             let answer: pb::ReadRowsResponse = match self.shm(ps).await {
                 Some((link, mut conn)) => link.call(&mut conn, kind::READ_ROWS, &req).await?,
@@ -311,6 +345,9 @@ impl Cluster {
             if page.state.table != table {
                 return Err(bad(format!("answered with table {:?}", page.state.table)));
             }
+            if matches!(cut, Cut::Delta(_)) && !page.delta {
+                return Ok(None);
+            }
             let now = (page.generation, page.incarnation);
             if let Some(g) = generation.filter(|&g: &(u64, u64)| g != now) {
                 let s = Status::aborted(format!(
@@ -322,6 +359,9 @@ impl Cluster {
                 } else {
                     Renumbered::Other(s)
                 });
+            }
+            if generation.is_none() {
+                removed = page.removed;
             }
             generation = Some(now);
             let got = page.state.rows.len();
@@ -335,7 +375,7 @@ impl Cluster {
                 rows.reserve(rest.min(got * 64));
             }
             if rows.len() as u64 >= page.total {
-                return Ok(rows);
+                return Ok(Some((rows, removed)));
             }
             if got == 0 {
                 return Err(bad(format!(

@@ -5,7 +5,7 @@
 use super::*;
 use crate::model::table::Rows;
 use crate::placement::split_rows;
-use crate::transport::call::TableState;
+use crate::transport::call::{Cut, TableState};
 
 impl Cluster {
     /// Initializes the shards of the ps tasks in `only` from `values` (model
@@ -152,6 +152,14 @@ impl Cluster {
     /// copied under their own lock just after), for checkpoints and
     /// evaluation.
     pub async fn snapshot(&self) -> Result<Snapshot, PsCallError> {
+        let snapshot = self.snapshot_cut(Cut::Plain).await?;
+        Ok(snapshot.expect("a whole read always answers"))
+    }
+
+    /// [`Cluster::snapshot`], its tables read by `cut` (a base or a delta
+    /// of the chief's chain of incremental checkpoints); `None` for a delta
+    /// some ps cannot tell (the checkpoint must be whole).
+    pub async fn snapshot_cut(&self, cut: Cut) -> Result<Option<Snapshot>, PsCallError> {
         let mut values: Vec<ArrayD<f32>> = self
             .layout
             .vars()
@@ -177,8 +185,14 @@ impl Cluster {
         let shard_steps = replies.iter().map(|r| r.global_step).collect();
         let slots = self.gather_slots(&replies)?;
         // After the shards' tensors, a page at a time.
-        let tables = self.read_tables().await?;
-        Ok(Snapshot {
+        let Some(read) = self.read_tables(cut).await? else {
+            return Ok(None);
+        };
+        let (tables, removed) = read
+            .into_iter()
+            .map(|t| ((t.table, t.rows), t.removed))
+            .unzip();
+        Ok(Some(Snapshot {
             run,
             shard_steps,
             step,
@@ -186,7 +200,12 @@ impl Cluster {
             shadows,
             slots,
             tables,
-        })
+            removed: match cut {
+                Cut::Delta(_) => removed,
+                Cut::Plain | Cut::Base(_) => Vec::new(),
+            },
+            cut,
+        }))
     }
 
     /// The optimizer's slots from every shard's snapshot answer, in

@@ -127,6 +127,8 @@ impl From<&RowsPage> for pb::ReadRowsResponse {
             total: p.total,
             generation: p.generation,
             incarnation: p.incarnation,
+            delta: p.delta,
+            removed: p.removed.clone(),
         }
     }
 }
@@ -145,6 +147,8 @@ impl TryFrom<&pb::ReadRowsResponse> for RowsPage {
             total: r.total,
             generation: r.generation,
             incarnation: r.incarnation,
+            delta: r.delta,
+            removed: r.removed.clone(),
         })
     }
 }
