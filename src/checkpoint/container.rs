@@ -238,6 +238,71 @@ pub fn table_tensor_names(name: &str, slot_names: &[&str]) -> Vec<String> {
     .collect()
 }
 
+/// A delta's ids of a table's rows dropped since its base (a checkpoint's)
+/// or since the snapshot before it (a ps snapshot's): `NAME/removed`, I64.
+pub const REMOVED_SUFFIX: &str = "/removed";
+
+/// The tensor of table `name`'s dropped ids `removed` ([`REMOVED_SUFFIX`]).
+pub fn removed_tensor<'a>(name: &str, removed: &'a [u64]) -> TableTensor<'a> {
+    (
+        format!("{name}{REMOVED_SUFFIX}"),
+        Dtype::I64,
+        vec![removed.len()],
+        bytemuck::cast_slice(removed),
+    )
+}
+
+/// Table `name`'s dropped ids from `values` ([`removed_tensor`]), checked
+/// by [`check_removed`] against the rows' `ids`.
+///
+/// Errors: what is wrong, naming the tensor.
+pub fn read_removed(values: &SafeTensors<'_>, name: &str, ids: &[u64]) -> Result<Vec<u64>, String> {
+    let tensor = format!("{name}{REMOVED_SUFFIX}");
+    let view = values
+        .tensor(&tensor)
+        .map_err(|_| format!("it is a delta without tensor {tensor:?}"))?;
+    if view.dtype() != Dtype::I64 || view.shape().len() != 1 {
+        return Err(format!(
+            "tensor {tensor:?} is {:?} of shape {:?}, expected an I64 vector (the ids dropped)",
+            view.dtype(),
+            view.shape()
+        ));
+    }
+    let removed: Vec<u64> = bytemuck::pod_collect_to_vec(view.data());
+    check_removed(name, &removed, ids)?;
+    Ok(removed)
+}
+
+/// A delta's dropped ids of table `name` must be strictly ascending and none
+/// of them among its rows' `ids` (a row is either changed or dropped).
+///
+/// Errors: which id breaks which rule.
+pub fn check_removed(name: &str, removed: &[u64], ids: &[u64]) -> Result<(), String> {
+    if let Some(i) = removed.windows(2).position(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "table {name:?}: its removed ids are not strictly ascending at {} ({} then {})",
+            i + 1,
+            removed[i],
+            removed[i + 1]
+        ));
+    }
+    // Both sorted: one merge pass.
+    let (mut i, mut j) = (0, 0);
+    while i < removed.len() && j < ids.len() {
+        match removed[i].cmp(&ids[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                return Err(format!(
+                    "table {name:?}: id {} is both among its rows and removed",
+                    removed[i]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Why [`read_rows`] could not read a table.
 #[derive(Debug)]
 pub struct RowsProblem {

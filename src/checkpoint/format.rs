@@ -9,8 +9,8 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::container::{self, CrcError, ParseError};
 use super::{
-    CRC_PREFIX, Checkpoint, CheckpointError, EMA_BYTES, EMA_SUFFIX, FORMAT, GLOBAL_STEP,
-    MODEL_BYTES, Slots, parse_step,
+    CRC_PREFIX, Checkpoint, CheckpointError, DELTA_FORMAT, EMA_BYTES, EMA_SUFFIX, FORMAT,
+    GLOBAL_STEP, Increment, MODEL_BYTES, Slots, parse_step,
 };
 use crate::model::VarSpec;
 use crate::optimizer::{self, Optimizer};
@@ -31,6 +31,32 @@ pub(super) const TABLES_KEY: &str = "tables";
 /// (`{"wide/weights":{"name":"ftrl",…}}`); absent: every table follows the
 /// run's optimizer.
 pub(super) const TABLE_OPTIMIZERS_KEY: &str = "table_optimizers";
+/// Metadata key of a chain's id ([`Increment::chain`]), 16 lowercase hex
+/// digits, on both files of its base and of each of its deltas; absent: a
+/// checkpoint on its own.
+pub(super) const CHAIN_KEY: &str = "chain";
+/// Metadata key of a delta's base ([`Increment::base`]): the base's global
+/// step, decimal, on both files of the delta (whose `format` is
+/// [`DELTA_FORMAT`]).
+pub(super) const BASE_KEY: &str = "base";
+/// Every metadata key this module writes (besides the `crc32:<tensor>`
+/// ones): what the caller's extra metadata may not replace, and what is
+/// left of a file's metadata without them is that extra
+/// ([`whole_bytes`]).
+const OWN_KEYS: [&str; 12] = [
+    "format",
+    "global_step",
+    "kind",
+    "variables",
+    OPTIMIZER_KEY,
+    SLOTS_KEY,
+    RUN_KEY,
+    SHARD_STEPS_KEY,
+    TABLES_KEY,
+    TABLE_OPTIMIZERS_KEY,
+    CHAIN_KEY,
+    BASE_KEY,
+];
 
 mod encode;
 mod saveable;
@@ -60,6 +86,9 @@ struct Parsed<'a> {
     meta: HashMap<String, String>,
     /// The metadata's `global_step`, parsed.
     global_step: u64,
+    /// The metadata's `chain` and `base` (a delta's), parsed; `None`: a
+    /// checkpoint on its own.
+    chain: Option<(u64, Option<u64>)>,
 }
 
 /// Parses one file of a pair and checks what every dtf file carries: the
@@ -67,11 +96,13 @@ struct Parsed<'a> {
 fn parse_file<'a>(bytes: &'a [u8], path: &Path, kind: &str) -> Result<Parsed<'a>, CheckpointError> {
     let (tensors, meta) = parse_safetensors(bytes, path)?;
     let global_step = check_identity(&meta, path, kind)?;
+    let chain = check_chain(&meta, path)?;
     check_crcs(&tensors, &meta, path)?;
     Ok(Parsed {
         tensors,
         meta,
         global_step,
+        chain,
     })
 }
 
@@ -111,12 +142,13 @@ fn check_identity(
 ) -> Result<u64, CheckpointError> {
     let get = |key: &str| meta.get(key).map(String::as_str);
     match get("format") {
-        Some(FORMAT) => {}
+        Some(FORMAT | DELTA_FORMAT) => {}
         other => {
             return Err(CheckpointError::invalid(
                 path,
                 format!(
-                    "metadata format is {other:?}, expected \"{FORMAT}\" (not a dtf checkpoint?)"
+                    "metadata format is {other:?}, expected \"{FORMAT}\" (or \"{DELTA_FORMAT}\", \
+                     an incremental checkpoint's delta; not a dtf checkpoint?)"
                 ),
             ));
         }
@@ -136,6 +168,92 @@ fn check_identity(
             ),
         )
     })
+}
+
+/// The metadata's `chain` and, in a delta (`format` [`DELTA_FORMAT`]), its
+/// `base`: (chain id, the base's step). A delta needs both; a whole file
+/// has no `base`.
+///
+/// Errors: [`CheckpointError::Invalid`] naming `path`.
+pub(super) fn check_chain(
+    meta: &HashMap<String, String>,
+    path: &Path,
+) -> Result<Option<(u64, Option<u64>)>, CheckpointError> {
+    let delta = meta.get("format").map(String::as_str) == Some(DELTA_FORMAT);
+    let chain = match meta.get(CHAIN_KEY) {
+        None if delta => {
+            return Err(CheckpointError::invalid(
+                path,
+                format!("a delta (format \"{DELTA_FORMAT}\") without metadata \"{CHAIN_KEY}\""),
+            ));
+        }
+        None => None,
+        Some(text) => Some(parse_chain(text).ok_or_else(|| {
+            CheckpointError::invalid(
+                path,
+                format!("metadata {CHAIN_KEY} is {text:?}, expected 16 lowercase hex digits"),
+            )
+        })?),
+    };
+    let base = match (meta.get(BASE_KEY), delta) {
+        (None, false) => None,
+        (Some(text), true) => Some(parse_step(text).ok_or_else(|| {
+            CheckpointError::invalid(
+                path,
+                format!("metadata {BASE_KEY} is {text:?}, expected the base's global step"),
+            )
+        })?),
+        (None, true) => {
+            return Err(CheckpointError::invalid(
+                path,
+                format!("a delta (format \"{DELTA_FORMAT}\") without metadata \"{BASE_KEY}\""),
+            ));
+        }
+        (Some(_), false) => {
+            return Err(CheckpointError::invalid(
+                path,
+                format!(
+                    "metadata {BASE_KEY} in a file whose format is not \"{DELTA_FORMAT}\": \
+                     a delta that says it is whole?"
+                ),
+            ));
+        }
+    };
+    Ok(chain.map(|c| (c, base)))
+}
+
+/// Whether a file whose chain and base are `found` ([`check_chain`]) is
+/// the base of a delta of chain `chain`: that chain's, and whole.
+///
+/// Errors: what it is instead, to follow "its base model.ckpt-N.safetensors".
+pub(super) fn check_base_of(found: Option<(u64, Option<u64>)>, chain: u64) -> Result<(), String> {
+    match found {
+        None => Err(
+            "is no chain's base (no chain metadata): another checkpoint saved at its step?".into(),
+        ),
+        Some((_, Some(b))) => Err(format!(
+            "is itself a delta (on base {b}): a chain has one whole checkpoint"
+        )),
+        Some((c, None)) if c != chain => Err(format!(
+            "is of chain {}, the delta of chain {}: another chain's base saved at its step?",
+            chain_text(c),
+            chain_text(chain)
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A chain id as the metadata holds it: exactly 16 lowercase hex digits.
+fn parse_chain(text: &str) -> Option<u64> {
+    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+    (text.len() == 16 && text.bytes().all(hex))
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+}
+
+/// A chain id as the metadata holds it ([`parse_chain`]'s inverse).
+pub(super) fn chain_text(chain: u64) -> String {
+    format!("{chain:016x}")
 }
 
 /// Checks every tensor's bytes against its `crc32:<name>` in the metadata.
@@ -260,9 +378,27 @@ pub(super) fn parse(
             ),
         ));
     }
+    if m.chain != e.chain {
+        return Err(CheckpointError::invalid(
+            ema_path,
+            format!(
+                "EMA file is of chain and base {:?}, its model file {} of {:?}: they must be a pair",
+                e.chain,
+                model_path.display(),
+                m.chain
+            ),
+        ));
+    }
     check_step_tensor(&m, model_path)?;
     let (optimizer, slot_names) = listed_slots(&m, model_path)?;
     let table_names = listed_tables(&m, model_path)?;
+    let delta = matches!(m.chain, Some((_, Some(_))));
+    if delta && table_names.is_empty() {
+        return Err(CheckpointError::invalid(
+            model_path,
+            "a delta without tables: only embedding tables are saved incrementally",
+        ));
+    }
     let table_optimizers = listed_table_optimizers(&m, &table_names, model_path)?;
     let table_slots = |name: &str| {
         super::table_rule(&table_optimizers, optimizer, name).map_or(&[][..], |o| o.slot_names())
@@ -276,6 +412,12 @@ pub(super) fn parse(
             table_names
                 .iter()
                 .flat_map(|n| container::table_tensor_names(n, table_slots(n))),
+        )
+        .chain(
+            table_names
+                .iter()
+                .filter(|_| delta)
+                .map(|n| format!("{n}{}", container::REMOVED_SUFFIX)),
         )
         .collect();
     let listed = listed_variables(&m, &not_variables, model_path)?;
@@ -295,7 +437,7 @@ pub(super) fn parse(
         shadows.push((name.clone(), shadow));
     }
     let slots = read_slots(&m, model_path, optimizer, &slot_names, &variables)?;
-    let tables = table_names
+    let tables: Vec<_> = table_names
         .iter()
         .map(|name| {
             container::read_rows(&m.tensors, &e.tensors, name, table_slots(name), None)
@@ -306,6 +448,7 @@ pub(super) fn parse(
                 })
         })
         .collect::<Result<_, _>>()?;
+    let increment = increment(&m, &tables, model_path)?;
     check_no_stray_shadows(&e, &specs, &table_names, ema_path)?;
     let run = match m.meta.get(RUN_KEY) {
         None => 0,
@@ -336,8 +479,33 @@ pub(super) fn parse(
         shard_steps,
         tables,
         table_optimizers,
-        increment: None,
+        increment,
     })
+}
+
+/// The model file's place in a chain: none, a base, or a delta unresolved
+/// (its `NAME/removed` read beside each table's rows).
+fn increment(
+    m: &Parsed<'_>,
+    tables: &[(String, crate::model::table::Rows)],
+    model_path: &Path,
+) -> Result<Option<Increment>, CheckpointError> {
+    let Some((chain, base)) = m.chain else {
+        return Ok(None);
+    };
+    let removed = match base {
+        None => Vec::new(),
+        Some(_) => tables
+            .iter()
+            .map(|(name, rows)| container::read_removed(&m.tensors, name, &rows.ids))
+            .collect::<Result<_, _>>()
+            .map_err(|why| CheckpointError::invalid(model_path, why))?,
+    };
+    Ok(Some(Increment {
+        chain,
+        base,
+        removed,
+    }))
 }
 
 /// The metadata's `table_optimizers`: each named table's own rule, every
@@ -574,15 +742,49 @@ fn check_no_stray_shadows(
     ))
 }
 
+/// The two files of `ckpt` (a delta [`load`](super::load) resolved onto its
+/// base) re-encoded whole: `format` [`FORMAT`], neither `chain` nor `base`,
+/// every table whole, and the other metadata of `model`, the delta's model
+/// file (the model's description, [`super::ModelMeta`]) kept, so that a
+/// copy stands alone (`best/`, `dtf export`).
+///
+/// Errors: [`CheckpointError::Safetensors`] or [`CheckpointError::Invalid`]
+/// naming `model_path`, if `model`'s header cannot be read or the state
+/// would not save.
+pub(super) fn whole_bytes(
+    ckpt: &Checkpoint,
+    model: &[u8],
+    model_path: &Path,
+) -> Result<(Vec<u8>, Vec<u8>), CheckpointError> {
+    let (_, meta) = parse_safetensors(model, model_path)?;
+    let extra = meta
+        .into_iter()
+        .filter(|(k, _)| !OWN_KEYS.contains(&k.as_str()) && !k.starts_with(CRC_PREFIX))
+        .collect();
+    let whole = Checkpoint {
+        increment: None,
+        ..ckpt.clone()
+    };
+    to_bytes(&whole, &extra).map_err(|p| CheckpointError::invalid(model_path, p))
+}
+
 /// Parses a checkpoint from the bytes of its model file and its EMA file —
 /// what `restore::load` uses after reading the two files.
 ///
-/// Verifies: both are safetensors with `format = "dtf-1"` and the right
-/// `kind`; every tensor's CRC-32; both files' `global_step` agree, with the
+/// Verifies: both are safetensors with `format = "dtf-1"` (or
+/// `"dtf-1-delta"`) and the right `kind`; every tensor's CRC-32; both files'
+/// `global_step`, `chain` and `base` agree, the step with the
 /// model file's `global_step` tensor; all variables F32 and finite, each with
 /// a shadow of its shape. With `expected`, the variables are exactly those
 /// names with those shapes, returned in that order; without, in the order the
 /// file lists them.
+///
+/// A delta's files (format `dtf-1-delta`) parse too, verified as a whole
+/// checkpoint's, but *unresolved*: its tables hold only the rows changed
+/// since its base, and `increment` is `Some` with the base's step and each
+/// table's removed ids ([`super::Increment::unresolved_base`]). Bytes alone
+/// cannot be resolved — the base is another file —; a caller that wants the
+/// state reads files with [`super::load`], or applies the delta itself.
 ///
 /// Errors: [`CheckpointError::Safetensors`] or [`CheckpointError::Invalid`],
 /// with `<model bytes>` or `<ema bytes>` for the path. Never panics.

@@ -27,6 +27,16 @@
 //! dtf had optimizers) is plain SGD without slots. Any safetensors reader (Python
 //! `safetensors.numpy.load_file`, PyTorch) loads them as they are.
 //!
+//! Incremental checkpoints (docs/design.md, "Incremental checkpoints"): a
+//! chain is a whole checkpoint, its base, then deltas that hold the dense
+//! state whole and of each table only the rows created or updated since the
+//! base and `NAME/removed`, the ids dropped since; every file of a chain has
+//! `chain` (16 hex digits) in its metadata, a delta's files `format =
+//! "dtf-1-delta"` and `base` (the base's step). [`load`] resolves a delta
+//! onto its base `model.ckpt-<base>.safetensors` beside it, so every reader
+//! gets whole tables; a delta whose base is gone does not verify. Retention
+//! keeps the base of every delta it keeps.
+//!
 //! The evaluator's best checkpoints are copies of such pairs in
 //! `best/` beside them, ranked by `best/index.json` ([`best`]); the
 //! chief's retention never looks into that directory.
@@ -71,6 +81,12 @@ pub use save::Saver;
 
 /// Value of the `format` metadata key this module writes and accepts.
 pub const FORMAT: &str = "dtf-1";
+/// Value of the `format` metadata key of both files of a delta (an
+/// incremental checkpoint, [`Increment`]): not [`FORMAT`], so that a reader
+/// that cannot resolve a delta onto its base (an older dtf, a script
+/// checking `format`) refuses it instead of taking its tables, which hold
+/// only the rows changed since the base, for whole ones.
+pub const DELTA_FORMAT: &str = "dtf-1-delta";
 /// Name of the text index in a checkpoint directory. Not `checkpoint`:
 /// that name is TensorFlow's (`tf.train.latest_checkpoint` reads it), and
 /// its entries must be checkpoints TensorFlow can load, which a
@@ -159,7 +175,19 @@ pub struct Increment {
     /// A delta's ids dropped since the base, per table in `tables`' order
     /// (sorted, none of them among that table's rows); empty for a base,
     /// and once a delta is resolved onto its base ([`load`]).
+    ///
+    /// So a delta as [`from_bytes`] returns it (unresolved: `removed` has
+    /// one list per table) and one [`load`] resolved (`removed` empty,
+    /// `tables` whole) differ here; only the former may be saved as a delta.
     pub removed: Vec<Vec<u64>>,
+}
+
+impl Increment {
+    /// A delta's base step when this is a delta not yet resolved onto its
+    /// base (its tables hold only the rows changed since it).
+    pub fn unresolved_base(&self) -> Option<u64> {
+        self.base.filter(|_| !self.removed.is_empty())
+    }
 }
 
 /// Table `name`'s rule among `own`, else `optimizer`'s sparse form.

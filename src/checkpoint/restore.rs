@@ -4,13 +4,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::format::{TABLES_KEY, parse};
+use super::format::{TABLES_KEY, check_base_of, parse, whole_bytes};
 use super::layout::{Limit, read, scan_steps};
 use super::{
-    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, LEGACY_INDEX_FILE, MODEL_EXT,
+    Checkpoint, CheckpointError, EMA_EXT, INDEX_FILE, Increment, LEGACY_INDEX_FILE, MODEL_EXT,
     model_file_name, parse_model_name,
 };
 use crate::model::VarSpec;
+use crate::model::table::Rows;
 
 /// Whether an index entry is a plain file name — the only kind honoured: the
 /// index is a file anyone with write access to the directory can edit, and
@@ -57,6 +58,16 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
 /// and that the step is `N`. (A differently named `<x>.safetensors` loads with
 /// its `<x>.ema.safetensors`, without the name check.)
 ///
+/// A delta (an incremental checkpoint, [`super::Increment`]) is resolved
+/// onto its base `model.ckpt-<base>.safetensors` in the same directory,
+/// read with the same bounds: the delta's dense state, step, run and shard
+/// steps, and each table the base's rows without the delta's removed ids,
+/// with the delta's rows put in (replacing the base's row of the same id);
+/// `increment` then names the chain and the base, its `removed` empty. A
+/// delta whose base is missing, does not verify, is not that chain's base
+/// (another chain's, a delta itself, a checkpoint without chain) or holds
+/// other tables (names, widths, update rules) does not verify either.
+///
 /// Only regular files are read, and at most as many bytes as a checkpoint of
 /// `expected` can have ([`super::MAX_FILE_BYTES`] without a model; with
 /// embedding tables listed in its header, that much more).
@@ -64,16 +75,19 @@ pub(super) fn ema_sibling(path: &Path) -> Result<(PathBuf, Option<u64>), Checkpo
 /// Errors: [`CheckpointError::BadFileName`], [`CheckpointError::Io`] (either
 /// file missing or unreadable), [`CheckpointError::NotRegular`] (a FIFO, a
 /// device...), [`CheckpointError::TooLarge`], [`CheckpointError::Safetensors`],
-/// [`CheckpointError::Invalid`].
+/// [`CheckpointError::Invalid`] (a delta that cannot be resolved among them,
+/// naming the delta, its base's file and why).
 pub fn load(path: &Path, expected: Option<&[VarSpec]>) -> Result<Checkpoint, CheckpointError> {
-    load_verbatim(path, expected).map(|v| v.checkpoint)
+    let read = read_pair(path, expected)?;
+    resolved(path, read.checkpoint, expected)
 }
 
 /// A checkpoint as [`load_verbatim`] read it: what it holds, and the two
-/// files' bytes exactly as read and verified.
+/// files' bytes as read and verified (a delta's: its resolved state
+/// re-encoded whole).
 #[derive(Debug, Clone)]
 pub struct Verbatim {
-    /// What the files hold.
+    /// What the files hold, as [`load`] returns it.
     pub checkpoint: Checkpoint,
     /// The model file's bytes.
     pub model: Vec<u8>,
@@ -83,13 +97,36 @@ pub struct Verbatim {
 
 /// [`load`], keeping the bytes it verified: the evaluator copies exactly
 /// what it scored into `best/`, even if the chief's retention deletes the
-/// files meanwhile.
+/// files meanwhile. A delta's bytes are not its files' but the resolved
+/// checkpoint encoded whole (`format` `dtf-1`, no `chain` nor `base`, the
+/// rest of its metadata kept), so that a copy stands alone without its base.
 ///
 /// Errors: as [`load`].
 pub fn load_verbatim(
     path: &Path,
     expected: Option<&[VarSpec]>,
 ) -> Result<Verbatim, CheckpointError> {
+    let read = read_pair(path, expected)?;
+    if read
+        .checkpoint
+        .increment
+        .as_ref()
+        .and_then(Increment::unresolved_base)
+        .is_none()
+    {
+        return Ok(read);
+    }
+    let checkpoint = resolved(path, read.checkpoint, expected)?;
+    let (model, ema) = whole_bytes(&checkpoint, &read.model, path)?;
+    Ok(Verbatim {
+        checkpoint,
+        model,
+        ema,
+    })
+}
+
+/// The pair at `path` read and verified as it is: a delta unresolved.
+fn read_pair(path: &Path, expected: Option<&[VarSpec]>) -> Result<Verbatim, CheckpointError> {
     let (ema_path, named_step) = ema_sibling(path)?;
     let (mut model_limit, mut ema_limit) = Limit::pair(expected);
     // Tables: bounded by memory, not by the model. Only a file whose header
@@ -118,6 +155,103 @@ pub fn load_verbatim(
         model,
         ema,
     })
+}
+
+/// `ckpt`, read from `path`, as it stands: itself, or a delta resolved onto
+/// its base beside it.
+///
+/// Errors: [`CheckpointError::Invalid`] naming `path`, its base's file and
+/// why the delta cannot be resolved.
+fn resolved(
+    path: &Path,
+    ckpt: Checkpoint,
+    expected: Option<&[VarSpec]>,
+) -> Result<Checkpoint, CheckpointError> {
+    let Some(base_step) = ckpt.increment.as_ref().and_then(Increment::unresolved_base) else {
+        return Ok(ckpt);
+    };
+    let base_name = model_file_name(base_step);
+    let base_path = path.with_file_name(&base_name);
+    let refuse = |why: String| {
+        CheckpointError::invalid(
+            path,
+            format!(
+                "a delta (the tables' rows changed since its base) that cannot be resolved: \
+                 its base {base_name} {why}"
+            ),
+        )
+    };
+    let base = match read_pair(&base_path, expected) {
+        Ok(read) => read.checkpoint,
+        Err(CheckpointError::Io {
+            path: p, source, ..
+        }) if p == base_path && source.kind() == io::ErrorKind::NotFound => {
+            return Err(refuse("is missing: deleted by hand?".into()));
+        }
+        Err(e) => return Err(refuse(format!("does not load: {e}"))),
+    };
+    check_base(&ckpt, &base).map_err(refuse)?;
+    Ok(apply_delta(ckpt, base))
+}
+
+/// Whether `base` is `delta`'s: its chain's base, whole, with the same
+/// tables (names in order, widths, update rules).
+///
+/// Errors: what is wrong, for "its base model.ckpt-N.safetensors …".
+fn check_base(delta: &Checkpoint, base: &Checkpoint) -> Result<(), String> {
+    let chain = delta.increment.as_ref().map_or(0, |i| i.chain);
+    check_base_of(base.increment.as_ref().map(|i| (i.chain, i.base)), chain)?;
+    let names = |c: &Checkpoint| c.tables.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    if names(base) != names(delta) {
+        return Err(format!(
+            "holds tables {:?}, the delta {:?}",
+            names(base),
+            names(delta)
+        ));
+    }
+    for ((name, old), (_, changed)) in base.tables.iter().zip(&delta.tables) {
+        let (a, b) = (base.table_optimizer(name), delta.table_optimizer(name));
+        if a != b {
+            return Err(format!(
+                "updates table {name:?} with {}, the delta with {}",
+                a.map_or("no optimizer", |o| o.name()),
+                b.map_or("no optimizer", |o| o.name())
+            ));
+        }
+        if let (Some(x), Some(y)) = (width(old), width(changed))
+            && x != y
+        {
+            return Err(format!(
+                "holds table {name:?} {x} wide, the delta's rows are {y} wide"
+            ));
+        }
+        old.fits(changed)
+            .map_err(|e| format!("and the delta disagree on table {name:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Values per row of `rows`; `None` without rows.
+fn width(rows: &Rows) -> Option<usize> {
+    rows.values.len().checked_div(rows.ids.len())
+}
+
+/// `delta` resolved onto `base` ([`check_base`] passed): its own dense state,
+/// each table the base's rows patched with the delta's.
+fn apply_delta(mut delta: Checkpoint, base: Checkpoint) -> Checkpoint {
+    let Some(mut increment) = delta.increment.take() else {
+        return delta;
+    };
+    let removed = std::mem::take(&mut increment.removed);
+    delta.tables = base
+        .tables
+        .into_iter()
+        .zip(std::mem::take(&mut delta.tables))
+        .zip(removed)
+        .map(|(((name, old), (_, changed)), gone)| (name, old.patched(&gone, changed)))
+        .collect();
+    delta.increment = Some(increment);
+    delta
 }
 
 /// The newest checkpoint in `dir` that verifies against `expected`.

@@ -5,11 +5,11 @@ use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use super::format::to_bytes;
+use super::format::{check_base_of, check_chain, to_bytes};
 use super::layout::{FILE_MODE, Steps, remove_pair, scan_steps};
 use super::{
     Checkpoint, CheckpointError, INDEX_FILE, LEGACY_INDEX_FILE, PREFIX, ema_file_name,
-    model_file_name,
+    model_file_name, read_metadata,
 };
 use crate::files::{self, WriteFn, write_all};
 
@@ -92,15 +92,32 @@ impl Saver {
     /// Re-saving an existing step replaces its two files one after the other;
     /// a crash between the two renames leaves a pair from the same step.
     ///
+    /// A delta (`increment` with a `base`, docs/design.md "Incremental
+    /// checkpoints") is written only beside its base: the base's model file
+    /// must be in the directory and of the delta's chain (its metadata
+    /// alone is read), else nothing is written and the caller saves whole.
+    /// Retention keeps the base of every delta it keeps (the one just
+    /// written among them), and the index lists those bases among the kept.
+    ///
     /// Errors: [`CheckpointError::Invalid`] if `ckpt` would not load back
     /// (non-finite value, a variable without a shadow, a duplicate name, a
-    /// step beyond i64); [`CheckpointError::Io`] naming the file that failed.
+    /// step beyond i64, a delta without tables or without one list of
+    /// removed ids per table) or is a delta whose base is not in the
+    /// directory or not its chain's base ("refusing to save a delta: its
+    /// base model.ckpt-N.safetensors is not in the directory; …"), nothing
+    /// written; [`CheckpointError::Io`] naming the file that failed.
     pub fn save(&self, ckpt: &Checkpoint) -> Result<PathBuf, CheckpointError> {
         let model_name = model_file_name(ckpt.global_step);
         let model_path = self.dir.join(&model_name);
         let ema_path = self.dir.join(ema_file_name(ckpt.global_step));
         let (model_bytes, ema_bytes) =
             to_bytes(ckpt, &self.metadata).map_err(|p| CheckpointError::invalid(&model_path, p))?;
+        if let Some(increment) = &ckpt.increment
+            && let Some(base) = increment.base
+        {
+            self.check_base(base, increment.chain)
+                .map_err(|why| CheckpointError::invalid(&model_path, why))?;
+        }
 
         // Removed since the last save (by an operator): made again.
         self.create_dir()?;
@@ -129,7 +146,9 @@ impl Saver {
         sync_dir(&self.dir)?;
 
         let steps = scan_steps(&self.dir)?;
-        let (kept, pruned) = retention(&steps, ckpt.global_step, self.max_to_keep);
+        let (kept, pruned) = retention(&steps, ckpt.global_step, self.max_to_keep, |step| {
+            base_of(&self.dir, step)
+        });
         let index = index_text(&model_name, &kept);
         self.write_atomically(&self.dir.join(INDEX_FILE), index.as_bytes())?;
         self.remove_legacy_index();
@@ -143,6 +162,30 @@ impl Saver {
         }
         tracing::debug!(step = ckpt.global_step, path = %model_path.display(), "Checkpoint written.");
         Ok(model_path)
+    }
+
+    /// Whether `model.ckpt-<base>.safetensors` is in the directory and the
+    /// base of chain `chain` (its metadata alone is read): a delta is
+    /// written only beside its base.
+    ///
+    /// Errors: why not, to follow "refusing to save a delta: …".
+    fn check_base(&self, base: u64, chain: u64) -> Result<(), String> {
+        let name = model_file_name(base);
+        let path = self.dir.join(&name);
+        let refuse = |why: String| {
+            format!("refusing to save a delta: its base {name} {why}; save this checkpoint whole")
+        };
+        let meta = match read_metadata(&path) {
+            Ok(meta) => meta,
+            Err(CheckpointError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(refuse("is not in the directory".into()));
+            }
+            Err(e) => return Err(refuse(format!("cannot be read: {e}"))),
+        };
+        let found = check_chain(&meta, &path).map_err(|e| refuse(format!("is unusable: {e}")))?;
+        check_base_of(found, chain).map_err(refuse)
     }
 
     /// Removes the `checkpoint` index an older dtf wrote, which points
@@ -226,10 +269,26 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     files::sync_dir(dir).map_err(|e| CheckpointError::io(dir, "fsync directory", e))
 }
 
+/// The base's step of the checkpoint at `step` in `dir` when it is a delta
+/// (its model file's metadata alone is read); `None` for a whole one, or
+/// one whose metadata cannot be read (it does not verify either).
+fn base_of(dir: &Path, step: u64) -> Option<u64> {
+    let path = dir.join(model_file_name(step));
+    let meta = read_metadata(&path).ok()?;
+    check_chain(&meta, &path).ok()??.1
+}
+
 /// (kept model steps ascending, steps whose files to delete). `current` is
-/// always kept; the other places go to the newest steps. EMA files whose
-/// model file is gone and that are not kept are deleted too.
-fn retention(steps: &Steps, current: u64, max_to_keep: usize) -> (Vec<u64>, Vec<u64>) {
+/// always kept; the other places go to the newest steps; and the base of
+/// each kept delta (`base_of`) is kept too, beyond those places, as long as
+/// a kept delta needs it. EMA files whose model file is gone and that are
+/// not kept are deleted too.
+fn retention(
+    steps: &Steps,
+    current: u64,
+    max_to_keep: usize,
+    base_of: impl Fn(u64) -> Option<u64>,
+) -> (Vec<u64>, Vec<u64>) {
     let mut kept: Vec<u64> = if max_to_keep == 0 {
         steps.model.clone()
     } else {
@@ -241,7 +300,14 @@ fn retention(steps: &Steps, current: u64, max_to_keep: usize) -> (Vec<u64>, Vec<
     if !kept.contains(&current) {
         kept.push(current);
     }
+    let bases: Vec<u64> = kept
+        .iter()
+        .filter_map(|&s| base_of(s))
+        .filter(|b| steps.model.contains(b))
+        .collect();
+    kept.extend(bases);
     kept.sort_unstable();
+    kept.dedup();
     let keep: HashSet<u64> = kept.iter().copied().collect();
     let mut pruned: Vec<u64> = steps
         .model

@@ -8,10 +8,12 @@ use ndarray::ArrayD;
 use safetensors::Dtype;
 
 use super::super::container;
-use super::super::{CRC_PREFIX, Checkpoint, EMA_SUFFIX, FORMAT, GLOBAL_STEP, MAX_HEADER_BYTES};
+use super::super::{
+    CRC_PREFIX, Checkpoint, DELTA_FORMAT, EMA_SUFFIX, FORMAT, GLOBAL_STEP, MAX_HEADER_BYTES,
+};
 use super::{
-    OPTIMIZER_KEY, RUN_KEY, SHARD_STEPS_KEY, SLOTS_KEY, TABLE_OPTIMIZERS_KEY, TABLES_KEY,
-    check_saveable,
+    BASE_KEY, CHAIN_KEY, OPTIMIZER_KEY, OWN_KEYS, RUN_KEY, SHARD_STEPS_KEY, SLOTS_KEY,
+    TABLE_OPTIMIZERS_KEY, TABLES_KEY, chain_text, check_saveable,
 };
 
 fn f32_bytes(a: &ArrayD<f32>) -> Vec<u8> {
@@ -87,8 +89,13 @@ fn encode_with(
             f32_bytes(a).into(),
         )
     }));
+    let removed = ckpt
+        .increment
+        .as_ref()
+        .filter(|i| i.base.is_some())
+        .map_or(&[][..], |i| i.removed.as_slice());
     let mut table_shadows = Vec::with_capacity(ckpt.tables.len());
-    for (name, rows) in &ckpt.tables {
+    for (i, (name, rows)) in ckpt.tables.iter().enumerate() {
         let slot_names = ckpt
             .table_optimizer(name)
             .map_or(&[][..], |o| o.slot_names());
@@ -99,6 +106,10 @@ fn encode_with(
                 .map(|(n, d, s, b)| (n, d, s, Cow::Borrowed(b))),
         );
         table_shadows.push(shadows);
+        if let Some(ids) = removed.get(i) {
+            let (n, d, s, b) = container::removed_tensor(name, ids);
+            model.push((n, d, s, Cow::Borrowed(b)));
+        }
     }
     let model_meta = model_metadata(ckpt, &step, extra)?;
 
@@ -122,11 +133,11 @@ fn encode_with(
                 .map(|(n, d, s, b)| (n, d, s, Cow::Borrowed(b))),
         )
         .collect();
-    let ema_meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
+    let mut ema_meta = HashMap::from([
         ("global_step".to_string(), step),
         ("kind".to_string(), "ema".to_string()),
     ]);
+    ema_meta.extend(identity(ckpt));
     Ok((
         encode_file(&model, model_meta)?,
         encode_file(&ema, ema_meta)?,
@@ -143,7 +154,6 @@ fn model_metadata(
     let var_names: Vec<&str> = ckpt.variables.iter().map(|(n, _)| n.as_str()).collect();
     let slot_names: Vec<&str> = ckpt.slots.tensors.iter().map(|(n, _)| n.as_str()).collect();
     let mut meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
         ("global_step".to_string(), step.to_string()),
         ("kind".to_string(), "variables".to_string()),
         (
@@ -159,6 +169,7 @@ fn model_metadata(
             serde_json::to_string(&slot_names).map_err(|e| e.to_string())?,
         ),
     ]);
+    meta.extend(identity(ckpt));
     if ckpt.run != 0 {
         meta.insert(RUN_KEY.to_string(), ckpt.run.to_string());
     }
@@ -187,12 +198,29 @@ fn model_metadata(
         );
     }
     for (key, value) in extra {
-        if meta.contains_key(key) || key.starts_with(CRC_PREFIX) {
+        if OWN_KEYS.contains(&key.as_str()) || key.starts_with(CRC_PREFIX) {
             return Err(format!("metadata key {key:?} is reserved"));
         }
         meta.insert(key.clone(), value.clone());
     }
     Ok(meta)
+}
+
+/// What both files of a pair say of the format and the chain: `format`
+/// ([`FORMAT`], a delta's [`DELTA_FORMAT`]), a chain's `chain`, a delta's
+/// `base`.
+fn identity(ckpt: &Checkpoint) -> Vec<(String, String)> {
+    let increment = ckpt.increment.as_ref();
+    let base = increment.and_then(|i| i.base);
+    let format = if base.is_some() { DELTA_FORMAT } else { FORMAT };
+    let mut out = vec![("format".to_string(), format.to_string())];
+    if let Some(i) = increment {
+        out.push((CHAIN_KEY.to_string(), chain_text(i.chain)));
+    }
+    if let Some(b) = base {
+        out.push((BASE_KEY.to_string(), b.to_string()));
+    }
+    out
 }
 
 /// One safetensors file of `tensors` with `meta` ([`container::encode`]: a

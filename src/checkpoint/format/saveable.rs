@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use ndarray::ArrayD;
 
+use super::super::container;
 use super::{Checkpoint, EMA_SUFFIX, GLOBAL_STEP, var_specs};
 use crate::optimizer;
 
@@ -68,7 +69,54 @@ pub(super) fn check_saveable(ckpt: &Checkpoint) -> Result<(), String> {
         ));
     }
     check_slots_saveable(ckpt)?;
-    check_tables_saveable(ckpt)
+    check_tables_saveable(ckpt)?;
+    check_increment_saveable(ckpt)
+}
+
+/// A chain's base is whole (no removed ids); a delta holds tables (the MLP
+/// never writes one: its state is all dense), one list of removed ids per
+/// table — a delta [`load`](crate::checkpoint::load) resolved has none, its
+/// tables whole: saved as a delta on the same base it would keep the ids
+/// dropped since — each list sorted and apart from its table's rows, and
+/// its base is older than itself (the base's files are other files).
+fn check_increment_saveable(ckpt: &Checkpoint) -> Result<(), String> {
+    let Some(increment) = &ckpt.increment else {
+        return Ok(());
+    };
+    let Some(base) = increment.base else {
+        if increment.removed.is_empty() {
+            return Ok(());
+        }
+        return Err(
+            "refusing to save: a chain's base with removed ids (only a delta has them)".into(),
+        );
+    };
+    if ckpt.tables.is_empty() {
+        return Err(
+            "refusing to save a delta without tables: only embedding tables are saved \
+             incrementally (save it whole)"
+                .into(),
+        );
+    }
+    if increment.removed.len() != ckpt.tables.len() {
+        return Err(format!(
+            "refusing to save a delta with {} lists of removed ids for {} tables (one per \
+             table; a delta resolved onto its base has none and is saved whole)",
+            increment.removed.len(),
+            ckpt.tables.len()
+        ));
+    }
+    if base >= ckpt.global_step {
+        return Err(format!(
+            "refusing to save a delta at step {} on base {base}: a base is older than its deltas",
+            ckpt.global_step
+        ));
+    }
+    for ((name, rows), removed) in ckpt.tables.iter().zip(&increment.removed) {
+        container::check_removed(name, removed, &rows.ids)
+            .map_err(|e| format!("refusing to save: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The slots must be exactly the optimizer's for the variables, in order,
