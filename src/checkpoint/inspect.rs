@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
 
-use super::format::TABLES_KEY;
+use super::container::REMOVED_SUFFIX;
 use super::format::check_header_len;
+use super::format::{BASE_KEY, CHAIN_KEY, TABLES_KEY};
 use super::layout::{Limit, read};
 use super::restore::{ema_sibling, load, resolve};
-use super::{CRC_PREFIX, CheckpointError, EMA_SUFFIX};
+use super::{CRC_PREFIX, CheckpointError, EMA_SUFFIX, parse_step};
 
 // ---------------------------------------------------------------------------
 // Inspection
@@ -51,6 +52,27 @@ pub struct Inspection {
     pub problem: Option<String>,
     /// The embedding tables the model file lists, in its order.
     pub tables: Vec<TableEntry>,
+    /// The checkpoint's place in a chain of incremental checkpoints, as
+    /// the model file's metadata says it; `None`: a checkpoint on its own.
+    pub chain: Option<ChainEntry>,
+}
+
+/// A checkpoint's place in a chain of incremental checkpoints
+/// ([`super::Increment`]), as its model file's metadata says it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChainEntry {
+    /// The chain's id, as the metadata holds it (16 hex digits).
+    pub chain: String,
+    /// A delta's base, its step (its tables hold the rows changed since
+    /// it); `None`: the chain's base, whole.
+    pub base: Option<u64>,
+}
+
+/// The chain the model file's metadata names, if any.
+fn chain(model: &InspectedFile) -> Option<ChainEntry> {
+    let chain = model.metadata.get(CHAIN_KEY)?.clone();
+    let base = model.metadata.get(BASE_KEY).and_then(|b| parse_step(b));
+    Some(ChainEntry { chain, base })
 }
 
 /// One embedding table as the files declare it.
@@ -58,8 +80,12 @@ pub struct Inspection {
 pub struct TableEntry {
     /// Its name, e.g. `deep/embeddings`.
     pub name: String,
-    /// Rows (ids) saved.
+    /// Rows (ids) saved: in a delta, the rows changed since its base.
     pub rows: usize,
+    /// In a delta, the ids removed since its base (`NAME/removed`); absent
+    /// in a whole checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removed: Option<usize>,
     /// Values per row.
     pub dim: usize,
     /// Bytes of its tensors in both files: ids, values, slots, shadows.
@@ -94,6 +120,12 @@ fn tables(model: &InspectedFile, ema: Option<&InspectedFile>) -> Vec<TableEntry>
                 Some(&[rows, dim]) => (rows, dim),
                 _ => (0, 0),
             };
+            let removed_name = format!("{name}{REMOVED_SUFFIX}");
+            let removed = model
+                .tensors
+                .iter()
+                .find(|t| t.name == removed_name)
+                .and_then(|t| t.shape.first().copied());
             let bytes = model
                 .tensors
                 .iter()
@@ -108,6 +140,7 @@ fn tables(model: &InspectedFile, ema: Option<&InspectedFile>) -> Vec<TableEntry>
             TableEntry {
                 name,
                 rows,
+                removed,
                 dim,
                 bytes,
             }
@@ -161,11 +194,13 @@ pub fn inspect(path: &Path) -> Result<Inspection, CheckpointError> {
     let ema = inspect_file(&ema_path).map_err(|e| e.to_string());
     let problem = load(&path, None).err().map(|e| e.to_string());
     let tables = tables(&model, ema.as_ref().ok());
+    let chain = chain(&model);
     Ok(Inspection {
         model,
         ema,
         problem,
         tables,
+        chain,
     })
 }
 
@@ -214,19 +249,49 @@ impl fmt::Display for Inspection {
             Ok(ema) => write!(f, "{ema}")?,
             Err(e) => writeln!(f, "EMA file: {e}")?,
         }
+        let delta = self.chain.as_ref().and_then(|c| c.base);
+        match &self.chain {
+            None => {}
+            Some(ChainEntry { chain, base: None }) => {
+                writeln!(f, "chain {chain}: its base, whole")?;
+            }
+            Some(ChainEntry {
+                chain,
+                base: Some(b),
+            }) => writeln!(
+                f,
+                "chain {chain}: a delta on base {}, its tables the rows changed since it",
+                super::model_file_name(*b)
+            )?,
+        }
         if !self.tables.is_empty() {
             let width = self.tables.iter().map(|t| t.name.len()).max().unwrap_or(0);
+            let rows = if delta.is_some() { "changed" } else { "rows" };
+            let removed = |r: String| {
+                if delta.is_some() {
+                    format!("  {r:>10}")
+                } else {
+                    String::new()
+                }
+            };
             writeln!(f, "tables:")?;
             writeln!(
                 f,
-                "  {:<width$}  {:>10}  {:>5}  {:>12}",
-                "name", "rows", "dim", "bytes"
+                "  {:<width$}  {rows:>10}{}  {:>5}  {:>12}",
+                "name",
+                removed("removed".into()),
+                "dim",
+                "bytes"
             )?;
             for t in &self.tables {
                 writeln!(
                     f,
-                    "  {:<width$}  {:>10}  {:>5}  {:>12}",
-                    t.name, t.rows, t.dim, t.bytes
+                    "  {:<width$}  {:>10}{}  {:>5}  {:>12}",
+                    t.name,
+                    t.rows,
+                    removed(t.removed.unwrap_or(0).to_string()),
+                    t.dim,
+                    t.bytes
                 )?;
             }
         }
@@ -242,6 +307,7 @@ mod tests {
     use super::super::GLOBAL_STEP;
     use super::super::fixtures::*;
     use super::*;
+    use std::fs;
 
     #[test]
     fn inspect_lists_both_files() {
@@ -275,5 +341,49 @@ mod tests {
         let ins = inspect(tmp.path()).unwrap();
         assert!(ins.ema.is_err());
         assert!(ins.to_string().contains("verification: FAILED"));
+    }
+    #[test]
+    fn inspect_shows_a_delta_its_base_and_the_rows_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&chain_base(40)).unwrap();
+        s.save(&delta_of(&chain_base(40), &chain_full(60))).unwrap();
+        let ins = inspect(tmp.path()).unwrap();
+        assert_eq!(ins.problem, None);
+        let chain = ins.chain.as_ref().unwrap();
+        assert_eq!(
+            (chain.chain.as_str(), chain.base),
+            ("5eed0000000000c4", Some(40))
+        );
+        let deep = &ins.tables[0];
+        assert_eq!((deep.rows, deep.removed, deep.dim), (3, Some(1), 3));
+        let json = serde_json::to_value(deep).unwrap();
+        assert_eq!(json["removed"], 1);
+        let text = ins.to_string();
+        assert!(
+            text.contains("chain 5eed0000000000c4: a delta on base model.ckpt-40.safetensors"),
+            "{text}"
+        );
+        assert!(text.contains("changed     removed"), "{text}");
+
+        let base = inspect(&tmp.path().join("model.ckpt-40.safetensors")).unwrap();
+        assert_eq!(base.chain.as_ref().unwrap().base, None);
+        assert_eq!(base.tables[0].removed, None);
+        assert!(
+            serde_json::to_value(&base.tables[0])
+                .unwrap()
+                .get("removed")
+                .is_none()
+        );
+        assert!(base.to_string().contains("its base, whole"));
+
+        // Without its base the delta does not verify, and says why.
+        fs::remove_file(tmp.path().join("model.ckpt-40.safetensors")).unwrap();
+        let ins = inspect(&tmp.path().join("model.ckpt-60.safetensors")).unwrap();
+        let problem = ins.problem.unwrap();
+        assert!(
+            problem.contains("its base model.ckpt-40.safetensors is missing"),
+            "{problem}"
+        );
     }
 }

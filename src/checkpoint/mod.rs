@@ -74,7 +74,7 @@ use safetensors::SafeTensorError;
 use container::CRC_PREFIX;
 pub use container::MAX_HEADER_BYTES;
 pub use format::from_bytes;
-pub use inspect::{InspectedFile, Inspection, TableEntry, TensorEntry, inspect};
+pub use inspect::{ChainEntry, InspectedFile, Inspection, TableEntry, TensorEntry, inspect};
 pub use meta::{ModelMeta, WideDeepMeta, check_activation, read_metadata, widths};
 pub use restore::{Verbatim, load, load_verbatim, resolve, restore_latest};
 pub use save::Saver;
@@ -497,6 +497,146 @@ mod fixtures {
                 .collect(),
         };
         c
+    }
+
+    pub(super) const ADAGRAD: crate::optimizer::Optimizer = crate::optimizer::Optimizer::Adagrad {
+        initial_accumulator_value: 0.1,
+    };
+
+    /// [`sample`] trained with Adagrad (its tables then have one slot).
+    pub(super) fn sample_with_adagrad(step: u64) -> Checkpoint {
+        let mut c = sample(step, &SMALL);
+        let specs = ADAGRAD.slot_specs(&small_specs());
+        c.slots = Slots {
+            optimizer: ADAGRAD,
+            tensors: specs
+                .iter()
+                .map(|s| (s.name.clone(), ArrayD::from_elem(IxDyn(&s.shape), 0.25)))
+                .collect(),
+        };
+        c
+    }
+
+    /// A table's rows of `dim` with Adagrad's slot, each row's values
+    /// telling its id and its `version` (a row updated since has another).
+    pub(super) fn rows_of(rows: &[(u64, u32)], dim: usize) -> crate::model::table::Rows {
+        let mut out = crate::model::table::Rows {
+            slots: vec![Vec::new()],
+            ..Default::default()
+        };
+        for &(id, version) in rows {
+            let v: Vec<f32> = (0..dim)
+                .map(|k| id as f32 + version as f32 * 0.5 + k as f32 * 0.01)
+                .collect();
+            out.ids.push(id);
+            out.shadows.extend(v.iter().map(|x| x * 0.9));
+            out.slots[0].extend(v.iter().map(|x| 0.1 + x * x));
+            out.values.extend(v);
+        }
+        out
+    }
+
+    /// The chain of the incremental checkpoints' tests.
+    pub(super) const CHAIN: u64 = 0x5eed_0000_0000_00c4;
+
+    /// A chain's base at `step`: two tables, `deep/embeddings` (3 wide) and
+    /// `wide/weights` (1 wide).
+    pub(super) fn chain_base(step: u64) -> Checkpoint {
+        let mut c = tabled(
+            step,
+            &[(1, 0), (2, 0), (3, 0), (5, 0), (8, 0)],
+            &[(1, 0), (4, 0)],
+        );
+        c.increment = Some(Increment {
+            chain: CHAIN,
+            base: None,
+            removed: Vec::new(),
+        });
+        c
+    }
+
+    /// The whole state at `step`, later than [`chain_base`]'s: of
+    /// `deep/embeddings` id 2 removed, 3 updated, 7 new, 5 removed and
+    /// created again (other values), 1 and 8 as they were; of
+    /// `wide/weights` 4 removed and 9 new.
+    pub(super) fn chain_full(step: u64) -> Checkpoint {
+        tabled(
+            step,
+            &[(1, 0), (3, 1), (5, 2), (7, 1), (8, 0)],
+            &[(1, 0), (9, 1)],
+        )
+    }
+
+    fn tabled(step: u64, deep: &[(u64, u32)], wide: &[(u64, u32)]) -> Checkpoint {
+        let mut c = sample_with_adagrad(step);
+        c.tables = vec![
+            ("deep/embeddings".into(), rows_of(deep, 3)),
+            ("wide/weights".into(), rows_of(wide, 1)),
+        ];
+        c
+    }
+
+    /// The delta of `full` on `base` (both whole): `full`'s dense state,
+    /// of each table the rows of `full` that `base` lacks or holds
+    /// otherwise, and the ids of `base` gone from `full`.
+    pub(super) fn delta_of(base: &Checkpoint, full: &Checkpoint) -> Checkpoint {
+        let chain = base.increment.as_ref().map_or(0, |i| i.chain);
+        let mut removed = Vec::new();
+        let mut tables = Vec::new();
+        for ((name, old), (_, new)) in base.tables.iter().zip(&full.tables) {
+            let mut changed = crate::model::table::Rows {
+                slots: vec![Vec::new(); new.slots.len()],
+                ..Default::default()
+            };
+            for (i, id) in new.ids.iter().enumerate() {
+                let row = new.slice(i..i + 1);
+                let was = old
+                    .ids
+                    .iter()
+                    .position(|o| o == id)
+                    .map(|j| old.slice(j..j + 1));
+                if was.as_ref() != Some(&row) {
+                    changed.append(row).unwrap();
+                }
+            }
+            tables.push((name.clone(), changed));
+            removed.push(
+                old.ids
+                    .iter()
+                    .copied()
+                    .filter(|id| !new.ids.contains(id))
+                    .collect(),
+            );
+        }
+        Checkpoint {
+            tables,
+            increment: Some(Increment {
+                chain,
+                base: Some(base.global_step),
+                removed,
+            }),
+            ..full.clone()
+        }
+    }
+
+    /// What [`load`] makes of `delta_of(base, full)`: `full`, in its chain.
+    pub(super) fn resolved_full(full: &Checkpoint, base: u64) -> Checkpoint {
+        Checkpoint {
+            increment: Some(Increment {
+                chain: CHAIN,
+                base: Some(base),
+                removed: Vec::new(),
+            }),
+            ..full.clone()
+        }
+    }
+
+    /// Writes `ckpt`'s two files into `dir` as they are, unchecked (no
+    /// saver: a damaged chain).
+    pub(super) fn write_unchecked(dir: &Path, ckpt: &Checkpoint) {
+        let (m, e) = encode(ckpt).unwrap();
+        fs::write(dir.join(model_file_name(ckpt.global_step)), m).unwrap();
+        fs::write(dir.join(ema_file_name(ckpt.global_step)), e).unwrap();
     }
 
     pub(super) fn small_specs() -> Vec<VarSpec> {

@@ -366,8 +366,9 @@ pub(super) fn read_index(dir: &Path, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
-    use super::super::{MAX_HEADER_BYTES, inspect};
+    use super::super::{MAX_HEADER_BYTES, from_bytes, inspect};
     use super::*;
+    use std::collections::BTreeMap;
     use std::fs::File;
 
     #[test]
@@ -714,5 +715,151 @@ mod tests {
         assert_eq!(resolve(tmp.path()).unwrap(), valid);
         let (restored, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
         assert_eq!(restored, valid);
+    }
+    /// A directory with a whole checkpoint at 20, the chain's base at 40
+    /// and its delta at 60, as the saver writes them.
+    fn chain_dir() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        s.save(&sample_with_adagrad(20)).unwrap();
+        s.save(&chain_base(40)).unwrap();
+        s.save(&delta_of(&chain_base(40), &chain_full(60))).unwrap();
+        tmp
+    }
+
+    #[test]
+    fn a_delta_resolves_onto_its_base_to_the_whole_state() {
+        let tmp = chain_dir();
+        let delta = tmp.path().join("model.ckpt-60.safetensors");
+        let want = resolved_full(&chain_full(60), 40);
+        assert_eq!(load(&delta, Some(&small_specs())).unwrap(), want);
+        assert_eq!(load(&delta, None).unwrap(), want);
+        let (path, ckpt) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+        assert_eq!((path, ckpt), (delta.clone(), want));
+        assert_eq!(resolve(tmp.path()).unwrap(), delta);
+    }
+
+    /// Damage to a chain: what it is, how it is done, the reason a load
+    /// names, the step restore takes instead.
+    type Harm = (&'static str, fn(&Path), &'static str, u64);
+
+    #[test]
+    fn a_delta_without_its_base_is_refused_naming_why_and_restore_falls_back() {
+        let cases: [Harm; 4] = [
+            (
+                "base deleted",
+                |d| fs::remove_file(d.join("model.ckpt-40.safetensors")).unwrap(),
+                "its base model.ckpt-40.safetensors is missing: deleted by hand?",
+                20,
+            ),
+            (
+                "another chain's base at its step",
+                |d| {
+                    let mut other = chain_base(40);
+                    other.increment.as_mut().unwrap().chain = 9;
+                    write_unchecked(d, &other);
+                },
+                "its base model.ckpt-40.safetensors is of chain 0000000000000009, the delta of chain 5eed0000000000c4",
+                40,
+            ),
+            (
+                "a delta at the base's step",
+                |d| write_unchecked(d, &delta_of(&chain_base(30), &chain_full(40))),
+                "its base model.ckpt-40.safetensors is itself a delta (on base 30)",
+                20,
+            ),
+            (
+                "a whole checkpoint at the base's step",
+                |d| write_unchecked(d, &chain_full(40)),
+                "its base model.ckpt-40.safetensors is no chain's base",
+                40,
+            ),
+        ];
+        for (what, harm, why, fallback) in cases {
+            let tmp = chain_dir();
+            harm(tmp.path());
+            let delta = tmp.path().join("model.ckpt-60.safetensors");
+            for expected in [None, Some(small_specs())] {
+                let err = load(&delta, expected.as_deref()).unwrap_err();
+                let msg = err.to_string();
+                assert!(
+                    matches!(err, CheckpointError::Invalid { .. }),
+                    "{what}: {err:?}"
+                );
+                assert!(
+                    msg.contains("model.ckpt-60.safetensors") && msg.contains(why),
+                    "{what}: {msg}"
+                );
+                assert!(
+                    load_verbatim(&delta, expected.as_deref()).is_err(),
+                    "{what}"
+                );
+            }
+            let (path, _) = restore_latest(tmp.path(), &small_specs()).unwrap().unwrap();
+            let older = tmp.path().join(model_file_name(fallback));
+            assert_eq!(path, older, "{what}");
+            assert_eq!(resolve(tmp.path()).unwrap(), older, "{what}");
+            assert!(delta.exists(), "{what}: the delta is left in place");
+        }
+    }
+
+    #[test]
+    fn a_delta_whose_base_holds_other_tables_is_refused() {
+        let tmp = chain_dir();
+        let mut narrow = chain_base(40);
+        narrow.tables[0].1 = rows_of(&[(1, 0), (2, 0)], 2);
+        write_unchecked(tmp.path(), &narrow);
+        let err = load(&tmp.path().join("model.ckpt-60.safetensors"), None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("holds table \"deep/embeddings\" 2 wide, the delta's rows are 3 wide"),
+            "{err}"
+        );
+        let mut fewer = chain_base(40);
+        fewer.tables.pop();
+        write_unchecked(tmp.path(), &fewer);
+        let err = load(&tmp.path().join("model.ckpt-60.safetensors"), None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("holds tables [\"deep/embeddings\"], the delta"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn load_verbatim_of_a_delta_gives_the_resolved_checkpoint_whole() {
+        let tmp = chain_dir();
+        // The model's description in the delta's metadata goes with it.
+        let extra = BTreeMap::from([("layers".to_string(), "[4,3,2]".to_string())]);
+        let delta = delta_of(&chain_base(40), &chain_full(60));
+        let (m, e) = super::super::format::to_bytes(&delta, &extra).unwrap();
+        fs::write(tmp.path().join("model.ckpt-60.safetensors"), m).unwrap();
+        fs::write(tmp.path().join("model.ckpt-60.ema.safetensors"), e).unwrap();
+
+        let path = tmp.path().join("model.ckpt-60.safetensors");
+        let v = load_verbatim(&path, Some(&small_specs())).unwrap();
+        assert_eq!(v.checkpoint, resolved_full(&chain_full(60), 40));
+        let whole = from_bytes(&v.model, &v.ema, Some(&small_specs())).unwrap();
+        assert_eq!(whole, chain_full(60));
+        assert_eq!(whole.increment, None);
+        // It stands alone: a copy elsewhere loads without the base.
+        let best = tempfile::tempdir().unwrap();
+        let copy = best.path().join("model.ckpt-60.safetensors");
+        fs::write(&copy, &v.model).unwrap();
+        fs::write(best.path().join("model.ckpt-60.ema.safetensors"), &v.ema).unwrap();
+        assert_eq!(load(&copy, None).unwrap(), chain_full(60));
+        let meta = super::super::read_metadata(&copy).unwrap();
+        assert_eq!(meta["format"], super::super::FORMAT);
+        assert_eq!(meta["layers"], "[4,3,2]");
+        assert!(
+            !meta.contains_key("chain") && !meta.contains_key("base"),
+            "{meta:?}"
+        );
+        // A whole checkpoint's bytes are its files'.
+        let base = tmp.path().join("model.ckpt-40.safetensors");
+        assert_eq!(
+            load_verbatim(&base, None).unwrap().model,
+            fs::read(&base).unwrap()
+        );
     }
 }

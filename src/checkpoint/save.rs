@@ -619,4 +619,64 @@ mod tests {
             fs::metadata(path).unwrap().len()
         );
     }
+    #[test]
+    fn retention_keeps_the_base_of_kept_deltas_until_none_needs_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 2);
+        let base = chain_base(10);
+        s.save(&base).unwrap();
+        for step in [20, 30] {
+            s.save(&delta_of(&base, &chain_full(step))).unwrap();
+        }
+        // The newest two, 20 and 30, are deltas on 10: it stays, and the
+        // index lists it among the kept.
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [10, 20, 30]);
+        let index = fs::read_to_string(tmp.path().join(INDEX_FILE)).unwrap();
+        assert!(
+            index.contains("all_model_checkpoint_paths: \"model.ckpt-10.safetensors\""),
+            "{index}"
+        );
+        s.save(&sample_with_adagrad(40)).unwrap();
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [10, 30, 40]);
+        assert_eq!(
+            load(&tmp.path().join("model.ckpt-30.safetensors"), None).unwrap(),
+            resolved_full(&chain_full(30), 10)
+        );
+        // No kept delta needs 10 any more: it goes as usual.
+        s.save(&sample_with_adagrad(50)).unwrap();
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [40, 50]);
+        assert_eq!(names_in(tmp.path()).len(), 5, "{:?}", names_in(tmp.path()));
+    }
+
+    #[test]
+    fn a_delta_is_refused_unless_its_chains_base_is_on_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = saver(tmp.path(), 5);
+        let delta = delta_of(&chain_base(10), &chain_full(20));
+        let refused = |why: &str| {
+            let before = names_in(tmp.path());
+            let err = s.save(&delta).unwrap_err();
+            assert!(matches!(err, CheckpointError::Invalid { .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("model.ckpt-20.safetensors")
+                    && msg.contains("refusing to save a delta: its base model.ckpt-10.safetensors")
+                    && msg.contains(why),
+                "{msg}"
+            );
+            assert_eq!(names_in(tmp.path()), before, "nothing written");
+        };
+        refused("is not in the directory");
+        s.save(&sample_with_adagrad(10)).unwrap();
+        refused("is no chain's base");
+        let mut other = chain_base(10);
+        other.increment.as_mut().unwrap().chain = 9;
+        s.save(&other).unwrap();
+        refused("is of chain 0000000000000009");
+        s.save(&chain_base(10)).unwrap();
+        s.save(&delta).unwrap();
+        // The caller's fallback: the same state whole.
+        s.save(&chain_full(30)).unwrap();
+        assert_eq!(scan_steps(tmp.path()).unwrap().model, [10, 20, 30]);
+    }
 }

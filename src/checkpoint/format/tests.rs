@@ -2,7 +2,7 @@
 
 use super::super::fixtures::*;
 use super::*;
-use crate::checkpoint::MAX_HEADER_BYTES;
+use crate::checkpoint::{DELTA_FORMAT, MAX_HEADER_BYTES};
 use crate::model::table::Rows;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -180,23 +180,11 @@ fn each_shards_own_step_round_trips_and_older_files_give_the_global_step() {
     assert_eq!(back.shard_step(1, 2), 90);
 }
 
-const ADAGRAD: Optimizer = Optimizer::Adagrad {
-    initial_accumulator_value: 0.1,
-};
-
-/// [`sample`] trained with Adagrad, and two tables: `deep/embeddings` (3
+/// [`sample_with_adagrad`] with two tables: `deep/embeddings` (3
 /// rows of 3, the highest id among them: all 64 bits kept) and an empty
 /// `wide/weights`.
 fn sample_with_tables(step: u64) -> Checkpoint {
-    let mut c = sample(step, &SMALL);
-    let specs = ADAGRAD.slot_specs(&small_specs());
-    c.slots = Slots {
-        optimizer: ADAGRAD,
-        tensors: specs
-            .iter()
-            .map(|s| (s.name.clone(), ArrayD::from_elem(IxDyn(&s.shape), 0.25)))
-            .collect(),
-    };
+    let mut c = sample_with_adagrad(step);
     let values: Vec<f32> = (0..9).map(|i| i as f32 * 0.5 - 2.0).collect();
     c.tables = vec![
         (
@@ -420,4 +408,121 @@ fn a_damaged_table_is_an_error_naming_it_never_a_panic() {
     c.tables[1].0 = "deep/embeddings".into();
     let err = to_bytes(&c, &BTreeMap::new()).unwrap_err();
     assert!(err.contains("appears twice"), "{err}");
+}
+
+#[test]
+fn a_delta_is_written_as_dtf_1_delta_and_parses_unresolved() {
+    let base = chain_base(40);
+    let delta = delta_of(&base, &chain_full(60));
+    let (model, ema) = to_bytes(&delta, &BTreeMap::new()).unwrap();
+    for bytes in [&model, &ema] {
+        let (_, meta) = parse_safetensors(bytes, Path::new("m")).unwrap();
+        assert_eq!(meta["format"], DELTA_FORMAT);
+        assert_eq!(meta[CHAIN_KEY], "5eed0000000000c4");
+        assert_eq!(meta[BASE_KEY], "40");
+    }
+    let (tensors, _) = parse_safetensors(&model, Path::new("m")).unwrap();
+    let removed = tensors.tensor("deep/embeddings/removed").unwrap();
+    assert_eq!((removed.dtype(), removed.shape()), (Dtype::I64, &[1][..]));
+    assert_eq!(removed.data(), 2u64.to_le_bytes());
+    // Bytes alone cannot be resolved: the delta as it is, its removed ids
+    // per table, the changed rows only.
+    let back = from_bytes(&model, &ema, Some(&small_specs())).unwrap();
+    assert_eq!(back, delta);
+    let increment = back.increment.as_ref().unwrap();
+    assert_eq!(increment.unresolved_base(), Some(40));
+    assert_eq!(increment.removed, [vec![2], vec![4]]);
+    assert_eq!(back.tables[0].1.ids, [3, 5, 7]);
+    // A base is a whole checkpoint with its chain.
+    let (model, ema) = to_bytes(&base, &BTreeMap::new()).unwrap();
+    let (_, meta) = parse_safetensors(&model, Path::new("m")).unwrap();
+    assert_eq!(meta["format"], FORMAT);
+    assert!(!meta.contains_key(BASE_KEY));
+    let back = from_bytes(&model, &ema, None).unwrap();
+    assert_eq!(back, base);
+    assert_eq!(back.increment.unwrap().unresolved_base(), None);
+}
+
+#[test]
+fn a_delta_that_would_not_resolve_is_refused_at_save_time() {
+    let base = chain_base(40);
+    let delta = || delta_of(&base, &chain_full(60));
+    let with = |f: &dyn Fn(&mut Checkpoint)| {
+        let mut c = delta();
+        f(&mut c);
+        to_bytes(&c, &BTreeMap::new()).unwrap_err()
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (with(&|c| c.tables.clear()), "a delta without tables"),
+        (
+            with(&|c| {
+                c.increment
+                    .as_mut()
+                    .unwrap()
+                    .removed
+                    .pop()
+                    .map(drop)
+                    .unwrap()
+            }),
+            "1 lists of removed ids for 2 tables",
+        ),
+        (
+            // Resolved (whole tables, no removed ids): saved as a delta it
+            // would bring back the rows dropped since the base.
+            with(&|c| c.increment.as_mut().unwrap().removed.clear()),
+            "0 lists of removed ids for 2 tables",
+        ),
+        (
+            with(&|c| c.increment.as_mut().unwrap().removed[0] = vec![4, 2]),
+            "removed ids are not strictly ascending",
+        ),
+        (
+            with(&|c| c.increment.as_mut().unwrap().removed[0] = vec![2, 7]),
+            "id 7 is both among its rows and removed",
+        ),
+        (
+            with(&|c| c.increment.as_mut().unwrap().base = Some(60)),
+            "a base is older than its deltas",
+        ),
+        (
+            with(&|c| c.increment.as_mut().unwrap().base = None),
+            "a chain's base with removed ids",
+        ),
+    ];
+    for (err, want) in cases {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
+fn a_pair_of_two_chains_or_a_base_key_in_a_whole_file_is_refused() {
+    let delta = delta_of(&chain_base(40), &chain_full(60));
+    let (model, _) = to_bytes(&delta, &BTreeMap::new()).unwrap();
+    let mut other = delta.clone();
+    other.increment.as_mut().unwrap().chain = 7;
+    let (_, ema) = to_bytes(&other, &BTreeMap::new()).unwrap();
+    let err = from_bytes(&model, &ema, None).unwrap_err().to_string();
+    assert!(err.contains("they must be a pair"), "{err}");
+    // An older reader of `format` alone refuses a delta; this one names both.
+    let (_, ema) = to_bytes(&delta, &BTreeMap::new()).unwrap();
+    let (tensors, mut meta) = container::parse(&model).unwrap();
+    meta.insert("format".into(), "dtf-2".into());
+    let owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.to_owned(),
+                v.dtype(),
+                v.shape().to_vec(),
+                v.data().to_vec(),
+            )
+        })
+        .collect();
+    let bumped = container::encode_named(&owned, meta.clone()).unwrap();
+    let err = from_bytes(&bumped, &ema, None).unwrap_err().to_string();
+    assert!(err.contains("\"dtf-1\" (or \"dtf-1-delta\""), "{err}");
+    meta.insert("format".into(), FORMAT.into());
+    let whole = container::encode_named(&owned, meta).unwrap();
+    let err = from_bytes(&whole, &ema, None).unwrap_err().to_string();
+    assert!(err.contains("a delta that says it is whole"), "{err}");
 }
