@@ -98,6 +98,9 @@ impl Checkpoints {
         let chain = *self.chain.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = chain.filter(|c| c.deltas + 1 < every) {
             match cluster.snapshot_cut(Cut::Delta(c.id)).await {
+                // Not a step since the base (rows alone moved, or none):
+                // a delta would take the base's name; a new base does.
+                Ok(Some(snapshot)) if snapshot.step <= c.base => {}
                 Ok(Some(snapshot)) => {
                     self.set_chain(Some(Chain {
                         deltas: c.deltas + 1,

@@ -777,3 +777,70 @@ async fn a_ps_killed_after_incremental_snapshots_comes_back_with_the_deltas_appl
     assert_eq!(state.restored_deltas, 3);
     assert_eq!(back, want, "ps:1's rows after the restore");
 }
+
+/// Incremental checkpoints read from real ps tasks, on both transports: the
+/// chief's base read of every table, then deltas — the rows created or
+/// updated since it and the ids dropped (evictions under `max_rows`) —
+/// each applied to the base alone, make the tables a whole read gives,
+/// row for row with shadows and slots; plain reads between change nothing
+/// for the chain. A ps killed and restored from its snapshot cannot tell
+/// its changes: the delta is refused (the chief's checkpoint is then
+/// whole), and a new chain's base starts deltas again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_base_and_any_later_delta_read_from_the_ps_tasks_make_the_tables() {
+    use dtf::transport::call::Cut;
+    for transport in [Transport::Tcp, Transport::Auto] {
+        let mut c = tables_config(2, Mode::Async);
+        c.cfg.model.tables.max_rows = 30;
+        c.use_transport(transport);
+        c.start("ps", 0);
+        c.start("ps", 1);
+        let client = ps_client(&c, TOKEN);
+        let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+        seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+        train_rows(&client, &some_ids(20), 0..2).await;
+        let base = client.snapshot_cut(Cut::Base(9)).await.unwrap().unwrap();
+        assert!(base.removed.is_empty());
+        let mut dropped = 0;
+        for round in 0..4u64 {
+            // New ids every round: past max_rows, the oldest are evicted.
+            let ids: Vec<u64> = (0..30).map(|i| round * 1000 + i * 7).collect();
+            train_rows(&client, &ids, 0..1).await;
+            client
+                .pull_rows(&[(EMBEDDINGS, &[round + 90_000])], false)
+                .await
+                .unwrap();
+            let delta = client.snapshot_cut(Cut::Delta(9)).await.unwrap().unwrap();
+            let whole = client.snapshot().await.unwrap();
+            assert_eq!(delta.step, whole.step);
+            for (i, (name, rows)) in whole.tables.iter().enumerate() {
+                let patched = base.tables[i]
+                    .1
+                    .clone()
+                    .patched(&delta.removed[i], delta.tables[i].1.clone());
+                assert_eq!(&patched, rows, "{transport:?} round {round}: table {name}");
+                dropped += delta.removed[i].len();
+            }
+        }
+        assert!(dropped > 0, "no row was evicted");
+        // A kill -9: the restarted ps, seeded again, cannot tell what
+        // changed since the base.
+        c.kill("ps:1");
+        c.start("ps", 1);
+        seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+        assert!(client.snapshot_cut(Cut::Delta(9)).await.unwrap().is_none());
+        let base = client.snapshot_cut(Cut::Base(10)).await.unwrap().unwrap();
+        train_rows(&client, &some_ids(20), 5..6).await;
+        let delta = client.snapshot_cut(Cut::Delta(10)).await.unwrap().unwrap();
+        let whole = client.snapshot().await.unwrap();
+        for (i, (_, rows)) in whole.tables.iter().enumerate() {
+            let patched = base.tables[i]
+                .1
+                .clone()
+                .patched(&delta.removed[i], delta.tables[i].1.clone());
+            assert_eq!(&patched, rows);
+        }
+        // The older chain is gone for good.
+        assert!(client.snapshot_cut(Cut::Delta(9)).await.unwrap().is_none());
+    }
+}
