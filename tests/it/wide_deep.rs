@@ -535,3 +535,128 @@ fn ftrl_for_the_wide_part_and_adagrad_for_the_embeddings_train_save_and_resume()
     assert!(meta["crc32:wide/weights/Adagrad"].is_string(), "{meta}");
     assert!(meta["crc32:wide/weights/Ftrl"].is_null(), "{meta}");
 }
+
+/// Incremental checkpoints in a whole run (`checkpoint.full_every = 3`):
+/// the periodic checkpoints are a chain's base, whole, then deltas holding
+/// only the rows changed since it (and the ids evicted since, under
+/// `max_rows`), and every one of them — resolved onto its base, as every
+/// reader does — is bit for bit the checkpoint a run saving every one
+/// whole writes at the same step (one worker: the same run twice). `dtf
+/// eval` scores a delta; a run resumes from one.
+#[test]
+fn incremental_checkpoints_restore_to_the_state_whole_ones_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("syn");
+    let out = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        "4000",
+        "--fields",
+        "4",
+        "--cardinality",
+        "3000",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let run = |full_every: u32, steps: u64| {
+        let ckpt = dir.path().join(format!("ckpt-{full_every}"));
+        run_local(&[
+            "local",
+            "--data",
+            data.to_str().unwrap(),
+            "--ps",
+            "2",
+            "--workers",
+            "1",
+            "--steps",
+            &steps.to_string(),
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--set",
+            "checkpoint.save_steps=10",
+            "--set",
+            "checkpoint.max_to_keep=100",
+            "--set",
+            &format!("checkpoint.full_every={full_every}"),
+            "--set",
+            "model.tables.max_rows=150",
+            "--json",
+        ]);
+        ckpt
+    };
+    let (chained, whole) = (run(3, 60), run(1, 60));
+    let file =
+        |dir: &std::path::Path, step: u64| dir.join(format!("model.ckpt-{step}.safetensors"));
+    let ema =
+        |dir: &std::path::Path, step: u64| dir.join(format!("model.ckpt-{step}.ema.safetensors"));
+    let mut removed = 0;
+    for step in [10, 20, 30, 40, 50, 60] {
+        let meta = dtf::checkpoint::read_metadata(&file(&chained, step)).unwrap();
+        // 10 and 40 start chains, 20, 30 and 50 are deltas; the final is whole.
+        let delta = [20, 30, 50].contains(&step);
+        assert_eq!(
+            meta["format"] == "dtf-1-delta",
+            delta,
+            "step {step}: {meta:?}"
+        );
+        assert_eq!(
+            meta.contains_key("chain"),
+            step != 60,
+            "step {step}: {meta:?}"
+        );
+        let a = dtf::checkpoint::load(&file(&chained, step), None).unwrap();
+        let b = dtf::checkpoint::load(&file(&whole, step), None).unwrap();
+        assert_eq!(a.global_step, step);
+        assert_eq!(
+            (&a.variables, &a.shadows, &a.slots),
+            (&b.variables, &b.shadows, &b.slots)
+        );
+        assert_eq!(a.tables, b.tables, "step {step}: the tables");
+        if delta {
+            // As written: the rows changed since the base, the ids dropped.
+            let raw = dtf::checkpoint::from_bytes(
+                &std::fs::read(file(&chained, step)).unwrap(),
+                &std::fs::read(ema(&chained, step)).unwrap(),
+                None,
+            )
+            .unwrap();
+            let inc = raw.increment.unwrap();
+            assert_eq!(inc.base, Some(if step == 50 { 40 } else { 10 }));
+            removed += inc.removed.iter().map(Vec::len).sum::<usize>();
+        }
+    }
+    assert!(removed > 0, "no delta held an evicted id");
+    // Scored from a delta as from its whole twin.
+    let score = |f: std::path::PathBuf| {
+        let out = dtf_output(&["eval", f.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["auc"].clone()
+    };
+    assert_eq!(score(file(&chained, 50)), score(file(&whole, 50)));
+    // A run resumes from a delta: its newest checkpoint, the final one
+    // moved away.
+    for f in [file(&chained, 60), ema(&chained, 60)] {
+        std::fs::remove_file(f).unwrap();
+    }
+    let (report, stderr) = run_local(&[
+        "local",
+        "--data",
+        data.to_str().unwrap(),
+        "--ps",
+        "2",
+        "--workers",
+        "1",
+        "--steps",
+        "70",
+        "--checkpoint-dir",
+        chained.to_str().unwrap(),
+        "--set",
+        "checkpoint.full_every=3",
+        "--set",
+        "model.tables.max_rows=150",
+        "--json",
+    ]);
+    assert_eq!(report["global_step"], 70, "{report}");
+    assert!(stderr.contains("model.ckpt-50"), "{stderr}");
+}
