@@ -62,9 +62,6 @@ const CHAIN: &str = "chain";
 /// Metadata key of a delta's place in its chain: 1 for the first after the
 /// whole snapshot (absent: a whole snapshot).
 const SEQ: &str = "seq";
-/// A delta's tensor of the ids of a table's rows dropped since the
-/// snapshot before it: `NAME/removed`, I64.
-const REMOVED_SUFFIX: &str = "/removed";
 /// How long a stopping ps gives its last snapshot.
 const FINAL_WRITE: Duration = Duration::from_secs(10);
 
@@ -246,12 +243,7 @@ impl Image {
             tensors.push(shadows);
             if self.seq > 0 {
                 let removed = self.removed.get(i).map_or(&[][..], Vec::as_slice);
-                tensors.push((
-                    format!("{}{REMOVED_SUFFIX}", t.table),
-                    Dtype::I64,
-                    vec![removed.len()],
-                    bytemuck::cast_slice(removed),
-                ));
+                tensors.push(container::removed_tensor(&t.table, removed));
             }
         }
         let mut meta = HashMap::from([
@@ -644,7 +636,8 @@ pub(super) fn verify<'a>(
     }
     for (name, view) in tensors.iter() {
         // A table's ids are I64 (load checks they are a table's).
-        let ids = (name.ends_with(container::IDS_SUFFIX) || name.ends_with(REMOVED_SUFFIX))
+        let ids = (name.ends_with(container::IDS_SUFFIX)
+            || name.ends_with(container::REMOVED_SUFFIX))
             && view.dtype() == Dtype::I64;
         if view.dtype() != Dtype::F32 && !ids {
             return Err(SnapshotError::invalid(
@@ -708,7 +701,10 @@ pub fn load(
         _ => tables
             .iter()
             .map(|t| {
-                removed_ids(&tensors, &t.name).map_err(|why| SnapshotError::invalid(path, why))
+                // Not checked against the rows: a snapshot from before
+                // removed ids left out the ones created again may list them.
+                container::read_removed(&tensors, &t.name, &[])
+                    .map_err(|why| SnapshotError::invalid(path, why))
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
@@ -718,7 +714,7 @@ pub fn load(
             container::table_tensor_names(&t.name, t.slots)
                 .into_iter()
                 .chain([format!("{}{EMA_SUFFIX}", t.name)])
-                .chain((seq > 0).then(|| format!("{}{REMOVED_SUFFIX}", t.name)))
+                .chain((seq > 0).then(|| format!("{}{}", t.name, container::REMOVED_SUFFIX)))
         })
         .collect();
     let views: Vec<(&str, TensorView<'_>)> = tensors.iter().collect();
@@ -761,27 +757,6 @@ pub fn load(
         chain,
         seq,
     })
-}
-
-/// A delta's ids of table `name`'s dropped rows: an I64 vector, strictly
-/// ascending.
-fn removed_ids(tensors: &SafeTensors<'_>, name: &str) -> Result<Vec<u64>, String> {
-    let tensor = format!("{name}{REMOVED_SUFFIX}");
-    let view = tensors
-        .tensor(&tensor)
-        .map_err(|_| format!("it is a delta without tensor {tensor:?}"))?;
-    if view.dtype() != Dtype::I64 || view.shape().len() != 1 {
-        return Err(format!(
-            "tensor {tensor:?} is {:?} {:?}, expected an I64 vector",
-            view.dtype(),
-            view.shape()
-        ));
-    }
-    let ids: Vec<u64> = bytemuck::pod_collect_to_vec(view.data());
-    if ids.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!("tensor {tensor:?} is not strictly ascending"));
-    }
-    Ok(ids)
 }
 
 /// Reads `path` if it is a regular file of at most `limit` bytes, opened
