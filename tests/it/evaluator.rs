@@ -507,6 +507,35 @@ fn save_steps_reloads_live() {
 }
 
 #[test]
+fn full_every_reloads_live() {
+    // Wide & deep, every checkpoint whole at first; a reload makes one in
+    // three whole and the others deltas.
+    let mut c = Cluster::new(1, 1, 100_000, Mode::Async);
+    wide_deep_on_synth(&mut c, 2_000);
+    c.cfg.checkpoint.save_secs = None;
+    c.cfg.checkpoint.save_steps = 20;
+    c.cfg.checkpoint.max_to_keep = 100;
+    c.write_config();
+    c.start_all();
+    c.wait_log("worker:0", "Checkpoint written.", 3, SOON);
+    let log = c.log("worker:0");
+    assert!(!log.contains("kind=\"delta\""), "{log}");
+    c.cfg.checkpoint.full_every = 3;
+    c.write_config_by_rename();
+    c.wait_log("worker:0", "Configuration reloaded.", 1, SOON);
+    c.wait_log("worker:0", "kind=\"delta\"", 2, SOON);
+    let dir = c.cfg.checkpoint.dir.clone();
+    let deltas = checkpoint_steps(&dir)
+        .into_iter()
+        .filter(|s| {
+            let path = dir.join(format!("model.ckpt-{s}.safetensors"));
+            dtf::checkpoint::read_metadata(&path).is_ok_and(|m| m["format"] == "dtf-1-delta")
+        })
+        .count();
+    assert!(deltas >= 2, "{deltas} deltas");
+}
+
+#[test]
 fn evaluator_config_errors_exit_78_naming_the_keys() {
     let c = Cluster::new(1, 1, 100, Mode::Async);
     let base = std::fs::read_to_string(&c.config_path).unwrap();

@@ -15,6 +15,7 @@ const SHOWN_BY: &[(&str, &str)] = &[
     ("log.level", "log_level_reloads_live"),
     ("checkpoint.save_secs", "save_secs_reloads_live"),
     ("checkpoint.max_to_keep", "max_to_keep_reloads_live"),
+    ("checkpoint.full_every", "full_every_reloads_live"),
     (
         "train.last_step",
         "last_step_reloads_live_and_the_run_ends_exactly_there",
