@@ -25,7 +25,8 @@
 //!   `model.task` reads them: classes or a regression's values), preprocessing,
 //!   mini-batches (`batches`), the seeded split.
 //! - [`checkpoint`] — safetensors checkpoints with EMA shadows: `save` (atomic writes,
-//!   retention, the index), `format` (decode, verify; `encode`: the two files' bytes;
+//!   retention, the index), chains of a whole checkpoint and deltas (`Increment`,
+//!   `checkpoint.full_every`: resolved by `restore`'s `load`), `format` (decode, verify; `encode`: the two files' bytes;
 //!   `saveable`: what may be saved), `restore` (load, the
 //!   newest valid one), `inspect`, `meta` (the model's description in the metadata),
 //!   `best` (the best checkpoints' directory), `layout` (the directory's scan, bounded
@@ -53,7 +54,7 @@
 //!   handshake).
 //! - [`worker`] — the worker task: the step loop, the same for every worker; `startup`,
 //!   `sync`, `rate`, `error`; `chief` (worker 0's duties: init or restore, summaries, the end
-//!   of the run, re-shard — `Chief` owns what they need), `checkpoints` (the chief's saver
+//!   of the run, re-shard — `Chief` owns what they need), `checkpoints` (the chief's saver, its chain of incremental checkpoints
 //!   and timer), `backoff`, `replay` (the ps load benchmark's compute-free worker), `sparse`
 //!   (wide & deep's half of a step: rows pulled, pushed).
 //! - [`transport`] — the wire, and the only home of its generated types (`pb`): `call` and
