@@ -305,6 +305,16 @@ fn retention(
         .filter_map(|&s| base_of(s))
         .filter(|b| steps.model.contains(b))
         .collect();
+    // A damaged base takes every delta kept on it along: the newest
+    // checkpoint older than the oldest base kept stays too (with its own
+    // base), for a restore to fall back on.
+    if max_to_keep > 0
+        && let Some(&oldest) = bases.iter().min()
+        && let Some(&fallback) = steps.model.iter().rev().find(|&&s| s < oldest)
+    {
+        kept.push(fallback);
+        kept.extend(base_of(fallback).filter(|b| steps.model.contains(b)));
+    }
     kept.extend(bases);
     kept.sort_unstable();
     kept.dedup();
@@ -471,6 +481,29 @@ mod tests {
                 "model.ckpt-800.safetensors"
             ]
         );
+    }
+
+    /// Deltas kept keep their base, and the newest checkpoint older than
+    /// it too: a damaged base must not take every kept checkpoint along.
+    #[test]
+    fn retention_keeps_a_fallback_older_than_the_bases_kept_deltas_need() {
+        use super::super::layout::Steps;
+        let steps = Steps {
+            model: vec![10, 20, 30, 40, 50, 60],
+            ema: vec![10, 20, 30, 40, 50, 60],
+        };
+        // 30 is a base; 40, 50 and 60 its deltas; 10 a base, 20 its delta.
+        let base_of = |s: u64| match s {
+            40 | 50 | 60 => Some(30),
+            20 => Some(10),
+            _ => None,
+        };
+        let (kept, pruned) = retention(&steps, 60, 2, base_of);
+        assert_eq!(kept, [10, 20, 30, 50, 60]);
+        assert_eq!(pruned, [40]);
+        // Whole checkpoints only: the newest two, nothing more.
+        let (kept, _) = retention(&steps, 60, 2, |_| None);
+        assert_eq!(kept, [50, 60]);
     }
 
     #[test]

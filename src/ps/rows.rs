@@ -25,10 +25,21 @@ pub(super) struct Tables {
     staged: Mutex<Staged>,
     /// Per table, the delta of the chief's checkpoint being read, with its
     /// chain, from its first page to its last ([`Tables::read_delta`]).
-    held: Vec<Mutex<Option<(u64, super::table::Delta)>>>,
+    held: Vec<Mutex<Option<Held>>>,
+    /// The cuts made, each held delta's number (its pages' generation).
+    cuts: std::sync::atomic::AtomicU64,
     /// Whether memory has room for new rows (`ps::memory`), shared by
     /// every table.
     pub(super) room: Arc<Room>,
+}
+
+/// A table's delta cut for a chief's checkpoint, held until its last page
+/// is read.
+struct Held {
+    chain: u64,
+    /// Which cut: two cuts' pages are not one delta.
+    cut: u64,
+    delta: super::table::Delta,
 }
 
 /// Rows staged under one token, table by table.
@@ -94,6 +105,7 @@ impl Tables {
             .collect::<Result<_, TableError>>()?;
         Ok(Self {
             held: (0..specs_len).map(|_| Mutex::default()).collect(),
+            cuts: std::sync::atomic::AtomicU64::new(0),
             list,
             names,
             staged: Mutex::default(),
@@ -101,10 +113,19 @@ impl Tables {
         })
     }
 
-    /// Bytes the tables hold for their rows ([`Table::memory_bytes`]).
+    /// Bytes the tables hold for their rows ([`Table::memory_bytes`]),
+    /// and the deltas held for a chief's checkpoint.
     pub(super) fn memory_bytes(&self) -> u64 {
         (0..self.list.len())
-            .map(|i| self.lock(i).memory_bytes() as u64)
+            .map(|i| {
+                let held = self.held[i].lock().unwrap_or_else(|e| e.into_inner());
+                let d = held.as_ref().map_or(0, |h| {
+                    4 * h.delta.rows.values.len() * (2 + h.delta.rows.slots.len())
+                        + 8 * (h.delta.rows.ids.len() + h.delta.removed.len())
+                });
+                drop(held);
+                (self.lock(i).memory_bytes() + d) as u64
+            })
             .sum()
     }
 
@@ -169,22 +190,40 @@ impl Tables {
     fn read_delta(&self, i: usize, chain: u64, start: usize, rows: usize, answer: &mut RowsPage) {
         let mut held = self.held[i].lock().unwrap_or_else(|e| e.into_inner());
         if start == 0 {
-            *held = self.lock(i).cut_delta(chain).map(|d| (chain, d));
+            match self.lock(i).cut_delta(chain) {
+                Some(delta) => {
+                    let cut = 1 + self.cuts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    *held = Some(Held { chain, cut, delta });
+                }
+                // Another chain's cut is its reader's: a stale chief's
+                // request does not take it away.
+                None if held.as_ref().is_some_and(|h| h.chain != chain) => return,
+                None => *held = None,
+            }
         }
-        let Some((_, delta)) = held.as_ref().filter(|(c, _)| *c == chain) else {
+        let Some(h) = held.as_ref().filter(|h| h.chain == chain) else {
             return;
         };
+        let delta = &h.delta;
         let end = start.saturating_add(rows).min(delta.rows.len());
         answer.delta = true;
         answer.state.rows = delta.rows.slice(start.min(end)..end);
         answer.total = delta.rows.len() as u64;
-        answer.generation = chain;
+        // A cut's own number: pages of two cuts (two readers) do not mix,
+        // the reader's generation check starts it again.
+        answer.generation = h.cut;
         if start == 0 {
             answer.removed = delta.removed.clone();
         }
         if end >= delta.rows.len() {
             *held = None;
         }
+    }
+
+    /// What is held of table `i` for a chief's delta goes: a whole read
+    /// started (the chief took a whole checkpoint instead, or a new base).
+    fn drop_held(&self, i: usize) {
+        *self.held[i].lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Each table's name, rows held and counters, in order (`State`).
@@ -380,6 +419,11 @@ impl PsService {
         let i = tables.find(self.inner.task, table)?;
         if start == 0 {
             tables.evict(i, self.inner.task);
+            // Before the table's lock: a delta's reader takes the two the
+            // other way round.
+            if !matches!(cut, Cut::Delta(_)) {
+                tables.drop_held(i);
+            }
         }
         let start = usize::try_from(start).unwrap_or(usize::MAX);
         let page = |t: &Table| {

@@ -25,10 +25,28 @@ pub(super) struct Checkpoints {
     meta: ModelMeta,
     /// One save at a time (the timer, a re-seed, the final save).
     saver: Mutex<Saver>,
-    /// The chain of incremental checkpoints the periodic saves extend;
-    /// `None`: the next one is whole, a new chain's base.
-    chain: Mutex<Option<Chain>>,
+    /// The chains of incremental checkpoints.
+    chains: Mutex<Chains>,
+    /// One periodic snapshot at a time (the timer's and the step loop's,
+    /// across a reload from `save_secs` to `save_steps`): a ps holds one
+    /// delta a table for its reader.
+    taking: tokio::sync::Mutex<()>,
 }
+
+/// The chains of incremental checkpoints: the one the periodic saves
+/// extend, and the recent chains' bases, which the deltas still queued
+/// for writing name.
+#[derive(Debug, Default)]
+struct Chains {
+    /// `None`: the next periodic checkpoint is whole, a new chain's base.
+    current: Option<Chain>,
+    /// The newest chains' bases, oldest first ([`RECENT_BASES`]).
+    bases: Vec<Base>,
+}
+
+/// Chains whose bases [`Chains`] remembers: more than snapshots can be
+/// queued for writing.
+const RECENT_BASES: usize = 8;
 
 /// A chain of incremental checkpoints: its base, whole, then deltas of the
 /// rows changed since it (docs/design.md, "Incremental checkpoints").
@@ -36,10 +54,51 @@ pub(super) struct Checkpoints {
 struct Chain {
     /// Its id, random: the ps tasks count each table's changes for it.
     id: u64,
-    /// The base's global step.
-    base: u64,
     /// Deltas taken since the base.
     deltas: u32,
+}
+
+/// A chain's base.
+#[derive(Debug, Clone, Copy)]
+struct Base {
+    chain: u64,
+    /// Its global step.
+    step: u64,
+    /// `None` until its save ends, then whether it was written.
+    written: Option<bool>,
+}
+
+impl Chains {
+    fn base(&self, chain: u64) -> Option<Base> {
+        self.bases.iter().find(|b| b.chain == chain).copied()
+    }
+
+    /// A new chain, of a base at `step`.
+    fn start(&mut self, chain: u64, step: u64) {
+        self.current = Some(Chain {
+            id: chain,
+            deltas: 0,
+        });
+        self.bases.push(Base {
+            chain,
+            step,
+            written: None,
+        });
+        if self.bases.len() > RECENT_BASES {
+            self.bases.remove(0);
+        }
+    }
+
+    /// How the save of a checkpoint of `chain` (its base when `base`) ended.
+    fn saved(&mut self, chain: u64, base: bool, ok: bool) {
+        if base && let Some(b) = self.bases.iter_mut().find(|b| b.chain == chain) {
+            b.written = Some(ok);
+        }
+        // A failed base, or delta: the next checkpoint is whole.
+        if !ok && self.current.is_some_and(|c| c.id == chain) {
+            self.current = None;
+        }
+    }
 }
 
 impl Checkpoints {
@@ -77,7 +136,33 @@ impl Checkpoints {
             specs: model.variables(),
             meta,
             saver: Mutex::new(Saver::at(&cfg.checkpoint.dir, cfg.checkpoint.max_to_keep)),
-            chain: Mutex::default(),
+            chains: Mutex::default(),
+            taking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn chains(&self) -> std::sync::MutexGuard<'_, Chains> {
+        self.chains.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The delta the current chain takes next, if it takes one: fewer than
+    /// `every - 1` since its base, whose save has not failed and which,
+    /// once written, is still in `dir` (retention, an operator, a reload of
+    /// `full_every` to 1 and back may have removed it since).
+    fn next_delta(&self, every: u32, dir: &std::path::Path) -> Option<(Chain, Base)> {
+        let chains = self.chains();
+        let c = chains.current.filter(|c| c.deltas + 1 < every)?;
+        let base = chains.base(c.id)?;
+        drop(chains);
+        match base.written {
+            Some(false) => None,
+            None => Some((c, base)),
+            Some(true) => {
+                let path = dir.join(checkpoint::model_file_name(base.step));
+                let chain = format!("{:016x}", c.id);
+                let meta = checkpoint::read_metadata(&path).ok()?;
+                (meta.get("chain") == Some(&chain)).then_some((c, base))
+            }
         }
     }
 
@@ -91,25 +176,26 @@ impl Checkpoints {
         cluster: &Cluster,
         cfg: &Config,
     ) -> Result<Snapshot, PsCallError> {
+        let _one = self.taking.lock().await;
         let every = cfg.checkpoint.full_every;
         if every <= 1 || crate::placement::tables(cfg).is_empty() {
+            self.chains().current = None;
             return cluster.snapshot().await;
         }
-        let chain = *self.chain.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = chain.filter(|c| c.deltas + 1 < every) {
+        if let Some((c, base)) = self.next_delta(every, &cfg.checkpoint.dir) {
             match cluster.snapshot_cut(Cut::Delta(c.id)).await {
                 // Not a step since the base (rows alone moved, or none):
                 // a delta would take the base's name; a new base does.
-                Ok(Some(snapshot)) if snapshot.step <= c.base => {}
+                Ok(Some(snapshot)) if snapshot.step <= base.step => {}
                 Ok(Some(snapshot)) => {
-                    self.set_chain(Some(Chain {
+                    self.chains().current = Some(Chain {
                         deltas: c.deltas + 1,
                         ..c
-                    }));
+                    });
                     return Ok(snapshot);
                 }
                 Ok(None) => {
-                    info!(chain = %format!("{:016x}", c.id), "A ps cannot tell the rows changed since the chain's base (it restarted, or its rows were replaced): this checkpoint is whole.")
+                    info!(chain = %format!("{:016x}", c.id), "A ps cannot tell the rows changed since the chain's base (it restarted, its rows were replaced, or most of them changed): this checkpoint is whole.")
                 }
                 Err(e) => {
                     warn!(error = %e, "The delta could not be read; this checkpoint is whole.")
@@ -119,23 +205,15 @@ impl Checkpoints {
         let id = rand::random::<u64>().max(1);
         let snapshot = cluster.snapshot_cut(Cut::Base(id)).await?;
         let snapshot = snapshot.expect("a whole read always answers");
-        self.set_chain(Some(Chain {
-            id,
-            base: snapshot.step,
-            deltas: 0,
-        }));
+        self.chains().start(id, snapshot.step);
         Ok(snapshot)
     }
 
-    fn set_chain(&self, chain: Option<Chain>) {
-        *self.chain.lock().unwrap_or_else(PoisonError::into_inner) = chain;
-    }
-
     /// Where `snapshot` sits in a chain, as its checkpoint says it
-    /// ([`checkpoint::Increment`]); `None` on its own (or a delta whose
-    /// chain was given up since: then it is not written).
+    /// ([`checkpoint::Increment`]); `None` on its own (or a delta of a
+    /// chain too old to remember: then it is not written).
     fn increment(&self, snapshot: &mut Snapshot) -> Result<Option<Increment>, ()> {
-        let chain = *self.chain.lock().unwrap_or_else(PoisonError::into_inner);
+        let chains = self.chains();
         Ok(match snapshot.cut {
             Cut::Plain => None,
             Cut::Base(id) => Some(Increment {
@@ -143,10 +221,10 @@ impl Checkpoints {
                 base: None,
                 removed: Vec::new(),
             }),
-            Cut::Delta(id) => match chain.filter(|c| c.id == id) {
-                Some(c) => Some(Increment {
+            Cut::Delta(id) => match chains.base(id) {
+                Some(b) => Some(Increment {
                     chain: id,
-                    base: Some(c.base),
+                    base: Some(b.step),
                     removed: std::mem::take(&mut snapshot.removed),
                 }),
                 None => return Err(()),
@@ -166,7 +244,7 @@ impl Checkpoints {
         let step = snapshot.step;
         let Ok(increment) = self.increment(&mut snapshot) else {
             let e = std::io::Error::other(
-                "a delta of a chain given up since (its base was not written); the next checkpoint is whole",
+                "a delta of a chain too old to remember; the next checkpoint is whole",
             );
             crate::metrics::global().checkpoint_failed();
             tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.");
@@ -221,20 +299,16 @@ impl Checkpoints {
             let e = std::io::Error::other(format!("the saving task failed: {e}"));
             Err(checkpoint::CheckpointError::io(&at, "save", e))
         });
+        if let Some(chain) = chain {
+            // A failed base or delta: the next checkpoint is whole.
+            self.chains().saved(chain, kind == "base", result.is_ok());
+        }
         match &result {
             Ok(path) => {
                 crate::metrics::global().checkpoint_written(started.elapsed());
                 info!(step, path = %path.display(), kind, millis = started.elapsed().as_millis() as u64, "Checkpoint written.");
             }
             Err(e) => {
-                // A chain whose base or delta failed: the next checkpoint
-                // is whole (the ps tasks may hold no base for its deltas).
-                if chain.is_some() {
-                    let mut held = self.chain.lock().unwrap_or_else(PoisonError::into_inner);
-                    if held.is_some_and(|c| Some(c.id) == chain) {
-                        *held = None;
-                    }
-                }
                 crate::metrics::global().checkpoint_failed();
                 tracing::error!(step, error = %e, "Checkpoint not written; the previous checkpoint stays.")
             }

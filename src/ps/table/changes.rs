@@ -201,11 +201,17 @@ impl Table {
     /// when this table cannot tell — another chain's base was read since,
     /// none was, its rows were replaced since (a restore, a seeding), or
     /// more rows were dropped than it keeps ids of or a delta carries
-    /// ([`MAX_DELTA_REMOVED`]) — and the checkpoint must be whole.
+    /// ([`MAX_DELTA_REMOVED`]) — and the checkpoint must be whole; `None`
+    /// too when the changed rows outweigh a page and a quarter of the
+    /// table: the copy, made at once under the table's lock and held until
+    /// read, would cost about what a whole read does, in memory and pushes
+    /// held back.
     pub fn cut_delta(&self, chain: u64) -> Option<Delta> {
         let (c, k) = (&self.changes, &self.changes.checkpoint);
         let known = chain != 0 && c.chain == chain && k.on && !k.lost;
-        (known && k.removed.len() <= MAX_DELTA_REMOVED).then(|| self.gather_changed(k))
+        let bound = crate::transport::PAGE_BYTES.max(self.len() * self.row_bytes() / 4);
+        let small = k.count * self.row_bytes() <= bound && k.removed.len() <= MAX_DELTA_REMOVED;
+        (known && small).then(|| self.gather_changed(k))
     }
 
     /// The rows `c` says changed (sorted by id) and the ids it says were dropped.
