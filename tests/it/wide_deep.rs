@@ -328,19 +328,7 @@ fn wide_deep_predicts_per_example_what_eval_scores() {
 #[test]
 fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_run() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("syn");
-    let out = dtf_output(&[
-        "synth",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "20000",
-        "--fields",
-        "8",
-        "--cardinality",
-        "5000",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    let data = synth(dir.path(), 20000, 8, 5000);
     let ckpt = dir.path().join("ckpt");
     let (max_rows, ps) = (300u64, 2);
     let port = free_port_run(ps + 1);
@@ -465,6 +453,30 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
     assert!(report["test_auc"].as_f64().unwrap() > 0.6, "{report}");
 }
 
+/// `dtf synth` data (a planted CTR model) of `rows` examples and `fields`
+/// fields of `cardinality` ids each, in `dir/syn`.
+fn synth(dir: &std::path::Path, rows: u32, fields: u32, cardinality: u32) -> PathBuf {
+    let data = dir.join("syn");
+    let (rows, fields, cardinality) = (
+        rows.to_string(),
+        fields.to_string(),
+        cardinality.to_string(),
+    );
+    let out = dtf_output(&[
+        "synth",
+        "--out",
+        data.to_str().unwrap(),
+        "--rows",
+        &rows,
+        "--fields",
+        &fields,
+        "--cardinality",
+        &cardinality,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    data
+}
+
 /// The checkpoint's metadata as `dtf inspect --json` shows it.
 fn metadata(ckpt: &std::path::Path) -> serde_json::Value {
     let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
@@ -546,19 +558,7 @@ fn ftrl_for_the_wide_part_and_adagrad_for_the_embeddings_train_save_and_resume()
 #[test]
 fn incremental_checkpoints_restore_to_the_state_whole_ones_hold() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("syn");
-    let out = dtf_output(&[
-        "synth",
-        "--out",
-        data.to_str().unwrap(),
-        "--rows",
-        "4000",
-        "--fields",
-        "4",
-        "--cardinality",
-        "3000",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    let data = synth(dir.path(), 4000, 4, 3000);
     let run = |full_every: u32, steps: u64| {
         let ckpt = dir.path().join(format!("ckpt-{full_every}"));
         run_local(&[

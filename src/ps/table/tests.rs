@@ -333,6 +333,22 @@ fn tracked(dim: usize, steps_to_live: u64, max_rows: usize) -> Table {
         .with_changes(true)
 }
 
+/// A push at `step` of random gradients (3 wide) to a few hot ids and
+/// many cold ones.
+fn random_push(t: &mut Table, rng: &mut rand::rngs::StdRng, step: u64) {
+    use rand::Rng;
+    let ids: Vec<u64> = (0..rng.random_range(1..12))
+        .map(|_| match rng.random_bool(0.7) {
+            true => rng.random_range(0..20),
+            false => rng.random_range(0..2000),
+        })
+        .collect();
+    let grads: Vec<f32> = (0..ids.len() * 3)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    t.push(&ids, &grads, 0.1, step, 0, false).unwrap();
+}
+
 /// Rows and evictions at random, cut now and then: the first cut's full
 /// copy with every later delta applied is the table, row for row, shadows
 /// and slots included — through creation by pulls and pushes, updates,
@@ -348,18 +364,7 @@ fn a_full_copy_and_the_deltas_after_it_make_the_table() {
     let mut held = t.rows();
     let (mut deltas, mut fulls) = (0, 0);
     for step in 1..400u64 {
-        // A few hot ids, many cold ones.
-        let n = rng.random_range(1..12);
-        let ids: Vec<u64> = (0..n)
-            .map(|_| match rng.random_bool(0.7) {
-                true => rng.random_range(0..20),
-                false => rng.random_range(0..2000),
-            })
-            .collect();
-        let grads: Vec<f32> = (0..ids.len() * 3)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        t.push(&ids, &grads, 0.1, step, 0, false).unwrap();
+        random_push(&mut t, &mut rng, step);
         if step % 7 == 0 {
             let _ = pulled(&mut t, &[rng.random_range(5000..6000)]);
         }
@@ -432,7 +437,7 @@ fn changes_never_cut_do_not_grow_without_bound() {
 /// another chain's base, leaves the old chain no delta.
 #[test]
 fn a_checkpoint_base_and_any_one_delta_after_it_make_the_table() {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let mut t = tracked(3, 40, 300);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     assert!(t.cut_delta(5).is_none(), "no base read yet");
@@ -443,16 +448,7 @@ fn a_checkpoint_base_and_any_one_delta_after_it_make_the_table() {
     assert!(none.rows.is_empty() && none.removed.is_empty());
     let mut deltas = 0;
     for step in 2..400u64 {
-        let ids: Vec<u64> = (0..rng.random_range(1..12))
-            .map(|_| match rng.random_bool(0.7) {
-                true => rng.random_range(0..20),
-                false => rng.random_range(0..2000),
-            })
-            .collect();
-        let grads: Vec<f32> = (0..ids.len() * 3)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        t.push(&ids, &grads, 0.1, step, 0, false).unwrap();
+        random_push(&mut t, &mut rng, step);
         if step % 10 == 0 {
             t.evict();
             // The snapshot loop cuts its own tracker meanwhile.
