@@ -7,9 +7,11 @@
 # equal to the table). Through the ps's own code (ps::table, ps::snapshot),
 # in one process, files in DIR (default /tmp: needs ~2.2 × ROWS × 200 bytes).
 #
-#   scripts/bench_snapshots.sh [ROWS] [DIR]    # default 1000000
+#   scripts/bench_snapshots.sh [ROWS] [DIR] [SHADOWS]    # default 1000000 /tmp 1
+#
+# SHADOWS=0: the table keeps no EMA shadows ([model.tables] moving_average = false).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DTF_BENCH_ROWS=${1:-1000000} DTF_BENCH_DIR=${2:-/tmp} \
+DTF_BENCH_ROWS=${1:-1000000} DTF_BENCH_DIR=${2:-/tmp} DTF_BENCH_SHADOWS=${3:-1} \
     cargo test --release --locked --lib bench_whole_and_delta_snapshots -- --ignored --nocapture 2>/dev/null |
     grep '^{'

@@ -321,6 +321,12 @@ pub struct TablesConfig {
     pub ftrl_learning_rate_power: f32,
     /// FTRL: what every accumulator starts at (> 0).
     pub ftrl_initial_accumulator_value: f32,
+    /// Whether each row keeps an EMA shadow (`train.moving_average_decay`),
+    /// as TensorFlow's `ExponentialMovingAverage` over every trainable
+    /// variable does. false: none, a row `dim` floats smaller; the EMA model
+    /// reads the tables' values, as TensorFlow's reads a variable outside
+    /// the average's `var_list`.
+    pub moving_average: bool,
 }
 
 /// `model.tables.optimizer`: the rules an embedding table can be updated by.

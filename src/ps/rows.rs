@@ -86,10 +86,16 @@ impl Tables {
                             table: spec.name.clone(),
                             optimizer: config.train.optimizer().name(),
                         })?;
-                let t = Table::new(spec, optimizer, rule, config.train.moving_average_decay)
-                    .with_policy(policy)
-                    .with_room(room.clone())
-                    .with_changes(incremental);
+                let ema = config.model.tables.moving_average;
+                let t = Table::new(
+                    spec,
+                    optimizer,
+                    rule,
+                    ema.then_some(config.train.moving_average_decay),
+                )
+                .with_policy(policy)
+                .with_room(room.clone())
+                .with_changes(incremental);
                 if policy != Policy::default() {
                     info!(
                         table = t.name(),
@@ -120,8 +126,8 @@ impl Tables {
             .map(|i| {
                 let held = self.held[i].lock().unwrap_or_else(|e| e.into_inner());
                 let d = held.as_ref().map_or(0, |h| {
-                    4 * h.delta.rows.values.len() * (2 + h.delta.rows.slots.len())
-                        + 8 * (h.delta.rows.ids.len() + h.delta.removed.len())
+                    let rows = &h.delta.rows;
+                    rows.ids.len() * rows.row_bytes() + 8 * h.delta.removed.len()
                 });
                 drop(held);
                 (self.lock(i).memory_bytes() + d) as u64

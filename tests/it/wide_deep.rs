@@ -660,3 +660,64 @@ fn incremental_checkpoints_restore_to_the_state_whole_ones_hold() {
     assert_eq!(report["global_step"], 70, "{report}");
     assert!(stderr.contains("model.ckpt-50"), "{stderr}");
 }
+
+/// `[model.tables] moving_average = false`: the tables keep no EMA shadow.
+/// The same one-worker run with and without shadows trains the same values
+/// and slots (the EMA never feeds back); the dense shadows are alike; the
+/// checkpoint's table shadows are the values; and a run resumed with
+/// shadows on starts them there.
+#[test]
+fn tables_without_shadows_train_alike_and_save_their_values_as_shadows() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path(), 3000, 4, 2000);
+    let run = |name: &str, steps: u64, moving_average: bool| {
+        let ckpt = dir.path().join(name);
+        let (report, stderr) = run_local(&[
+            "local",
+            "--data",
+            data.to_str().unwrap(),
+            "--ps",
+            "2",
+            "--workers",
+            "1",
+            "--steps",
+            &steps.to_string(),
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--set",
+            &format!("model.tables.moving_average={moving_average}"),
+            "--json",
+        ]);
+        assert_eq!(report["global_step"], steps, "{report}\n{stderr}");
+        ckpt
+    };
+    let (with, without) = (run("with", 40, true), run("without", 40, false));
+    let load = |dir: &std::path::Path, step: u64| {
+        dtf::checkpoint::load(&dir.join(format!("model.ckpt-{step}.safetensors")), None).unwrap()
+    };
+    let (a, b) = (load(&with, 40), load(&without, 40));
+    assert_eq!(
+        (&a.variables, &a.shadows, &a.slots),
+        (&b.variables, &b.shadows, &b.slots)
+    );
+    assert_eq!(a.tables.len(), 2);
+    for ((name, ra), (_, rb)) in a.tables.iter().zip(&b.tables) {
+        assert_eq!(
+            (&ra.ids, &ra.values, &ra.slots),
+            (&rb.ids, &rb.values, &rb.slots),
+            "{name}"
+        );
+        assert_eq!(
+            rb.shadows, rb.values,
+            "{name}: no shadows, the values saved as them"
+        );
+        assert_ne!(ra.shadows, ra.values, "{name}: a shadow lags its value");
+    }
+    // Resumed with shadows: on from the values.
+    run("without", 50, true);
+    let c = load(&without, 50);
+    assert!(
+        c.tables.iter().all(|(_, r)| r.shadows != r.values),
+        "the shadows moved on"
+    );
+}

@@ -88,6 +88,7 @@ impl Default for TablesConfig {
             ftrl_l2: 0.0,
             ftrl_learning_rate_power: -0.5,
             ftrl_initial_accumulator_value: 0.1,
+            moving_average: true,
         }
     }
 }

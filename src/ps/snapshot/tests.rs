@@ -372,7 +372,9 @@ fn bench_whole_and_delta_snapshots() {
         init: TableInit::TruncatedNormal { stddev: 0.01 },
         slots: optimizer.slot_names(),
     };
-    let mut t = Table::new(spec.clone(), optimizer, Rule::Async, 0.99).with_changes(true);
+    // DTF_BENCH_SHADOWS=0: `[model.tables] moving_average = false`.
+    let ema = (std::env::var("DTF_BENCH_SHADOWS").as_deref() != Ok("0")).then_some(0.99);
+    let mut t = Table::new(spec.clone(), optimizer, Rule::Async, ema).with_changes(true);
     let ids: Vec<u64> = (0..n).map(mix64).collect();
     for chunk in ids.chunks(1 << 20) {
         t.push(chunk, &vec![0.01; chunk.len() * 16], 0.05, 1, 0, false)

@@ -238,21 +238,13 @@ impl Table {
 
     /// Rows `rows` (row numbers) with their shadows and slots, in that order.
     fn gather(&self, rows: &[usize]) -> Rows {
-        let (dim, n) = (self.spec.dim, rows.len());
-        let mut out = Rows {
-            ids: Vec::with_capacity(n),
-            values: Vec::with_capacity(n * dim),
-            shadows: Vec::with_capacity(n * dim),
-            slots: vec![Vec::with_capacity(n * dim); self.slots],
-        };
+        let mut out = self.rows_for(rows.len());
         for &r in rows {
-            let row = &self.arena[r * self.stride..(r + 1) * self.stride];
             out.ids.push(self.ids[r]);
-            out.values.extend_from_slice(&row[..dim]);
-            out.shadows.extend_from_slice(&row[dim..2 * dim]);
-            for (k, s) in out.slots.iter_mut().enumerate() {
-                s.extend_from_slice(&row[(2 + k) * dim..(3 + k) * dim]);
-            }
+            self.copy_row(
+                &self.arena[r * self.stride..(r + 1) * self.stride],
+                &mut out,
+            );
         }
         out
     }

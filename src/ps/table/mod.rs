@@ -6,7 +6,8 @@
 //! Rows are stored compactly: an id → row index (`HashTable<u32>`: 4 bytes
 //! an entry plus hashbrown's control byte, the id itself read back from
 //! `ids`) and one arena of f32 in which row `r` holds its value, its EMA
-//! shadow and its optimizer slots back to back (`stride` floats). A row is
+//! shadow (none under `[model.tables] moving_average = false`) and its
+//! optimizer slots back to back (`stride` floats). A row is
 //! created on first touch, a pull's or a push's, with the table's
 //! initializer ([`TableSpec::init_row`]: the same on every ps and every
 //! restart), its shadow equal to it and fresh slots. `update` applies
@@ -131,13 +132,17 @@ pub struct Table {
     slots: usize,
     /// Floats per row in `arena`: value, shadow, slots.
     stride: usize,
+    /// Floats of a row's EMA shadow: `dim`, or 0 when the table keeps none
+    /// (`[model.tables] moving_average = false`: reads of shadows give the
+    /// values, as TensorFlow's EMA model reads a variable it does not average).
+    shadow: usize,
     /// Row index by id; the hash of an entry is [`mix64`] of `ids[entry]`.
     index: HashTable<u32>,
     /// The id of each row, in creation order.
     ids: Vec<u64>,
     /// Every row's value, shadow and slots, `stride` floats a row.
     arena: Vec<f32>,
-    /// `moving_average_decay`.
+    /// `moving_average_decay` (unused without shadows).
     ema: f32,
     /// Async or sync, and the sync steps in progress (`update`).
     sync: update::Sync,
@@ -165,23 +170,30 @@ pub struct Table {
 }
 
 impl Table {
-    /// An empty table of `spec`, updated by `optimizer`.
+    /// An empty table of `spec`, updated by `optimizer`, its rows' EMA
+    /// shadows kept with `moving_average_decay` (`None`: no shadows).
     pub fn new(
         spec: TableSpec,
         optimizer: TableOptimizer,
         rule: crate::ps::shard::Rule,
-        moving_average_decay: f32,
+        moving_average_decay: Option<f32>,
     ) -> Self {
         let slots = optimizer.slot_names().len();
+        let shadow = if moving_average_decay.is_some() {
+            spec.dim
+        } else {
+            0
+        };
         Self {
-            stride: (2 + slots) * spec.dim,
+            stride: (1 + slots) * spec.dim + shadow,
+            shadow,
             spec,
             optimizer,
             slots,
             index: HashTable::new(),
             ids: Vec::new(),
             arena: Vec::new(),
-            ema: moving_average_decay,
+            ema: moving_average_decay.unwrap_or(0.0),
             sync: update::Sync::new(rule),
             counters: TableCounters::default(),
             generation: 0,
@@ -223,6 +235,34 @@ impl Table {
     /// The optimizer whose slots the rows carry.
     pub fn optimizer(&self) -> TableOptimizer {
         self.optimizer
+    }
+
+    /// Where slot `k` starts in a row (after the value and the shadow).
+    fn slot_at(&self, k: usize) -> usize {
+        (1 + k) * self.spec.dim + self.shadow
+    }
+
+    /// Row `row`'s value, shadow and slots as a page carries them (no
+    /// shadows when the table keeps none), appended to `out`.
+    fn copy_row(&self, row: &[f32], out: &mut Rows) {
+        let dim = self.spec.dim;
+        out.values.extend_from_slice(&row[..dim]);
+        out.shadows.extend_from_slice(&row[dim..dim + self.shadow]);
+        for (k, s) in out.slots.iter_mut().enumerate() {
+            let at = self.slot_at(k);
+            s.extend_from_slice(&row[at..at + dim]);
+        }
+    }
+
+    /// An empty page for `n` rows.
+    fn rows_for(&self, n: usize) -> Rows {
+        let dim = self.spec.dim;
+        Rows {
+            ids: Vec::with_capacity(n),
+            values: Vec::with_capacity(n * dim),
+            shadows: Vec::with_capacity(n * self.shadow),
+            slots: vec![Vec::with_capacity(n * dim); self.slots],
+        }
     }
 
     /// Bytes of memory the table holds for its rows: the arena, the ids and
@@ -276,13 +316,15 @@ impl Table {
             self.touched.push(self.now());
         }
         self.arena.resize(start + self.stride, 0.0);
+        let shadow = self.shadow;
         let row = &mut self.arena[start..start + self.stride];
         for k in 0..self.slots {
-            row[(2 + k) * dim..(3 + k) * dim].fill(self.optimizer.slot_init(k));
+            let at = (1 + k) * dim + shadow;
+            row[at..at + dim].fill(self.optimizer.slot_init(k));
         }
         self.spec.init_row(id, &mut row[..dim]);
-        let (value, shadow) = row.split_at_mut(dim);
-        shadow[..dim].copy_from_slice(value);
+        let (value, rest) = row.split_at_mut(dim);
+        rest[..shadow].copy_from_slice(&value[..shadow]);
         self.changes.mark(r);
         r
     }
@@ -315,7 +357,7 @@ impl Table {
         self.check_ids(ids.len())?;
         let dim = self.spec.dim;
         out.reserve(ids.len() * dim);
-        let at = if shadows { dim } else { 0 };
+        let at = if shadows { self.shadow } else { 0 };
         if !self.policy.pull_creates() || !self.room.has_room() {
             for &id in ids {
                 match self.find(id) {
@@ -364,22 +406,12 @@ impl Table {
     /// those created meanwhile included, as long as the
     /// [`Table::generation`] stays the same.
     pub fn page(&self, start: usize, max_rows: usize) -> Rows {
-        let dim = self.spec.dim;
         let end = start.saturating_add(max_rows).min(self.ids.len());
         let start = start.min(end);
-        let n = end - start;
-        let mut out = Rows {
-            ids: self.ids[start..end].to_vec(),
-            values: Vec::with_capacity(n * dim),
-            shadows: Vec::with_capacity(n * dim),
-            slots: vec![Vec::with_capacity(n * dim); self.slots],
-        };
+        let mut out = self.rows_for(end - start);
+        out.ids.extend_from_slice(&self.ids[start..end]);
         for row in self.arena[start * self.stride..end * self.stride].chunks_exact(self.stride) {
-            out.values.extend_from_slice(&row[..dim]);
-            out.shadows.extend_from_slice(&row[dim..2 * dim]);
-            for (k, s) in out.slots.iter_mut().enumerate() {
-                s.extend_from_slice(&row[(2 + k) * dim..(3 + k) * dim]);
-            }
+            self.copy_row(row, &mut out);
         }
         out
     }
@@ -442,9 +474,10 @@ impl Table {
             } else {
                 &rows.shadows
             };
-            row[dim..2 * dim].copy_from_slice(&shadow[src.clone()]);
+            row[dim..dim + self.shadow].copy_from_slice(&shadow[src.clone()][..self.shadow]);
             for k in 0..self.slots {
-                let dst = &mut row[(2 + k) * dim..(3 + k) * dim];
+                let at = (1 + k) * dim + self.shadow;
+                let dst = &mut row[at..at + dim];
                 match rows.slots.get(k) {
                     Some(s) => dst.copy_from_slice(&s[src.clone()]),
                     None => dst.fill(self.optimizer.slot_init(k)),

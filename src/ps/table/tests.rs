@@ -14,7 +14,7 @@ fn table(dim: usize, optimizer: TableOptimizer, rule: Rule) -> Table {
         init: TableInit::Zeros,
         slots: &[],
     };
-    Table::new(spec, optimizer, rule, 0.99)
+    Table::new(spec, optimizer, rule, Some(0.99))
 }
 
 fn pulled(t: &mut Table, ids: &[u64]) -> Vec<f32> {
@@ -272,7 +272,7 @@ fn a_row_costs_at_most_twice_its_value_and_slots() {
     // bytes; the shadow, the id, the index and the arena's slack must fit
     // in as much again.
     let spec = wide_deep(16).remove(0);
-    let mut t = Table::new(spec, ADAGRAD, Rule::Async, 0.99);
+    let mut t = Table::new(spec, ADAGRAD, Rule::Async, Some(0.99));
     let ids: Vec<u64> = (0..100_000u64)
         .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
         .collect();
@@ -281,6 +281,60 @@ fn a_row_costs_at_most_twice_its_value_and_slots() {
     let per_row = t.memory_bytes() as f64 / t.len() as f64;
     eprintln!("deep/embeddings, dim 16, Adagrad: {per_row:.1} bytes per row");
     assert!(per_row <= 2.0 * 128.0, "{per_row} bytes per row");
+}
+
+#[test]
+fn a_table_without_shadows_trains_alike_in_a_value_less_a_row() {
+    // `[model.tables] moving_average = false`: the same values and slots
+    // as with shadows; reads of shadows give the values; pages carry none;
+    // a row is 16 floats smaller, within the 1.5 × (values + slots
+    // + id) for deep/embeddings under Adagrad (136 bytes).
+    let spec = wide_deep(16).remove(0);
+    let mut with = Table::new(spec.clone(), ADAGRAD, Rule::Async, Some(0.99));
+    let mut without = Table::new(spec, ADAGRAD, Rule::Async, None);
+    let ids: Vec<u64> = (0..100_000u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    assert_eq!(pulled(&mut with, &ids), pulled(&mut without, &ids));
+    for step in 0..5u64 {
+        let some = &ids[(step as usize * 7_000)..(step as usize * 7_000 + 20_000)];
+        let grads: Vec<f32> = (0..some.len() * 16)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        for t in [&mut with, &mut without] {
+            t.push(some, &grads, 0.1, step, 0, false).unwrap();
+        }
+    }
+    let mut shadows = Vec::new();
+    without.pull(&ids[..50], true, &mut shadows).unwrap();
+    assert_eq!(
+        shadows,
+        pulled(&mut without, &ids[..50]),
+        "no shadow: the value"
+    );
+    with.pull(&ids[..50], true, &mut shadows).unwrap();
+    assert_ne!(
+        shadows[..50 * 16],
+        shadows[50 * 16..],
+        "a shadow lags its value"
+    );
+    let (a, b) = (with.rows(), without.rows());
+    assert_eq!((&a.ids, &a.values, &a.slots), (&b.ids, &b.values, &b.slots));
+    assert_eq!(
+        b.shadows, b.values,
+        "merged, a table without shadows gives its values"
+    );
+    let page = without.page(0, 10);
+    assert!(page.shadows.is_empty() && page.values.len() == 160);
+    assert_eq!(without.row_bytes(), 8 + 4 * 32);
+    // Loaded from a file that holds shadows (one written with them): dropped.
+    without.load(&a, 5).unwrap();
+    assert_eq!(without.rows(), b);
+    let per_row = |t: &Table| t.memory_bytes() as f64 / t.len() as f64;
+    let (pw, po) = (per_row(&with), per_row(&without));
+    eprintln!("deep/embeddings, dim 16, Adagrad: {pw:.1} bytes per row, {po:.1} without shadows");
+    assert!(pw - po >= 64.0, "{pw} vs {po} bytes per row");
+    assert!(po <= 1.5 * 136.0, "{po} bytes per row");
 }
 
 #[test]
@@ -328,7 +382,7 @@ fn tracked(dim: usize, steps_to_live: u64, max_rows: usize) -> Table {
         steps_to_live,
         max_rows,
     };
-    Table::new(spec, ADAGRAD, Rule::Async, 0.99)
+    Table::new(spec, ADAGRAD, Rule::Async, Some(0.99))
         .with_policy(policy)
         .with_changes(true)
 }

@@ -314,7 +314,9 @@ impl Table {
         lr: f32,
         step: u64,
     ) -> Result<(), TableError> {
-        let (dim, stride, slots) = (self.spec.dim, self.stride, self.slots);
+        let (dim, stride, slots, shadow) = (self.spec.dim, self.stride, self.slots, self.shadow);
+        // Where the slots start: after the value and the shadow, if any.
+        let base = dim + shadow;
         let rate = 1.0 - model::ema_decay(self.ema, step);
         let optimizer = self.optimizer;
         let step_size = optimizer.rate(lr, step);
@@ -329,15 +331,18 @@ impl Table {
             let g = &grads[i * dim..(i + 1) * dim];
             for j in 0..dim {
                 for (k, v) in slot[..slots].iter_mut().enumerate() {
-                    *v = old[(2 + k) * dim + j];
+                    *v = old[base + k * dim + j];
                 }
                 let w = optimizer.apply(old[j], g[j] * s, &mut slot[..slots], step_size);
-                let sh = model::ema_step(old[dim + j], w, rate);
                 new[j] = w;
-                new[dim + j] = sh;
-                bad |= !w.is_finite() || !sh.is_finite();
+                bad |= !w.is_finite();
+                if shadow > 0 {
+                    let sh = model::ema_step(old[dim + j], w, rate);
+                    new[dim + j] = sh;
+                    bad |= !sh.is_finite();
+                }
                 for (k, &v) in slot[..slots].iter().enumerate() {
-                    new[(2 + k) * dim + j] = v;
+                    new[base + k * dim + j] = v;
                     bad |= !v.is_finite();
                 }
             }

@@ -13,7 +13,7 @@ fn table(dim: usize, policy: Policy) -> Table {
         init: TableInit::TruncatedNormal { stddev: 0.1 },
         slots: &[],
     };
-    Table::new(spec, TableOptimizer::Sgd, Rule::Async, 0.99).with_policy(policy)
+    Table::new(spec, TableOptimizer::Sgd, Rule::Async, Some(0.99)).with_policy(policy)
 }
 
 fn initial(t: &Table, id: u64) -> Vec<f32> {
@@ -81,7 +81,7 @@ fn admission_counts_an_id_once_per_push_and_sync_steps_keep_only_admitted_rows()
         init: TableInit::Zeros,
         slots: &[],
     };
-    let mut t = Table::new(spec, TableOptimizer::Sgd, sync, 0.99).with_policy(admission(2));
+    let mut t = Table::new(spec, TableOptimizer::Sgd, sync, Some(0.99)).with_policy(admission(2));
     // Worker 0 names id 1 three times in one push: one sighting, refused.
     t.push(&[1, 1, 1], &[1.0; 3], 1.0, 0, 0, false).unwrap();
     // Its duplicate push for the step is refused whole, its sighting too.
