@@ -509,6 +509,10 @@ impl PsService {
                     "The chief wrote the re-shard checkpoint."
                 );
             }
+            self.inner
+                .reshard
+                .checkpointed
+                .store(true, std::sync::atomic::Ordering::Release);
             self.inner.reshard.done.cancel();
             return Ok(());
         }

@@ -43,6 +43,9 @@ pub(super) struct Reshard {
     /// Cancelled once the chief has written that checkpoint: `serve`
     /// returns [`super::Ended::Reshard`].
     pub(super) done: CancellationToken,
+    /// The chief said so (not an orphan's timeout): the checkpoint holds
+    /// this shard's state, so a last snapshot is of no use.
+    pub(super) checkpointed: AtomicBool,
 }
 
 impl Reshard {
@@ -52,6 +55,7 @@ impl Reshard {
             ps: config.cluster.ps.clone(),
             on: AtomicBool::new(false),
             done: CancellationToken::new(),
+            checkpointed: AtomicBool::new(false),
         }
     }
 

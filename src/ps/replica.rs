@@ -333,10 +333,12 @@ impl PsService {
             let _reading = reading;
             let mut best: Option<(u64, Vec<u8>)> = None;
             for (_, path) in snapshot::list(&dir) {
-                let read = snapshot::read_regular(&path, bound).and_then(|bytes| {
-                    let step = snapshot::verify(&path, &bytes, &identity)?.step;
-                    Ok((step, bytes))
-                });
+                let read = snapshot::of_this_shard(&path, &identity)
+                    .and_then(|()| snapshot::read_regular(&path, bound))
+                    .and_then(|bytes| {
+                        let step = snapshot::verify(&path, &bytes, &identity)?.step;
+                        Ok((step, bytes))
+                    });
                 match read {
                     Ok(copy) if best.as_ref().is_none_or(|b| copy.0 > b.0) => best = Some(copy),
                     Ok(_) => {}

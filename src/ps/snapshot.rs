@@ -541,6 +541,32 @@ pub(super) struct Checked<'a> {
 /// dtype and CRC. What the shard's own checks add is [`load`]'s.
 ///
 /// Errors: [`SnapshotError::Invalid`] saying what is wrong.
+fn another_shard(path: &Path, held: Option<&str>, identity: &str) -> SnapshotError {
+    SnapshotError::invalid(
+        path,
+        format!(
+            "it is of another run or shard: it holds {}, this shard is {identity}",
+            held.unwrap_or("no identity")
+        ),
+    )
+}
+
+/// Refuses the file at `path` when its header names another identity,
+/// before its body is read: after a re-shard every snapshot on the disk is
+/// of the old placement, each up to a whole shard's bytes. Any other
+/// problem is left to [`verify`], which reads the whole file.
+pub(super) fn of_this_shard(path: &Path, identity: &str) -> Result<(), SnapshotError> {
+    match crate::checkpoint::read_metadata(path) {
+        Ok(meta) if meta.get("format").map(String::as_str) == Some(FORMAT) => {
+            match meta.get(IDENTITY).map(String::as_str) {
+                Some(held) if held != identity => Err(another_shard(path, Some(held), identity)),
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn verify<'a>(
     path: &Path,
     bytes: &'a [u8],
@@ -564,13 +590,7 @@ pub(super) fn verify<'a>(
         ));
     }
     if get(IDENTITY) != Some(identity) {
-        return Err(SnapshotError::invalid(
-            path,
-            format!(
-                "it is of another run or shard: it holds {}, this shard is {identity}",
-                get(IDENTITY).unwrap_or("no identity")
-            ),
-        ));
+        return Err(another_shard(path, get(IDENTITY), identity));
     }
     let step: u64 = get(STEP)
         .and_then(|s| s.parse().ok())
@@ -677,6 +697,7 @@ pub fn load(
 ) -> Result<Restored, SnapshotError> {
     let rows = rows_bound(!tables.is_empty(), false);
     let bound = size_bound(shard.specs(), &shard.optimizer(), rows);
+    of_this_shard(path, identity)?;
     let bytes = read_regular(path, bound)?;
     let Checked {
         tensors,

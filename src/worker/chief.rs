@@ -320,8 +320,14 @@ impl Chief {
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg();
         let optimizer = cfg.train.optimizer();
+        // Whether the checkpoint restored is a whole file of this run in
+        // this run's directory: seeding from it again gives the same state.
+        let mut whole_here = false;
         let (values, shadows, slots, tables, step, from) = match found {
             Some((path, c)) => {
+                whole_here = c.run == run
+                    && c.increment.as_ref().is_none_or(|i| i.base.is_none())
+                    && path.parent() == Some(cfg.checkpoint.dir.as_path());
                 let values: Vec<ArrayD<f32>> = c.variables.into_iter().map(|(_, a)| a).collect();
                 let shadows: Vec<ArrayD<f32>> = c.shadows.into_iter().map(|(_, a)| a).collect();
                 let tables =
@@ -371,9 +377,16 @@ impl Chief {
                 info!(ps = ?took, seed = cfg.train.seed, run, "Initialized the model with fresh values.")
             }
         }
-        // A fresh start or a whole-cluster restore is saved at once, as TensorFlow does.
-        // A failure is logged and counted; the periodic and final saves try again.
-        if all && !took.is_empty() {
+        // A fresh start or a whole-cluster restore is saved at once, as
+        // TensorFlow does — but not a restore of a whole checkpoint of this
+        // run in this directory at this very step (a re-shard's, a restart
+        // of the whole cluster): the file holds what the save would write
+        // again, and seeding from it again gives the same state, so the
+        // write (a whole read's worth of table bytes) would only lengthen
+        // the pause. A failure is logged and counted; the periodic and
+        // final saves try again.
+        let saved = whole_here && step == checkpoint_step;
+        if all && !took.is_empty() && !saved {
             let shadows = shadows.unwrap_or_else(|| values.clone());
             let slots = slots.unwrap_or_else(|| optimizer.initial_slots(&self.model.variables()));
             let snapshot = Snapshot {

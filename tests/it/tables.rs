@@ -577,6 +577,9 @@ async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_
     let mut c = Cluster::new(2, 1, 1_000_000, Mode::Async);
     wide_deep_on_synth(&mut c, 20_000);
     c.cfg.checkpoint.max_to_keep = 1000;
+    // No periodic checkpoint: the one after the re-shard's restore is
+    // looked for below.
+    c.cfg.checkpoint.save_secs = Some(3600);
     c.write_config();
     c.start_all();
     tokio::task::block_in_place(|| past(&c, 100));
@@ -594,6 +597,29 @@ async fn a_cluster_ps_edit_rehashes_the_table_rows_onto_the_new_ps_count_losing_
         restored, saved,
         "the new placement starts where the old one stopped"
     );
+    // The pause holds no write that the re-shard checkpoint makes useless:
+    // the old ps tasks take no last snapshot, and the chief does not save
+    // the state it just restored from that checkpoint again.
+    for i in 0..2 {
+        let log = c.wait_log(
+            &format!("ps:{i}"),
+            "Starting again under",
+            1,
+            Duration::from_secs(30),
+        );
+        assert!(
+            log.contains("No last snapshot: the chief's re-shard checkpoint holds"),
+            "ps:{i}:\n{log}"
+        );
+    }
+    let log = c.wait_log("worker:0", "Training.", 2, Duration::from_secs(60));
+    let after: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.contains("Restored the model from the newest"))
+        .take_while(|l| !l.contains("Training."))
+        .filter(|l| l.contains("Checkpoint written."))
+        .collect();
+    assert!(after.is_empty(), "saved again after the restore: {after:?}");
     // Training stopped where it is: the rows now are the seeded ones plus
     // what the chief's steps since added, no more.
     c.signal("worker:0", libc::SIGSTOP);

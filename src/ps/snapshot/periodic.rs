@@ -13,7 +13,7 @@ use tracing::{debug, error, info};
 
 /// The snapshot loop of a ps: every `ps.snapshot_secs` a copy under the
 /// lock, written off it; a last one when `stop` is cancelled (a graceful
-/// stop then loses nothing). A write that fails is counted, and logged at
+/// stop then loses nothing), but for a re-shard's. A write that fails is counted, and logged at
 /// ERROR once until one succeeds again; training goes on.
 pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: CancellationToken) {
     let mut image = Image::default();
@@ -30,6 +30,19 @@ pub(in crate::ps) async fn run(service: PsService, every: Duration, stop: Cancel
             _ = ticks.tick() => false,
             _ = stop.cancelled() => true,
         };
+        // A re-shard's stop takes no last snapshot: the chief's re-shard
+        // checkpoint holds this very state (pushes were refused since), and
+        // the shard starts again under another placement, where it would
+        // not be taken — it would only lengthen the pause (10 s for a
+        // shard of 10 million rows, docs/benchmarks.md).
+        let checkpointed = &service.inner.reshard.checkpointed;
+        if last && checkpointed.load(std::sync::atomic::Ordering::Acquire) {
+            info!(
+                ps = service.inner.task,
+                "No last snapshot: the chief's re-shard checkpoint holds this shard's state."
+            );
+            return;
+        }
         let once = take(&service, &mut image, &layout);
         if last {
             let _ = tokio::time::timeout(FINAL_WRITE, once).await;

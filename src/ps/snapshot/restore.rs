@@ -2,7 +2,7 @@
 //! (not the highest name), and only when it is newer than this shard's own
 //! count in the newest checkpoint (issue 45).
 
-use super::{DeltaFile, PsService, Restored, list, list_deltas, load, remove_temps};
+use super::{DeltaFile, PsService, Restored, list, list_deltas, load, of_this_shard, remove_temps};
 use crate::checkpoint;
 use crate::config::Config;
 use crate::model::Mlp;
@@ -155,7 +155,19 @@ pub(in crate::ps) fn restore(service: &PsService, config: &Config) -> Restore {
         return Restore::Passed;
     }
     remove_temps(dir);
-    let files = list(dir);
+    // Files of another identity (after a re-shard, every one) are passed
+    // over on their headers, before the newest checkpoint is read — a
+    // whole read of it, tables and all, to compare steps.
+    let files: Vec<(u64, PathBuf)> = list(dir)
+        .into_iter()
+        .filter(|(_, path)| match of_this_shard(path, &snap.identity) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(ps = task, error = %e, "Snapshot ignored.");
+                false
+            }
+        })
+        .collect();
     if files.is_empty() {
         return Restore::Nothing;
     }

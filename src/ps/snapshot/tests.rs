@@ -70,6 +70,38 @@ fn foreign_or_damaged_snapshots_are_refused_with_the_reason() {
 }
 
 #[test]
+fn a_snapshot_of_another_shard_is_refused_on_its_header_alone() {
+    // After a re-shard every snapshot on a ps's disk is of the old
+    // placement, each up to a whole shard: refused before the body is
+    // read, so one whose body is cut short says so by its identity.
+    let s = shard(0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), 41, &encoded(&s, "old placement"), None, &[]).unwrap();
+    let bytes = fs::read(&path).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    fs::write(&path, &bytes[..header + 1]).unwrap();
+    let e = of_this_shard(&path, "new placement")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another run or shard"), "{e}");
+    let e = load(&path, &s, "new placement", &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("another run or shard"), "{e}");
+    // Its own identity passes the header; the body is then read and fails.
+    of_this_shard(&path, "old placement").unwrap();
+    let e = load(&path, &s, "old placement", &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(!e.contains("another run or shard"), "{e}");
+    // What is no snapshot at all is left to the whole read to name.
+    fs::write(&path, b"not a snapshot").unwrap();
+    of_this_shard(&path, "new placement").unwrap();
+}
+
+#[test]
 fn write_keeps_the_new_file_and_the_one_before_it_only() {
     let s = shard(0);
     let bytes = encoded(&s, "me");
