@@ -183,7 +183,7 @@ impl PsService {
             membership_epoch: membership.epoch(),
             membership_refusals: membership.refusals(),
             members: u32::try_from(membership.members()).unwrap_or(u32::MAX),
-            resharding: self.inner.reshard.is_on(),
+            resharding: self.inner.reshard.stopped(),
             replica_step,
             replica_failures,
             fetching,
@@ -512,7 +512,7 @@ impl PsService {
             self.inner
                 .reshard
                 .checkpointed
-                .store(true, std::sync::atomic::Ordering::Release);
+                .store(req.checkpointed, std::sync::atomic::Ordering::Release);
             self.inner.reshard.done.cancel();
             return Ok(());
         }

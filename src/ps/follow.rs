@@ -6,7 +6,7 @@ use super::{PsService, workers};
 use crate::config::{Config, Mode};
 use crate::transport;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{info, warn};
@@ -43,9 +43,22 @@ pub(super) struct Reshard {
     /// Cancelled once the chief has written that checkpoint: `serve`
     /// returns [`super::Ended::Reshard`].
     pub(super) done: CancellationToken,
-    /// The chief said so (not an orphan's timeout): the checkpoint holds
-    /// this shard's state, so a last snapshot is of no use.
+    /// The chief said so (not an orphan's timeout) and wrote the checkpoint
+    /// after it read this shard (`CompleteRequest.checkpointed`): the
+    /// checkpoint holds this shard's state, so a last snapshot is of no use.
     pub(super) checkpointed: AtomicBool,
+    /// Table pushes past the re-shard check and not yet applied
+    /// ([`Reshard::pushing`]).
+    pushes: AtomicUsize,
+}
+
+/// A table push in flight, counted until dropped.
+pub(super) struct Pushing<'a>(&'a AtomicUsize);
+
+impl Drop for Pushing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Reshard {
@@ -56,12 +69,30 @@ impl Reshard {
             on: AtomicBool::new(false),
             done: CancellationToken::new(),
             checkpointed: AtomicBool::new(false),
+            pushes: AtomicUsize::new(0),
         }
     }
 
     /// The cluster re-shards now.
     pub(super) fn is_on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// A table push begins: counted before it checks [`Reshard::is_on`]
+    /// and until it has applied its rows, each table under its own lock
+    /// (not the shard's, which the dense pushes' check is made under).
+    pub(super) fn pushing(&self) -> Pushing<'_> {
+        self.pushes.fetch_add(1, Ordering::SeqCst);
+        Pushing(&self.pushes)
+    }
+
+    /// Re-sharding with no table push in flight: what `State.resharding`
+    /// says, and what the chief waits for before it reads the shard — a
+    /// push that passed the check just before the flag turned could
+    /// otherwise update a table after the chief read it (lost, the worker
+    /// told it was applied).
+    pub(super) fn stopped(&self) -> bool {
+        self.is_on() && self.pushes.load(Ordering::SeqCst) == 0
     }
 }
 
@@ -137,7 +168,7 @@ impl PsService {
             // Told already: the pushes it would take now would be lost.
             return;
         }
-        if self.inner.reshard.on.swap(changed, Ordering::Relaxed) != changed {
+        if self.inner.reshard.on.swap(changed, Ordering::SeqCst) != changed {
             // Wakes the calls waiting for a step (`wait_for_step`).
             self.inner.step_tx.send_modify(|_| ());
             match changed {
@@ -150,5 +181,24 @@ impl PsService {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_push_in_flight_holds_the_re_shard_back_until_it_is_applied() {
+        let r = Reshard::new(&Config::default());
+        let pushing = r.pushing();
+        r.on.store(true, Ordering::SeqCst);
+        assert!(r.is_on(), "later pushes are refused");
+        assert!(!r.stopped(), "one in flight: the chief must not read yet");
+        drop(pushing);
+        assert!(r.stopped());
+        // A push refused by the flag is counted only while it lives.
+        drop(r.pushing());
+        assert!(r.stopped());
     }
 }

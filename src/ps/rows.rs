@@ -303,6 +303,7 @@ impl PsService {
     /// re-shards, and the tables' refusals ([`TableError`]).
     pub fn push_rows(&self, req: PushRows, grads: &[TableRows]) -> Result<RowsPushed, Status> {
         self.rows_ready()?;
+        let _pushing = self.inner.reshard.pushing();
         if self.inner.reshard.is_on() {
             return Err(self.resharding_status());
         }

@@ -110,6 +110,9 @@ pub struct Complete {
     pub global_step: u64,
     /// The re-shard checkpoint is written (not the end of the run).
     pub reshard: bool,
+    /// With `reshard`: that checkpoint holds this ps's state (read after it
+    /// stopped taking pushes, and written).
+    pub checkpointed: bool,
 }
 
 /// A named f32 tensor copied out of the shard: little-endian bytes, so

@@ -497,6 +497,7 @@ impl From<&pb::CompleteRequest> for Complete {
         Self {
             global_step: r.global_step,
             reshard: r.reshard,
+            checkpointed: r.checkpointed,
         }
     }
 }

@@ -536,11 +536,14 @@ impl Chief {
                 }
             }
         };
-        let mut at = step;
+        let (mut at, mut written) = (step, false);
         if let Some(snapshot) = snapshot {
             at = snapshot.step;
-            if let Err(e) = self.save_final(&snapshot).await {
-                tracing::error!(error = %e, "The re-shard checkpoint was not written: the re-shard starts from the newest checkpoint there is, and the steps since it are lost.");
+            match self.save_final(&snapshot).await {
+                Ok(()) => written = true,
+                Err(e) => {
+                    tracing::error!(error = %e, "The re-shard checkpoint was not written: the re-shard starts from the newest checkpoint there is, and the steps since it are lost.")
+                }
             }
         }
         // Only those that re-shard: an older dtf would take the word for
@@ -552,7 +555,7 @@ impl Chief {
         let told: Vec<usize> = (0..self.cluster.num_ps())
             .filter(|ps| !open.contains(ps))
             .collect();
-        self.tell_reshard(at, &told).await;
+        self.tell_reshard(at, &told, written).await;
         info!(
             global_step = at,
             millis = began.elapsed().as_millis() as u64,
@@ -562,10 +565,14 @@ impl Chief {
     }
 
     /// Tells the ps tasks `only`, which report re-sharding, that the
-    /// re-shard checkpoint (at `step`) is done: each starts again under the
-    /// new list, or exits.
-    pub(super) async fn tell_reshard(&self, step: u64, only: &[usize]) {
-        let answers = self.cluster.complete_reshard(step, only).await;
+    /// re-shard checkpoint (at `step`) is done — `checkpointed`: read from
+    /// them and written, so they take no last snapshot: each starts again
+    /// under the new list, or exits.
+    pub(super) async fn tell_reshard(&self, step: u64, only: &[usize], checkpointed: bool) {
+        let answers = self
+            .cluster
+            .complete_reshard(step, only, checkpointed)
+            .await;
         for (&ps, r) in only.iter().zip(answers) {
             if let Err(e) = r {
                 warn!(ps, error = %e, "This ps did not take the re-shard (its cluster.ps has not changed yet); the chief, started again, tells it again once it has.");

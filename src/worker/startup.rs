@@ -105,7 +105,7 @@ impl Worker {
                     .filter(|&ps| states[ps].resharding && states[ps].cluster != ours)
                     .collect();
                 if let Some(chief) = self.chief.as_ref().filter(|_| !stopped.is_empty()) {
-                    chief.tell_reshard(0, &stopped).await;
+                    chief.tell_reshard(0, &stopped, false).await;
                 }
                 if placed_wait.should_log() {
                     warn!(ps = ?otherwise, cluster_ps = ?self.ps, "Waiting for ps tasks that hold another placement: a re-shard is under way, or their cluster.ps differs from this task's.");

@@ -220,10 +220,18 @@ fn every_task_serves_metrics_on_its_own_address_and_global_step_increases() {
     );
 
     // The chief: training, push latency, traffic and its checkpoints.
-    let chief = until(RUN, "the chief's first checkpoint in its metrics", || {
-        scrape(&addrs[1])
-            .filter(|s| sample(s, "dtf_checkpoint_duration_seconds").is_some_and(|d| d > 0.0))
-    });
+    // Its first step too: the first checkpoint (step 0's, at the start)
+    // may come before it, the other worker's steps moving the ps.
+    let chief = until(
+        RUN,
+        "the chief's first checkpoint and step in its metrics",
+        || {
+            scrape(&addrs[1]).filter(|s| {
+                sample(s, "dtf_checkpoint_duration_seconds").is_some_and(|d| d > 0.0)
+                    && sample(s, "dtf_steps_total").is_some_and(|n| n > 0.0)
+            })
+        },
+    );
     assert_eq!(
         sample(&chief, "dtf_up{role=\"worker\",task=\"0\"}"),
         Some(1.0)

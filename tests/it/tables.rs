@@ -390,8 +390,10 @@ async fn killed_and_adopted(
 ) -> (dtf::transport::pb::StateResponse, Vec<Rows>) {
     c.kill(&format!("ps:{i}"));
     c.start("ps", i);
-    let what = format!("ps:{i} restored from its snapshot");
-    let state = crate::snapshot::wait_state(c, i, &what, |s| s.restored).await;
+    // Restored, and done asking its ring neighbour for a newer copy (until
+    // then it refuses the chief's calls, `UNAVAILABLE`).
+    let what = format!("ps:{i} restored from its snapshot and serving");
+    let state = crate::snapshot::wait_state(c, i, &what, |s| s.restored && !s.fetching).await;
     let took = client
         .adopt(&[(i, state.restored_step, state.restored_step)], 1)
         .await
@@ -868,5 +870,47 @@ async fn a_checkpoint_base_and_any_later_delta_read_from_the_ps_tasks_make_the_t
         }
         // The older chain is gone for good.
         assert!(client.snapshot_cut(Cut::Delta(9)).await.unwrap().is_none());
+    }
+}
+
+/// A ps that hears the re-shard word takes no last snapshot only when the
+/// chief says its checkpoint holds the ps's state
+/// (`CompleteRequest.checkpointed`): told so when the chief's read or its
+/// write failed (or by an older chief), it takes one as any stopping ps does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ps_skips_its_last_snapshot_only_when_the_re_shard_checkpoint_holds_it() {
+    let mut c = tables_config(2, Mode::Async);
+    c.use_transport(Transport::Tcp);
+    c.write_config();
+    for i in 0..2 {
+        c.start("ps", i);
+    }
+    let client = ps_client(&c, TOKEN);
+    let mlp = dtf::model::Mlp::new(&c.cfg.model.layers).unwrap();
+    seed(&client, &Seed::fresh(mlp.init(1), 7)).await;
+    c.cfg.cluster.ps.push(free_addrs(1).remove(0));
+    c.write_config_by_rename();
+    eventually(Duration::from_secs(30), "both ps to re-shard", || async {
+        let mut all = true;
+        for i in 0..2 {
+            all &= c.state(i).await.is_some_and(|s| s.resharding);
+        }
+        all.then_some(())
+    })
+    .await;
+    for (ps, checkpointed) in [(0, false), (1, true)] {
+        let answers = client.complete_reshard(7, &[ps], checkpointed).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        let log = c.wait_log(
+            &format!("ps:{ps}"),
+            "Starting again under the new cluster.ps.",
+            1,
+            Duration::from_secs(30),
+        );
+        assert_eq!(
+            log.contains("No last snapshot"),
+            checkpointed,
+            "ps:{ps}:\n{log}"
+        );
     }
 }

@@ -259,7 +259,7 @@ impl Cluster {
     pub async fn complete(&self, step: u64) -> Result<(), PsCallError> {
         let req = pb::CompleteRequest {
             global_step: step,
-            reshard: false,
+            ..Default::default()
         };
         try_join_all((0..self.num_ps()).map(|ps| self.complete_one(ps, req)))
             .await
@@ -267,15 +267,18 @@ impl Cluster {
     }
 
     /// Tells the ps tasks `only` the re-shard checkpoint at `step` is
-    /// written: each one's answer, in that order.
+    /// done (`checkpointed`: written, holding their state): each one's
+    /// answer, in that order.
     pub async fn complete_reshard(
         &self,
         step: u64,
         only: &[usize],
+        checkpointed: bool,
     ) -> Vec<Result<(), PsCallError>> {
         let req = pb::CompleteRequest {
             global_step: step,
             reshard: true,
+            checkpointed,
         };
         futures::future::join_all(only.iter().map(|&ps| self.complete_one(ps, req))).await
     }
