@@ -477,6 +477,36 @@ fn synth(dir: &std::path::Path, rows: u32, fields: u32, cardinality: u32) -> Pat
     data
 }
 
+/// `dtf local` on `data`, 2 ps and one worker (so that two runs of it are
+/// the same run), for `steps` steps into `ckpt`, with `--set` of each of
+/// `sets`: its JSON report and its stderr.
+fn one_worker(
+    data: &std::path::Path,
+    ckpt: &std::path::Path,
+    steps: u64,
+    sets: &[&str],
+) -> (serde_json::Value, String) {
+    let steps = steps.to_string();
+    let mut args = vec![
+        "local",
+        "--data",
+        data.to_str().unwrap(),
+        "--ps",
+        "2",
+        "--workers",
+        "1",
+        "--steps",
+        &steps,
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--json",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    run_local(&args)
+}
+
 /// The checkpoint's metadata as `dtf inspect --json` shows it.
 fn metadata(ckpt: &std::path::Path) -> serde_json::Value {
     let out = dtf_output(&["inspect", ckpt.to_str().unwrap(), "--json"]);
@@ -561,28 +591,17 @@ fn incremental_checkpoints_restore_to_the_state_whole_ones_hold() {
     let data = synth(dir.path(), 4000, 4, 3000);
     let run = |full_every: u32, steps: u64| {
         let ckpt = dir.path().join(format!("ckpt-{full_every}"));
-        run_local(&[
-            "local",
-            "--data",
-            data.to_str().unwrap(),
-            "--ps",
-            "2",
-            "--workers",
-            "1",
-            "--steps",
-            &steps.to_string(),
-            "--checkpoint-dir",
-            ckpt.to_str().unwrap(),
-            "--set",
-            "checkpoint.save_steps=10",
-            "--set",
-            "checkpoint.max_to_keep=100",
-            "--set",
-            &format!("checkpoint.full_every={full_every}"),
-            "--set",
-            "model.tables.max_rows=150",
-            "--json",
-        ]);
+        one_worker(
+            &data,
+            &ckpt,
+            steps,
+            &[
+                "checkpoint.save_steps=10",
+                "checkpoint.max_to_keep=100",
+                &format!("checkpoint.full_every={full_every}"),
+                "model.tables.max_rows=150",
+            ],
+        );
         ckpt
     };
     let (chained, whole) = (run(3, 60), run(1, 60));
@@ -639,24 +658,12 @@ fn incremental_checkpoints_restore_to_the_state_whole_ones_hold() {
     for f in [file(&chained, 60), ema(&chained, 60)] {
         std::fs::remove_file(f).unwrap();
     }
-    let (report, stderr) = run_local(&[
-        "local",
-        "--data",
-        data.to_str().unwrap(),
-        "--ps",
-        "2",
-        "--workers",
-        "1",
-        "--steps",
-        "70",
-        "--checkpoint-dir",
-        chained.to_str().unwrap(),
-        "--set",
-        "checkpoint.full_every=3",
-        "--set",
-        "model.tables.max_rows=150",
-        "--json",
-    ]);
+    let (report, stderr) = one_worker(
+        &data,
+        &chained,
+        70,
+        &["checkpoint.full_every=3", "model.tables.max_rows=150"],
+    );
     assert_eq!(report["global_step"], 70, "{report}");
     assert!(stderr.contains("model.ckpt-50"), "{stderr}");
 }
@@ -672,22 +679,8 @@ fn tables_without_shadows_train_alike_and_save_their_values_as_shadows() {
     let data = synth(dir.path(), 3000, 4, 2000);
     let run = |name: &str, steps: u64, moving_average: bool| {
         let ckpt = dir.path().join(name);
-        let (report, stderr) = run_local(&[
-            "local",
-            "--data",
-            data.to_str().unwrap(),
-            "--ps",
-            "2",
-            "--workers",
-            "1",
-            "--steps",
-            &steps.to_string(),
-            "--checkpoint-dir",
-            ckpt.to_str().unwrap(),
-            "--set",
-            &format!("model.tables.moving_average={moving_average}"),
-            "--json",
-        ]);
+        let set = format!("model.tables.moving_average={moving_average}");
+        let (report, stderr) = one_worker(&data, &ckpt, steps, &[&set]);
         assert_eq!(report["global_step"], steps, "{report}\n{stderr}");
         ckpt
     };
