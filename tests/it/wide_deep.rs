@@ -433,22 +433,8 @@ fn max_rows_bounds_each_ps_table_and_min_count_refuses_rare_ids_in_a_wide_deep_r
     assert_eq!(ev["auc"].as_f64().unwrap() as f32, auc as f32, "{ev}");
     // And a run resumes from it: the chief seeds both ps with the evicted
     // tables, and trains on.
-    let (report, _) = run_local(&[
-        "local",
-        "--data",
-        data.to_str().unwrap(),
-        "--ps",
-        "2",
-        "--workers",
-        "1",
-        "--steps",
-        "2100",
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--set",
-        &format!("model.tables.max_rows={max_rows}"),
-        "--json",
-    ]);
+    let set = format!("model.tables.max_rows={max_rows}");
+    let (report, _) = one_worker(&data, &ckpt, 2100, &[&set]);
     assert_eq!(report["global_step"], 2100, "{report}");
     assert!(report["test_auc"].as_f64().unwrap() > 0.6, "{report}");
 }
