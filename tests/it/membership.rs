@@ -11,10 +11,6 @@ use std::time::Duration;
 
 const RUN: Duration = Duration::from_secs(120);
 
-/// Room for a live `last_step` to land before the run gets there (shm
-/// trains the tiny model at ~14000 steps/s; a reload settles for 200 ms).
-const ROOM: u64 = 20_000;
-
 /// Waits until ps 0's state satisfies `ok`; returns it.
 async fn ps0(
     c: &Cluster,
@@ -50,13 +46,14 @@ fn exit_code(c: &mut Cluster, name: &str) -> Option<i32> {
     tokio::task::block_in_place(|| c.wait(name, RUN)).code()
 }
 
-/// Moves `train.last_step` to [`ROOM`] steps past ps 0's step, waits for
+/// Moves `train.last_step` to [`room`](crate::util::room) steps past ps 0's step, waits for
 /// every process to exit 0, and checks that the run ended exactly there:
 /// one update per step (none lost, none applied twice) and the final
 /// checkpoint at `last_step`.
 async fn end_run(c: &mut Cluster, running: &[&str]) {
+    let room = room(c).await;
     let now = past(c, 0).await.global_step;
-    let last = now + ROOM;
+    let last = now + room;
     c.cfg.train.last_step = last;
     c.write_config_by_rename();
     let end = ps0(c, "the run to complete", |s| s.complete).await;
@@ -506,7 +503,9 @@ async fn reshards(transport: Transport, mode: Mode) {
         .collect();
     assert_eq!(now, pids);
 
-    let last = past(&c, saved + 50).await.global_step + ROOM;
+    past(&c, saved + 50).await;
+    let room = room(&c).await;
+    let last = past(&c, 0).await.global_step + room;
     c.cfg.train.last_step = last;
     c.write_config_by_rename();
     let end = ps0(&c, "the run to complete", |s| s.complete).await;
@@ -581,13 +580,15 @@ async fn a_ps_whose_file_is_edited_late_still_moves_to_the_new_placement() {
     assert_eq!((a.len(), b.len()), (2, 2), "{a:?} {b:?}");
     let now = past(&c, 0).await.global_step;
     past(&c, now + 50).await;
-    c.cfg.train.last_step = now + ROOM;
+    let room = room(&c).await;
+    let now = past(&c, 0).await.global_step + room;
+    c.cfg.train.last_step = now;
     c.write_config_by_rename();
     std::fs::write(&own, c.cfg.to_toml()).unwrap();
     for n in ["worker:0", "worker:1", "ps:0", "ps:1"] {
         assert_eq!(exit_code(&mut c, n), Some(0), "{n}:\n{}", c.log(n));
     }
-    assert!(checkpoint_steps(&c.cfg.checkpoint.dir).contains(&(now + ROOM)));
+    assert!(checkpoint_steps(&c.cfg.checkpoint.dir).contains(&now));
 }
 
 /// Issue 44: a re-shard with one worker frozen (SIGSTOP) once paused the

@@ -45,10 +45,11 @@ pub(crate) fn long_run(
 /// Ends the run at a live `last_step` a little past where it is, and
 /// checks that every task exits 0.
 pub(crate) async fn finish(c: &mut Cluster) -> pb::StateResponse {
+    let room = room(c).await;
     let now = wait_state(c, 0, "a state", |s| s.initialized)
         .await
         .global_step;
-    c.cfg.train.last_step = now + 20_000;
+    c.cfg.train.last_step = now + room;
     c.write_config_by_rename();
     let last = c.cfg.train.last_step;
     let s = wait_state(c, 0, "the run to complete", |s| s.complete).await;

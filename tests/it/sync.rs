@@ -101,8 +101,8 @@ async fn a_dead_worker_does_not_stop_training_when_a_backup_exists(transport) {
     // The two left still make steps without it.
     let before = reach(&c, 0, 0).await.global_step;
     reach(&c, 0, before + 100).await;
-    // Room for the reload (200 ms to settle) to land on every task first.
-    let last = reach(&c, 0, 0).await.global_step + 20_000;
+    let room = room(&c).await;
+    let last = reach(&c, 0, 0).await.global_step + room;
     c.cfg.train.last_step = last;
     c.write_config_by_rename();
     for n in ["ps:0", "worker:0", "worker:1"] {
@@ -167,8 +167,8 @@ async fn killing_the_chief_and_then_the_ps_mid_run_still_completes(transport) {
     } else {
         assert_eq!(s.shm_connections, 0, "{s:?}");
     }
-    // Room for the reload (200 ms to settle) to land on every task first.
-    let last = s.global_step + 20_000;
+    let room = room(&c).await;
+    let last = reach(&c, 0, 0).await.global_step + room;
     c.cfg.train.last_step = last;
     c.write_config_by_rename();
     for n in ["ps:0", "worker:0", "worker:1"] {

@@ -294,6 +294,16 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A failed test shows what each task logged last: the cause of a
+        // timeout is in them, and the directory goes with the cluster.
+        if std::thread::panicking() {
+            for (name, _) in &self.procs {
+                let log = self.log(name);
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                eprintln!("---- {name}: the last of its log ----\n{tail}");
+            }
+        }
     }
 }
 
@@ -375,6 +385,27 @@ pub fn until<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Option<T>
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Room for a live `last_step` to land on every task before the run gets
+/// there: five seconds of steps at the rate ps 0 trains now, at least 500
+/// (a reload settles for 200 ms; shm trains the tiny model at ~14000
+/// steps/s, sync TCP on a loaded machine at ~200, where a fixed 20000
+/// steps once took longer than a test's whole wait for the run's end).
+pub async fn room(c: &Cluster) -> u64 {
+    let step = || async {
+        eventually(Duration::from_secs(120), "ps:0 initialized", || async {
+            c.state(0)
+                .await
+                .filter(|s| s.initialized)
+                .map(|s| s.global_step)
+        })
+        .await
+    };
+    let (from, at) = (step().await, Instant::now());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rate = (step().await - from) as f64 / at.elapsed().as_secs_f64();
+    ((rate * 5.0) as u64).max(500)
 }
 
 /// Polls `f` until it returns Some, or panics with `what` after `deadline`.
