@@ -472,7 +472,7 @@ pub fn argmax(row: ArrayView1<f32>) -> usize {
 
 /// A standard normal sample redrawn until it lies within 2σ, as
 /// `tf.truncated_normal` does.
-fn truncated_normal(rng: &mut StdRng) -> f32 {
+fn truncated_normal<R: rand::Rng + ?Sized>(rng: &mut R) -> f32 {
     loop {
         let z: f32 = StandardNormal.sample(rng);
         if z.abs() <= 2.0 {
