@@ -404,7 +404,7 @@ pub async fn room(c: &Cluster) -> u64 {
     };
     let (from, at) = (step().await, Instant::now());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rate = (step().await - from) as f64 / at.elapsed().as_secs_f64();
+    let rate = step().await.saturating_sub(from) as f64 / at.elapsed().as_secs_f64();
     ((rate * 5.0) as u64).max(500)
 }
 
